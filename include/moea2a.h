@@ -1,0 +1,199 @@
+/*
+ * moea2a: expert-parallel all-to-all collectives for mixture-of-experts models.
+ *
+ * Core API: results and errors, datatypes, the communicator, generic collectives,
+ * requests, and the run-time parameter table. See moea2a(7) for the overview,
+ * thread safety and the environment variables.
+ */
+#ifndef MOEA2A_H
+#define MOEA2A_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moea2a_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && !defined(MOEA2A_NO_VISIBILITY)
+#define MOEA2A_API __attribute__((visibility("default")))
+#else
+#define MOEA2A_API
+#endif
+
+/* ---- results --------------------------------------------------------------- */
+
+/* Every call returns one of these. Values are stable across releases. */
+typedef enum {
+    MOEA2A_SUCCESS = 0,
+    MOEA2A_ERR_INVALID_ARGUMENT = 1, /* null pointer, out-of-range value, bad id */
+    MOEA2A_ERR_NO_MEMORY = 2,        /* host or device allocation failed */
+    MOEA2A_ERR_SYSTEM = 3,           /* an operating-system call failed */
+    MOEA2A_ERR_TIMEOUT = 4,          /* a peer did not answer within MOEA2A_TIMEOUT_S */
+    MOEA2A_ERR_PEER_FAILED = 5,      /* a peer closed its connection or died */
+    MOEA2A_ERR_MISMATCH = 6,         /* ranks passed disagreeing arguments */
+    MOEA2A_ERR_UNAVAILABLE = 7,      /* transport or feature not available */
+    MOEA2A_ERR_TRANSPORT = 8,        /* the transport reported an error */
+    MOEA2A_ERR_CAPACITY = 9,         /* a size exceeds what was configured */
+    MOEA2A_ERR_STATE = 10,           /* call out of order (e.g. dispatch twice) */
+    MOEA2A_ERR_CUDA = 11,            /* a CUDA call failed */
+    MOEA2A_ERR_ABORTED = 12,         /* the communicator was aborted or is broken */
+    MOEA2A_ERR_INTERNAL = 13         /* a bug in moea2a: please report it */
+} moea2a_result_t;
+
+/* Short name of a result ("MOEA2A_ERR_TIMEOUT: ..."); never NULL. */
+MOEA2A_API const char *moea2a_strerror(moea2a_result_t result);
+
+/* ---- version and build --------------------------------------------------- */
+
+/* The version of the library actually loaded (compare with MOEA2A_VERSION_*). */
+MOEA2A_API moea2a_result_t moea2a_get_version(int *major, int *minor, int *patch);
+/* One line describing the build: CUDA, NCCL, UCX, hwloc, MPI, transports. */
+MOEA2A_API const char *moea2a_get_build_config(void);
+
+/* ---- datatypes --------------------------------------------------------------- */
+
+typedef enum {
+    MOEA2A_INT8 = 0,
+    MOEA2A_UINT8 = 1,
+    MOEA2A_INT32 = 2,
+    MOEA2A_INT64 = 3,
+    MOEA2A_FLOAT16 = 4,
+    MOEA2A_BFLOAT16 = 5,
+    MOEA2A_FLOAT32 = 6,
+    MOEA2A_FLOAT8_E4M3 = 7,
+    MOEA2A_NVFP4 = 8, /* packed E2M1 pairs: one element = one byte = two values */
+    MOEA2A_NUM_DATATYPES
+} moea2a_datatype_t;
+
+/* Bytes per element of dtype (MOEA2A_NVFP4: 1, a packed pair). */
+MOEA2A_API moea2a_result_t moea2a_datatype_size(moea2a_datatype_t dtype, size_t *size);
+/* "bf16", "fp32", ...; NULL for an unknown dtype. */
+MOEA2A_API const char *moea2a_datatype_name(moea2a_datatype_t dtype);
+
+/* ---- communicator ----------------------------------------------------------- */
+
+typedef struct moea2a_comm *moea2a_comm_t;
+typedef struct moea2a_request *moea2a_request_t;
+
+#define MOEA2A_UNIQUE_ID_BYTES 128
+/* Opaque rendezvous token: made by one process, handed to every rank. */
+typedef struct {
+    char internal[MOEA2A_UNIQUE_ID_BYTES];
+} moea2a_unique_id_t;
+
+/* Communicator options. Always start from MOEA2A_CONFIG_INITIALIZER: the size and
+ * version fields let later releases add fields without breaking this ABI. */
+typedef struct {
+    size_t size;           /* sizeof(moea2a_config_t) as compiled by the caller */
+    unsigned int version;  /* MOEA2A_VERSION_CODE as compiled by the caller */
+    double timeout_s;      /* bound on every wait for a peer; < 0: MOEA2A_TIMEOUT_S */
+    const char *transport; /* transport list as in MOEA2A_TRANSPORT; NULL: that variable */
+    int cuda_device;       /* device for CUDA work; -1: the caller's current device */
+} moea2a_config_t;
+
+#define MOEA2A_CONFIG_INITIALIZER \
+    { sizeof(moea2a_config_t), MOEA2A_VERSION_CODE, -1.0, NULL, -1 }
+
+/* Makes a new unique id and starts the rendezvous service for it in this process
+ * (a background thread that lives until every rank has joined or the timeout). */
+MOEA2A_API moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *id);
+
+/* Collective over nranks processes: each calls it with the same id and nranks and
+ * its own rank. Bounded by the timeout; config may be NULL for the defaults. */
+MOEA2A_API moea2a_result_t moea2a_comm_init_rank(moea2a_comm_t *comm, int nranks,
+                                                 moea2a_unique_id_t id, int rank,
+                                                 const moea2a_config_t *config);
+
+/* Like moea2a_comm_init_rank, with rank, size and rendezvous address read from the
+ * environment: MOEA2A_RANK / MOEA2A_NRANKS / MOEA2A_ROOT_ADDR, else the variables
+ * Open MPI (OMPI_COMM_WORLD_*), PMIx (PMIX_RANK) and Slurm (SLURM_PROCID, ...) set. */
+MOEA2A_API moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm,
+                                                const moea2a_config_t *config);
+
+/* Frees the communicator. Collective when healthy (peers are flushed first); after
+ * an error or abort it only releases local resources. */
+MOEA2A_API moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm);
+/* Marks the communicator broken: every pending and later call on it returns
+ * MOEA2A_ERR_ABORTED; local resources are freed by moea2a_comm_destroy. */
+MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
+MOEA2A_API moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank);
+MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);
+
+/* The detailed message of the last failed call on comm by this thread's
+ * communicator (or of the last failed call without a communicator, comm == NULL,
+ * in the calling thread). Never NULL; "" if nothing failed. */
+MOEA2A_API const char *moea2a_last_error(moea2a_comm_t comm);
+
+/* ---- generic collectives -------------------------------------------------------
+ * MPI's argument order; counts and displacements are in elements of dtype.
+ * Host memory: complete on return, stream ignored. CUDA memory: ordered on stream
+ * (a cudaStream_t, NULL = the default stream). Every rank calls the same
+ * collectives in the same order. */
+
+MOEA2A_API moea2a_result_t moea2a_alltoallv(const void *sendbuf, const int64_t *sendcounts,
+                                            const int64_t *sdispls, void *recvbuf,
+                                            const int64_t *recvcounts, const int64_t *rdispls,
+                                            moea2a_datatype_t dtype, moea2a_comm_t comm,
+                                            void *stream);
+MOEA2A_API moea2a_result_t moea2a_allgather(const void *sendbuf, void *recvbuf, size_t count,
+                                            moea2a_datatype_t dtype, moea2a_comm_t comm,
+                                            void *stream);
+MOEA2A_API moea2a_result_t moea2a_bcast(void *buf, size_t count, moea2a_datatype_t dtype,
+                                        int root, moea2a_comm_t comm, void *stream);
+MOEA2A_API moea2a_result_t moea2a_barrier(moea2a_comm_t comm);
+
+/* Non-blocking variants: start the operation and return a request that
+ * moea2a_test / moea2a_wait complete. Buffers must stay untouched until then. */
+MOEA2A_API moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts,
+                                             const int64_t *sdispls, void *recvbuf,
+                                             const int64_t *recvcounts, const int64_t *rdispls,
+                                             moea2a_datatype_t dtype, moea2a_comm_t comm,
+                                             void *stream, moea2a_request_t *request);
+MOEA2A_API moea2a_result_t moea2a_iallgather(const void *sendbuf, void *recvbuf, size_t count,
+                                             moea2a_datatype_t dtype, moea2a_comm_t comm,
+                                             void *stream, moea2a_request_t *request);
+MOEA2A_API moea2a_result_t moea2a_ibcast(void *buf, size_t count, moea2a_datatype_t dtype,
+                                         int root, moea2a_comm_t comm, void *stream,
+                                         moea2a_request_t *request);
+MOEA2A_API moea2a_result_t moea2a_ibarrier(moea2a_comm_t comm, moea2a_request_t *request);
+
+/* Progresses the request; *done = 1 when it finished, and then the request is freed
+ * and set to NULL. A request that failed is freed too, and the error returned. */
+MOEA2A_API moea2a_result_t moea2a_test(moea2a_request_t *request, int *done);
+/* Waits (bounded by the communicator's timeout) for the request, frees it, sets it
+ * to NULL. */
+MOEA2A_API moea2a_result_t moea2a_wait(moea2a_request_t *request);
+
+/* ---- transports and parameters ------------------------------------------------ */
+
+typedef struct {
+    char name[32];      /* "ucx", "nccl" */
+    char path[512];     /* module file */
+    int abi_version;    /* moea2a_transport_v<N> it exports; 0 if it did not load */
+    int loadable;       /* 1 if it loaded and its ABI matches */
+    char detail[256];   /* why it did not load, or what it supports */
+} moea2a_transport_info_t;
+
+/* Lists the transport modules on the search path (MOEA2A_TRANSPORT_PATH, then the
+ * installed module directory): fills up to max entries, *count = how many exist. */
+MOEA2A_API moea2a_result_t moea2a_get_transports(moea2a_transport_info_t *infos, int max,
+                                                 int *count);
+
+typedef struct {
+    const char *name;          /* MOEA2A_... */
+    const char *type;          /* "int", "double", "string", "enum" */
+    const char *default_value; /* as text */
+    const char *help;          /* one or two sentences */
+} moea2a_param_t;
+
+/* The table of every environment variable moea2a reads (static storage). */
+MOEA2A_API moea2a_result_t moea2a_get_params(const moea2a_param_t **params, int *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEA2A_H */

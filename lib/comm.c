@@ -1,0 +1,259 @@
+/* Communicator life cycle: unique ids, init (by id, from the environment), destroy. */
+#include <arpa/inet.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "clock.h"
+#include "comm.h"
+#include "log.h"
+#include "params.h"
+#include "socket.h"
+
+/* Through the version field: a caller compiled against an older header passes a
+ * smaller struct; fields it does not know keep their defaults. */
+#define CONFIG_MIN_SIZE (offsetof(moea2a_config_t, version) + sizeof(unsigned int))
+
+static moea2a_result_t read_config(const moea2a_config_t *in, moea2a_config_t *out)
+{
+    *out = (moea2a_config_t)MOEA2A_CONFIG_INITIALIZER;
+    if (!in) return MOEA2A_SUCCESS;
+    if (in->size < CONFIG_MIN_SIZE || in->size > 65536)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "config.size=%zu is not a moea2a_config_t size: start from MOEA2A_CONFIG_INITIALIZER",
+                         in->size);
+    memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
+    if (in->size > sizeof(*out))
+        M2A_INFO(M2A_SUBSYS_INIT, "config from a newer header (version %u, %zu bytes): unknown fields ignored",
+                 in->version, in->size);
+    out->size = sizeof(*out);
+    return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t default_timeout(double *t)
+{
+    M2A_TRY(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", t));
+    if (*t <= 0)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_TIMEOUT_S=%g must be positive", *t);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
+{
+    if (!uid) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: id is NULL");
+    double timeout;
+    M2A_TRY(default_timeout(&timeout));
+    struct sockaddr_in addr;
+    char why[128];
+    if (m2a_sock_pick_addr(&addr, why, sizeof(why)))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: %s", why);
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce) || nonce == 0)
+        nonce = (uint64_t)(uintptr_t)&nonce ^ (uint64_t)(m2a_now() * 1e9) ^ 1;
+    m2a_id_t id;
+    M2A_TRY(m2a_bootstrap_serve(&id, &addr, nonce, timeout));
+    memset(uid, 0, sizeof(*uid));
+    memcpy(uid->internal, &id, sizeof(id));
+    return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t *id, int rank,
+                                 const moea2a_config_t *user_config)
+{
+    moea2a_config_t cfg;
+    M2A_TRY(read_config(user_config, &cfg));
+    double timeout = cfg.timeout_s;
+    if (timeout < 0) M2A_TRY(default_timeout(&timeout));
+    if (timeout == 0) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "config.timeout_s must not be 0");
+
+    moea2a_comm_t comm = calloc(1, sizeof(*comm));
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
+    comm->rank = rank;
+    comm->nranks = nranks;
+    comm->timeout_s = timeout;
+    comm->cuda_device = cfg.cuda_device;
+    m2a_log_set_rank(rank);
+
+    /* Modules first: a missing transport fails here, on every rank alike, before any
+     * rank waits on the network. */
+    const char *spec = cfg.transport ? cfg.transport : m2a_param_str("MOEA2A_TRANSPORT");
+    moea2a_result_t r = m2a_transports_open(comm, spec);
+    if (r == MOEA2A_SUCCESS) r = m2a_bootstrap_join(comm, id, rank, nranks, timeout, &comm->bs);
+    if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
+    if (r != MOEA2A_SUCCESS) {
+        m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
+        m2a_transports_close(comm, 1);
+        m2a_bootstrap_close(comm->bs);
+        free(comm);
+        return r;
+    }
+    M2A_INFO(M2A_SUBSYS_INIT, "communicator ready: rank %d of %d, timeout %.1f s", rank, nranks, timeout);
+    *out = comm;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_init_rank(moea2a_comm_t *comm, int nranks, moea2a_unique_id_t uid, int rank,
+                                      const moea2a_config_t *config)
+{
+    M2A_CHECK_ARG(NULL, comm, "moea2a_comm_init_rank: comm is NULL");
+    *comm = NULL;
+    M2A_CHECK_ARG(NULL, nranks >= 1 && nranks <= (1 << 20), "moea2a_comm_init_rank: nranks=%d is out of range 1..%d",
+                  nranks, 1 << 20);
+    M2A_CHECK_ARG(NULL, rank >= 0 && rank < nranks, "moea2a_comm_init_rank: rank=%d is out of range 0..%d", rank,
+                  nranks - 1);
+    m2a_id_t id;
+    memcpy(&id, uid.internal, sizeof(id));
+    M2A_CHECK_ARG(NULL, id.magic == M2A_ID_MAGIC,
+                  "moea2a_comm_init_rank: the unique id was not made by moea2a_get_unique_id (foreign or "
+                  "uninitialized id)");
+    return comm_init(comm, nranks, &id, rank, config);
+}
+
+/* ---- init from the environment ----------------------------------------------- */
+
+static int env_long(const char *const *names, long *out, const char **which)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && *v && !m2a_parse_long(v, out)) {
+            *which = *names;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* An identifier the launcher gives every process of one job, or "". */
+static void job_id(char *buf, size_t len)
+{
+    const char *ompi = getenv("OMPI_MCA_ess_base_jobid"), *pmix = getenv("PMIX_NAMESPACE");
+    const char *sj = getenv("SLURM_JOB_ID"), *ss = getenv("SLURM_STEP_ID");
+    if (ompi) snprintf(buf, len, "ompi:%s", ompi);
+    else if (pmix) snprintf(buf, len, "pmix:%s", pmix);
+    else if (sj) snprintf(buf, len, "slurm:%s.%s", sj, ss ? ss : "0");
+    else buf[0] = 0;
+}
+
+static int single_node(long nranks)
+{
+    long local;
+    const char *which;
+    static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", NULL};
+    const char *nodes = getenv("SLURM_NNODES");
+    if (nodes && !strcmp(nodes, "1")) return 1;
+    return !env_long(local_vars, &local, &which) && local == nranks;
+}
+
+moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t *config)
+{
+    static const char *const rank_vars[] = {"MOEA2A_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", NULL};
+    static const char *const size_vars[] = {"MOEA2A_NRANKS", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", NULL};
+    M2A_CHECK_ARG(NULL, comm, "moea2a_comm_init_env: comm is NULL");
+    *comm = NULL;
+    long rank, nranks;
+    const char *rv, *nv;
+    if (env_long(rank_vars, &rank, &rv) || env_long(size_vars, &nranks, &nv))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_comm_init_env: cannot tell this process's rank and size: set MOEA2A_RANK and "
+                         "MOEA2A_NRANKS, or start it with mpirun or srun");
+    M2A_CHECK_ARG(NULL, nranks >= 1 && nranks <= (1 << 20) && rank >= 0 && rank < nranks,
+                  "moea2a_comm_init_env: %s=%ld and %s=%ld are inconsistent", rv, rank, nv, nranks);
+
+    char jid[256], root_text[300];
+    job_id(jid, sizeof(jid));
+    const char *root = m2a_param_str("MOEA2A_ROOT_ADDR");
+    if (*root) {
+        snprintf(root_text, sizeof(root_text), "%s", root);
+    } else if (*jid && single_node(nranks)) {
+        /* One node under a launcher: a port every rank derives alike from the job id. */
+        snprintf(root_text, sizeof(root_text), "127.0.0.1:%u", 20000u + (unsigned)(fnv1a(jid) % 30000u));
+    } else {
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_comm_init_env: set MOEA2A_ROOT_ADDR=host:port (an address of the node that "
+                         "runs rank 0, and a free port)");
+    }
+    m2a_id_t id = {.magic = M2A_ID_MAGIC};
+    char nonce_text[600];
+    snprintf(nonce_text, sizeof(nonce_text), "%s|%s|%ld", root_text, jid, nranks);
+    id.nonce = fnv1a(nonce_text);
+    if (m2a_sock_parse_addr(root_text, &id.root) || id.root.sin_port == 0)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_comm_init_env: MOEA2A_ROOT_ADDR='%s' is not host:port", root_text);
+    if (rank == 0) {
+        moea2a_config_t cfg;
+        double timeout;
+        M2A_TRY(read_config(config, &cfg));
+        timeout = cfg.timeout_s;
+        if (timeout < 0) M2A_TRY(default_timeout(&timeout));
+        M2A_TRY(m2a_bootstrap_serve(&id, &id.root, id.nonce, timeout));
+    }
+    M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
+             root_text);
+    return comm_init(comm, (int)nranks, &id, (int)rank, config);
+}
+
+/* ---- the rest of the life cycle ------------------------------------------------ */
+
+moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn)
+{
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+    if (comm->broken != MOEA2A_SUCCESS)
+        return m2a_error(comm, MOEA2A_ERR_ABORTED,
+                         "%s: the communicator is unusable after an earlier failure (%s); destroy it", fn,
+                         moea2a_strerror(comm->broken));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
+{
+    if (r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TRANSPORT ||
+        r == MOEA2A_ERR_MISMATCH || r == MOEA2A_ERR_INTERNAL)
+        comm->broken = r;
+    return r;
+}
+
+moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
+{
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_destroy: comm is NULL");
+    /* A healthy communicator waits for its peers so none tears down a connection
+     * another still uses; a broken one only releases what it holds. */
+    int force = comm->broken != MOEA2A_SUCCESS;
+    if (!force && comm->nranks > 1 && m2a_bootstrap_barrier(comm, comm->bs) != MOEA2A_SUCCESS) force = 1;
+    moea2a_result_t r = force && comm->broken == MOEA2A_SUCCESS ? MOEA2A_ERR_PEER_FAILED : MOEA2A_SUCCESS;
+    if (r != MOEA2A_SUCCESS) m2a_error(NULL, r, "moea2a_comm_destroy: %s", comm->last_error);
+    m2a_transports_close(comm, force);
+    m2a_bootstrap_close(comm->bs);
+    free(comm);
+    return r;
+}
+
+moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm)
+{
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_abort: comm is NULL");
+    comm->broken = MOEA2A_ERR_ABORTED;
+    M2A_INFO(M2A_SUBSYS_INIT, "communicator aborted by the application");
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank)
+{
+    M2A_CHECK_ARG(comm, comm && rank, "moea2a_comm_rank: comm and rank must not be NULL");
+    *rank = comm->rank;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size)
+{
+    M2A_CHECK_ARG(comm, comm && size, "moea2a_comm_size: comm and size must not be NULL");
+    *size = comm->nranks;
+    return MOEA2A_SUCCESS;
+}

@@ -1,0 +1,106 @@
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "params.h"
+
+#ifndef MOEA2A_PKGLIBDIR
+#define MOEA2A_PKGLIBDIR ""
+#endif
+
+/* Every MOEA2A_* variable, once: moea2a_info -c and moea2a(7) list exactly this. */
+static const moea2a_param_t params[] = {
+    {"MOEA2A_DEBUG", "enum", "WARN",
+     "Log level: NONE, WARN, INFO or TRACE."},
+    {"MOEA2A_DEBUG_SUBSYS", "string", "ALL",
+     "Comma-separated subsystems to log (INIT, BOOTSTRAP, TRANSPORT, COLL, MOE, TOPO, ALL); "
+     "a leading ^ logs all but those."},
+    {"MOEA2A_DEBUG_FILE", "string", "",
+     "Write the log to this file instead of stderr; %h is replaced by the host name, %p by the process id."},
+    {"MOEA2A_TIMEOUT_S", "double", "300",
+     "Seconds any wait for a peer (rendezvous, collective, device-side wait) may last before "
+     "MOEA2A_ERR_TIMEOUT names the missing peers."},
+    {"MOEA2A_TRANSPORT", "string", "",
+     "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
+     "Empty: every transport found, chosen by memory type."},
+    {"MOEA2A_TRANSPORT_PATH", "string", MOEA2A_PKGLIBDIR,
+     "Colon-separated directories searched for transport modules (libmoea2a-<name>.so) before "
+     "the installed module directory."},
+    {"MOEA2A_SOCKET_IFNAME", "string", "",
+     "Network interface (prefix match, e.g. \"eth\" or \"lo\") used for the TCP rendezvous. "
+     "Empty: the first non-loopback IPv4 interface that is up, else loopback."},
+    {"MOEA2A_RANK", "int", "",
+     "Rank of this process for moea2a_comm_init_env (else OMPI_COMM_WORLD_RANK, PMIX_RANK, SLURM_PROCID)."},
+    {"MOEA2A_NRANKS", "int", "",
+     "Number of ranks for moea2a_comm_init_env (else OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)."},
+    {"MOEA2A_ROOT_ADDR", "string", "",
+     "host:port where rank 0 serves the rendezvous for moea2a_comm_init_env. Optional when all "
+     "ranks are on one node under mpirun or srun (a port is derived from the job id)."},
+};
+
+moea2a_result_t moea2a_get_params(const moea2a_param_t **out, int *count)
+{
+    if (!out || !count)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_params: params and count must not be NULL");
+    *out = params;
+    *count = (int)(sizeof(params) / sizeof(params[0]));
+    return MOEA2A_SUCCESS;
+}
+
+static const moea2a_param_t *find_param(const char *name)
+{
+    for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
+        if (!strcmp(params[i].name, name)) return &params[i];
+    return NULL;
+}
+
+const char *m2a_param_str(const char *name)
+{
+    const moea2a_param_t *p = find_param(name);
+#ifndef NDEBUG
+    if (!p) abort(); /* every variable must be in the table */
+#endif
+    const char *v = getenv(name);
+    if (v && *v) return v;
+    return p ? p->default_value : "";
+}
+
+int m2a_parse_double(const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    while (*end == ' ' || *end == '\t') end++;
+    if (errno || end == text || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int m2a_parse_long(const char *text, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    while (*end == ' ' || *end == '\t') end++;
+    if (errno || end == text || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+moea2a_result_t m2a_param_double(moea2a_comm_t comm, const char *name, double *out)
+{
+    const char *v = m2a_param_str(name);
+    if (m2a_parse_double(v, out))
+        return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s='%s' is not a number", name, v);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_param_int(moea2a_comm_t comm, const char *name, long *out)
+{
+    const char *v = m2a_param_str(name);
+    if (m2a_parse_long(v, out))
+        return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s='%s' is not an integer", name, v);
+    return MOEA2A_SUCCESS;
+}

@@ -1,0 +1,16 @@
+/* The one table of environment variables moea2a reads (lib/params.c). Reading a
+ * name that is not in the table is a bug and aborts in debug builds. */
+#ifndef M2A_PARAMS_H
+#define M2A_PARAMS_H
+#include "moea2a.h"
+
+/* The variable's value, or its default from the table ("" for no default). */
+const char *m2a_param_str(const char *name);
+/* Parses a number; a malformed value is MOEA2A_ERR_INVALID_ARGUMENT with a message
+ * naming the variable (recorded for comm). */
+moea2a_result_t m2a_param_double(moea2a_comm_t comm, const char *name, double *out);
+moea2a_result_t m2a_param_int(moea2a_comm_t comm, const char *name, long *out);
+/* Parses text as a number the way the param readers do (exposed for tests/tools). */
+int m2a_parse_double(const char *text, double *out);
+int m2a_parse_long(const char *text, long *out);
+#endif

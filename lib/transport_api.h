@@ -1,0 +1,64 @@
+/* The interface between the moea2a core and a transport module.
+ *
+ * A module (libmoea2a-<name>.so) exports one symbol, MOEA2A_TRANSPORT_SYMBOL, of type
+ * moea2a_transport_v1_t. The core calls init_local, exchanges the returned address
+ * blobs over its bootstrap, then calls connect: modules never talk to the bootstrap
+ * themselves, so a rank whose module fails cannot leave the others hanging.
+ * Collectives are non-blocking: start returns an op, test progresses it; the core
+ * owns timeouts. Counts are in bytes. Results are moea2a_result_t values; details go
+ * through core->error so moea2a_last_error() shows them.
+ *
+ * When the struct changes incompatibly, it becomes moea2a_transport_v2_t with a new
+ * symbol; the core may keep loading v1 modules.
+ */
+#ifndef MOEA2A_TRANSPORT_API_H
+#define MOEA2A_TRANSPORT_API_H
+#include <stdarg.h>
+#include <stddef.h>
+
+#define MOEA2A_TRANSPORT_ABI_VERSION 1
+#define MOEA2A_TRANSPORT_SYMBOL "moea2a_transport_v1"
+
+enum { MOEA2A_MEM_HOST = 1u << 0, MOEA2A_MEM_CUDA = 1u << 1 };
+
+/* What the core offers a module. */
+typedef struct {
+    int rank, nranks;
+    double timeout_s;
+    int cuda_device;
+    void *ctx; /* pass back to the callbacks */
+    /* Records a detailed message for moea2a_last_error and returns result. */
+    int (*error)(void *ctx, int result, const char *fmt, va_list ap);
+    void (*log)(int level, const char *fmt, va_list ap); /* level: 1 WARN, 2 INFO, 3 TRACE */
+} moea2a_core_v1_t;
+
+typedef struct moea2a_transport_v1 {
+    const char *name;
+    int abi_version; /* MOEA2A_TRANSPORT_ABI_VERSION */
+
+    /* Local setup, no communication. *addr (malloc'ed by the module, freed by the
+     * core) is what every peer needs to reach this rank; *mem_types the memory it
+     * can move. */
+    int (*init_local)(const moea2a_core_v1_t *core, void **tcomm, void **addr, size_t *addr_len,
+                      unsigned *mem_types);
+    /* addrs[r] / lens[r]: every rank's blob (including this rank's). */
+    int (*connect)(void *tcomm, const void *const *addrs, const size_t *lens);
+    /* force != 0: peers may be dead; release without waiting for them. */
+    void (*finalize)(void *tcomm, int force);
+
+    int (*alltoallv)(void *tcomm, const void *sbuf, const size_t *scounts, const size_t *sdispls,
+                     void *rbuf, const size_t *rcounts, const size_t *rdispls, unsigned mem,
+                     void *stream, void **op);
+    int (*allgather)(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem,
+                     void *stream, void **op);
+    int (*bcast)(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op);
+    int (*barrier)(void *tcomm, void **op);
+
+    /* Progresses op: *done = 1 when finished. A non-success result ends op too. */
+    int (*test)(void *tcomm, void *op, int *done);
+    /* Writes which peers op still waits for ("ranks 2,3") for timeout messages. */
+    void (*describe)(void *tcomm, void *op, char *buf, size_t len);
+    /* Frees op; one that did not finish is cancelled. */
+    void (*op_free)(void *tcomm, void *op);
+} moea2a_transport_v1_t;
+#endif

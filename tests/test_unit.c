@@ -1,0 +1,196 @@
+/* Unit tests of pieces that need no peers: errors, version, datatypes, the variable
+ * table and its parsers, logging, addresses, and the bootstrap ring (in threads). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "error.h"
+#include "log.h"
+#include "moea2a.h"
+#include "params.h"
+#include "socket.h"
+#include "tap.h"
+
+static void test_logging(void)
+{
+    char pattern[] = "/tmp/moea2a-unit-%h-%p.log", path[256], host[64] = "";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(path, sizeof(path), "/tmp/moea2a-unit-%s-%d.log", host, (int)getpid());
+    unlink(path);
+    setenv("MOEA2A_DEBUG", "INFO", 1);
+    setenv("MOEA2A_DEBUG_FILE", pattern, 1);
+    M2A_INFO(M2A_SUBSYS_INIT, "hello from the unit test %d", 42);
+    M2A_TRACE(M2A_SUBSYS_INIT, "trace must not appear");
+    FILE *f = fopen(path, "r");
+    char buf[4096] = "";
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    buf[n] = 0;
+    if (f) fclose(f);
+    tap_ok(f != NULL, "MOEA2A_DEBUG_FILE expands %%h and %%p (%s)", path);
+    tap_ok(strstr(buf, "MOEA2A INFO INIT") && strstr(buf, "hello from the unit test 42"), "INFO line logged with level and subsystem");
+    tap_ok(!strstr(buf, "trace must not appear"), "TRACE suppressed at INFO");
+    unlink(path);
+}
+
+static void test_errors(void)
+{
+    int distinct = 1, prefixed = 1;
+    static const char *const names[] = {"MOEA2A_SUCCESS", "MOEA2A_ERR_INVALID_ARGUMENT", "MOEA2A_ERR_NO_MEMORY",
+                                        "MOEA2A_ERR_SYSTEM", "MOEA2A_ERR_TIMEOUT", "MOEA2A_ERR_PEER_FAILED",
+                                        "MOEA2A_ERR_MISMATCH", "MOEA2A_ERR_UNAVAILABLE", "MOEA2A_ERR_TRANSPORT",
+                                        "MOEA2A_ERR_CAPACITY", "MOEA2A_ERR_STATE", "MOEA2A_ERR_CUDA",
+                                        "MOEA2A_ERR_ABORTED", "MOEA2A_ERR_INTERNAL"};
+    for (int i = 0; i < 14; i++) {
+        const char *s = moea2a_strerror((moea2a_result_t)i);
+        size_t l = strlen(names[i]);
+        prefixed &= !strncmp(s, names[i], l) && s[l] == ':';
+        for (int j = 0; j < i; j++) distinct &= strcmp(s, moea2a_strerror((moea2a_result_t)j)) != 0;
+    }
+    tap_ok(prefixed, "moea2a_strerror names every result code");
+    tap_ok(distinct, "moea2a_strerror strings are distinct");
+    tap_ok(!strncmp(moea2a_strerror((moea2a_result_t)999), "MOEA2A_ERR_UNKNOWN", 18), "unknown code has a string");
+    m2a_error(NULL, MOEA2A_ERR_CAPACITY, "raise %s to %d", "cap", 7);
+    tap_ok(!strcmp(moea2a_last_error(NULL), "raise cap to 7"), "last error of the thread keeps the detail");
+}
+
+static void test_version(void)
+{
+    int ma = -1, mi = -1, pa = -1;
+    tap_ok(moea2a_get_version(&ma, &mi, &pa) == MOEA2A_SUCCESS && ma == MOEA2A_VERSION_MAJOR &&
+               mi == MOEA2A_VERSION_MINOR && pa == MOEA2A_VERSION_PATCH,
+           "moea2a_get_version matches the header (%d.%d.%d)", ma, mi, pa);
+    tap_ok(moea2a_get_version(NULL, &mi, &pa) == MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_version(NULL) is rejected");
+    tap_ok(strstr(moea2a_get_build_config(), "hwloc=") != NULL, "build config describes the build");
+}
+
+static void test_datatypes(void)
+{
+    static const size_t want[MOEA2A_NUM_DATATYPES] = {1, 1, 4, 8, 2, 2, 4, 1, 1};
+    static const char *const names[MOEA2A_NUM_DATATYPES] = {"int8", "uint8", "int32", "int64", "fp16",
+                                                             "bf16", "fp32", "fp8_e4m3", "nvfp4"};
+    int good = 1;
+    for (int d = 0; d < MOEA2A_NUM_DATATYPES; d++) {
+        size_t s = 0;
+        good &= moea2a_datatype_size((moea2a_datatype_t)d, &s) == MOEA2A_SUCCESS && s == want[d];
+        good &= !strcmp(moea2a_datatype_name((moea2a_datatype_t)d), names[d]);
+    }
+    tap_ok(good, "datatype sizes and names");
+    size_t s;
+    tap_ok(moea2a_datatype_size(MOEA2A_NUM_DATATYPES, &s) == MOEA2A_ERR_INVALID_ARGUMENT &&
+               moea2a_datatype_size((moea2a_datatype_t)-1, &s) == MOEA2A_ERR_INVALID_ARGUMENT &&
+               moea2a_datatype_size(MOEA2A_INT8, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
+           "bad datatype and NULL size are rejected");
+    tap_ok(moea2a_datatype_name((moea2a_datatype_t)42) == NULL, "unknown datatype has no name");
+}
+
+static void test_params(void)
+{
+    const moea2a_param_t *p;
+    int n = 0, good = 1;
+    tap_ok(moea2a_get_params(&p, &n) == MOEA2A_SUCCESS && n >= 10, "parameter table has %d entries", n);
+    for (int i = 0; i < n; i++) {
+        good &= !strncmp(p[i].name, "MOEA2A_", 7) && strlen(p[i].help) > 20 && p[i].default_value;
+        good &= !strcmp(p[i].type, "int") || !strcmp(p[i].type, "double") || !strcmp(p[i].type, "string") ||
+                !strcmp(p[i].type, "enum");
+        for (int j = 0; j < i; j++) good &= strcmp(p[i].name, p[j].name) != 0;
+    }
+    tap_ok(good, "every parameter has a MOEA2A_ name, a type, a default and help; names are unique");
+    tap_ok(moea2a_get_params(NULL, &n) == MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_params(NULL) is rejected");
+
+    double d;
+    long l;
+    tap_ok(!m2a_parse_double("2.5", &d) && d == 2.5 && !m2a_parse_double(" 3 ", &d) && d == 3.0,
+           "numbers parse (with surrounding blanks)");
+    tap_ok(m2a_parse_double("abc", &d) && m2a_parse_double("1.5x", &d) && m2a_parse_double("", &d) &&
+               m2a_parse_double("inf", &d) && m2a_parse_double("nan", &d),
+           "malformed and non-finite numbers are rejected");
+    tap_ok(!m2a_parse_long("-12", &l) && l == -12 && m2a_parse_long("12.5", &l) && m2a_parse_long("99999999999999999999", &l),
+           "integers parse; fractions and overflow are rejected");
+
+    setenv("MOEA2A_TIMEOUT_S", "soon", 1);
+    tap_ok(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", &d) == MOEA2A_ERR_INVALID_ARGUMENT &&
+               strstr(moea2a_last_error(NULL), "MOEA2A_TIMEOUT_S='soon'"),
+           "a malformed variable is an error that names it");
+    moea2a_unique_id_t id;
+    tap_ok(moea2a_get_unique_id(&id) == MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id refuses a malformed timeout");
+    setenv("MOEA2A_TIMEOUT_S", "-1", 1);
+    tap_ok(moea2a_get_unique_id(&id) == MOEA2A_ERR_INVALID_ARGUMENT, "... and a negative one");
+    unsetenv("MOEA2A_TIMEOUT_S");
+    tap_ok(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", &d) == MOEA2A_SUCCESS && d == 300.0, "default timeout is 300 s");
+}
+
+static void test_addresses(void)
+{
+    struct sockaddr_in a;
+    char buf[64];
+    tap_ok(!m2a_sock_parse_addr("127.0.0.1:4242", &a), "host:port parses");
+    m2a_sock_format_addr(&a, buf, sizeof(buf));
+    tap_ok(!strcmp(buf, "127.0.0.1:4242"), "and formats back (%s)", buf);
+    tap_ok(!m2a_sock_parse_addr("localhost:80", &a) && ntohs(a.sin_port) == 80, "names resolve");
+    tap_ok(m2a_sock_parse_addr("127.0.0.1:99999", &a) && m2a_sock_parse_addr(":80", &a) &&
+               m2a_sock_parse_addr("127.0.0.1:x", &a),
+           "bad ports and empty hosts are rejected");
+    setenv("MOEA2A_SOCKET_IFNAME", "no-such-if", 1);
+    tap_ok(m2a_sock_pick_addr(&a, buf, sizeof(buf)) == -1, "an interface name that matches nothing is an error");
+    setenv("MOEA2A_SOCKET_IFNAME", "lo", 1);
+    tap_ok(!m2a_sock_pick_addr(&a, buf, sizeof(buf)) && a.sin_addr.s_addr == htonl(INADDR_LOOPBACK), "lo picks 127.0.0.1");
+}
+
+/* The bootstrap ring in threads: large blocks make every rank send and receive at
+ * once, which deadlocks unless sends and receives are interleaved. */
+#define RING_N 4
+#define RING_BLOCK (3u << 20)
+typedef struct {
+    m2a_id_t id;
+    int rank, fails;
+} ring_arg_t;
+
+static void *ring_rank(void *p)
+{
+    ring_arg_t *a = p;
+    m2a_bootstrap_t *bs;
+    if (m2a_bootstrap_join(NULL, &a->id, a->rank, RING_N, 20.0, &bs)) {
+        a->fails++;
+        return NULL;
+    }
+    unsigned char *data = malloc((size_t)RING_N * RING_BLOCK);
+    for (size_t i = 0; i < RING_BLOCK; i++) data[(size_t)a->rank * RING_BLOCK + i] = (unsigned char)(a->rank * 7 + i);
+    if (m2a_bootstrap_allgather(NULL, bs, data, RING_BLOCK)) a->fails++;
+    for (int r = 0; r < RING_N; r++)
+        for (size_t i = 0; i < RING_BLOCK; i += 4093)
+            if (data[(size_t)r * RING_BLOCK + i] != (unsigned char)(r * 7 + i)) a->fails++;
+    if (m2a_bootstrap_barrier(NULL, bs)) a->fails++;
+    free(data);
+    m2a_bootstrap_close(bs);
+    return NULL;
+}
+
+static void test_bootstrap_ring(void)
+{
+    struct sockaddr_in root = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    m2a_id_t id;
+    tap_ok(m2a_bootstrap_serve(&id, &root, 0x1234, 20.0) == MOEA2A_SUCCESS, "rendezvous service starts");
+    pthread_t t[RING_N];
+    ring_arg_t a[RING_N];
+    for (int r = 0; r < RING_N; r++) {
+        a[r] = (ring_arg_t){id, r, 0};
+        pthread_create(&t[r], NULL, ring_rank, &a[r]);
+    }
+    int fails = 0;
+    for (int r = 0; r < RING_N; r++) pthread_join(t[r], NULL), fails += a[r].fails;
+    tap_ok(fails == 0, "bootstrap ring allgather of %d x %u bytes and barrier (%d failures)", RING_N, RING_BLOCK, fails);
+}
+
+int main(void)
+{
+    test_logging();
+    test_errors();
+    test_version();
+    test_datatypes();
+    test_params();
+    test_addresses();
+    test_bootstrap_ring();
+    return tap_done();
+}

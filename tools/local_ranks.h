@@ -1,0 +1,22 @@
+/* Runs a function as N local ranks: forks N processes that share one unique id made
+ * by the parent, and bounds the whole run by a watchdog so nothing can hang. Used by
+ * moea2a_perf (--ranks N) and by the multi-process tests. */
+#ifndef MOEA2A_LOCAL_RANKS_H
+#define MOEA2A_LOCAL_RANKS_H
+#include <stddef.h>
+
+#include "moea2a.h"
+
+/* Returns the process exit code (0 = success) of one rank. */
+typedef int (*local_rank_fn)(int rank, int nranks, moea2a_unique_id_t id, void *arg);
+
+typedef struct {
+    int failed;      /* ranks that exited non-zero or died of a signal */
+    int hung;        /* ranks killed by the watchdog */
+    int exit_codes[64];
+} local_ranks_result_t;
+
+/* 0 when every rank exited 0. Ranks are forked before this process touches any
+ * transport, so each starts from a clean state. */
+int local_ranks_run(int nranks, local_rank_fn fn, void *arg, double watchdog_s, local_ranks_result_t *res);
+#endif

@@ -1,0 +1,395 @@
+/* UCX transport: collectives as sets of tagged point-to-point messages on one UCP
+ * worker. UCX picks shared memory between processes of a node and TCP or InfiniBand
+ * across nodes. Moves host memory, and CUDA memory where the UCX build supports it.
+ *
+ * Tags: [ sequence number : 32 | operation : 8 | source rank : 24 ]. Every rank
+ * calls collectives in the same order, so the sequence number matches a message to
+ * its collective without any handshake. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+#include "moea2a.h"
+#include "transport_api.h"
+#include "clock.h"
+
+enum { OP_ALLTOALLV = 1, OP_ALLGATHER, OP_BCAST, OP_BARRIER };
+
+typedef struct {
+    const moea2a_core_v1_t *core;
+    int rank, nranks;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_ep_h *eps;
+    int *ep_failed; /* set by the error handler: the peer died or vanished */
+    uint32_t seq;
+} ucx_comm_t;
+
+typedef struct {
+    void *req;          /* UCX request; NULL once complete */
+    int peer;
+    int is_recv;
+    size_t expect;      /* bytes a receive must get */
+    ucp_tag_recv_info_t info;
+} slot_t;
+
+typedef struct {
+    int n, pending;
+    slot_t *slots;
+} ucx_op_t;
+
+static int fail(ucx_comm_t *c, int result, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = c->core->error(c->core->ctx, result, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static void log_msg(ucx_comm_t *c, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    c->core->log(level, fmt, ap);
+    va_end(ap);
+}
+
+static ucp_tag_t make_tag(uint32_t seq, int op, int src)
+{
+    return ((ucp_tag_t)seq << 32) | ((ucp_tag_t)op << 24) | (ucp_tag_t)(src & 0xffffff);
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    *(int *)arg = 1;
+}
+
+static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **addr, size_t *addr_len,
+                          unsigned *mem_types)
+{
+    ucx_comm_t *c = calloc(1, sizeof(*c));
+    if (!c) return MOEA2A_ERR_NO_MEMORY;
+    c->core = core;
+    c->rank = core->rank;
+    c->nranks = core->nranks;
+    ucp_config_t *cfg;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK) {
+        int r = fail(c, MOEA2A_ERR_TRANSPORT, "ucx: ucp_config_read: %s", ucs_status_string(st));
+        free(c);
+        return r;
+    }
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                      .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
+    st = ucp_init(&p, cfg, &c->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        int r = fail(c, MOEA2A_ERR_TRANSPORT, "ucx: ucp_init: %s", ucs_status_string(st));
+        free(c);
+        return r;
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_address_t *a;
+    st = ucp_worker_create(c->ctx, &wp, &c->worker);
+    if (st == UCS_OK) st = ucp_worker_get_address(c->worker, &a, addr_len);
+    if (st != UCS_OK) {
+        int r = fail(c, MOEA2A_ERR_TRANSPORT, "ucx: worker setup: %s", ucs_status_string(st));
+        if (c->worker) ucp_worker_destroy(c->worker);
+        ucp_cleanup(c->ctx);
+        free(c);
+        return r;
+    }
+    *addr = malloc(*addr_len);
+    if (*addr) memcpy(*addr, a, *addr_len);
+    ucp_worker_release_address(c->worker, a);
+
+    *mem_types = MOEA2A_MEM_HOST;
+    ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(c->ctx, &ca) == UCS_OK && (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+        *mem_types |= MOEA2A_MEM_CUDA;
+    log_msg(c, 2, "ucx: worker ready (%s CUDA memory)", (*mem_types & MOEA2A_MEM_CUDA) ? "with" : "without");
+    *tcomm = c;
+    return *addr ? MOEA2A_SUCCESS : MOEA2A_ERR_NO_MEMORY;
+}
+
+static int ucx_connect(void *tcomm, const void *const *addrs, const size_t *lens)
+{
+    ucx_comm_t *c = tcomm;
+    c->eps = calloc((size_t)c->nranks, sizeof(*c->eps));
+    c->ep_failed = calloc((size_t)c->nranks, sizeof(*c->ep_failed));
+    if (!c->eps || !c->ep_failed) return MOEA2A_ERR_NO_MEMORY;
+    for (int r = 0; r < c->nranks; r++) {
+        /* Peer error mode, so a dead peer fails its requests instead of hanging them;
+         * transports that cannot detect failures fall back to the plain mode (the
+         * core's timeout still bounds every wait). */
+        ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                            UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                              .address = (const ucp_address_t *)addrs[r],
+                              .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                              .err_handler = {.cb = on_ep_error, .arg = &c->ep_failed[r]}};
+        (void)lens;
+        ucs_status_t st = ucp_ep_create(c->worker, &ep, &c->eps[r]);
+        if (st != UCS_OK) {
+            ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+            st = ucp_ep_create(c->worker, &ep, &c->eps[r]);
+        }
+        if (st != UCS_OK) {
+            c->eps[r] = NULL;
+            return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: cannot reach rank %d: %s", r, ucs_status_string(st));
+        }
+    }
+    return MOEA2A_SUCCESS;
+}
+
+static void ucx_finalize(void *tcomm, int force)
+{
+    ucx_comm_t *c = tcomm;
+    if (c->eps) {
+        double deadline = m2a_now() + (force ? 1.0 : c->core->timeout_s);
+        for (int r = 0; r < c->nranks; r++) {
+            if (!c->eps[r]) continue;
+            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                     .flags = (force || c->ep_failed[r]) ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+            void *req = ucp_ep_close_nbx(c->eps[r], &p);
+            if (UCS_PTR_IS_PTR(req)) {
+                while (ucp_request_check_status(req) == UCS_INPROGRESS && m2a_now() < deadline)
+                    ucp_worker_progress(c->worker);
+                ucp_request_free(req);
+            }
+        }
+    }
+    if (c->worker) ucp_worker_destroy(c->worker);
+    if (c->ctx) ucp_cleanup(c->ctx);
+    free(c->eps);
+    free(c->ep_failed);
+    free(c);
+}
+
+/* ---- operations ------------------------------------------------------------------ */
+
+static ucx_op_t *op_new(int n)
+{
+    ucx_op_t *op = calloc(1, sizeof(*op));
+    if (op && !(op->slots = calloc((size_t)(n ? n : 1), sizeof(slot_t)))) {
+        free(op);
+        op = NULL;
+    }
+    return op;
+}
+
+static int post_send(ucx_comm_t *c, ucx_op_t *op, int peer, const void *buf, size_t len, ucp_tag_t tag, unsigned mem)
+{
+    slot_t *s = &op->slots[op->n++];
+    s->peer = peer;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+                             .memory_type = mem == MOEA2A_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
+    void *req = ucp_tag_send_nbx(c->eps[peer], buf, len, tag, &p);
+    if (UCS_PTR_IS_ERR(req))
+        return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: send to rank %d failed: %s", peer,
+                    ucs_status_string(UCS_PTR_STATUS(req)));
+    s->req = req;
+    if (req) op->pending++;
+    return MOEA2A_SUCCESS;
+}
+
+static int post_recv(ucx_comm_t *c, ucx_op_t *op, int peer, void *buf, size_t len, ucp_tag_t tag, unsigned mem)
+{
+    slot_t *s = &op->slots[op->n++];
+    s->peer = peer;
+    s->is_recv = 1;
+    s->expect = len;
+    s->info.length = len;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO,
+                             .memory_type = mem == MOEA2A_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+                             .recv_info.tag_info = &s->info};
+    void *req = ucp_tag_recv_nbx(c->worker, buf, len, tag, (ucp_tag_t)-1, &p);
+    if (UCS_PTR_IS_ERR(req))
+        return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: receive from rank %d failed: %s", peer,
+                    ucs_status_string(UCS_PTR_STATUS(req)));
+    s->req = req;
+    if (req) op->pending++;
+    else if (s->info.length != len)
+        return fail(c, MOEA2A_ERR_MISMATCH, "rank %d sent %zu bytes where this rank expected %zu", peer,
+                    s->info.length, len);
+    return MOEA2A_SUCCESS;
+}
+
+static void op_release(ucx_comm_t *c, ucx_op_t *op)
+{
+    for (int i = 0; i < op->n; i++) {
+        slot_t *s = &op->slots[i];
+        if (!s->req) continue;
+        /* A receive still posted would match a later collective's message: cancel it.
+         * ucp_request_free lets UCX release either kind once it completes. */
+        if (s->is_recv && ucp_request_check_status(s->req) == UCS_INPROGRESS) ucp_request_cancel(c->worker, s->req);
+        ucp_request_free(s->req);
+        s->req = NULL;
+    }
+    free(op->slots);
+    free(op);
+}
+
+/* Ends a start that failed part-way. */
+static int start_failed(ucx_comm_t *c, ucx_op_t *op, int r)
+{
+    op_release(c, op);
+    return r;
+}
+
+static int ucx_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
+                         const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **out)
+{
+    ucx_comm_t *c = tcomm;
+    (void)stream;
+    ucx_op_t *op = op_new(2 * c->nranks);
+    if (!op) return MOEA2A_ERR_NO_MEMORY;
+    uint32_t seq = c->seq++;
+    int r = MOEA2A_SUCCESS;
+    for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
+        int peer = (c->rank + c->nranks - i) % c->nranks; /* stagger so no rank is everyone's first */
+        r = post_recv(c, op, peer, (char *)rbuf + rd[peer], rc[peer], make_tag(seq, OP_ALLTOALLV, peer), mem);
+    }
+    for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
+        int peer = (c->rank + i) % c->nranks;
+        r = post_send(c, op, peer, (const char *)sbuf + sd[peer], sc[peer], make_tag(seq, OP_ALLTOALLV, c->rank), mem);
+    }
+    if (r != MOEA2A_SUCCESS) return start_failed(c, op, r);
+    *out = op;
+    return MOEA2A_SUCCESS;
+}
+
+static int ucx_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream,
+                         void **out)
+{
+    ucx_comm_t *c = tcomm;
+    (void)stream;
+    ucx_op_t *op = op_new(2 * c->nranks);
+    if (!op) return MOEA2A_ERR_NO_MEMORY;
+    uint32_t seq = c->seq++;
+    int r = MOEA2A_SUCCESS;
+    for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
+        int peer = (c->rank + c->nranks - i) % c->nranks;
+        r = post_recv(c, op, peer, (char *)rbuf + (size_t)peer * bytes, bytes, make_tag(seq, OP_ALLGATHER, peer), mem);
+    }
+    for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
+        int peer = (c->rank + i) % c->nranks;
+        r = post_send(c, op, peer, sbuf, bytes, make_tag(seq, OP_ALLGATHER, c->rank), mem);
+    }
+    if (r != MOEA2A_SUCCESS) return start_failed(c, op, r);
+    *out = op;
+    return MOEA2A_SUCCESS;
+}
+
+static int ucx_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **out)
+{
+    ucx_comm_t *c = tcomm;
+    (void)stream;
+    ucx_op_t *op = op_new(c->nranks);
+    if (!op) return MOEA2A_ERR_NO_MEMORY;
+    uint32_t seq = c->seq++;
+    int r = MOEA2A_SUCCESS;
+    if (c->rank == root) {
+        for (int i = 1; i < c->nranks && r == MOEA2A_SUCCESS; i++)
+            r = post_send(c, op, (root + i) % c->nranks, buf, bytes, make_tag(seq, OP_BCAST, root), mem);
+    } else {
+        r = post_recv(c, op, root, buf, bytes, make_tag(seq, OP_BCAST, root), mem);
+    }
+    if (r != MOEA2A_SUCCESS) return start_failed(c, op, r);
+    *out = op;
+    return MOEA2A_SUCCESS;
+}
+
+static int ucx_barrier(void *tcomm, void **out)
+{
+    ucx_comm_t *c = tcomm;
+    ucx_op_t *op = op_new(2 * c->nranks);
+    if (!op) return MOEA2A_ERR_NO_MEMORY;
+    uint32_t seq = c->seq++;
+    int r = MOEA2A_SUCCESS;
+    for (int peer = 0; peer < c->nranks && r == MOEA2A_SUCCESS; peer++)
+        if (peer != c->rank) r = post_recv(c, op, peer, NULL, 0, make_tag(seq, OP_BARRIER, peer), MOEA2A_MEM_HOST);
+    for (int peer = 0; peer < c->nranks && r == MOEA2A_SUCCESS; peer++)
+        if (peer != c->rank) r = post_send(c, op, peer, NULL, 0, make_tag(seq, OP_BARRIER, c->rank), MOEA2A_MEM_HOST);
+    if (r != MOEA2A_SUCCESS) return start_failed(c, op, r);
+    *out = op;
+    return MOEA2A_SUCCESS;
+}
+
+static int status_error(ucx_comm_t *c, const slot_t *s, ucs_status_t st)
+{
+    const char *dir = s->is_recv ? "receive from" : "send to";
+    switch (st) {
+    case UCS_ERR_MESSAGE_TRUNCATED:
+        return fail(c, MOEA2A_ERR_MISMATCH, "rank %d sent more than the %zu bytes this rank expected", s->peer, s->expect);
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CANCELED:
+        return fail(c, MOEA2A_ERR_PEER_FAILED, "ucx: %s rank %d failed: %s (peer died?)", dir, s->peer,
+                    ucs_status_string(st));
+    default:
+        return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: %s rank %d failed: %s", dir, s->peer, ucs_status_string(st));
+    }
+}
+
+static int ucx_test(void *tcomm, void *opaque, int *done)
+{
+    ucx_comm_t *c = tcomm;
+    ucx_op_t *op = opaque;
+    if (op->pending) ucp_worker_progress(c->worker);
+    for (int i = 0; i < op->n && op->pending; i++) {
+        slot_t *s = &op->slots[i];
+        if (!s->req) continue;
+        ucs_status_t st = ucp_request_check_status(s->req);
+        if (st == UCS_INPROGRESS) {
+            if (c->ep_failed[s->peer])
+                return fail(c, MOEA2A_ERR_PEER_FAILED, "ucx: rank %d failed (its connection reported an error)", s->peer);
+            continue;
+        }
+        if (st == UCS_OK && s->is_recv) ucp_tag_recv_request_test(s->req, &s->info);
+        ucp_request_free(s->req);
+        s->req = NULL;
+        op->pending--;
+        if (st != UCS_OK) return status_error(c, s, st);
+        if (s->is_recv && s->info.length != s->expect)
+            return fail(c, MOEA2A_ERR_MISMATCH, "rank %d sent %zu bytes where this rank expected %zu", s->peer,
+                        s->info.length, s->expect);
+    }
+    *done = op->pending == 0;
+    return MOEA2A_SUCCESS;
+}
+
+static void ucx_describe(void *tcomm, void *opaque, char *buf, size_t len)
+{
+    (void)tcomm;
+    ucx_op_t *op = opaque;
+    size_t o = (size_t)snprintf(buf, len, "ranks");
+    int any = 0;
+    for (int i = 0; i < op->n && o < len; i++)
+        if (op->slots[i].req && op->slots[i].is_recv)
+            o += (size_t)snprintf(buf + o, len - o, "%s%d", any++ ? "," : " ", op->slots[i].peer);
+    if (!any && o < len) snprintf(buf + o, len - o, " (sends still in flight)");
+}
+
+static void ucx_op_free(void *tcomm, void *op) { op_release(tcomm, op); }
+
+__attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transport_v1 = {
+    .name = "ucx",
+    .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
+    .init_local = ucx_init_local,
+    .connect = ucx_connect,
+    .finalize = ucx_finalize,
+    .alltoallv = ucx_alltoallv,
+    .allgather = ucx_allgather,
+    .bcast = ucx_bcast,
+    .barrier = ucx_barrier,
+    .test = ucx_test,
+    .describe = ucx_describe,
+    .op_free = ucx_op_free,
+};
