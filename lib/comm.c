@@ -174,8 +174,9 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
     if (*root) {
         snprintf(root_text, sizeof(root_text), "%s", root);
     } else if (*jid && single_node(nranks)) {
-        /* One node under a launcher: a port every rank derives alike from the job id. */
-        snprintf(root_text, sizeof(root_text), "127.0.0.1:%u", 20000u + (unsigned)(fnv1a(jid) % 30000u));
+        /* One node under a launcher: a port every rank derives alike from the job id,
+         * below Linux's ephemeral range (32768+) so no outgoing connection holds it. */
+        snprintf(root_text, sizeof(root_text), "127.0.0.1:%u", 20000u + (unsigned)(fnv1a(jid) % 12000u));
     } else {
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
                          "moea2a_comm_init_env: set MOEA2A_ROOT_ADDR=host:port (an address of the node that "

@@ -109,6 +109,17 @@ int m2a_sock_listen(struct sockaddr_in *addr)
     return fd;
 }
 
+/* On loopback, a connect to a port nobody listens on yet can pick that very port as
+ * its ephemeral source and connect to itself (TCP simultaneous open). Such a socket
+ * must be treated as "refused", or the rank would read its own messages. */
+static int is_self_connected(int fd)
+{
+    struct sockaddr_in self, peer;
+    socklen_t sl = sizeof(self), pl = sizeof(peer);
+    if (getsockname(fd, (struct sockaddr *)&self, &sl) || getpeername(fd, (struct sockaddr *)&peer, &pl)) return 0;
+    return self.sin_port == peer.sin_port && self.sin_addr.s_addr == peer.sin_addr.s_addr;
+}
+
 int m2a_sock_connect(const struct sockaddr_in *addr, double deadline, m2a_sock_status_t *status)
 {
     int delay_ms = 1;
@@ -127,8 +138,8 @@ int m2a_sock_connect(const struct sockaddr_in *addr, double deadline, m2a_sock_s
             else
                 errno = err ? err : ETIMEDOUT;
         }
-        if (rc == 0) { *status = M2A_SOCK_OK; return fd; }
-        int e = errno;
+        if (rc == 0 && !is_self_connected(fd)) { *status = M2A_SOCK_OK; return fd; }
+        int e = rc == 0 ? ECONNREFUSED : errno;
         close(fd);
         /* The listener may not be up yet (rendezvous races); retry until the deadline. */
         if (e != ECONNREFUSED && e != ETIMEDOUT && e != ECONNRESET && e != EAGAIN) {

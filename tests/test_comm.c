@@ -98,12 +98,17 @@ static void test_init_sizes(void)
     }
 }
 
-static void test_rendezvous_failures(void)
+static void test_mismatched_nranks(void)
 {
     local_ranks_result_t res;
     local_ranks_run(3, mismatch_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "ranks passing different nranks all get MOEA2A_ERR_MISMATCH");
+}
 
+/* Runs in this process: must come after every test that forks ranks, since a
+ * process whose transports were initialized must not fork new ranks (moea2a(7)). */
+static void test_stray_and_stale(void)
+{
     /* A stray connection to the rendezvous (wrong magic) is rejected; the real ranks
      * still meet. The harness makes its own id, so poke a fresh id's service first and
      * check that it still serves a rank afterwards. */
@@ -163,13 +168,16 @@ static int env_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 
 static void test_init_env(void)
 {
-    /* A port that was free a moment ago. */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    /* A port that is free now, below the ephemeral range (see is_self_connected in
+     * lib/socket.c for what happens otherwise; the library copes with both). */
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof(a);
-    bind(fd, (struct sockaddr *)&a, sizeof(a));
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
+    for (unsigned p = 21000 + (unsigned)getpid() % 9000;; p = p >= 31999 ? 21000 : p + 1) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        a.sin_port = htons((uint16_t)p);
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+        close(fd);
+        if (ok) break;
+    }
     char root[64];
     snprintf(root, sizeof(root), "127.0.0.1:%u", ntohs(a.sin_port));
     local_ranks_result_t res;
@@ -216,9 +224,11 @@ int main(void)
 {
     test_bad_arguments();
     test_init_sizes();
-    test_rendezvous_failures();
+    test_mismatched_nranks();
     test_transport_selection();
     test_init_env();
+    /* In-process communicators last (see test_stray_and_stale). */
+    test_stray_and_stale();
     test_abort();
     return tap_done();
 }

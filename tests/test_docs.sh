@@ -1,0 +1,26 @@
+#!/bin/sh
+# Documentation and configuration stay complete: every public function has a man
+# page, every MOEA2A_* variable the sources read is in the parameter table, and every
+# variable of the table is documented in moea2a(7). TAP output.
+src=${top_srcdir:-.}; build=${top_builddir:-.}
+n=0; failed=0
+check() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+
+missing=""
+for f in $(grep -hoE '\bmoea2a_[a-z0-9_]+[[:space:]]*\(' "$src"/include/*.h | sed 's/[[:space:](]//g' | sort -u); do
+    [ -f "$src/man/man3/$f.3" ] || missing="$missing $f"
+done
+[ -z "$missing" ]; check $? "every public function has a man3 page${missing:+ (missing:$missing)}"
+
+table=$("$build/tools/moea2a_info" -c | grep -E '^MOEA2A_' | sort -u)
+[ -n "$table" ]; check $? "moea2a_info -c lists the variables"
+used=$(grep -rhoE '(getenv|m2a_param_[a-z]+)\((NULL, |comm, )?"MOEA2A_[A-Z0-9_]+"' "$src/lib" "$src/transports" "$src/tools" 2>/dev/null |
+       grep -oE 'MOEA2A_[A-Z0-9_]+' | sort -u)
+undeclared=""
+for v in $used; do echo "$table" | grep -qx "$v" || undeclared="$undeclared $v"; done
+[ -z "$undeclared" ]; check $? "every variable the sources read is declared in the table${undeclared:+ (undeclared:$undeclared)}"
+undocumented=""
+for v in $table; do grep -q "$v" "$src/man/man7/moea2a.7" || undocumented="$undocumented $v"; done
+[ -z "$undocumented" ]; check $? "every variable is documented in moea2a(7)${undocumented:+ (missing:$undocumented)}"
+echo "1..$n"
+exit $failed
