@@ -44,6 +44,18 @@ static moea2a_result_t route(moea2a_comm_t comm, const char *fn, const void *con
     return MOEA2A_SUCCESS;
 }
 
+/* Entry checks every collective shares; *es = element size of dtype. */
+static moea2a_result_t begin(moea2a_comm_t comm, const char *fn, moea2a_request_t *request, moea2a_datatype_t dtype,
+                             size_t *es)
+{
+    M2A_TRY(m2a_comm_check(comm, fn));
+    M2A_CHECK_ARG(comm, request, "%s: request is NULL", fn);
+    *request = NULL;
+    if (moea2a_datatype_size(dtype, es))
+        return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: unknown datatype %d", fn, (int)dtype);
+    return MOEA2A_SUCCESS;
+}
+
 static moea2a_result_t new_request(moea2a_comm_t comm, const char *name, m2a_transport_t *t,
                                    moea2a_request_t *out)
 {
@@ -55,6 +67,15 @@ static moea2a_result_t new_request(moea2a_comm_t comm, const char *name, m2a_tra
     req->deadline = m2a_now() + comm->timeout_s;
     *out = req;
     return MOEA2A_SUCCESS;
+}
+
+/* A request on the transport that moves the memory of bufs. */
+static moea2a_result_t routed_request(moea2a_comm_t comm, const char *fn, const void *const *bufs, int n,
+                                      moea2a_request_t *req, unsigned *mem)
+{
+    m2a_transport_t *t;
+    M2A_TRY(route(comm, fn, bufs, n, &t, mem));
+    return new_request(comm, fn, t, req);
 }
 
 static void free_request(moea2a_request_t req)
@@ -137,12 +158,9 @@ moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts
                                   moea2a_request_t *request)
 {
     static const char fn[] = "moea2a_alltoallv";
-    M2A_TRY(m2a_comm_check(comm, fn));
-    M2A_CHECK_ARG(comm, request, "%s: request is NULL", fn);
-    *request = NULL;
-    int n = comm->nranks;
     size_t es;
-    if (moea2a_datatype_size(dtype, &es)) return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: unknown datatype %d", fn, (int)dtype);
+    M2A_TRY(begin(comm, fn, request, dtype, &es));
+    int n = comm->nranks;
     M2A_TRY(check_vector(comm, fn, "sendcounts", sendcounts, n));
     M2A_TRY(check_vector(comm, fn, "sdispls", sdispls, n));
     M2A_TRY(check_vector(comm, fn, "recvcounts", recvcounts, n));
@@ -153,11 +171,10 @@ moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts
     M2A_CHECK_ARG(comm, recvbuf || rtotal == 0, "%s: recvbuf is NULL but recvcounts are not all 0", fn);
 
     const void *bufs[2] = {sendbuf, recvbuf};
-    m2a_transport_t *t;
-    unsigned mem;
-    M2A_TRY(route(comm, fn, bufs, 2, &t, &mem));
     moea2a_request_t req;
-    M2A_TRY(new_request(comm, fn, t, &req));
+    unsigned mem;
+    M2A_TRY(routed_request(comm, fn, bufs, 2, &req, &mem));
+    m2a_transport_t *t = req->t;
     size_t *b = req->bytes = malloc(sizeof(size_t) * 4 * (size_t)n);
     if (!b) return started(req, m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn), request);
     for (int i = 0; i < n; i++) {
@@ -174,19 +191,15 @@ moea2a_result_t moea2a_iallgather(const void *sendbuf, void *recvbuf, size_t cou
                                   moea2a_comm_t comm, void *stream, moea2a_request_t *request)
 {
     static const char fn[] = "moea2a_allgather";
-    M2A_TRY(m2a_comm_check(comm, fn));
-    M2A_CHECK_ARG(comm, request, "%s: request is NULL", fn);
-    *request = NULL;
     size_t es;
-    if (moea2a_datatype_size(dtype, &es)) return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: unknown datatype %d", fn, (int)dtype);
+    M2A_TRY(begin(comm, fn, request, dtype, &es));
     M2A_CHECK_ARG(comm, (sendbuf && recvbuf) || count == 0, "%s: sendbuf or recvbuf is NULL", fn);
     M2A_CHECK_ARG(comm, count <= SIZE_MAX / es / (size_t)comm->nranks, "%s: count=%zu overflows", fn, count);
     const void *bufs[2] = {sendbuf, recvbuf};
-    m2a_transport_t *t;
-    unsigned mem;
-    M2A_TRY(route(comm, fn, bufs, 2, &t, &mem));
     moea2a_request_t req;
-    M2A_TRY(new_request(comm, fn, t, &req));
+    unsigned mem;
+    M2A_TRY(routed_request(comm, fn, bufs, 2, &req, &mem));
+    m2a_transport_t *t = req->t;
     return started(req, t->ops->allgather(t->tc, sendbuf, recvbuf, count * es, mem, stream, &req->op), request);
 }
 
@@ -194,20 +207,16 @@ moea2a_result_t moea2a_ibcast(void *buf, size_t count, moea2a_datatype_t dtype, 
                               void *stream, moea2a_request_t *request)
 {
     static const char fn[] = "moea2a_bcast";
-    M2A_TRY(m2a_comm_check(comm, fn));
-    M2A_CHECK_ARG(comm, request, "%s: request is NULL", fn);
-    *request = NULL;
     size_t es;
-    if (moea2a_datatype_size(dtype, &es)) return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: unknown datatype %d", fn, (int)dtype);
+    M2A_TRY(begin(comm, fn, request, dtype, &es));
     M2A_CHECK_ARG(comm, root >= 0 && root < comm->nranks, "%s: root=%d is out of range 0..%d", fn, root, comm->nranks - 1);
     M2A_CHECK_ARG(comm, buf || count == 0, "%s: buf is NULL", fn);
     M2A_CHECK_ARG(comm, count <= SIZE_MAX / es, "%s: count=%zu overflows", fn, count);
     const void *bufs[1] = {buf};
-    m2a_transport_t *t;
-    unsigned mem;
-    M2A_TRY(route(comm, fn, bufs, 1, &t, &mem));
     moea2a_request_t req;
-    M2A_TRY(new_request(comm, fn, t, &req));
+    unsigned mem;
+    M2A_TRY(routed_request(comm, fn, bufs, 1, &req, &mem));
+    m2a_transport_t *t = req->t;
     return started(req, t->ops->bcast(t->tc, buf, count * es, root, mem, stream, &req->op), request);
 }
 

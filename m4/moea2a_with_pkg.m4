@@ -39,6 +39,9 @@ AS_IF([test "x$with_$1" != xno], [
            AS_IF([test "$moea2a_libdir" != "$moea2a_cand/lib" && test -d "$moea2a_cand/lib"],
                  [moea2a_ld="$moea2a_ld -L$moea2a_cand/lib"])
            moea2a_libs="$5"])
+        # An explicit DIR must hold the header itself, not lean on the system's copy.
+        AS_CASE([$moea2a_cand], [pkgconfig|system], [],
+                [AS_IF([test ! -f "$moea2a_cand/include/$3"], [continue])])
         moea2a_save_CPPFLAGS=$CPPFLAGS; moea2a_save_LDFLAGS=$LDFLAGS; moea2a_save_LIBS=$LIBS
         CPPFLAGS="$CPPFLAGS $moea2a_cpp $7"; LDFLAGS="$LDFLAGS $moea2a_ld"; LIBS="$moea2a_libs $LIBS"
         AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <$3>]], [[void *volatile p = (void *)&$4; (void)p;]])],

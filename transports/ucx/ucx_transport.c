@@ -225,26 +225,33 @@ static int start_failed(ucx_comm_t *c, ucx_op_t *op, int r)
     return r;
 }
 
-static int ucx_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
-                         const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **out)
+/* Posts one receive from and one send to every rank (byte counts and offsets per
+ * peer): alltoallv directly, allgather with the same block for everyone. */
+static int start_exchange(ucx_comm_t *c, int opcode, const void *sbuf, const size_t *sc, const size_t *sd,
+                          void *rbuf, const size_t *rc, const size_t *rd, unsigned mem, void **out)
 {
-    ucx_comm_t *c = tcomm;
-    (void)stream;
     ucx_op_t *op = op_new(2 * c->nranks);
     if (!op) return MOEA2A_ERR_NO_MEMORY;
     uint32_t seq = c->seq++;
     int r = MOEA2A_SUCCESS;
     for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
         int peer = (c->rank + c->nranks - i) % c->nranks; /* stagger so no rank is everyone's first */
-        r = post_recv(c, op, peer, (char *)rbuf + rd[peer], rc[peer], make_tag(seq, OP_ALLTOALLV, peer), mem);
+        r = post_recv(c, op, peer, (char *)rbuf + rd[peer], rc[peer], make_tag(seq, opcode, peer), mem);
     }
     for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
         int peer = (c->rank + i) % c->nranks;
-        r = post_send(c, op, peer, (const char *)sbuf + sd[peer], sc[peer], make_tag(seq, OP_ALLTOALLV, c->rank), mem);
+        r = post_send(c, op, peer, (const char *)sbuf + sd[peer], sc[peer], make_tag(seq, opcode, c->rank), mem);
     }
     if (r != MOEA2A_SUCCESS) return start_failed(c, op, r);
     *out = op;
     return MOEA2A_SUCCESS;
+}
+
+static int ucx_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
+                         const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **out)
+{
+    (void)stream;
+    return start_exchange(tcomm, OP_ALLTOALLV, sbuf, sc, sd, rbuf, rc, rd, mem, out);
 }
 
 static int ucx_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream,
@@ -252,21 +259,13 @@ static int ucx_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes
 {
     ucx_comm_t *c = tcomm;
     (void)stream;
-    ucx_op_t *op = op_new(2 * c->nranks);
-    if (!op) return MOEA2A_ERR_NO_MEMORY;
-    uint32_t seq = c->seq++;
-    int r = MOEA2A_SUCCESS;
-    for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
-        int peer = (c->rank + c->nranks - i) % c->nranks;
-        r = post_recv(c, op, peer, (char *)rbuf + (size_t)peer * bytes, bytes, make_tag(seq, OP_ALLGATHER, peer), mem);
-    }
-    for (int i = 0; i < c->nranks && r == MOEA2A_SUCCESS; i++) {
-        int peer = (c->rank + i) % c->nranks;
-        r = post_send(c, op, peer, sbuf, bytes, make_tag(seq, OP_ALLGATHER, c->rank), mem);
-    }
-    if (r != MOEA2A_SUCCESS) return start_failed(c, op, r);
-    *out = op;
-    return MOEA2A_SUCCESS;
+    size_t *v = malloc(sizeof(size_t) * 3 * (size_t)c->nranks);
+    if (!v) return MOEA2A_ERR_NO_MEMORY;
+    size_t *counts = v, *zero = v + c->nranks, *offs = v + 2 * c->nranks;
+    for (int p = 0; p < c->nranks; p++) counts[p] = bytes, zero[p] = 0, offs[p] = (size_t)p * bytes;
+    int r = start_exchange(c, OP_ALLGATHER, sbuf, counts, zero, rbuf, counts, offs, mem, out);
+    free(v); /* UCX has the addresses; the vectors are not needed after posting */
+    return r;
 }
 
 static int ucx_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **out)
