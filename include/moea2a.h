@@ -122,9 +122,9 @@ MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
 MOEA2A_API moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank);
 MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);
 
-/* The detailed message of the last failed call on comm by this thread's
- * communicator (or of the last failed call without a communicator, comm == NULL,
- * in the calling thread). Never NULL; "" if nothing failed. */
+/* The detailed message of the last failed call on comm, or, with comm == NULL, of
+ * the calling thread's last failed call (e.g. an init that made no communicator).
+ * Never NULL; "" if nothing failed. */
 MOEA2A_API const char *moea2a_last_error(moea2a_comm_t comm);
 
 /* ---- generic collectives -------------------------------------------------------
@@ -166,6 +166,150 @@ MOEA2A_API moea2a_result_t moea2a_test(moea2a_request_t *request, int *done);
 /* Waits (bounded by the communicator's timeout) for the request, frees it, sets it
  * to NULL. */
 MOEA2A_API moea2a_result_t moea2a_wait(moea2a_request_t *request);
+
+/* ---- MoE collectives: dispatch, sanitize, combine --------------------------------
+ * See moea2a_moe(3). Terms: ep = ranks of the communicator, E = experts, k = top-k,
+ * cap = max_tokens_per_rank (the most tokens ONE rank passes to one dispatch). */
+
+typedef struct moea2a_moe *moea2a_moe_t;
+
+#define MOEA2A_MOE_MAX_PAYLOADS 8
+
+/* Where the MoE context keeps its buffers and where dispatch/combine data lives. */
+typedef enum {
+    MOEA2A_MEMORY_AUTO = 0, /* CUDA if the communicator has a CUDA transport and a device, else host */
+    MOEA2A_MEMORY_HOST = 1,
+    MOEA2A_MEMORY_CUDA = 2
+} moea2a_memory_t;
+
+typedef enum {
+    MOEA2A_PLACEMENT_CONTIGUOUS = 0, /* ranks 0..E%ep-1 own E/ep+1 experts, the rest E/ep */
+    MOEA2A_PLACEMENT_MAP = 1         /* expert_to_rank[E] says */
+} moea2a_placement_t;
+
+/* moea2a_moe_config_t.flags */
+#define MOEA2A_MOE_NO_SANITIZE (1u << 0)       /* leave padding rows' ids as they are */
+#define MOEA2A_MOE_REWRITE_NONLOCAL (1u << 1)  /* also set ids owned by other ranks to invalid */
+#define MOEA2A_MOE_CARRY_WEIGHTS (1u << 2)     /* dispatch delivers topk_weights too */
+
+/* One payload: each token carries elems_per_token elements of dtype (for
+ * MOEA2A_NVFP4, packed bytes: hidden/2). */
+typedef struct {
+    moea2a_datatype_t dtype;
+    size_t elems_per_token;
+} moea2a_payload_desc_t;
+
+typedef struct {
+    size_t size;          /* sizeof(moea2a_moe_config_t) */
+    unsigned int version; /* MOEA2A_VERSION_CODE */
+    int num_experts;      /* E >= 1 */
+    int top_k;            /* k >= 1 */
+    int max_tokens_per_rank; /* cap: per rank, never multiplied by ep */
+    int num_payloads;     /* 0..MOEA2A_MOE_MAX_PAYLOADS */
+    moea2a_payload_desc_t payloads[MOEA2A_MOE_MAX_PAYLOADS];
+    moea2a_datatype_t combine_dtype; /* MOEA2A_BFLOAT16, MOEA2A_FLOAT16 or MOEA2A_FLOAT32 */
+    size_t hidden;        /* elements per combine row; 0: no combine buffer */
+    int32_t invalid_expert_id; /* written to unused id slots; default -1 (E is common too) */
+    moea2a_placement_t placement;
+    const int32_t *expert_to_rank; /* [E], for MOEA2A_PLACEMENT_MAP (copied at create) */
+    unsigned int flags;   /* MOEA2A_MOE_* */
+    moea2a_memory_t memory;
+} moea2a_moe_config_t;
+
+#define MOEA2A_MOE_CONFIG_INITIALIZER                                                          \
+    { sizeof(moea2a_moe_config_t), MOEA2A_VERSION_CODE, 0, 0, 0, 0, {{MOEA2A_UINT8, 0}},       \
+      MOEA2A_BFLOAT16, 0, -1, MOEA2A_PLACEMENT_CONTIGUOUS, NULL, 0u, MOEA2A_MEMORY_AUTO }
+
+/* Per-rank memory, exactly what moea2a_moe_create allocates. A(x) = x rounded up to
+ * 128 bytes; see moea2a_moe_workspace_size(3) for the formula. */
+typedef struct {
+    size_t size;                 /* sizeof(moea2a_moe_workspace_sizes_t), set by the caller */
+    unsigned int version;
+    size_t workspace_bytes;      /* aux + payloads + ids + weights + combine */
+    size_t staging_bytes;        /* for peers not reachable by load/store */
+    size_t device_bytes;         /* of the above, in device memory */
+    size_t pinned_host_bytes;    /* of the above, in pinned host memory */
+    size_t host_bytes;           /* of the above, in ordinary host memory */
+    size_t total_bytes;          /* workspace_bytes + staging_bytes */
+    /* breakdown */
+    size_t aux_bytes;
+    size_t payload_bytes[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t ids_bytes, weights_bytes, combine_bytes;
+    size_t record_bytes;         /* one token's dispatch record through staging */
+    /* topology */
+    int staged_peers;            /* peers reached through staging */
+    int nvlink_peers;            /* peers written by load/store */
+    int numa_node;               /* where host staging is placed; -1 unknown */
+    int gpu;                     /* this rank's GPU in the topology; -1 none */
+    char nic[32];                /* NIC nearest this rank's GPU or NUMA node; "" none */
+} moea2a_moe_workspace_sizes_t;
+
+#define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER { sizeof(moea2a_moe_workspace_sizes_t), MOEA2A_VERSION_CODE }
+
+/* What moea2a_dispatch delivers. Arrays live in the context's workspace and stay
+ * valid until the next dispatch. Slot (src, i), i < recv_counts[src], is the i-th
+ * token rank src sent here, in ascending source-token order. */
+typedef struct {
+    size_t size;                 /* sizeof(moea2a_dispatch_result_t), set by the caller */
+    unsigned int version;
+    int ep, stride, top_k;       /* arrays are [ep][stride][...] */
+    const int32_t *recv_counts;  /* [ep] valid slots per source rank */
+    void *payloads[MOEA2A_MOE_MAX_PAYLOADS]; /* [ep][stride][row bytes of payload i] */
+    size_t payload_row_bytes[MOEA2A_MOE_MAX_PAYLOADS];
+    int32_t *topk_ids;           /* [ep][stride][k], sanitized */
+    float *topk_weights;         /* [ep][stride][k]; NULL without MOEA2A_MOE_CARRY_WEIGHTS */
+    const int32_t *src_token_index; /* [ep][stride]: token index on the source rank; -1 padding */
+    int64_t total_recv;          /* sum of recv_counts */
+    int64_t invalid_entries;     /* this rank's input entries skipped as invalid */
+    int64_t sent_rows;           /* rows this rank sent (one per token and destination rank) */
+    int64_t deduplicated;        /* entries merged because their rank already got the token */
+} moea2a_dispatch_result_t;
+
+#define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }
+
+/* A machine layout for sizing without a communicator (moea2a_info --workspace). */
+typedef struct {
+    size_t size;
+    unsigned int version;
+    int ep;                      /* ranks */
+    int ranks_per_node;          /* consecutive ranks share a node; 0: all on one node */
+    int rank;                    /* whose sizes */
+    const char *topology_xml;    /* hwloc XML of a node; NULL: this machine */
+    moea2a_memory_t memory;      /* AUTO means CUDA when the topology has GPUs */
+} moea2a_moe_layout_t;
+
+#define MOEA2A_MOE_LAYOUT_INITIALIZER \
+    { sizeof(moea2a_moe_layout_t), MOEA2A_VERSION_CODE, 1, 0, 0, NULL, MOEA2A_MEMORY_AUTO }
+
+/* Pure: computes what moea2a_moe_create would allocate on this rank. */
+MOEA2A_API moea2a_result_t moea2a_moe_workspace_size(moea2a_comm_t comm, const moea2a_moe_config_t *config,
+                                                     moea2a_moe_workspace_sizes_t *sizes);
+MOEA2A_API moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layout,
+                                                            const moea2a_moe_config_t *config,
+                                                            moea2a_moe_workspace_sizes_t *sizes);
+/* Collective over comm: every rank passes the same config. */
+MOEA2A_API moea2a_result_t moea2a_moe_create(moea2a_moe_t *moe, moea2a_comm_t comm,
+                                             const moea2a_moe_config_t *config);
+MOEA2A_API moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe);
+/* ep * cap: the receive rows any dispatch may deliver; size consumer buffers by it. */
+MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows);
+/* The workspace's combine input buffer, [ep][stride][hidden] of combine_dtype: expert
+ * kernels may write there and pass NULL (or this pointer) to moea2a_combine. */
+MOEA2A_API moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer);
+
+/* Collective. num_tokens in 0..cap (0: an idle rank that still takes part);
+ * topk_ids [num_tokens][k] int32; topk_weights [num_tokens][k] float or NULL;
+ * payloads[i] [num_tokens][row of payload i]; runtime_max_tokens_per_rank: the
+ * receive stride for this call (0: cap), the same on every rank. */
+MOEA2A_API moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int num_tokens, const int32_t *topk_ids,
+                                           const float *topk_weights, const void *const *payloads,
+                                           int runtime_max_tokens_per_rank,
+                                           moea2a_dispatch_result_t *result, void *stream);
+/* Collective. expert_out: [ep][stride][hidden] of combine_dtype, one row per valid
+ * slot of the last dispatch (NULL: the combine buffer). out: [num_tokens][hidden]:
+ * out[t] = sum, in fp32 and in ascending rank order, of the rows of the ranks that
+ * received token t; zeros for tokens sent nowhere. */
+MOEA2A_API moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);
 
 /* ---- transports and parameters ------------------------------------------------ */
 

@@ -58,6 +58,27 @@ static int dies_mid_collective(int rank, int n, moea2a_unique_id_t id, void *arg
     return fails;
 }
 
+/* Rank `victim` exits after creating an MoE context; the others' dispatch fails in time. */
+static int dies_before_dispatch(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    int victim = *(int *)arg, fails = 0;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
+    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+    mc.num_experts = 8, mc.top_k = 2, mc.max_tokens_per_rank = 4, mc.hidden = 4, mc.memory = MOEA2A_MEMORY_HOST;
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &mc)) return 1;
+    if (rank == victim) _exit(0);
+    int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    double t0 = now();
+    moea2a_result_t r = moea2a_dispatch(moe, 4, ids, NULL, NULL, 0, &res, NULL);
+    fails += failed_in_time(rank, r, t0, "dispatch with a dead peer", comm);
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 /* The last rank never calls init: the rendezvous names it. */
 static int never_joins(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
@@ -106,6 +127,9 @@ int main(void)
         tap_ok(res.failed == 0 && res.hung == 0,
                "%d ranks, rank %d dies before an alltoallv: the others fail within MOEA2A_TIMEOUT_S", n, victim);
     }
+    int victim = 1;
+    local_ranks_run(3, dies_before_dispatch, &victim, WATCHDOG, &res);
+    tap_ok(res.failed == 0 && res.hung == 0, "3 ranks, rank 1 dies before a dispatch: the others fail within MOEA2A_TIMEOUT_S");
     local_ranks_run(3, never_joins, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0 && res.hung == 0, "a rank that never joins: init fails in time naming it");
     local_ranks_run(2, one_aborts, NULL, WATCHDOG, &res);

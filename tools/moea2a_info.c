@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "info_workspace.h"
 #include "moea2a.h"
 
 static void usage(FILE *f)
@@ -16,6 +17,9 @@ static void usage(FILE *f)
             "  -c, --config         every MOEA2A_* environment variable: default, current value, help\n"
             "  -t, --topology[=XML] topology summary (of this machine, or of an hwloc XML file)\n"
             "  -T, --transports     transport modules found and whether they load\n"
+            "  -w, --workspace SPEC MoE workspace per rank, offline; SPEC is KEY=VALUE,... with ep, cap,\n"
+            "                       hidden, topk, experts, dtype (bf16, nvfp4, ...), combine, weights=0|1,\n"
+            "                       memory=cuda|host, ranks_per_node, rank, topology=FILE.xml, mem=SIZE\n"
             "  -v, --version        version only\n"
             "  -h, --help           this text\n");
 }
@@ -130,14 +134,16 @@ int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"config", no_argument, 0, 'c'},     {"topology", optional_argument, 0, 't'},
                                          {"transports", no_argument, 0, 'T'}, {"version", no_argument, 0, 'v'},
+                                         {"workspace", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
     int c, did = 0, rc = 0;
-    while ((c = getopt_long(argc, argv, "ct::Tvh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "ct::Tw:vh", opts, NULL)) != -1) {
         did = 1;
         switch (c) {
         case 'c': rc |= print_config(); break;
         case 't': rc |= print_topology(optarg); break;
         case 'T': rc |= print_transports(); break;
+        case 'w': rc |= info_workspace(optarg); break;
         case 'v': print_version(); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

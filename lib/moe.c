@@ -1,0 +1,527 @@
+/* MoE contexts: create (collective, topology-aware sizing), dispatch (route, exchange
+ * headers, move records, sanitize) and combine (return rows, reduce in rank order).
+ *
+ * Every collective step starts with an exchange that carries each rank's argument
+ * check, so bad input on one rank fails every rank at once, with the same code,
+ * instead of leaving the others waiting for a rank that already returned. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "log.h"
+#include "moe_host.h"
+#include "moe_layout.h"
+
+struct moea2a_moe {
+    moea2a_comm_t comm;
+    moea2a_moe_config_t cfg;
+    int32_t *owner;      /* [E] */
+    int cuda;
+    m2a_route_t route;
+    m2a_moe_layout_t l;
+    unsigned char *ws, *stage;
+    int *stage_index;    /* [ep]: staging slot of each staged peer, -1 for direct ones */
+    int numa;
+    /* the last dispatch, which combine answers */
+    int dispatched, num_tokens, stride;
+};
+
+/* ---- planning: config, placement, layout ------------------------------------ */
+
+typedef struct {
+    moea2a_moe_config_t cfg;
+    int cuda, staged, nvlink, rpn;
+    int *stage_index;
+    m2a_topo_t topo;
+    m2a_topo_place_t place;
+    m2a_moe_layout_t l;
+} plan_t;
+
+/* Nodes from the host names the bootstrap collected: node[r] = first rank on r's host. */
+static void nodes_of(moea2a_comm_t comm, int *node, int *local, int *count)
+{
+    for (int r = 0; r < comm->nranks; r++) {
+        node[r] = r, local[r] = 0, count[r] = 0;
+        for (int q = 0; q < r; q++)
+            if (!strcmp(comm->bs->peers[q].host, comm->bs->peers[r].host)) {
+                node[r] = node[q];
+                local[r]++;
+            }
+    }
+    for (int r = 0; r < comm->nranks; r++) count[node[r]]++;
+}
+
+static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
+{
+    int ep = comm->nranks;
+    memset(p, 0, sizeof(*p));
+    M2A_TRY(m2a_moe_read_config(comm, config, ep, &p->cfg));
+    moea2a_memory_t mem = p->cfg.memory;
+    if (mem == MOEA2A_MEMORY_AUTO) mem = m2a_transport_for(comm, MOEA2A_MEM_CUDA) ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
+    if (mem == MOEA2A_MEMORY_CUDA)
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                         "moea2a_moe: CUDA memory needs the nccl transport and a GPU; this communicator has %s",
+                         m2a_transport_for(comm, MOEA2A_MEM_CUDA) ? "a CUDA transport but no CUDA MoE path yet"
+                                                                  : "no transport for CUDA memory");
+    p->cuda = 0;
+    M2A_TRY(m2a_topo_load(NULL, &p->topo));
+    int *node = calloc((size_t)ep, sizeof(int)), *local = calloc((size_t)ep, sizeof(int));
+    int *count = calloc((size_t)ep, sizeof(int)), *gpu = calloc((size_t)ep, sizeof(int));
+    p->stage_index = calloc((size_t)ep, sizeof(int));
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    if (!node || !local || !count || !gpu || !p->stage_index) {
+        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
+    } else {
+        nodes_of(comm, node, local, count);
+        p->rpn = count[node[comm->rank]];
+        for (int q = 0; q < ep; q++) gpu[q] = m2a_topo_place(&p->topo, local[q], count[node[q]], p->cuda).gpu;
+        p->staged = m2a_moe_staged_peers(ep, comm->rank, node, gpu, &p->topo, p->cuda, &p->nvlink);
+        /* Staged peers take staging slots in rank order; this rank and load/store
+         * peers have none. Host memory: every peer but this rank is staged. */
+        for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
+        p->place = m2a_topo_place(&p->topo, local[comm->rank], p->rpn, p->cuda);
+        m2a_moe_layout(&p->cfg, ep, p->staged, &p->l);
+    }
+    free(node), free(local), free(count), free(gpu);
+    if (r != MOEA2A_SUCCESS) free(p->stage_index), p->stage_index = NULL;
+    return r;
+}
+
+moea2a_result_t moea2a_moe_workspace_size(moea2a_comm_t comm, const moea2a_moe_config_t *config,
+                                          moea2a_moe_workspace_sizes_t *sizes)
+{
+    M2A_TRY(m2a_comm_check(comm, "moea2a_moe_workspace_size"));
+    M2A_CHECK_ARG(comm, sizes, "moea2a_moe_workspace_size: sizes is NULL");
+    plan_t *p = malloc(sizeof(*p));
+    if (!p) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_workspace_size: out of memory");
+    moea2a_result_t r = plan(comm, config, p);
+    if (r == MOEA2A_SUCCESS)
+        r = m2a_moe_fill_sizes(&p->cfg, &p->l, p->cuda, p->staged, p->nvlink, &p->topo, p->place, sizes);
+    free(p->stage_index);
+    free(p);
+    return r;
+}
+
+/* ---- create ------------------------------------------------------------------ */
+
+/* MemAvailable from /proc/meminfo, in bytes; 0 if unknown. */
+static size_t host_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (size_t)kb * 1024;
+}
+
+/* Fails fast, before allocating, when this node's ranks would not fit in memory,
+ * naming the largest max_tokens_per_rank that would. */
+static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
+{
+    size_t avail = host_available(), per_rank = p->l.workspace + p->l.staging, ranks = (size_t)p->rpn;
+    if (!avail || per_rank <= avail / ranks) return MOEA2A_SUCCESS;
+    moea2a_moe_config_t c = p->cfg;
+    int lo = 0, hi = c.max_tokens_per_rank;
+    while (lo < hi) { /* largest cap whose per-rank total fits */
+        c.max_tokens_per_rank = lo + (hi - lo + 1) / 2;
+        m2a_moe_layout_t l;
+        m2a_moe_layout(&c, comm->nranks, p->staged, &l);
+        if (l.workspace + l.staging <= avail / ranks) lo = c.max_tokens_per_rank;
+        else hi = c.max_tokens_per_rank - 1;
+    }
+    return m2a_error(comm, MOEA2A_ERR_NO_MEMORY,
+                     "moea2a_moe_create: needs %.2f GiB per rank = ep %d x cap %d x %.1f KiB per slot (+ %.2f GiB "
+                     "staging) for %zu rank(s) on this node; %.2f GiB available; max_tokens_per_rank <= %d fits",
+                     (double)per_rank / (1 << 30), comm->nranks, p->cfg.max_tokens_per_rank,
+                     (double)p->l.workspace / comm->nranks / p->cfg.max_tokens_per_rank / 1024,
+                     (double)p->l.staging / (1 << 30), ranks, (double)avail / (1 << 30), lo);
+}
+
+/* What every rank must agree on, compared field by field at create. */
+typedef struct {
+    int32_t status, num_experts, top_k, cap, num_payloads, combine_dtype, invalid_id, placement, flags, memory;
+    int32_t dtypes[MOEA2A_MOE_MAX_PAYLOADS];
+    uint64_t elems[MOEA2A_MOE_MAX_PAYLOADS], hidden, map_hash;
+} digest_t;
+
+static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
+{
+    digest_t d;
+    memset(&d, 0, sizeof(d));
+    d.status = status;
+    if (status != MOEA2A_SUCCESS) return d;
+    d.num_experts = c->num_experts, d.top_k = c->top_k, d.cap = c->max_tokens_per_rank;
+    d.num_payloads = c->num_payloads, d.combine_dtype = c->combine_dtype, d.invalid_id = c->invalid_expert_id;
+    d.placement = c->placement, d.flags = (int32_t)c->flags, d.memory = c->memory, d.hidden = c->hidden;
+    for (int i = 0; i < c->num_payloads; i++) d.dtypes[i] = c->payloads[i].dtype, d.elems[i] = c->payloads[i].elems_per_token;
+    d.map_hash = 1469598103934665603ULL;
+    for (int e = 0; c->placement == MOEA2A_PLACEMENT_MAP && e < c->num_experts; e++)
+        d.map_hash = (d.map_hash ^ (uint64_t)c->expert_to_rank[e]) * 1099511628211ULL;
+    return d;
+}
+
+static moea2a_result_t agree(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg)
+{
+    int n = comm->nranks;
+    digest_t *all = calloc((size_t)n, sizeof(*all));
+    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    all[comm->rank] = digest_of(cfg, mine);
+    moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(*all));
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
+        if (all[q].status != MOEA2A_SUCCESS) {
+            r = mine != MOEA2A_SUCCESS ? mine
+                                       : m2a_error(comm, (moea2a_result_t)all[q].status,
+                                                   "moea2a_moe_create failed on rank %d (%s); see its moea2a_last_error",
+                                                   q, moea2a_strerror((moea2a_result_t)all[q].status));
+        } else if (mine == MOEA2A_SUCCESS && memcmp(&all[q], &all[comm->rank], sizeof(digest_t))) {
+            const digest_t *a = &all[comm->rank], *b = &all[q];
+            r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
+                          "moea2a_moe_create: rank %d passed a different config (experts %d/%d, top_k %d/%d, "
+                          "max_tokens_per_rank %d/%d, payloads %d/%d, hidden %llu/%llu, flags 0x%x/0x%x: this rank/rank %d)",
+                          q, a->num_experts, b->num_experts, a->top_k, b->top_k, a->cap, b->cap, a->num_payloads,
+                          b->num_payloads, (unsigned long long)a->hidden, (unsigned long long)b->hidden, a->flags,
+                          b->flags, q);
+        }
+    }
+    free(all);
+    return r != MOEA2A_SUCCESS ? r : mine;
+}
+
+static void owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner)
+{
+    if (c->placement == MOEA2A_PLACEMENT_MAP) {
+        memcpy(owner, c->expert_to_rank, sizeof(int32_t) * (size_t)c->num_experts);
+        return;
+    }
+    /* contiguous: ranks 0..E%ep-1 own E/ep+1 experts, the others E/ep */
+    int q = c->num_experts / ep, rem = c->num_experts % ep, e = 0;
+    for (int r = 0; r < ep; r++)
+        for (int j = 0; j < q + (r < rem); j++) owner[e++] = r;
+}
+
+moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe)
+{
+    if (!moe) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_moe_destroy: moe is NULL");
+    m2a_topo_free(moe->ws, moe->l.workspace);
+    m2a_topo_free(moe->stage, moe->l.staging);
+    free(moe->owner);
+    free(moe->stage_index);
+    free(moe);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const moea2a_moe_config_t *config)
+{
+    M2A_TRY(m2a_comm_check(comm, "moea2a_moe_create"));
+    M2A_CHECK_ARG(comm, out, "moea2a_moe_create: moe is NULL");
+    *out = NULL;
+    moea2a_moe_t moe = calloc(1, sizeof(*moe));
+    plan_t *p = calloc(1, sizeof(*p));
+    moea2a_result_t r = moe && p ? plan(comm, config, p) : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    /* All ranks learn whether every rank's config checked out and is the same. */
+    r = agree(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
+    if (r == MOEA2A_SUCCESS) r = check_fits(comm, p);
+    if (r == MOEA2A_SUCCESS) {
+        moe->comm = comm;
+        moe->cfg = p->cfg;
+        moe->cfg.expert_to_rank = NULL; /* the owner table keeps the map */
+        moe->cuda = p->cuda;
+        moe->l = p->l;
+        moe->numa = p->place.numa;
+        moe->stage_index = p->stage_index, p->stage_index = NULL;
+        moe->owner = malloc(sizeof(int32_t) * (size_t)p->cfg.num_experts);
+        moe->ws = m2a_topo_alloc(p->l.workspace, p->place.numa);
+        moe->stage = p->l.staging ? m2a_topo_alloc(p->l.staging, p->place.numa) : NULL;
+        if (!moe->owner || !moe->ws || (p->l.staging && !moe->stage))
+            r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cannot allocate %zu + %zu bytes",
+                          p->l.workspace, p->l.staging);
+    }
+    if (r == MOEA2A_SUCCESS) {
+        owner_table(&p->cfg, comm->nranks, moe->owner);
+        moe->route = (m2a_route_t){comm->nranks, comm->rank, p->cfg.top_k, p->cfg.num_experts,
+                                   p->cfg.max_tokens_per_rank, p->cfg.num_payloads,
+                                   (p->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, p->cfg.invalid_expert_id, moe->owner};
+        /* Every slot starts as padding: sanitized ids, source index -1. */
+        memset(moe->ws + moe->l.recv_counts, 0, 4 * (size_t)comm->nranks);
+        m2a_host_sanitize(&moe->route, &moe->l, p->cfg.max_tokens_per_rank, 1, 0, moe->ws);
+    }
+    /* The allocation may fail on one rank only: agree once more. */
+    int32_t *ok = calloc((size_t)comm->nranks, sizeof(int32_t));
+    if (ok) {
+        ok[comm->rank] = r;
+        moea2a_result_t g = m2a_bootstrap_allgather(comm, comm->bs, ok, sizeof(int32_t));
+        for (int q = 0; r == MOEA2A_SUCCESS && q < comm->nranks; q++)
+            if (g != MOEA2A_SUCCESS) r = g;
+            else if (ok[q] != MOEA2A_SUCCESS)
+                r = m2a_error(comm, (moea2a_result_t)ok[q], "moea2a_moe_create failed on rank %d (%s)", q,
+                              moea2a_strerror((moea2a_result_t)ok[q]));
+        free(ok);
+    } else if (r == MOEA2A_SUCCESS) {
+        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    }
+    if (p) free(p->stage_index);
+    free(p);
+    if (r != MOEA2A_SUCCESS) {
+        if (moe) moea2a_moe_destroy(moe);
+        /* Config and memory failures were agreed on by every rank, which stay in step;
+         * only a failed exchange (timeout, dead peer) leaves the communicator broken. */
+        return r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED ? m2a_comm_fail(comm, r) : r;
+    }
+    M2A_INFO(M2A_SUBSYS_MOE, "MoE context: ep %d, %d experts, top-%d, cap %d, workspace %zu B, staging %zu B (%d peers) on NUMA %d",
+             comm->nranks, moe->cfg.num_experts, moe->cfg.top_k, moe->cfg.max_tokens_per_rank, moe->l.workspace,
+             moe->l.staging, comm->nranks - 1, moe->numa);
+    *out = moe;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows)
+{
+    M2A_CHECK_ARG(NULL, moe && rows, "moea2a_moe_max_recv_rows: moe and rows must not be NULL");
+    *rows = (size_t)moe->comm->nranks * (size_t)moe->cfg.max_tokens_per_rank;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer)
+{
+    M2A_CHECK_ARG(NULL, moe && buffer, "moea2a_moe_combine_buffer: moe and buffer must not be NULL");
+    M2A_CHECK_ARG(moe->comm, moe->cfg.hidden > 0, "moea2a_moe_combine_buffer: the context was created with hidden=0");
+    *buffer = moe->ws + moe->l.combine;
+    return MOEA2A_SUCCESS;
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                           const void *const *payloads, int runtime_max,
+                                           const moea2a_dispatch_result_t *result)
+{
+    moea2a_comm_t comm = moe->comm;
+    const moea2a_moe_config_t *c = &moe->cfg;
+    static const char fn[] = "moea2a_dispatch";
+    M2A_CHECK_ARG(comm, result && result->size >= sizeof(*result),
+                  "%s: result is NULL or its size is not set (use MOEA2A_DISPATCH_RESULT_INITIALIZER)", fn);
+    M2A_CHECK_ARG(comm, runtime_max >= 0, "%s: runtime_max_tokens_per_rank=%d is negative", fn, runtime_max);
+    if (runtime_max > c->max_tokens_per_rank)
+        return m2a_error(comm, MOEA2A_ERR_CAPACITY,
+                         "%s: runtime_max_tokens_per_rank=%d exceeds max_tokens_per_rank=%d: raise "
+                         "max_tokens_per_rank to at least %d at moea2a_moe_create",
+                         fn, runtime_max, c->max_tokens_per_rank, runtime_max);
+    M2A_CHECK_ARG(comm, n >= 0, "%s: num_tokens=%d is negative", fn, n);
+    if (n > c->max_tokens_per_rank)
+        return m2a_error(comm, MOEA2A_ERR_CAPACITY,
+                         "%s: num_tokens=%d exceeds max_tokens_per_rank=%d: raise max_tokens_per_rank to at least %d "
+                         "at moea2a_moe_create",
+                         fn, n, c->max_tokens_per_rank, n);
+    if (runtime_max && n > runtime_max)
+        return m2a_error(comm, MOEA2A_ERR_CAPACITY,
+                         "%s: num_tokens=%d exceeds runtime_max_tokens_per_rank=%d of this call: pass at least %d",
+                         fn, n, runtime_max, n);
+    if (n == 0) return MOEA2A_SUCCESS;
+    M2A_CHECK_ARG(comm, ids, "%s: topk_ids is NULL with num_tokens=%d", fn, n);
+    M2A_CHECK_ARG(comm, weights || !(c->flags & MOEA2A_MOE_CARRY_WEIGHTS),
+                  "%s: topk_weights is NULL but the context carries weights", fn);
+    M2A_CHECK_ARG(comm, payloads || c->num_payloads == 0, "%s: payloads is NULL with %d payloads configured", fn,
+                  c->num_payloads);
+    for (int i = 0; i < c->num_payloads; i++) M2A_CHECK_ARG(comm, payloads[i], "%s: payloads[%d] is NULL", fn, i);
+    const void *ptrs[2] = {ids, weights};
+    for (int i = 0; i < 2 + c->num_payloads; i++) {
+        const void *ptr = i < 2 ? ptrs[i] : payloads[i - 2];
+        M2A_CHECK_ARG(comm, !ptr || m2a_memtype(ptr) == (moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST),
+                      "%s: an input is in %s memory but the context was created for %s memory", fn,
+                      moe->cuda ? "host" : "CUDA", moe->cuda ? "CUDA" : "host");
+    }
+    return MOEA2A_SUCCESS;
+}
+
+/* After the header exchange: the first failing rank's error, or a runtime_max
+ * disagreement, becomes every rank's result. */
+static moea2a_result_t judge_headers(moea2a_moe_t moe, moea2a_result_t mine, const m2a_moe_header_t *in, int rt)
+{
+    moea2a_comm_t comm = moe->comm;
+    if (mine != MOEA2A_SUCCESS) return mine;
+    for (int q = 0; q < comm->nranks; q++) {
+        if (in[q].status == MOEA2A_SUCCESS) continue;
+        if (in[q].status == MOEA2A_ERR_CAPACITY)
+            return m2a_error(comm, MOEA2A_ERR_CAPACITY,
+                             "moea2a_dispatch failed on rank %d: num_tokens=%d or runtime_max_tokens_per_rank=%d "
+                             "exceeds max_tokens_per_rank=%d; raise max_tokens_per_rank to at least %d",
+                             q, in[q].num_tokens, in[q].runtime_max, moe->cfg.max_tokens_per_rank,
+                             in[q].num_tokens > in[q].runtime_max ? in[q].num_tokens : in[q].runtime_max);
+        return m2a_error(comm, (moea2a_result_t)in[q].status, "moea2a_dispatch failed on rank %d: %s", q,
+                         moea2a_strerror((moea2a_result_t)in[q].status));
+    }
+    for (int q = 0; q < comm->nranks; q++) {
+        if (in[q].runtime_max != rt)
+            return m2a_error(comm, MOEA2A_ERR_MISMATCH,
+                             "moea2a_dispatch: ranks passed different runtime_max_tokens_per_rank: rank %d passed %d, "
+                             "rank %d passed %d (0 means max_tokens_per_rank); every rank must pass the same value",
+                             comm->rank, rt, q, in[q].runtime_max);
+        if (in[q].count < 0 || in[q].count > rt)
+            return m2a_error(comm, MOEA2A_ERR_MISMATCH, "moea2a_dispatch: rank %d announced %d tokens for a stride of %d",
+                             q, in[q].count, rt);
+    }
+    return MOEA2A_SUCCESS;
+}
+
+/* One alltoallv of bytes to and from the staged peers; this rank is served directly. */
+static moea2a_result_t exchange_staged(moea2a_moe_t moe, const unsigned char *sbuf, const int32_t *send_rows,
+                                       size_t send_row, const size_t *sbase, unsigned char *rbuf,
+                                       const int32_t *recv_rows, size_t recv_row)
+{
+    int n = moe->comm->nranks;
+    int64_t *v = malloc(sizeof(int64_t) * 4 * (size_t)n);
+    if (!v) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
+    int64_t *sc = v, *sd = v + n, *rc = v + 2 * n, *rd = v + 3 * n;
+    for (int q = 0; q < n; q++) {
+        int s = moe->stage_index[q];
+        sc[q] = s < 0 ? 0 : (int64_t)send_rows[q] * (int64_t)send_row;
+        sd[q] = s < 0 ? 0 : (int64_t)sbase[q];
+        rc[q] = s < 0 ? 0 : (int64_t)recv_rows[q] * (int64_t)recv_row;
+        rd[q] = s < 0 ? 0 : (int64_t)s * moe->cfg.max_tokens_per_rank * (int64_t)recv_row;
+    }
+    moea2a_result_t r = moea2a_alltoallv(sbuf, sc, sd, rbuf, rc, rd, MOEA2A_UINT8, moe->comm, NULL);
+    free(v);
+    return r;
+}
+
+moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
+                                void *stream)
+{
+    (void)stream; /* host memory: complete on return */
+    M2A_CHECK_ARG(NULL, moe, "moea2a_dispatch: moe is NULL");
+    moea2a_comm_t comm = moe->comm;
+    M2A_TRY(m2a_comm_check(comm, "moea2a_dispatch"));
+    if (moe->dispatched)
+        return m2a_error(comm, MOEA2A_ERR_STATE,
+                         "moea2a_dispatch: the previous dispatch was not combined yet; call moea2a_combine first "
+                         "(its results stay valid until then)");
+    int ep = comm->nranks, cap = moe->cfg.max_tokens_per_rank, rt = runtime_max ? runtime_max : cap;
+    unsigned char *ws = moe->ws;
+    int32_t *send_counts = (int32_t *)(ws + moe->l.send_counts), *recv_counts = (int32_t *)(ws + moe->l.recv_counts);
+    int32_t *send_map = (int32_t *)(ws + moe->l.send_map);
+    m2a_moe_header_t *hs = (m2a_moe_header_t *)(ws + moe->l.hdr_send), *hr = (m2a_moe_header_t *)(ws + moe->l.hdr_recv);
+
+    moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
+    int64_t invalid = 0, dedup = 0;
+    if (mine == MOEA2A_SUCCESS) m2a_host_route(&moe->route, n, ids, send_counts, send_map, &invalid, &dedup);
+    else memset(send_counts, 0, sizeof(int32_t) * (size_t)ep);
+    for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){send_counts[q], rt, mine, n};
+
+    int64_t hc[1024], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
+    if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
+    for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
+    moea2a_result_t r = moea2a_alltoallv(hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32, comm, NULL);
+    if (hcv != hc) free(hcv);
+    if (r != MOEA2A_SUCCESS) return r;
+    M2A_TRY(judge_headers(moe, mine, hr, rt));
+
+    for (int q = 0; q < ep; q++) recv_counts[q] = hr[q].count;
+    /* Records to staged peers, in slot order; this rank's own tokens go straight in. */
+    const m2a_moe_layout_t *l = &moe->l;
+    size_t *sbase = malloc(sizeof(size_t) * (size_t)ep);
+    if (!sbase) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
+    unsigned char *self_rec = malloc(l->record);
+    for (int q = 0; q < ep; q++) sbase[q] = moe->stage_index[q] < 0 ? 0 : (size_t)moe->stage_index[q] * (size_t)cap * l->record;
+    for (int t = 0; t < n && self_rec; t++)
+        for (int d = 0; d < moe->cfg.top_k && send_map[(size_t)t * moe->cfg.top_k + d] >= 0; d++) {
+            int e = send_map[(size_t)t * moe->cfg.top_k + d], dest = e / cap, slot = e % cap;
+            if (moe->stage_index[dest] < 0) {
+                m2a_host_pack_record(&moe->route, l, t, payloads, ids, weights, self_rec);
+                m2a_host_unpack_record(&moe->route, l, rt, dest, slot, self_rec, ws);
+            } else {
+                m2a_host_pack_record(&moe->route, l, t, payloads, ids, weights,
+                                     moe->stage + l->stage_send + sbase[dest] + (size_t)slot * l->record);
+            }
+        }
+    free(self_rec);
+    unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
+    r = exchange_staged(moe, moe->stage ? moe->stage + l->stage_send : NULL, send_counts, l->record, sbase, landing,
+                        recv_counts, l->record);
+    free(sbase);
+    if (r != MOEA2A_SUCCESS) return r;
+    for (int q = 0; q < ep; q++) {
+        int s = moe->stage_index[q];
+        for (int i = 0; s >= 0 && i < recv_counts[q]; i++)
+            m2a_host_unpack_record(&moe->route, l, rt, q, i, landing + ((size_t)s * (size_t)cap + (size_t)i) * l->record, ws);
+    }
+    m2a_host_sanitize(&moe->route, l, rt, !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
+                      (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, ws);
+
+    size_t caller_size = result->size;
+    memset(result, 0, sizeof(*result));
+    result->size = caller_size;
+    result->version = MOEA2A_VERSION_CODE;
+    result->ep = ep, result->stride = rt, result->top_k = moe->cfg.top_k;
+    result->recv_counts = recv_counts;
+    for (int i = 0; i < moe->cfg.num_payloads; i++) {
+        result->payloads[i] = ws + l->payload[i];
+        result->payload_row_bytes[i] = l->row_bytes[i];
+    }
+    result->topk_ids = (int32_t *)(ws + l->ids);
+    result->topk_weights = (moe->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) ? (float *)(ws + l->weights) : NULL;
+    result->src_token_index = (const int32_t *)(ws + l->src_index);
+    for (int q = 0; q < ep; q++) result->total_recv += recv_counts[q], result->sent_rows += send_counts[q];
+    result->invalid_entries = invalid;
+    result->deduplicated = dedup;
+    moe->dispatched = 1, moe->num_tokens = n, moe->stride = rt;
+    M2A_TRACE(M2A_SUBSYS_MOE, "dispatch: %d tokens, sent %lld rows, received %lld, %lld invalid entries", n,
+              (long long)result->sent_rows, (long long)result->total_recv, (long long)invalid);
+    return MOEA2A_SUCCESS;
+}
+
+/* ---- combine ------------------------------------------------------------------- */
+
+moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+{
+    (void)stream;
+    M2A_CHECK_ARG(NULL, moe, "moea2a_combine: moe is NULL");
+    moea2a_comm_t comm = moe->comm;
+    M2A_TRY(m2a_comm_check(comm, "moea2a_combine"));
+    if (!moe->dispatched)
+        return m2a_error(comm, MOEA2A_ERR_STATE, "moea2a_combine: there is no dispatch to combine (call moea2a_dispatch first)");
+    int ep = comm->nranks, n = moe->num_tokens;
+    const m2a_moe_layout_t *l = &moe->l;
+    moea2a_result_t mine = MOEA2A_SUCCESS;
+    if (!moe->cfg.hidden)
+        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: the context was created with hidden=0");
+    else if (!out && n > 0)
+        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: out is NULL with %d tokens", n);
+    else if ((expert_out && m2a_memtype(expert_out) != MOEA2A_MEM_HOST) || (out && m2a_memtype(out) != MOEA2A_MEM_HOST))
+        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: CUDA buffers passed to a host-memory context");
+
+    /* Everyone learns whether everyone can go on. */
+    int32_t *st = calloc((size_t)ep, sizeof(int32_t));
+    if (!st) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    int32_t me = mine;
+    moea2a_result_t r = moea2a_allgather(&me, st, 1, MOEA2A_INT32, comm, NULL);
+    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++)
+        if (st[q] != MOEA2A_SUCCESS)
+            r = mine != MOEA2A_SUCCESS ? mine
+                                       : m2a_error(comm, (moea2a_result_t)st[q], "moea2a_combine failed on rank %d: %s", q,
+                                                   moea2a_strerror((moea2a_result_t)st[q]));
+    free(st);
+    if (r != MOEA2A_SUCCESS) return r;
+
+    const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
+    size_t row = l->combine_row;
+    const int32_t *send_counts = (const int32_t *)(moe->ws + l->send_counts);
+    const int32_t *recv_counts = (const int32_t *)(moe->ws + l->recv_counts);
+    size_t *sbase = malloc(sizeof(size_t) * (size_t)ep);
+    if (!sbase) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    /* Expert side sends back the rows of each source's slots; token side lands them. */
+    for (int q = 0; q < ep; q++) sbase[q] = (size_t)q * (size_t)moe->stride * row;
+    unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
+    r = exchange_staged(moe, in, recv_counts, row, sbase, landing, send_counts, row);
+    free(sbase);
+    if (r == MOEA2A_SUCCESS &&
+        m2a_host_combine_reduce(&moe->route, n, (const int32_t *)(moe->ws + l->send_map), moe->cfg.combine_dtype,
+                                moe->cfg.hidden, in + (size_t)comm->rank * (size_t)moe->stride * row, landing,
+                                moe->stage_index, out))
+        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    if (r == MOEA2A_SUCCESS) moe->dispatched = 0;
+    return r;
+}

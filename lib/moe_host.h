@@ -1,0 +1,50 @@
+/* The MoE data path on the host, one rank's share, with no communication: routing,
+ * dispatch records, sanitize, and the combine reduction. These are the reference the
+ * CUDA kernels are tested against, so they are written for clarity first. */
+#ifndef M2A_MOE_HOST_H
+#define M2A_MOE_HOST_H
+#include <stdint.h>
+
+#include "moe_layout.h"
+
+typedef struct {
+    int ep, me, k, num_experts, cap, num_payloads, weights;
+    int32_t invalid_id;
+    const int32_t *owner; /* [num_experts]: rank that owns each expert */
+} m2a_route_t;
+
+/* An expert id that routes nowhere: outside [0, E) or the configured invalid id. */
+static inline int m2a_expert_invalid(const m2a_route_t *r, int32_t e)
+{
+    return e < 0 || e >= r->num_experts || e == r->invalid_id;
+}
+
+/* For tokens 0..n-1 in order: the ranks owning their valid experts, each rank once
+ * per token. send_counts[ep] = tokens per destination; send_map[n][k] = entries
+ * (rank * cap + slot) in ascending rank order, then -1. Slots are handed out in
+ * ascending token order, so receivers see source order. */
+void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
+                    int64_t *invalid_entries, int64_t *deduplicated);
+
+/* Token t's dispatch record: payload rows, then its k ids, its k weights (if carried),
+ * its index t. */
+void m2a_host_pack_record(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
+                          const int32_t *ids, const float *weights, unsigned char *rec);
+/* Writes a record into receive slot (src, i) of the workspace. */
+void m2a_host_unpack_record(const m2a_route_t *r, const m2a_moe_layout_t *l, int stride, int src, int i,
+                            const unsigned char *rec, unsigned char *ws);
+
+/* Padding slots (i >= recv_counts[src]) get source index -1 and, when sanitizing,
+ * invalid ids in all k entries; valid rows get invalid ids normalized to invalid_id
+ * and, with rewrite_nonlocal, ids owned by other ranks too. */
+void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stride, int sanitize,
+                       int rewrite_nonlocal, unsigned char *ws);
+
+/* out[t] = sum over the token's destinations in ascending rank order, in fp32, of
+ * their rows; rows of this rank are read from self_rows (slot-indexed), the others'
+ * from landing[stage_index[rank]][slot]. Tokens with no destination get zeros.
+ * Returns -1 if it could not allocate its k row pointers. */
+int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
+                             size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
+                             const int *stage_index, void *out);
+#endif

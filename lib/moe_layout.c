@@ -1,0 +1,196 @@
+/* MoE configuration checks, the workspace formula, and sizing from a layout. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "moe_layout.h"
+
+#define CONFIG_MIN_SIZE (offsetof(moea2a_moe_config_t, version) + sizeof(unsigned int))
+
+moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
+                                    moea2a_moe_config_t *out)
+{
+    static const char fn[] = "moea2a_moe config";
+    M2A_CHECK_ARG(comm, in, "%s: config is NULL", fn);
+    M2A_CHECK_ARG(comm, in->size >= CONFIG_MIN_SIZE && in->size <= 65536,
+                  "%s: size=%zu: start from MOEA2A_MOE_CONFIG_INITIALIZER", fn, in->size);
+    *out = (moea2a_moe_config_t)MOEA2A_MOE_CONFIG_INITIALIZER;
+    memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
+    out->size = sizeof(*out);
+    const moea2a_moe_config_t *c = out;
+    M2A_CHECK_ARG(comm, c->num_experts >= 1, "%s: num_experts=%d must be >= 1", fn, c->num_experts);
+    M2A_CHECK_ARG(comm, c->top_k >= 1 && c->top_k <= 1024, "%s: top_k=%d must be in 1..1024", fn, c->top_k);
+    M2A_CHECK_ARG(comm, c->max_tokens_per_rank >= 1, "%s: max_tokens_per_rank=%d must be >= 1", fn,
+                  c->max_tokens_per_rank);
+    M2A_CHECK_ARG(comm, (long long)ep * c->max_tokens_per_rank < (1LL << 31),
+                  "%s: ep %d x max_tokens_per_rank %d must stay below 2^31 receive slots", fn, ep,
+                  c->max_tokens_per_rank);
+    M2A_CHECK_ARG(comm, c->num_payloads >= 0 && c->num_payloads <= MOEA2A_MOE_MAX_PAYLOADS,
+                  "%s: num_payloads=%d must be in 0..%d", fn, c->num_payloads, MOEA2A_MOE_MAX_PAYLOADS);
+    for (int i = 0; i < c->num_payloads; i++) {
+        size_t es;
+        M2A_CHECK_ARG(comm, moea2a_datatype_size(c->payloads[i].dtype, &es) == MOEA2A_SUCCESS,
+                      "%s: payloads[%d].dtype=%d is not a datatype", fn, i, (int)c->payloads[i].dtype);
+        M2A_CHECK_ARG(comm, c->payloads[i].elems_per_token >= 1 && c->payloads[i].elems_per_token <= (1u << 30),
+                      "%s: payloads[%d].elems_per_token=%zu must be in 1..2^30", fn, i, c->payloads[i].elems_per_token);
+    }
+    if (c->hidden) {
+        M2A_CHECK_ARG(comm, c->combine_dtype == MOEA2A_BFLOAT16 || c->combine_dtype == MOEA2A_FLOAT16 ||
+                                c->combine_dtype == MOEA2A_FLOAT32,
+                      "%s: combine_dtype must be bf16, fp16 or fp32", fn);
+        M2A_CHECK_ARG(comm, c->hidden <= (1u << 30), "%s: hidden=%zu is too large", fn, c->hidden);
+    }
+    M2A_CHECK_ARG(comm, c->placement == MOEA2A_PLACEMENT_CONTIGUOUS || c->placement == MOEA2A_PLACEMENT_MAP,
+                  "%s: placement=%d is unknown", fn, (int)c->placement);
+    if (c->placement == MOEA2A_PLACEMENT_MAP) {
+        M2A_CHECK_ARG(comm, c->expert_to_rank, "%s: MOEA2A_PLACEMENT_MAP needs expert_to_rank", fn);
+        for (int e = 0; e < c->num_experts; e++)
+            M2A_CHECK_ARG(comm, c->expert_to_rank[e] >= 0 && c->expert_to_rank[e] < ep,
+                          "%s: expert_to_rank[%d]=%d is not a rank (0..%d)", fn, e, c->expert_to_rank[e], ep - 1);
+    }
+    M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS)),
+                  "%s: unknown flags 0x%x", fn, c->flags);
+    M2A_CHECK_ARG(comm, c->memory == MOEA2A_MEMORY_AUTO || c->memory == MOEA2A_MEMORY_HOST || c->memory == MOEA2A_MEMORY_CUDA,
+                  "%s: memory=%d is unknown", fn, (int)c->memory);
+    return MOEA2A_SUCCESS;
+}
+
+/* Appends an aligned region of `bytes` at *at and returns its offset. */
+static size_t take(size_t *at, size_t bytes)
+{
+    size_t off = *at;
+    *at += m2a_align(bytes);
+    return off;
+}
+
+void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_layout_t *l)
+{
+    memset(l, 0, sizeof(*l));
+    size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k, at = 0;
+    int weights = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
+    size_t combine_es = 0;
+    if (c->hidden) moea2a_datatype_size(c->combine_dtype, &combine_es);
+    l->combine_row = c->hidden * combine_es;
+    l->record = k * 4 + (weights ? k * 4 : 0) + 4; /* ids, weights, source index */
+    for (int i = 0; i < c->num_payloads; i++) {
+        size_t es;
+        moea2a_datatype_size(c->payloads[i].dtype, &es);
+        l->row_bytes[i] = es * c->payloads[i].elems_per_token;
+        l->record += l->row_bytes[i];
+    }
+
+    l->recv_counts = take(&at, 4 * n);
+    l->send_counts = take(&at, 4 * n);
+    l->hdr_send = take(&at, sizeof(m2a_moe_header_t) * n);
+    l->hdr_recv = take(&at, sizeof(m2a_moe_header_t) * n);
+    l->send_map = take(&at, 4 * cap * k);
+    l->src_index = take(&at, 4 * n * cap);
+    l->aux_end = at;
+    for (int i = 0; i < c->num_payloads; i++) {
+        l->bytes_payload[i] = m2a_align(n * cap * l->row_bytes[i]);
+        l->payload[i] = take(&at, n * cap * l->row_bytes[i]);
+    }
+    l->bytes_ids = m2a_align(n * cap * k * 4);
+    l->ids = take(&at, n * cap * k * 4);
+    l->bytes_weights = weights ? m2a_align(n * cap * k * 4) : 0;
+    l->weights = take(&at, weights ? n * cap * k * 4 : 0);
+    l->bytes_combine = m2a_align(n * cap * l->combine_row);
+    l->combine = take(&at, n * cap * l->combine_row);
+    l->workspace = at;
+
+    /* Staging: records sent to staged peers, and what comes back from them (dispatch
+     * records, later combine rows: one region serves both). */
+    size_t s = 0, peers = (size_t)staged;
+    l->recv_slot = l->record > l->combine_row ? l->record : l->combine_row;
+    l->stage_send = take(&s, peers * cap * l->record);
+    l->stage_recv = take(&s, peers * cap * l->recv_slot);
+    l->staging = s;
+}
+
+int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
+                         int *nvlink_peers)
+{
+    int staged = 0, direct = 0;
+    for (int p = 0; p < ep; p++) {
+        if (p == rank) continue;
+        int lsa = cuda && node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0 && topo->has_nvlink_info &&
+                  topo->nvlink[gpu[rank]][gpu[p]];
+        if (lsa) direct++;
+        else staged++;
+    }
+    *nvlink_peers = direct;
+    return staged;
+}
+
+moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe_layout_t *l, int cuda,
+                                   int staged, int nvlink, const m2a_topo_t *topo, m2a_topo_place_t place,
+                                   moea2a_moe_workspace_sizes_t *s)
+{
+    M2A_CHECK_ARG(NULL, s, "moea2a_moe_workspace_size: sizes is NULL");
+    M2A_CHECK_ARG(NULL, s->size >= sizeof(*s),
+                  "moea2a_moe_workspace_size: sizes->size=%zu: start from MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER", s->size);
+    size_t caller_size = s->size;
+    memset(s, 0, sizeof(*s));
+    s->size = caller_size;
+    s->version = MOEA2A_VERSION_CODE;
+    s->workspace_bytes = l->workspace;
+    s->staging_bytes = l->staging;
+    s->total_bytes = l->workspace + l->staging;
+    if (cuda) {
+        s->device_bytes = l->workspace;
+        s->pinned_host_bytes = l->staging;
+    } else {
+        s->host_bytes = l->workspace + l->staging;
+    }
+    s->aux_bytes = l->aux_end;
+    for (int i = 0; i < cfg->num_payloads; i++) s->payload_bytes[i] = l->bytes_payload[i];
+    s->ids_bytes = l->bytes_ids;
+    s->weights_bytes = l->bytes_weights;
+    s->combine_bytes = l->bytes_combine;
+    s->record_bytes = l->record;
+    s->staged_peers = staged;
+    s->nvlink_peers = nvlink;
+    s->numa_node = place.numa;
+    s->gpu = place.gpu;
+    if (place.nic >= 0) snprintf(s->nic, sizeof(s->nic), "%s", topo->nic_name[place.nic]);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layout, const moea2a_moe_config_t *config,
+                                                 moea2a_moe_workspace_sizes_t *sizes)
+{
+    static const char fn[] = "moea2a_moe_workspace_size_layout";
+    M2A_CHECK_ARG(NULL, layout && sizes, "%s: layout and sizes must not be NULL", fn);
+    M2A_CHECK_ARG(NULL, layout->size >= sizeof(*layout), "%s: layout->size: start from MOEA2A_MOE_LAYOUT_INITIALIZER", fn);
+    M2A_CHECK_ARG(NULL, layout->ep >= 1 && layout->ep <= (1 << 20), "%s: ep=%d is out of range", fn, layout->ep);
+    M2A_CHECK_ARG(NULL, layout->rank >= 0 && layout->rank < layout->ep, "%s: rank=%d is out of range 0..%d", fn,
+                  layout->rank, layout->ep - 1);
+    int rpn = layout->ranks_per_node > 0 ? layout->ranks_per_node : layout->ep;
+    M2A_CHECK_ARG(NULL, rpn <= layout->ep, "%s: ranks_per_node=%d exceeds ep=%d", fn, rpn, layout->ep);
+    moea2a_moe_config_t cfg;
+    M2A_TRY(m2a_moe_read_config(NULL, config, layout->ep, &cfg));
+    m2a_topo_t *topo = calloc(1, sizeof(*topo));
+    int *node = calloc((size_t)layout->ep, sizeof(int)), *gpu = calloc((size_t)layout->ep, sizeof(int));
+    moea2a_result_t r = topo && node && gpu ? m2a_topo_load(layout->topology_xml, topo)
+                                            : m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    if (r == MOEA2A_SUCCESS) {
+        moea2a_memory_t mem = cfg.memory != MOEA2A_MEMORY_AUTO ? cfg.memory : layout->memory;
+        int cuda = mem == MOEA2A_MEMORY_CUDA || (mem == MOEA2A_MEMORY_AUTO && topo->ngpus > 0);
+        if (cuda && topo->ngpus == 0)
+            r = m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: CUDA memory asked for, but the topology has no GPU", fn);
+        for (int p = 0; p < layout->ep; p++) {
+            node[p] = p / rpn;
+            gpu[p] = m2a_topo_place(topo, p % rpn, rpn, cuda).gpu;
+        }
+        int nvlink, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda, &nvlink);
+        m2a_moe_layout_t l;
+        m2a_moe_layout(&cfg, layout->ep, staged, &l);
+        if (r == MOEA2A_SUCCESS)
+            r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
+                                   m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);
+    }
+    free(topo), free(node), free(gpu);
+    return r;
+}

@@ -1,0 +1,47 @@
+/* The MoE workspace: the exact formula of moea2a_moe_workspace_size(3), as byte
+ * offsets of every array, so that sizing and allocation cannot disagree. */
+#ifndef M2A_MOE_LAYOUT_H
+#define M2A_MOE_LAYOUT_H
+#include <stddef.h>
+
+#include "moea2a.h"
+#include "topo.h"
+
+#define M2A_ALIGN 128
+static inline size_t m2a_align(size_t x) { return (x + M2A_ALIGN - 1) & ~(size_t)(M2A_ALIGN - 1); }
+
+/* The per-peer header of a dispatch's first exchange. */
+typedef struct {
+    int32_t count;       /* tokens the sender sends to the receiver */
+    int32_t runtime_max; /* the sender's runtime_max_tokens_per_rank */
+    int32_t status;      /* moea2a_result_t of the sender's argument checks */
+    int32_t num_tokens;  /* the sender's num_tokens */
+} m2a_moe_header_t;
+
+typedef struct {
+    /* aux: counters, flags, headers, the per-token send map, source indexes */
+    size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, aux_end;
+    size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
+    size_t workspace; /* total workspace bytes */
+    /* staging: dispatch records to, and records or combine rows from, staged peers */
+    size_t stage_send, stage_recv, staging;
+    size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record, recv_slot;
+    size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
+} m2a_moe_layout_t;
+
+/* Checks a caller's config (size/version, ranges, overflow) for ep ranks and copies
+ * it into *out with defaults applied. */
+moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
+                                    moea2a_moe_config_t *out);
+void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, m2a_moe_layout_t *l);
+
+/* Peers of `rank` that need staging, and those reached by load/store. node[r]: node
+ * of rank r; gpu[r]: its GPU on that node (-1 none). Host memory: every other rank
+ * is a separate process, so every peer is staged. */
+int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
+                         int *nvlink_peers);
+/* Fills the public sizes from a layout and placement. */
+moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe_layout_t *l, int cuda,
+                                   int staged, int nvlink, const m2a_topo_t *topo, m2a_topo_place_t place,
+                                   moea2a_moe_workspace_sizes_t *sizes);
+#endif

@@ -1,0 +1,550 @@
+/* MoE dispatch, sanitize and combine on host memory, checked against an independent
+ * oracle: every rank regenerates every rank's inputs from a shared seed and works out,
+ * token by token, what it must receive and what combine must return. Nothing here
+ * calls the library's own routing code.
+ *
+ * Random configurations: ep 1..8 (one process per rank), E not divisible by ep,
+ * k 1..22, odd row sizes, several payloads of different dtypes, n from 0 to cap,
+ * idle ranks, skewed routing, invalid ids, explicit maps, every flag. Then each
+ * semantic rule on its own: capacity, runtime_max agreement, call order,
+ * determinism, zero-copy combine, config mismatch, memory fail-fast. */
+#include <hwloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "local_ranks.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#define WATCHDOG 300.0
+
+/* ---- deterministic inputs --------------------------------------------------------- */
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+static uint64_t rnd(uint64_t *s) { return *s = mix(*s); }
+static int urand(uint64_t *s, int lo, int hi) { return lo + (int)(rnd(s) % (uint64_t)(hi - lo + 1)); }
+
+typedef struct {
+    int ep, E, k, cap, np, flags, rt, skew, map_mode;
+    int32_t invalid;
+    moea2a_payload_desc_t pay[3];
+    moea2a_datatype_t cdt;
+    size_t hidden;
+    int32_t map[64];
+} cfg_t;
+
+static const moea2a_datatype_t pay_types[] = {MOEA2A_UINT8, MOEA2A_BFLOAT16, MOEA2A_INT32, MOEA2A_FLOAT32,
+                                               MOEA2A_INT64, MOEA2A_NVFP4, MOEA2A_FLOAT8_E4M3};
+static const moea2a_datatype_t comb_types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
+
+static size_t dsize(moea2a_datatype_t d)
+{
+    size_t s = 0;
+    moea2a_datatype_size(d, &s);
+    return s;
+}
+
+static cfg_t make_cfg(uint64_t seed, int ep)
+{
+    cfg_t c;
+    memset(&c, 0, sizeof(c));
+    uint64_t s = seed;
+    c.ep = ep;
+    c.E = urand(&s, 1, 40);
+    if (c.E % ep == 0 && ep > 1) c.E++; /* mostly not divisible */
+    c.k = urand(&s, 1, 22);
+    c.cap = urand(&s, 1, 40);
+    c.np = urand(&s, 0, 3);
+    for (int i = 0; i < c.np; i++) {
+        c.pay[i].dtype = pay_types[urand(&s, 0, 6)];
+        c.pay[i].elems_per_token = (size_t)urand(&s, 1, 37);
+    }
+    c.cdt = comb_types[urand(&s, 0, 2)];
+    c.hidden = (size_t)urand(&s, 0, 4) == 0 ? 0 : (size_t)urand(&s, 1, 29);
+    c.invalid = urand(&s, 0, 1) ? -1 : c.E;
+    c.flags = (urand(&s, 0, 3) == 0 ? MOEA2A_MOE_REWRITE_NONLOCAL : 0) | (urand(&s, 0, 1) ? MOEA2A_MOE_CARRY_WEIGHTS : 0) |
+              (urand(&s, 0, 5) == 0 ? MOEA2A_MOE_NO_SANITIZE : 0);
+    c.rt = urand(&s, 0, 2) == 0 ? 0 : c.cap; /* 0 = cap; set again below to >= every n */
+    c.skew = urand(&s, 0, 4) == 0;
+    c.map_mode = c.E <= 64 && urand(&s, 0, 3) == 0;
+    for (int e = 0; c.map_mode && e < c.E; e++) c.map[e] = urand(&s, 0, ep - 1);
+    return c;
+}
+
+/* Tokens of rank r for this config: some ranks idle, some full. */
+static int tokens_of(const cfg_t *c, uint64_t seed, int r)
+{
+    uint64_t s = mix(seed ^ (uint64_t)(r + 1) * 7919);
+    int mode = urand(&s, 0, 5);
+    return mode == 0 ? 0 : mode == 1 ? c->cap : urand(&s, 0, c->cap);
+}
+
+/* Expert id of (rank r, token t, slot j): mostly valid, some invalid of each kind;
+ * skewed configs send everything to the experts of rank 0 (or the lowest ones). */
+static int32_t expert_of(const cfg_t *c, uint64_t seed, int r, int t, int j)
+{
+    uint64_t s = mix(seed ^ mix((uint64_t)r << 40 ^ (uint64_t)t << 20 ^ (uint64_t)j));
+    int u = urand(&s, 0, 99);
+    if (u < 4) return -1 - urand(&s, 0, 5);
+    if (u < 7) return c->E + urand(&s, 0, 3);
+    if (u < 9) return c->invalid;
+    if (c->skew) return urand(&s, 0, c->E < 2 ? 0 : 1);
+    return urand(&s, 0, c->E - 1);
+}
+
+static unsigned char payload_byte(uint64_t seed, int r, int p, int t, size_t b)
+{
+    return (unsigned char)mix(seed ^ (uint64_t)r * 1000003 ^ (uint64_t)p * 10007 ^ (uint64_t)t * 131 ^ b);
+}
+
+static float weight_of(uint64_t seed, int r, int t, int j)
+{
+    return (float)(mix(seed + (uint64_t)r * 31 + (uint64_t)t * 17 + (uint64_t)j) % 1000) / 1000.0f;
+}
+
+/* ---- the oracle ------------------------------------------------------------------- */
+
+/* Owner of expert e: walk the ranks, each taking its share (independent of the
+ * library's table). */
+static int owner(const cfg_t *c, int e)
+{
+    if (c->map_mode) return c->map[e];
+    for (int r = 0, first = 0; r < c->ep; r++) {
+        int share = c->E / c->ep + (r < c->E % c->ep ? 1 : 0);
+        if (e < first + share) return r;
+        first += share;
+    }
+    return -1;
+}
+
+static int valid(const cfg_t *c, int32_t e) { return e >= 0 && e < c->E && e != c->invalid; }
+
+/* Does rank r's token t go to rank dst? */
+static int goes_to(const cfg_t *c, uint64_t seed, int r, int t, int dst)
+{
+    for (int j = 0; j < c->k; j++) {
+        int32_t e = expert_of(c, seed, r, t, j);
+        if (valid(c, e) && owner(c, e) == dst) return 1;
+    }
+    return 0;
+}
+
+/* The combine row value rank `expert_rank` returns for (source rank, token, h):
+ * exact in every combine dtype, so sums are exact too, except for fp32, where
+ * arbitrary values test the fixed accumulation order. */
+static float row_value(const cfg_t *c, uint64_t seed, int src, int t, int expert_rank, size_t h)
+{
+    uint64_t v = mix(seed ^ (uint64_t)src << 32 ^ (uint64_t)t << 16 ^ (uint64_t)expert_rank << 8 ^ h);
+    if (c->cdt == MOEA2A_FLOAT32) return (float)(int64_t)(v % 2000001 - 1000000) / 997.0f;
+    return (float)((int)(v % 33) - 16) / 4.0f; /* multiples of 1/4 in [-4, 4] */
+}
+
+static void put_value(moea2a_datatype_t dt, unsigned char *row, size_t h, float f)
+{
+    if (dt == MOEA2A_FLOAT32) {
+        memcpy(row + 4 * h, &f, 4);
+    } else if (dt == MOEA2A_BFLOAT16) { /* exact for the values above: truncate */
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        uint16_t b = (uint16_t)(u >> 16);
+        memcpy(row + 2 * h, &b, 2);
+    } else { /* fp16 of a multiple of 1/4 with |x| <= 64: build it from the parts */
+        uint16_t b = 0;
+        if (f != 0.0f) {
+            float a = f < 0 ? -f : f;
+            int e = 0;
+            while (a >= 2.0f) a /= 2.0f, e++;
+            while (a < 1.0f) a *= 2.0f, e--;
+            b = (uint16_t)((f < 0 ? 0x8000 : 0) | (uint16_t)((e + 15) << 10) | (uint16_t)((a - 1.0f) * 1024.0f));
+        }
+        memcpy(row + 2 * h, &b, 2);
+    }
+}
+
+static int same_value(moea2a_datatype_t dt, const unsigned char *row, size_t h, float want)
+{
+    unsigned char tmp[4];
+    put_value(dt, tmp, 0, want);
+    return !memcmp(row + h * dsize(dt), tmp, dsize(dt));
+}
+
+/* ---- one configuration on one rank ---------------------------------------------- */
+
+static moea2a_moe_config_t moe_config(const cfg_t *c)
+{
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = c->E, m.top_k = c->k, m.max_tokens_per_rank = c->cap, m.num_payloads = c->np;
+    for (int i = 0; i < c->np; i++) m.payloads[i] = c->pay[i];
+    m.combine_dtype = c->cdt, m.hidden = c->hidden, m.invalid_expert_id = c->invalid, m.flags = (unsigned)c->flags;
+    m.memory = MOEA2A_MEMORY_HOST;
+    if (c->map_mode) m.placement = MOEA2A_PLACEMENT_MAP, m.expert_to_rank = c->map;
+    return m;
+}
+
+typedef struct {
+    int32_t *ids;
+    float *w;
+    unsigned char *pay[3];
+    int n;
+} inputs_t;
+
+static inputs_t make_inputs(const cfg_t *c, uint64_t seed, int r)
+{
+    inputs_t in;
+    in.n = tokens_of(c, seed, r);
+    in.ids = malloc(sizeof(int32_t) * (size_t)(in.n * c->k + 1));
+    in.w = malloc(sizeof(float) * (size_t)(in.n * c->k + 1));
+    for (int t = 0; t < in.n; t++)
+        for (int j = 0; j < c->k; j++)
+            in.ids[t * c->k + j] = expert_of(c, seed, r, t, j), in.w[t * c->k + j] = weight_of(seed, r, t, j);
+    for (int p = 0; p < c->np; p++) {
+        size_t row = dsize(c->pay[p].dtype) * c->pay[p].elems_per_token;
+        in.pay[p] = malloc(row * (size_t)in.n + 1);
+        for (int t = 0; t < in.n; t++)
+            for (size_t b = 0; b < row; b++) in.pay[p][(size_t)t * row + b] = payload_byte(seed, r, p, t, b);
+    }
+    return in;
+}
+
+static void free_inputs(const cfg_t *c, inputs_t *in)
+{
+    free(in->ids), free(in->w);
+    for (int p = 0; p < c->np; p++) free(in->pay[p]);
+}
+
+#define POISON 0xC3
+
+/* Checks every slot of the dispatch result against the oracle; returns failures. */
+static int check_dispatch(const cfg_t *c, uint64_t seed, int me, int stride, const moea2a_dispatch_result_t *res,
+                          int n_me, int64_t *expect_invalid)
+{
+    int fails = 0, k = c->k;
+    RANK_EXPECT(fails, me, res->ep == c->ep && res->stride == stride && res->top_k == k, "result shape %d/%d/%d",
+                res->ep, res->stride, res->top_k);
+    *expect_invalid = 0;
+    for (int t = 0; t < n_me; t++)
+        for (int j = 0; j < k; j++) *expect_invalid += !valid(c, expert_of(c, seed, me, t, j));
+    RANK_EXPECT(fails, me, res->invalid_entries == *expect_invalid, "invalid entries %lld, expected %lld",
+                (long long)res->invalid_entries, (long long)*expect_invalid);
+    int sanitize = !(c->flags & MOEA2A_MOE_NO_SANITIZE);
+    for (int src = 0; src < c->ep && fails < 5; src++) {
+        int n_src = tokens_of(c, seed, src), i = 0;
+        for (int t = 0; t < n_src; t++) {
+            if (!goes_to(c, seed, src, t, me)) continue;
+            size_t slot = (size_t)src * (size_t)stride + (size_t)i;
+            RANK_EXPECT(fails, me, i < res->recv_counts[src], "from %d: token %d should be slot %d, count %d", src, t,
+                        i, res->recv_counts[src]);
+            if (i >= res->recv_counts[src]) break;
+            RANK_EXPECT(fails, me, res->src_token_index[slot] == t, "slot (%d,%d) source index %d, expected %d", src,
+                        i, res->src_token_index[slot], t);
+            for (int j = 0; j < k; j++) {
+                int32_t e = expert_of(c, seed, src, t, j), want = e;
+                if (sanitize && (!valid(c, e) || ((c->flags & MOEA2A_MOE_REWRITE_NONLOCAL) && owner(c, e) != me)))
+                    want = c->invalid;
+                RANK_EXPECT(fails, me, res->topk_ids[slot * k + j] == want, "slot (%d,%d) id[%d] = %d, expected %d",
+                            src, i, j, res->topk_ids[slot * k + j], want);
+                if (c->flags & MOEA2A_MOE_CARRY_WEIGHTS)
+                    RANK_EXPECT(fails, me, res->topk_weights[slot * k + j] == weight_of(seed, src, t, j),
+                                "slot (%d,%d) weight[%d]", src, i, j);
+            }
+            for (int p = 0; p < c->np; p++) {
+                size_t row = res->payload_row_bytes[p], bad = 0;
+                for (size_t b = 0; b < row; b++)
+                    bad += ((unsigned char *)res->payloads[p])[slot * row + b] != payload_byte(seed, src, p, t, b);
+                RANK_EXPECT(fails, me, bad == 0, "slot (%d,%d) payload %d: %zu wrong bytes", src, i, p, bad);
+            }
+            i++;
+        }
+        RANK_EXPECT(fails, me, res->recv_counts[src] == i, "recv_counts[%d] = %d, expected %d", src, res->recv_counts[src], i);
+        /* Padding: ids sanitized (or untouched), source index -1, payload rows untouched. */
+        for (int pad = i; pad < stride; pad++) {
+            size_t slot = (size_t)src * (size_t)stride + (size_t)pad;
+            RANK_EXPECT(fails, me, res->src_token_index[slot] == -1, "padding (%d,%d) source index %d", src, pad,
+                        res->src_token_index[slot]);
+            for (int j = 0; sanitize && j < k; j++)
+                RANK_EXPECT(fails, me, res->topk_ids[slot * k + j] == c->invalid, "padding (%d,%d) id %d not sanitized",
+                            src, pad, res->topk_ids[slot * k + j]);
+            for (int p = 0; p < c->np; p++) {
+                size_t row = res->payload_row_bytes[p], touched = 0;
+                for (size_t b = 0; b < row; b++) touched += ((unsigned char *)res->payloads[p])[slot * row + b] != POISON;
+                RANK_EXPECT(fails, me, touched == 0, "padding (%d,%d) payload %d: %zu bytes written", src, pad, p, touched);
+            }
+        }
+    }
+    return fails;
+}
+
+/* Expert side: one row per valid slot; token side: checks out[t] bit for bit. */
+static int check_combine(const cfg_t *c, uint64_t seed, int me, moea2a_moe_t moe, const moea2a_dispatch_result_t *res,
+                         int n_me, int zero_copy)
+{
+    int fails = 0, stride = res->stride;
+    size_t es = dsize(c->cdt), row = es * c->hidden;
+    unsigned char *expert = NULL;
+    if (zero_copy) moea2a_moe_combine_buffer(moe, (void **)&expert);
+    else expert = malloc(row * (size_t)c->ep * (size_t)stride + 1);
+    for (int src = 0; src < c->ep; src++)
+        for (int i = 0; i < res->recv_counts[src]; i++) {
+            int t = res->src_token_index[(size_t)src * (size_t)stride + (size_t)i];
+            for (size_t h = 0; h < c->hidden; h++)
+                put_value(c->cdt, expert + ((size_t)src * (size_t)stride + (size_t)i) * row, h,
+                          row_value(c, seed, src, t, me, h));
+        }
+    unsigned char *out = malloc(row * (size_t)n_me + 1);
+    memset(out, POISON, row * (size_t)n_me + 1);
+    moea2a_result_t r = moea2a_combine(moe, zero_copy ? NULL : expert, out, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(NULL));
+    for (int t = 0; r == MOEA2A_SUCCESS && t < n_me && fails < 5; t++)
+        for (size_t h = 0; h < c->hidden; h++) {
+            float acc = 0.0f;
+            for (int dst = 0; dst < c->ep; dst++) /* ascending rank order, fp32 */
+                if (goes_to(c, seed, me, t, dst)) acc += row_value(c, seed, me, t, dst, h);
+            /* bf16/fp16: sums of quarters in [-32, 32] are exact; fp32: the same adds in the same order */
+            int ok = same_value(c->cdt, out + (size_t)t * row, h, acc);
+            RANK_EXPECT(fails, me, ok, "combine out[%d][%zu] wrong (expected %g)", t, h, (double)acc);
+            if (!ok) break;
+        }
+    free(out);
+    if (!zero_copy) free(expert);
+    return fails;
+}
+
+static int run_config(moea2a_comm_t comm, int me, int ep, uint64_t seed)
+{
+    cfg_t c = make_cfg(seed, ep);
+    int fails = 0, max_n = 0;
+    for (int r = 0; r < ep; r++) max_n = tokens_of(&c, seed, r) > max_n ? tokens_of(&c, seed, r) : max_n;
+    if (c.rt) c.rt = max_n + (c.cap - max_n) / 2; /* a runtime stride between the largest n and cap */
+    moea2a_moe_config_t mc = moe_config(&c);
+    moea2a_moe_t moe;
+    moea2a_result_t r = moea2a_moe_create(&moe, comm, &mc);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "create (seed %llu): %s", (unsigned long long)seed, moea2a_last_error(comm));
+    if (r) return fails;
+    inputs_t in = make_inputs(&c, seed, me);
+    /* Poison the receive payloads so that writes to padding show. */
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    size_t rows;
+    moea2a_moe_max_recv_rows(moe, &rows);
+    RANK_EXPECT(fails, me, rows == (size_t)ep * (size_t)c.cap, "max_recv_rows %zu", rows);
+    const void *pays[3] = {in.pay[0], in.pay[1], in.pay[2]};
+    /* A first dispatch + combine fills the workspace; poison it, then the real one. */
+    r = moea2a_dispatch(moe, in.n, in.ids, in.w, (const void *const *)pays, c.rt, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "dispatch (seed %llu): %s", (unsigned long long)seed, moea2a_last_error(comm));
+    if (r == MOEA2A_SUCCESS) {
+        if (c.hidden) {
+            unsigned char *tmp = malloc(dsize(c.cdt) * c.hidden * (size_t)in.n + 1);
+            moea2a_combine(moe, NULL, tmp, NULL);
+            free(tmp);
+        } else {
+            RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
+                        "combine without hidden is refused");
+            moea2a_moe_destroy(moe);
+            r = moea2a_moe_create(&moe, comm, &mc);
+        }
+        for (int p = 0; r == MOEA2A_SUCCESS && p < c.np; p++)
+            memset(res.payloads[p], POISON, res.payload_row_bytes[p] * (size_t)ep * (size_t)c.cap);
+        r = r ? r : moea2a_dispatch(moe, in.n, in.ids, in.w, (const void *const *)pays, c.rt, &res, NULL);
+        RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "second dispatch: %s", moea2a_last_error(comm));
+    }
+    int64_t inv;
+    if (r == MOEA2A_SUCCESS) fails += check_dispatch(&c, seed, me, c.rt ? c.rt : c.cap, &res, in.n, &inv);
+    if (r == MOEA2A_SUCCESS && c.hidden) fails += check_combine(&c, seed, me, moe, &res, in.n, (int)(seed % 2));
+    free_inputs(&c, &in);
+    moea2a_moe_destroy(moe);
+    if (fails) printf("# rank %d: seed %llu: E %d k %d cap %d np %d hidden %zu flags 0x%x rt %d skew %d map %d\n", me,
+                      (unsigned long long)seed, c.E, c.k, c.cap, c.np, c.hidden, c.flags, c.rt, c.skew, c.map_mode);
+    return fails;
+}
+
+typedef struct {
+    uint64_t first_seed;
+    int configs;
+} sweep_t;
+
+static int sweep_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    const sweep_t *s = arg;
+    moea2a_comm_t comm;
+    int fails = 0;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
+    for (int i = 0; i < s->configs && fails < 10; i++) fails += run_config(comm, rank, n, s->first_seed + (uint64_t)i);
+    moea2a_comm_destroy(comm);
+    return fails > 100 ? 100 : fails;
+}
+
+/* ---- the allocation is what the formula says, where it says -------------------------- */
+
+static int check_allocation(moea2a_comm_t comm, int me, int ep, const moea2a_moe_config_t *mc, moea2a_moe_t moe,
+                            const moea2a_dispatch_result_t *res)
+{
+    int fails = 0;
+    moea2a_moe_workspace_sizes_t sz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    moea2a_result_t r = moea2a_moe_workspace_size(comm, mc, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "workspace_size: %s", moea2a_last_error(comm));
+    unsigned char *base = (unsigned char *)res->payloads[0] - sz.aux_bytes, *comb;
+    moea2a_moe_combine_buffer(moe, (void **)&comb);
+    RANK_EXPECT(fails, me, (unsigned char *)res->topk_ids == (unsigned char *)res->payloads[0] + sz.payload_bytes[0],
+                "ids follow the payload in the workspace");
+    RANK_EXPECT(fails, me, comb + sz.combine_bytes == base + sz.workspace_bytes,
+                "the combine buffer ends the %zu-byte workspace", sz.workspace_bytes);
+    RANK_EXPECT(fails, me, sz.staged_peers == ep - 1 && sz.nvlink_peers == 0 && sz.host_bytes == sz.total_bytes &&
+                               sz.device_bytes == 0 && sz.total_bytes == sz.workspace_bytes + sz.staging_bytes,
+                "host sizes: staged %d, host %zu, total %zu", sz.staged_peers, sz.host_bytes, sz.total_bytes);
+    /* The pages sit on the NUMA node the plan named. */
+    hwloc_topology_t t;
+    hwloc_topology_init(&t);
+    hwloc_topology_load(t);
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (sz.numa_node >= 0 && !hwloc_get_area_memlocation(t, base, 4096, set, HWLOC_MEMBIND_BYNODESET))
+        RANK_EXPECT(fails, me, hwloc_bitmap_isset(set, (unsigned)sz.numa_node), "workspace not on NUMA node %d", sz.numa_node);
+    hwloc_bitmap_free(set);
+    hwloc_topology_destroy(t);
+    return fails;
+}
+
+/* ---- semantic rules one by one ---------------------------------------------------- */
+
+static moea2a_moe_config_t small_config(int E, int k, int cap)
+{
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = E, m.top_k = k, m.max_tokens_per_rank = cap, m.num_payloads = 1;
+    m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 8};
+    m.hidden = 8;
+    m.combine_dtype = MOEA2A_FLOAT32;
+    m.memory = MOEA2A_MEMORY_HOST;
+    return m;
+}
+
+static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    moea2a_comm_t comm;
+    int fails = 0;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    moea2a_moe_config_t mc = small_config(10, 3, 16);
+    moea2a_moe_t moe;
+    moea2a_result_t r = moea2a_moe_create(&moe, comm, &mc);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "create: %s", moea2a_last_error(comm));
+    if (r) return 1;
+    int32_t ids[64 * 3];
+    uint16_t pay[64 * 8];
+    float out[64 * 8];
+    for (int i = 0; i < 64 * 3; i++) ids[i] = (i * 7 + me) % 10;
+    for (int i = 0; i < 64 * 8; i++) pay[i] = (uint16_t)i;
+    const void *pays[1] = {pay};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+
+    /* n > cap on the last rank: every rank fails with MOEA2A_ERR_CAPACITY, no hang. */
+    int n = me == ep - 1 ? 17 : 4;
+    r = moea2a_dispatch(moe, n, ids, NULL, pays, 0, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_CAPACITY, "n > cap on rank %d: got %s", ep - 1, moea2a_strerror(r));
+    RANK_EXPECT(fails, me, strstr(moea2a_last_error(comm), "max_tokens_per_rank") && strstr(moea2a_last_error(comm), "17"),
+                "capacity message names the value to raise: %s", moea2a_last_error(comm));
+    /* runtime_max > cap */
+    r = moea2a_dispatch(moe, 4, ids, NULL, pays, 32, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_CAPACITY && strstr(moea2a_last_error(comm), "at least 32"),
+                "runtime_max > cap: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+    /* n > runtime_max */
+    r = moea2a_dispatch(moe, 9, ids, NULL, pays, 8, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_CAPACITY, "n > runtime_max: %s", moea2a_strerror(r));
+    /* ranks passing different runtime_max: detected on every rank */
+    if (ep > 1) {
+        r = moea2a_dispatch(moe, 4, ids, NULL, pays, me == 0 ? 8 : 12, &res, NULL);
+        RANK_EXPECT(fails, me, r == MOEA2A_ERR_MISMATCH && strstr(moea2a_last_error(comm), "runtime_max"),
+                    "different runtime_max: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+    }
+    /* bad pointers are errors on every rank, never a crash */
+    r = moea2a_dispatch(moe, 4, me == 0 ? NULL : ids, NULL, pays, 0, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "NULL topk_ids on rank 0: %s", moea2a_strerror(r));
+    RANK_EXPECT(fails, me, moea2a_dispatch(moe, 4, ids, NULL, pays, 0, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
+                "NULL result");
+    /* order: combine before dispatch, dispatch twice */
+    RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, out, NULL) == MOEA2A_ERR_STATE, "combine without dispatch");
+    r = moea2a_dispatch(moe, 4, ids, NULL, pays, 0, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "dispatch after refused calls: %s", moea2a_last_error(comm));
+    if (r == MOEA2A_SUCCESS) fails += check_allocation(comm, me, ep, &mc, moe, &res);
+    int32_t first_count = res.recv_counts[0];
+    RANK_EXPECT(fails, me, moea2a_dispatch(moe, 4, ids, NULL, pays, 0, &res, NULL) == MOEA2A_ERR_STATE &&
+                               strstr(moea2a_last_error(comm), "moea2a_combine"),
+                "second dispatch before combine is MOEA2A_ERR_STATE");
+    RANK_EXPECT(fails, me, res.recv_counts[0] == first_count, "a refused dispatch leaves the results alone");
+    /* Determinism: ranks reach combine at different times; results are identical. */
+    float *rows;
+    moea2a_moe_combine_buffer(moe, (void **)&rows);
+    for (int i = 0; i < ep * 16 * 8; i++) rows[i] = 1.0f / (float)(i % 13 + 1) + (float)(i % 7) * 1e-3f;
+    float out2[64 * 8];
+    usleep((useconds_t)(me * 3000));
+    RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, out, NULL) == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, moea2a_dispatch(moe, 4, ids, NULL, pays, 0, &res, NULL) == MOEA2A_SUCCESS, "dispatch again");
+    for (int i = 0; i < ep * 16 * 8; i++) rows[i] = 1.0f / (float)(i % 13 + 1) + (float)(i % 7) * 1e-3f;
+    usleep((useconds_t)((ep - me) * 3000));
+    RANK_EXPECT(fails, me, moea2a_combine(moe, rows, out2, NULL) == MOEA2A_SUCCESS, "combine 2");
+    RANK_EXPECT(fails, me, !memcmp(out, out2, sizeof(float) * 4 * 8), "combine is bit-identical across runs");
+    RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, out, NULL) == MOEA2A_ERR_STATE, "combine twice");
+    moea2a_moe_destroy(moe);
+
+    /* A config that differs on one rank is MOEA2A_ERR_MISMATCH everywhere. */
+    moea2a_moe_config_t odd = small_config(me == ep - 1 && ep > 1 ? 11 : 10, 3, 16);
+    r = moea2a_moe_create(&moe, comm, &odd);
+    RANK_EXPECT(fails, me, ep == 1 ? r == MOEA2A_SUCCESS : r == MOEA2A_ERR_MISMATCH, "mismatched config: %s",
+                moea2a_strerror(r));
+    if (r == MOEA2A_SUCCESS) moea2a_moe_destroy(moe);
+    /* A bad config on one rank fails every rank. */
+    moea2a_moe_config_t bad = small_config(10, me == 0 ? 0 : 3, 16);
+    r = moea2a_moe_create(&moe, comm, &bad);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "top_k 0 on rank 0: %s", moea2a_strerror(r));
+    /* Fail fast on memory: a cap no machine has memory for. */
+    moea2a_moe_config_t huge = small_config(10, 8, 1 << 28);
+    huge.hidden = 7168;
+    huge.payloads[0].elems_per_token = 7168;
+    r = moea2a_moe_create(&moe, comm, &huge);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_NO_MEMORY && strstr(moea2a_last_error(comm), "max_tokens_per_rank <="),
+                "memory fail-fast: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+    /* CUDA memory without a CUDA transport */
+    moea2a_moe_config_t gpu = small_config(10, 3, 16);
+    gpu.memory = MOEA2A_MEMORY_CUDA;
+    RANK_EXPECT(fails, me, moea2a_moe_create(&moe, comm, &gpu) == MOEA2A_ERR_UNAVAILABLE, "CUDA MoE without CUDA transport");
+    RANK_EXPECT(fails, me, moea2a_moe_create(NULL, comm, &mc) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL moe");
+    RANK_EXPECT(fails, me, moea2a_dispatch(NULL, 0, NULL, NULL, NULL, 0, &res, NULL) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL moe");
+
+    /* All ranks idle still works. */
+    mc = small_config(10, 3, 16);
+    r = moea2a_moe_create(&moe, comm, &mc);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "create: %s", moea2a_last_error(comm));
+    if (r == MOEA2A_SUCCESS) {
+        RANK_EXPECT(fails, me, moea2a_dispatch(moe, 0, NULL, NULL, NULL, 0, &res, NULL) == MOEA2A_SUCCESS &&
+                                   res.total_recv == 0,
+                    "all ranks idle: %s", moea2a_last_error(comm));
+        RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, NULL, NULL) == MOEA2A_SUCCESS, "idle combine: %s",
+                    moea2a_last_error(comm));
+        moea2a_moe_destroy(moe);
+    }
+    RANK_EXPECT(fails, me, moea2a_comm_destroy(comm) == MOEA2A_SUCCESS, "destroy: %s", moea2a_last_error(NULL));
+    return fails;
+}
+
+int main(void)
+{
+    static const int sizes[] = {1, 2, 3, 4, 5, 8};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        sweep_t s = {1000u * (uint64_t)sizes[i], sizes[i] <= 4 ? 40 : 20};
+        local_ranks_result_t res;
+        local_ranks_run(sizes[i], sweep_rank, &s, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "%d random configurations on %d ranks match the oracle (dispatch, sanitize, combine)",
+               s.configs, sizes[i]);
+    }
+    static const int rule_sizes[] = {1, 2, 4};
+    for (size_t i = 0; i < sizeof(rule_sizes) / sizeof(rule_sizes[0]); i++) {
+        local_ranks_result_t res;
+        local_ranks_run(rule_sizes[i], rules_rank, NULL, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "capacity, runtime_max agreement, call order, determinism, config mismatch, "
+                                "memory fail-fast, idle ranks on %d ranks", rule_sizes[i]);
+    }
+    return tap_done();
+}

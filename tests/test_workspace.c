@@ -1,0 +1,195 @@
+/* Workspace sizing: the documented formula (restated here term by term), replayed
+ * over saved hwloc topologies (a 4-GPU NVLink node, a 2-socket 8-GPU node with two
+ * NVLink islands and 4 NICs, a CPU-only node) so staging, NUMA placement and NIC
+ * choice are checked without the hardware; and moea2a_info --workspace agreeing
+ * with the API to the byte. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moea2a.h"
+#include "tap.h"
+
+static const char *srcdir(void)
+{
+    const char *s = getenv("top_srcdir");
+    return s && *s ? s : ".";
+}
+
+static size_t A(size_t x) { return (x + 127) / 128 * 128; }
+
+/* The formula of moea2a_moe_workspace_size(3). */
+static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *workspace, size_t *staging)
+{
+    size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k;
+    int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
+    size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap);
+    size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
+    for (int i = 0; i < c->num_payloads; i++) {
+        size_t s;
+        moea2a_datatype_size(c->payloads[i].dtype, &s);
+        sum += A(n * cap * s * c->payloads[i].elems_per_token);
+        record += s * c->payloads[i].elems_per_token;
+    }
+    sum += A(n * cap * k * 4) + (w ? A(n * cap * k * 4) : 0);
+    if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
+    sum += A(n * cap * c->hidden * es);
+    size_t combine_row = c->hidden * es, slot = record > combine_row ? record : combine_row;
+    *workspace = sum;
+    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * slot);
+}
+
+static moea2a_moe_config_t deepseek(int cap, int weights, moea2a_datatype_t dt)
+{
+    moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
+    c.num_experts = 256, c.top_k = 8, c.max_tokens_per_rank = cap;
+    c.num_payloads = 1;
+    c.payloads[0] = (moea2a_payload_desc_t){dt, dt == MOEA2A_NVFP4 ? 7168 / 2 : 7168};
+    if (dt == MOEA2A_NVFP4) c.num_payloads = 2, c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, 7168 / 16};
+    c.hidden = 7168, c.combine_dtype = MOEA2A_BFLOAT16;
+    if (weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
+    return c;
+}
+
+typedef struct {
+    const char *xml;
+    int ep, rpn, rank;
+    moea2a_memory_t mem;
+    int staged, nvlink, numa, gpu;
+    const char *nic;
+} case_t;
+
+static void check_case(const case_t *k, const moea2a_moe_config_t *c)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/topologies/%s", srcdir(), k->xml);
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    lay.ep = k->ep, lay.ranks_per_node = k->rpn, lay.rank = k->rank, lay.topology_xml = path, lay.memory = k->mem;
+    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    moea2a_result_t r = moea2a_moe_workspace_size_layout(&lay, c, &s);
+    size_t ws, st;
+    expected(c, k->ep, k->staged, &ws, &st);
+    int cuda = k->mem == MOEA2A_MEMORY_CUDA;
+    int ok = r == MOEA2A_SUCCESS && s.staged_peers == k->staged && s.nvlink_peers == k->nvlink &&
+             s.numa_node == k->numa && s.gpu == k->gpu && !strcmp(s.nic, k->nic) && s.workspace_bytes == ws &&
+             s.staging_bytes == st && s.total_bytes == ws + st &&
+             s.device_bytes == (cuda ? ws : 0) && s.pinned_host_bytes == (cuda ? st : 0) &&
+             s.host_bytes == (cuda ? 0 : ws + st);
+    tap_ok(ok, "%s ep %d x %d/node rank %d %s: staged %d (want %d), NVLink %d (%d), NUMA %d (%d), GPU %d (%d), NIC %s (%s), "
+               "%zu + %zu bytes (formula %zu + %zu)",
+           k->xml, k->ep, k->rpn, k->rank, cuda ? "cuda" : "host", s.staged_peers, k->staged, s.nvlink_peers, k->nvlink,
+           s.numa_node, k->numa, s.gpu, k->gpu, s.nic, k->nic, s.workspace_bytes, s.staging_bytes, ws, st);
+    if (r) tap_diag("%s", moea2a_last_error(NULL));
+}
+
+static void test_topologies(void)
+{
+    moea2a_moe_config_t c = deepseek(8192, 0, MOEA2A_BFLOAT16);
+    static const case_t cases[] = {
+        /* 4 GPUs, all pairs NVLinked: the node's peers are direct, the other node's staged. */
+        {"4gpu-nvlink.xml", 4, 4, 1, MOEA2A_MEMORY_CUDA, 0, 3, 0, 1, "mlx5_0"},
+        {"4gpu-nvlink.xml", 8, 4, 1, MOEA2A_MEMORY_CUDA, 4, 3, 0, 1, "mlx5_0"},
+        {"4gpu-nvlink.xml", 8, 4, 6, MOEA2A_MEMORY_CUDA, 4, 3, 1, 2, "mlx5_1"},
+        /* host memory: every other process is staged; ranks spread over the sockets */
+        {"4gpu-nvlink.xml", 4, 4, 3, MOEA2A_MEMORY_HOST, 3, 0, 1, -1, "mlx5_1"},
+        /* 8 GPUs in two NVLink islands: the other island needs staging too */
+        {"8gpu-2socket-4nic.xml", 8, 8, 0, MOEA2A_MEMORY_CUDA, 4, 3, 0, 0, "mlx5_0"},
+        {"8gpu-2socket-4nic.xml", 8, 8, 5, MOEA2A_MEMORY_CUDA, 4, 3, 1, 5, "mlx5_2"},
+        {"8gpu-2socket-4nic.xml", 16, 8, 3, MOEA2A_MEMORY_CUDA, 12, 3, 0, 3, "mlx5_1"},
+        {"8gpu-2socket-4nic.xml", 32, 8, 31, MOEA2A_MEMORY_CUDA, 28, 3, 1, 7, "mlx5_3"},
+        /* CPU-only node */
+        {"cpu-only.xml", 4, 4, 2, MOEA2A_MEMORY_HOST, 3, 0, 0, -1, "mlx5_0"},
+        {"cpu-only.xml", 1, 1, 0, MOEA2A_MEMORY_HOST, 0, 0, 0, -1, "mlx5_0"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) check_case(&cases[i], &c);
+
+    /* The same on other configs: weights, NVFP4 payload + scales, tiny and odd shapes. */
+    moea2a_moe_config_t w = deepseek(4096, 1, MOEA2A_NVFP4);
+    check_case(&cases[1], &w);
+    moea2a_moe_config_t odd = MOEA2A_MOE_CONFIG_INITIALIZER;
+    odd.num_experts = 7, odd.top_k = 22, odd.max_tokens_per_rank = 3, odd.num_payloads = 3;
+    odd.payloads[0] = (moea2a_payload_desc_t){MOEA2A_INT8, 13};
+    odd.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT16, 7};
+    odd.payloads[2] = (moea2a_payload_desc_t){MOEA2A_INT64, 1};
+    check_case(&cases[8], &odd);
+
+    /* CUDA memory on a node without GPUs is an error, not a silent host plan. */
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/topologies/cpu-only.xml", srcdir());
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    lay.ep = 2, lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    tap_ok(moea2a_moe_workspace_size_layout(&lay, &c, &s) == MOEA2A_ERR_INVALID_ARGUMENT, "CUDA sizing on a CPU-only topology is refused");
+    lay.topology_xml = "/nonexistent.xml";
+    tap_ok(moea2a_moe_workspace_size_layout(&lay, &c, &s) == MOEA2A_ERR_INVALID_ARGUMENT, "a missing XML file is an error");
+    lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_HOST, lay.rank = 2;
+    tap_ok(moea2a_moe_workspace_size_layout(&lay, &c, &s) == MOEA2A_ERR_INVALID_ARGUMENT, "rank outside ep is refused");
+    lay.rank = 0;
+    s.size = 8;
+    tap_ok(moea2a_moe_workspace_size_layout(&lay, &c, &s) == MOEA2A_ERR_INVALID_ARGUMENT, "sizes without its size field is refused");
+    moea2a_moe_config_t bad = c;
+    bad.max_tokens_per_rank = 0;
+    s.size = sizeof(s);
+    tap_ok(moea2a_moe_workspace_size_layout(&lay, &bad, &s) == MOEA2A_ERR_INVALID_ARGUMENT &&
+               strstr(moea2a_last_error(NULL), "max_tokens_per_rank"),
+           "cap 0 is refused with a message naming it");
+}
+
+/* The ep-once rule: doubling ep doubles the per-rank receive arrays, not more. */
+static void test_ep_once(void)
+{
+    moea2a_moe_config_t c = deepseek(1024, 0, MOEA2A_BFLOAT16);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/topologies/8gpu-2socket-4nic.xml", srcdir());
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    lay.ranks_per_node = 8, lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_workspace_sizes_t a = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER, b = a;
+    lay.ep = 16;
+    moea2a_moe_workspace_size_layout(&lay, &c, &a);
+    lay.ep = 32;
+    moea2a_moe_workspace_size_layout(&lay, &c, &b);
+    tap_ok(b.payload_bytes[0] == 2 * a.payload_bytes[0] && b.ids_bytes == 2 * a.ids_bytes &&
+               b.combine_bytes == 2 * a.combine_bytes,
+           "receive arrays scale with ep once (ep 16: %zu, ep 32: %zu payload bytes)", a.payload_bytes[0], b.payload_bytes[0]);
+    tap_ok(a.payload_bytes[0] == 16u * 1024 * 7168 * 2, "bf16 payload is ep x cap x 7168 x 2 bytes exactly");
+}
+
+/* moea2a_info --workspace prints the breakdown and ends with the API's total. */
+static void test_info_tool(void)
+{
+    const char *b = getenv("top_builddir");
+    char cmd[2048], line[512], last[512] = "";
+    snprintf(cmd, sizeof(cmd),
+             "%s/tools/moea2a_info --workspace ep=16,hidden=7168,topk=8,experts=256,cap=8192,dtype=bf16,weights=1,"
+             "ranks_per_node=8,rank=3,memory=cuda,topology=%s/tests/topologies/8gpu-2socket-4nic.xml 2>&1",
+             b && *b ? b : ".", srcdir());
+    FILE *f = popen(cmd, "r");
+    while (f && fgets(line, sizeof(line), f)) snprintf(last, sizeof(last), "%s", line);
+    int rc = f ? pclose(f) : -1;
+    moea2a_moe_config_t c = deepseek(8192, 1, MOEA2A_BFLOAT16);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/topologies/8gpu-2socket-4nic.xml", srcdir());
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    lay.ep = 16, lay.ranks_per_node = 8, lay.rank = 3, lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    moea2a_moe_workspace_size_layout(&lay, &c, &s);
+    char want[64];
+    snprintf(want, sizeof(want), "total %zu bytes\n", s.total_bytes);
+    tap_ok(rc == 0 && !strcmp(last, want), "moea2a_info --workspace ends with '%.*s' (got '%.*s')", (int)strlen(want) - 1,
+           want, (int)strcspn(last, "\n"), last);
+    snprintf(cmd, sizeof(cmd), "%s/tools/moea2a_info --workspace ep=32,hidden=7168,topk=8,cap=8192,dtype=bf16,mem=80G >/dev/null 2>&1; echo $?",
+             b && *b ? b : ".");
+    f = popen(cmd, "r");
+    int status = -1;
+    if (f && fgets(line, sizeof(line), f)) status = atoi(line);
+    if (f) pclose(f);
+    tap_ok(status == 0, "moea2a_info --workspace with mem=80G runs (status %d)", status);
+}
+
+int main(void)
+{
+    test_topologies();
+    test_ep_once();
+    test_info_tool();
+    return tap_done();
+}

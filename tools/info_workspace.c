@@ -1,0 +1,149 @@
+/* moea2a_info --workspace KEY=VALUE,...: the per-rank workspace of an MoE context,
+ * computed offline by moea2a_moe_workspace_size_layout (the numbers moea2a_moe_create
+ * would allocate), with its breakdown and, given mem=SIZE, the largest
+ * max_tokens_per_rank that fits. The last line is "total <N> bytes". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "info_workspace.h"
+#include "moea2a.h"
+
+typedef struct {
+    int ep, hidden, topk, experts, cap, weights, rpn, rank;
+    moea2a_datatype_t dtype, combine;
+    moea2a_memory_t memory;
+    const char *topology;
+    double mem_limit;
+} ws_args_t;
+
+static int parse_dtype(const char *s, moea2a_datatype_t *d)
+{
+    for (int i = 0; i < MOEA2A_NUM_DATATYPES; i++)
+        if (!strcmp(s, moea2a_datatype_name((moea2a_datatype_t)i))) return *d = (moea2a_datatype_t)i, 0;
+    return -1;
+}
+
+static double parse_bytes(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'K': case 'k': return v * 1024;
+    case 'M': case 'm': return v * 1024 * 1024;
+    case 'G': case 'g': return v * 1024 * 1024 * 1024;
+    case 'T': case 't': return v * 1024.0 * 1024 * 1024 * 1024;
+    case 0: return v;
+    default: return -1;
+    }
+}
+
+static int parse_args(char *spec, ws_args_t *a)
+{
+    for (char *save, *kv = strtok_r(spec, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *v = strchr(kv, '=');
+        if (!v) return fprintf(stderr, "moea2a_info --workspace: '%s' is not KEY=VALUE\n", kv), -1;
+        *v++ = 0;
+        int *ip = !strcmp(kv, "ep") ? &a->ep : !strcmp(kv, "hidden") ? &a->hidden : !strcmp(kv, "topk") ? &a->topk
+                : !strcmp(kv, "experts") ? &a->experts : !strcmp(kv, "cap") ? &a->cap : !strcmp(kv, "weights") ? &a->weights
+                : !strcmp(kv, "ranks_per_node") ? &a->rpn : !strcmp(kv, "rank") ? &a->rank : NULL;
+        if (ip) *ip = atoi(v);
+        else if (!strcmp(kv, "dtype") && !parse_dtype(v, &a->dtype)) continue;
+        else if (!strcmp(kv, "combine") && !parse_dtype(v, &a->combine)) continue;
+        else if (!strcmp(kv, "topology")) a->topology = v;
+        else if (!strcmp(kv, "mem") && (a->mem_limit = parse_bytes(v)) > 0) continue;
+        else if (!strcmp(kv, "memory") && (!strcmp(v, "cuda") || !strcmp(v, "host") || !strcmp(v, "auto")))
+            a->memory = !strcmp(v, "cuda") ? MOEA2A_MEMORY_CUDA : !strcmp(v, "host") ? MOEA2A_MEMORY_HOST : MOEA2A_MEMORY_AUTO;
+        else return fprintf(stderr, "moea2a_info --workspace: cannot use %s=%s\n", kv, v), -1;
+    }
+    return 0;
+}
+
+/* dtype=nvfp4 means packed values (hidden/2 bytes) plus their per-row linear E4M3
+ * scales (hidden/16), the two payloads an NVFP4 dispatch carries. */
+static moea2a_moe_config_t config_of(const ws_args_t *a)
+{
+    moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
+    c.num_experts = a->experts, c.top_k = a->topk, c.max_tokens_per_rank = a->cap, c.hidden = (size_t)a->hidden;
+    c.combine_dtype = a->combine;
+    c.num_payloads = 1;
+    c.payloads[0] = (moea2a_payload_desc_t){a->dtype, (size_t)a->hidden};
+    if (a->dtype == MOEA2A_NVFP4) {
+        c.num_payloads = 2;
+        c.payloads[0].elems_per_token = (size_t)a->hidden / 2;
+        c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, (size_t)a->hidden / 16};
+    }
+    if (a->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
+    return c;
+}
+
+static moea2a_moe_layout_t layout_of(const ws_args_t *a)
+{
+    moea2a_moe_layout_t l = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    l.ep = a->ep, l.ranks_per_node = a->rpn, l.rank = a->rank, l.topology_xml = a->topology, l.memory = a->memory;
+    return l;
+}
+
+static void line(const char *what, size_t bytes, const char *how)
+{
+    printf("  %-18s %16zu bytes %9.3f GiB  %s\n", what, bytes, (double)bytes / (1 << 30), how);
+}
+
+int info_workspace(const char *spec_in)
+{
+    ws_args_t a = {1, 7168, 8, 256, 1024, 0, 0, 0, MOEA2A_BFLOAT16, MOEA2A_BFLOAT16, MOEA2A_MEMORY_AUTO, NULL, 0};
+    char spec[2048];
+    snprintf(spec, sizeof(spec), "%s", spec_in ? spec_in : "");
+    if (parse_args(spec, &a)) return 2;
+    moea2a_moe_config_t c = config_of(&a);
+    moea2a_moe_layout_t l = layout_of(&a);
+    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    if (moea2a_moe_workspace_size_layout(&l, &c, &s) != MOEA2A_SUCCESS) {
+        fprintf(stderr, "moea2a_info --workspace: %s\n", moea2a_last_error(NULL));
+        return 1;
+    }
+    int cuda = s.device_bytes > 0 || s.pinned_host_bytes > 0;
+    char buf[256];
+    printf("MoE workspace per rank: ep %d, max_tokens_per_rank %d, top-%d of %d experts, hidden %d, payload %s%s\n", a.ep,
+           a.cap, a.topk, a.experts, a.hidden, moea2a_datatype_name(a.dtype), a.weights ? ", weights" : "");
+    printf("  topology: %s; rank %d, %d per node; GPU %d, NUMA %d, NIC %s; %d NVLink peer(s), %d staged peer(s)\n",
+           a.topology ? a.topology : "this machine", a.rank, a.rpn ? a.rpn : a.ep, s.gpu, s.numa_node,
+           *s.nic ? s.nic : "none", s.nvlink_peers, s.staged_peers);
+    line("aux", s.aux_bytes, "counters, headers, send map (cap x k), source index (ep x cap)");
+    for (int i = 0; i < c.num_payloads; i++) {
+        size_t es;
+        moea2a_datatype_size(c.payloads[i].dtype, &es);
+        snprintf(buf, sizeof(buf), "ep x cap x %zu B (%s)", es * c.payloads[i].elems_per_token,
+                 moea2a_datatype_name(c.payloads[i].dtype));
+        char name[32];
+        snprintf(name, sizeof(name), "payload %d", i);
+        line(name, s.payload_bytes[i], buf);
+    }
+    line("topk ids", s.ids_bytes, "ep x cap x k x 4 B");
+    if (s.weights_bytes) line("topk weights", s.weights_bytes, "ep x cap x k x 4 B");
+    line("combine", s.combine_bytes, "ep x cap x hidden (combine dtype)");
+    line("workspace", s.workspace_bytes, cuda ? "device memory" : "host memory");
+    snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B record + returned rows), %s on NUMA %d", s.staged_peers,
+             s.record_bytes, cuda ? "pinned host" : "host", s.numa_node);
+    line("staging", s.staging_bytes, buf);
+    if (a.mem_limit > 0) {
+        size_t budget = (size_t)a.mem_limit, need = cuda ? s.device_bytes : s.total_bytes;
+        if (need <= budget) {
+            printf("  fits in %.1f GiB (%.1f%% used)\n", a.mem_limit / (1 << 30), 100.0 * (double)need / a.mem_limit);
+        } else {
+            int lo = 0, hi = a.cap;
+            while (lo < hi) {
+                moea2a_moe_config_t t = c;
+                t.max_tokens_per_rank = lo + (hi - lo + 1) / 2;
+                moea2a_moe_workspace_sizes_t ts = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+                moea2a_moe_workspace_size_layout(&l, &t, &ts);
+                if ((cuda ? ts.device_bytes : ts.total_bytes) <= budget) lo = t.max_tokens_per_rank;
+                else hi = t.max_tokens_per_rank - 1;
+            }
+            printf("  does NOT fit in %.1f GiB: needs %.2f GiB; max_tokens_per_rank <= %d fits\n", a.mem_limit / (1 << 30),
+                   (double)need / (1 << 30), lo);
+        }
+    }
+    printf("total %zu bytes\n", s.total_bytes);
+    return 0;
+}
