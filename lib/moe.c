@@ -366,23 +366,58 @@ static moea2a_result_t judge_headers(moea2a_moe_t moe, moea2a_result_t mine, con
     return MOEA2A_SUCCESS;
 }
 
-/* One alltoallv of bytes to and from the staged peers; this rank is served directly. */
-static moea2a_result_t exchange_staged(moea2a_moe_t moe, const unsigned char *sbuf, const int32_t *send_rows,
-                                       size_t send_row, const size_t *sbase, unsigned char *rbuf,
-                                       const int32_t *recv_rows, size_t recv_row)
+/* Byte counts and displacements of one all-to-all with the staged peers (this rank
+ * and load/store peers are served directly): send_rows[q] rows of `width` bytes go to
+ * q, recv_rows[q] come from q. Peer q's send block starts at index x send_peer_bytes
+ * + soff and its receive block at index x recv_peer_bytes, where the send side is
+ * indexed by staging slot and the receive side by rank (dispatch: staging to
+ * workspace), or the other way round when send_by_rank is set (combine: workspace
+ * to staging). */
+typedef struct {
+    int64_t *sc, *sd, *rc, *rd;
+} exchange_t;
+
+static void exchange_plan(const moea2a_moe_t moe, exchange_t *x, const int32_t *send_rows, const int32_t *recv_rows,
+                          size_t width, size_t send_peer_bytes, size_t soff, size_t recv_peer_bytes, int send_by_rank)
 {
-    int n = moe->comm->nranks;
-    int64_t *v = malloc(sizeof(int64_t) * 4 * (size_t)n);
-    if (!v) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
-    int64_t *sc = v, *sd = v + n, *rc = v + 2 * n, *rd = v + 3 * n;
-    for (int q = 0; q < n; q++) {
+    for (int q = 0; q < moe->comm->nranks; q++) {
         int s = moe->stage_index[q];
-        sc[q] = s < 0 ? 0 : (int64_t)send_rows[q] * (int64_t)send_row;
-        sd[q] = s < 0 ? 0 : (int64_t)sbase[q];
-        rc[q] = s < 0 ? 0 : (int64_t)recv_rows[q] * (int64_t)recv_row;
-        rd[q] = s < 0 ? 0 : (int64_t)s * moe->cfg.max_tokens_per_rank * (int64_t)recv_row;
+        x->sc[q] = s < 0 ? 0 : (int64_t)send_rows[q] * (int64_t)width;
+        x->sd[q] = s < 0 ? 0 : (int64_t)((size_t)(send_by_rank ? q : s) * send_peer_bytes + soff);
+        x->rc[q] = s < 0 ? 0 : (int64_t)recv_rows[q] * (int64_t)width;
+        x->rd[q] = s < 0 ? 0 : (int64_t)((size_t)(send_by_rank ? s : q) * recv_peer_bytes);
     }
-    moea2a_result_t r = moea2a_alltoallv(sbuf, sc, sd, rbuf, rc, rd, MOEA2A_UINT8, moe->comm, NULL);
+}
+
+static int64_t *vectors(int n, int count)
+{
+    return malloc(sizeof(int64_t) * 4 * (size_t)n * (size_t)count);
+}
+
+/* Sends every array of the dispatched tokens to the staged peers, each as its own
+ * non-blocking all-to-all, all in flight together, landing straight in the
+ * workspace's [ep][stride][width] arrays. */
+static moea2a_result_t exchange_arrays(moea2a_moe_t moe, const int32_t *send_counts, const int32_t *recv_counts, int stride)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    int n = moe->comm->nranks;
+    size_t cap = (size_t)moe->cfg.max_tokens_per_rank;
+    int64_t *v = vectors(n, l->narrays);
+    moea2a_request_t req[M2A_MOE_MAX_ARRAYS] = {0};
+    if (!v) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int a = 0; a < l->narrays && r == MOEA2A_SUCCESS; a++) {
+        const m2a_moe_array_t *ar = &l->array[a];
+        exchange_t x = {v + 4 * n * a, v + 4 * n * a + n, v + 4 * n * a + 2 * n, v + 4 * n * a + 3 * n};
+        exchange_plan(moe, &x, send_counts, recv_counts, ar->width, cap * l->record, cap * ar->rec,
+                      (size_t)stride * ar->width, 0);
+        r = moea2a_ialltoallv(moe->stage ? moe->stage + l->stage_send : NULL, x.sc, x.sd, moe->ws + ar->ws, x.rc, x.rd,
+                              MOEA2A_UINT8, moe->comm, NULL, &req[a]);
+    }
+    for (int a = 0; a < l->narrays; a++) {
+        moea2a_result_t w = req[a] ? moea2a_wait(&req[a]) : MOEA2A_SUCCESS;
+        if (r == MOEA2A_SUCCESS) r = w;
+    }
     free(v);
     return r;
 }
@@ -420,34 +455,24 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     M2A_TRY(judge_headers(moe, mine, hr, rt));
 
     for (int q = 0; q < ep; q++) recv_counts[q] = hr[q].count;
-    /* Records to staged peers, in slot order; this rank's own tokens go straight in. */
+    /* Tokens for staged peers are packed per peer and array, in slot order; this
+     * rank's own tokens go straight into their receive slots. */
     const m2a_moe_layout_t *l = &moe->l;
-    size_t *sbase = malloc(sizeof(size_t) * (size_t)ep);
-    if (!sbase) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
-    unsigned char *self_rec = malloc(l->record);
-    for (int q = 0; q < ep; q++) sbase[q] = moe->stage_index[q] < 0 ? 0 : (size_t)moe->stage_index[q] * (size_t)cap * l->record;
-    for (int t = 0; t < n && self_rec; t++)
+    unsigned char *self_base[M2A_MOE_MAX_ARRAYS], *peer_base[M2A_MOE_MAX_ARRAYS];
+    for (int a = 0; a < l->narrays; a++) self_base[a] = ws + l->array[a].ws;
+    for (int t = 0; t < n; t++)
         for (int d = 0; d < moe->cfg.top_k && send_map[(size_t)t * moe->cfg.top_k + d] >= 0; d++) {
-            int e = send_map[(size_t)t * moe->cfg.top_k + d], dest = e / cap, slot = e % cap;
-            if (moe->stage_index[dest] < 0) {
-                m2a_host_pack_record(&moe->route, l, t, payloads, ids, weights, self_rec);
-                m2a_host_unpack_record(&moe->route, l, rt, dest, slot, self_rec, ws);
-            } else {
-                m2a_host_pack_record(&moe->route, l, t, payloads, ids, weights,
-                                     moe->stage + l->stage_send + sbase[dest] + (size_t)slot * l->record);
+            int e = send_map[(size_t)t * moe->cfg.top_k + d], dest = e / cap, slot = e % cap, s = moe->stage_index[dest];
+            if (s < 0) {
+                m2a_host_put_token(&moe->route, l, t, payloads, ids, weights, self_base, (size_t)dest * rt + (size_t)slot);
+                continue;
             }
+            unsigned char *region = moe->stage + l->stage_send + (size_t)s * (size_t)cap * l->record;
+            for (int a = 0; a < l->narrays; a++) peer_base[a] = region + (size_t)cap * l->array[a].rec;
+            m2a_host_put_token(&moe->route, l, t, payloads, ids, weights, peer_base, (size_t)slot);
         }
-    free(self_rec);
-    unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
-    r = exchange_staged(moe, moe->stage ? moe->stage + l->stage_send : NULL, send_counts, l->record, sbase, landing,
-                        recv_counts, l->record);
-    free(sbase);
+    r = exchange_arrays(moe, send_counts, recv_counts, rt);
     if (r != MOEA2A_SUCCESS) return r;
-    for (int q = 0; q < ep; q++) {
-        int s = moe->stage_index[q];
-        for (int i = 0; s >= 0 && i < recv_counts[q]; i++)
-            m2a_host_unpack_record(&moe->route, l, rt, q, i, landing + ((size_t)s * (size_t)cap + (size_t)i) * l->record, ws);
-    }
     m2a_host_sanitize(&moe->route, l, rt, !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
                       (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, ws);
 
@@ -510,13 +535,16 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     size_t row = l->combine_row;
     const int32_t *send_counts = (const int32_t *)(moe->ws + l->send_counts);
     const int32_t *recv_counts = (const int32_t *)(moe->ws + l->recv_counts);
-    size_t *sbase = malloc(sizeof(size_t) * (size_t)ep);
-    if (!sbase) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
-    /* Expert side sends back the rows of each source's slots; token side lands them. */
-    for (int q = 0; q < ep; q++) sbase[q] = (size_t)q * (size_t)moe->stride * row;
+    /* The expert side sends back each source's rows from [src][stride][hidden]; the
+     * token side lands them per staged peer. */
+    int64_t *v = vectors(ep, 1);
+    if (!v) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    exchange_t x = {v, v + ep, v + 2 * ep, v + 3 * ep};
+    exchange_plan(moe, &x, recv_counts, send_counts, row, (size_t)moe->stride * row, 0,
+                  (size_t)moe->cfg.max_tokens_per_rank * row, 1);
     unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
-    r = exchange_staged(moe, in, recv_counts, row, sbase, landing, send_counts, row);
-    free(sbase);
+    r = moea2a_alltoallv(in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, NULL);
+    free(v);
     if (r == MOEA2A_SUCCESS &&
         m2a_host_combine_reduce(&moe->route, n, (const int32_t *)(moe->ws + l->send_map), moe->cfg.combine_dtype,
                                 moe->cfg.hidden, in + (size_t)comm->rank * (size_t)moe->stride * row, landing,

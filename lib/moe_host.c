@@ -34,38 +34,18 @@ void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *se
     }
 }
 
-void m2a_host_pack_record(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
-                          const int32_t *ids, const float *weights, unsigned char *rec)
+void m2a_host_put_token(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
+                        const int32_t *ids, const float *weights, unsigned char *const *base, size_t slot)
 {
-    for (int i = 0; i < r->num_payloads; i++) {
-        memcpy(rec, (const unsigned char *)payloads[i] + (size_t)t * l->row_bytes[i], l->row_bytes[i]);
-        rec += l->row_bytes[i];
+    int32_t index = t;
+    for (int a = 0; a < l->narrays; a++) {
+        size_t w = l->array[a].width;
+        const void *src = a < r->num_payloads ? (const unsigned char *)payloads[a] + (size_t)t * w
+                        : a == r->num_payloads ? (const void *)(ids + (size_t)t * r->k)
+                        : a == l->narrays - 1  ? (const void *)&index
+                                               : (const void *)(weights + (size_t)t * r->k);
+        memcpy(base[a] + slot * w, src, w);
     }
-    memcpy(rec, ids + (size_t)t * r->k, 4 * (size_t)r->k);
-    rec += 4 * (size_t)r->k;
-    if (r->weights) {
-        memcpy(rec, weights + (size_t)t * r->k, 4 * (size_t)r->k);
-        rec += 4 * (size_t)r->k;
-    }
-    int32_t idx = t;
-    memcpy(rec, &idx, 4);
-}
-
-void m2a_host_unpack_record(const m2a_route_t *r, const m2a_moe_layout_t *l, int stride, int src, int i,
-                            const unsigned char *rec, unsigned char *ws)
-{
-    size_t slot = (size_t)src * (size_t)stride + (size_t)i;
-    for (int p = 0; p < r->num_payloads; p++) {
-        memcpy(ws + l->payload[p] + slot * l->row_bytes[p], rec, l->row_bytes[p]);
-        rec += l->row_bytes[p];
-    }
-    memcpy(ws + l->ids + slot * 4 * (size_t)r->k, rec, 4 * (size_t)r->k);
-    rec += 4 * (size_t)r->k;
-    if (r->weights) {
-        memcpy(ws + l->weights + slot * 4 * (size_t)r->k, rec, 4 * (size_t)r->k);
-        rec += 4 * (size_t)r->k;
-    }
-    memcpy(ws + l->src_index + slot * 4, rec, 4);
 }
 
 void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stride, int sanitize,
@@ -87,23 +67,35 @@ void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stri
         }
 }
 
-static float load_f32(moea2a_datatype_t dt, const unsigned char *row, size_t h)
+/* acc[h] += row[h] converted to fp32, for a whole row. */
+static void accumulate(moea2a_datatype_t dt, const unsigned char *row, size_t hidden, float *acc)
 {
-    uint16_t v;
-    switch (dt) {
-    case MOEA2A_BFLOAT16: memcpy(&v, row + 2 * h, 2); return m2a_bf16_to_f32(v);
-    case MOEA2A_FLOAT16: memcpy(&v, row + 2 * h, 2); return m2a_f16_to_f32(v);
-    default: { float f; memcpy(&f, row + 4 * h, 4); return f; }
+    if (dt == MOEA2A_FLOAT32) {
+        for (size_t h = 0; h < hidden; h++) {
+            float f;
+            memcpy(&f, row + 4 * h, 4);
+            acc[h] += f;
+        }
+        return;
+    }
+    const int bf16 = dt == MOEA2A_BFLOAT16;
+    for (size_t h = 0; h < hidden; h++) {
+        uint16_t v;
+        memcpy(&v, row + 2 * h, 2);
+        acc[h] += bf16 ? m2a_bf16_to_f32(v) : m2a_f16_to_f32(v);
     }
 }
 
-static void store_f32(moea2a_datatype_t dt, unsigned char *row, size_t h, float f)
+static void store_row(moea2a_datatype_t dt, const float *acc, size_t hidden, unsigned char *out)
 {
-    uint16_t v;
-    switch (dt) {
-    case MOEA2A_BFLOAT16: v = m2a_f32_to_bf16(f); memcpy(row + 2 * h, &v, 2); break;
-    case MOEA2A_FLOAT16: v = m2a_f32_to_f16(f); memcpy(row + 2 * h, &v, 2); break;
-    default: memcpy(row + 4 * h, &f, 4); break;
+    for (size_t h = 0; h < hidden; h++) {
+        uint16_t v;
+        if (dt == MOEA2A_FLOAT32) {
+            memcpy(out + 4 * h, &acc[h], 4);
+            continue;
+        }
+        v = dt == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(acc[h]) : m2a_f32_to_f16(acc[h]);
+        memcpy(out + 2 * h, &v, 2);
     }
 }
 
@@ -111,24 +103,22 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
                             size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
                             const int *stage_index, void *out)
 {
-    size_t es = dtype == MOEA2A_FLOAT32 ? 4 : 2, row_bytes = es * hidden;
-    const unsigned char **rows = malloc(sizeof(*rows) * (size_t)r->k);
-    if (!rows) return -1;
+    size_t row_bytes = (dtype == MOEA2A_FLOAT32 ? 4 : 2) * hidden;
+    float *acc = malloc(sizeof(float) * (hidden ? hidden : 1));
+    if (!acc) return -1;
     for (int t = 0; t < n; t++) {
         const int32_t *map = send_map + (size_t)t * r->k;
-        int nd = 0;
+        memset(acc, 0, sizeof(float) * hidden);
+        /* the map holds the token's ranks in ascending order: the fixed summation order */
         for (int d = 0; d < r->k && map[d] >= 0; d++) {
             int rank = map[d] / r->cap, slot = map[d] % r->cap;
-            rows[nd++] = rank == r->me ? self_rows + (size_t)slot * row_bytes
-                                       : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
+            const unsigned char *row =
+                rank == r->me ? self_rows + (size_t)slot * row_bytes
+                              : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
+            accumulate(dtype, row, hidden, acc);
         }
-        unsigned char *o = (unsigned char *)out + (size_t)t * row_bytes;
-        for (size_t h = 0; h < hidden; h++) {
-            float acc = 0.0f; /* fixed order: ascending rank, as the map holds them */
-            for (int d = 0; d < nd; d++) acc += load_f32(dtype, rows[d], h);
-            store_f32(dtype, o, h, acc);
-        }
+        store_row(dtype, acc, hidden, (unsigned char *)out + (size_t)t * row_bytes);
     }
-    free(rows);
+    free(acc);
     return 0;
 }

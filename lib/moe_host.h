@@ -26,13 +26,10 @@ static inline int m2a_expert_invalid(const m2a_route_t *r, int32_t e)
 void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                     int64_t *invalid_entries, int64_t *deduplicated);
 
-/* Token t's dispatch record: payload rows, then its k ids, its k weights (if carried),
- * its index t. */
-void m2a_host_pack_record(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
-                          const int32_t *ids, const float *weights, unsigned char *rec);
-/* Writes a record into receive slot (src, i) of the workspace. */
-void m2a_host_unpack_record(const m2a_route_t *r, const m2a_moe_layout_t *l, int stride, int src, int i,
-                            const unsigned char *rec, unsigned char *ws);
+/* Copies token t's arrays (payload rows, its k ids, its k weights if carried, its
+ * index t) to row `slot` of each destination array: base[a] + slot x width(a). */
+void m2a_host_put_token(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
+                        const int32_t *ids, const float *weights, unsigned char *const *base, size_t slot);
 
 /* Padding slots (i >= recv_counts[src]) get source index -1 and, when sanitizing,
  * invalid ids in all k entries; valid rows get invalid ids normalized to invalid_id

@@ -100,12 +100,19 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_la
     l->combine = take(&at, n * cap * l->combine_row);
     l->workspace = at;
 
-    /* Staging: records sent to staged peers, and what comes back from them (dispatch
-     * records, later combine rows: one region serves both). */
+    size_t rec = 0;
+    for (int i = 0; i < c->num_payloads; i++)
+        l->array[l->narrays++] = (m2a_moe_array_t){l->row_bytes[i], l->payload[i], rec}, rec += l->row_bytes[i];
+    l->array[l->narrays++] = (m2a_moe_array_t){4 * k, l->ids, rec}, rec += 4 * k;
+    if (weights) l->array[l->narrays++] = (m2a_moe_array_t){4 * k, l->weights, rec}, rec += 4 * k;
+    l->array[l->narrays++] = (m2a_moe_array_t){4, l->src_index, rec};
+
+    /* Staging: what this rank sends to staged peers (per peer, each array packed in
+     * slot order), and the combine rows that come back from them. Dispatched arrays
+     * land straight in the workspace. */
     size_t s = 0, peers = (size_t)staged;
-    l->recv_slot = l->record > l->combine_row ? l->record : l->combine_row;
     l->stage_send = take(&s, peers * cap * l->record);
-    l->stage_recv = take(&s, peers * cap * l->recv_slot);
+    l->stage_recv = take(&s, peers * cap * l->combine_row);
     l->staging = s;
 }
 

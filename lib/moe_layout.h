@@ -18,6 +18,15 @@ typedef struct {
     int32_t num_tokens;  /* the sender's num_tokens */
 } m2a_moe_header_t;
 
+/* One array a token carries: a payload, its ids, its weights or its source index. */
+typedef struct {
+    size_t width;  /* bytes per token */
+    size_t ws;     /* offset of its [ep][stride][width] array in the workspace */
+    size_t rec;    /* offset within a record; in staging, the array starts at cap x rec */
+} m2a_moe_array_t;
+
+#define M2A_MOE_MAX_ARRAYS (MOEA2A_MOE_MAX_PAYLOADS + 3)
+
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
     size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, aux_end;
@@ -25,8 +34,11 @@ typedef struct {
     size_t workspace; /* total workspace bytes */
     /* staging: dispatch records to, and records or combine rows from, staged peers */
     size_t stage_send, stage_recv, staging;
-    size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record, recv_slot;
+    size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
     size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
+    /* the arrays of a record: payloads in order, ids, [weights], source index */
+    int narrays;
+    m2a_moe_array_t array[M2A_MOE_MAX_ARRAYS];
 } m2a_moe_layout_t;
 
 /* Checks a caller's config (size/version, ranges, overflow) for ep ranks and copies

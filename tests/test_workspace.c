@@ -34,9 +34,8 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *w
     sum += A(n * cap * k * 4) + (w ? A(n * cap * k * 4) : 0);
     if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
     sum += A(n * cap * c->hidden * es);
-    size_t combine_row = c->hidden * es, slot = record > combine_row ? record : combine_row;
     *workspace = sum;
-    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * slot);
+    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
 }
 
 static moea2a_moe_config_t deepseek(int cap, int weights, moea2a_datatype_t dt)

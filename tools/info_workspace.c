@@ -123,7 +123,7 @@ int info_workspace(const char *spec_in)
     if (s.weights_bytes) line("topk weights", s.weights_bytes, "ep x cap x k x 4 B");
     line("combine", s.combine_bytes, "ep x cap x hidden (combine dtype)");
     line("workspace", s.workspace_bytes, cuda ? "device memory" : "host memory");
-    snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B record + returned rows), %s on NUMA %d", s.staged_peers,
+    snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), %s on NUMA %d", s.staged_peers,
              s.record_bytes, cuda ? "pinned host" : "host", s.numa_node);
     line("staging", s.staging_bytes, buf);
     if (a.mem_limit > 0) {

@@ -1,0 +1,32 @@
+/* moea2a_perf internals: options, and the two benchmarks (generic collectives and
+ * MoE dispatch/combine), each run by every rank on an initialized communicator. */
+#ifndef MOEA2A_PERF_H
+#define MOEA2A_PERF_H
+#include <stddef.h>
+
+#include "moea2a.h"
+
+typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE } perf_op_t;
+
+#define PERF_MAX_TOKEN_SIZES 16
+
+typedef struct {
+    perf_op_t op;
+    size_t min_bytes, max_bytes; /* generic collectives */
+    int factor, iters, warmup, check;
+    moea2a_datatype_t dtype;
+    const char *mem;
+    /* MoE */
+    int tokens[PERF_MAX_TOKEN_SIZES], ntokens;
+    int hidden, topk, experts, baseline, weights;
+    double skew; /* probability that an expert is drawn from rank 0's experts */
+} perf_opts_t;
+
+double perf_now(void);
+/* Across ranks: the largest of each rank's t, and the sum of each rank's v. */
+moea2a_result_t perf_reduce(moea2a_comm_t comm, double t, double v, double *tmax, double *vsum);
+
+/* Exit status: 0 ok, 1 error, 3 wrong values. */
+int perf_coll(moea2a_comm_t comm, const perf_opts_t *o);
+int perf_moe(moea2a_comm_t comm, const perf_opts_t *o);
+#endif
