@@ -6,12 +6,19 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t m2a_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float m2a_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+/* The same code runs on the host and, compiled by nvcc, in kernels. */
+#ifdef __CUDACC__
+#define M2A_HD __host__ __device__ __forceinline__
+#else
+#define M2A_HD static inline
+#endif
 
-static inline float m2a_bf16_to_f32(uint16_t h) { return m2a_bits_f32((uint32_t)h << 16); }
+M2A_HD uint32_t m2a_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+M2A_HD float m2a_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-static inline uint16_t m2a_f32_to_bf16(float f)
+M2A_HD float m2a_bf16_to_f32(uint16_t h) { return m2a_bits_f32((uint32_t)h << 16); }
+
+M2A_HD uint16_t m2a_f32_to_bf16(float f)
 {
     uint32_t u = m2a_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
@@ -19,7 +26,7 @@ static inline uint16_t m2a_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static inline float m2a_f16_to_f32(uint16_t h)
+M2A_HD float m2a_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0x1f) return m2a_bits_f32(sign | 0x7f800000u | (m << 13));
@@ -30,7 +37,7 @@ static inline float m2a_f16_to_f32(uint16_t h)
     return m2a_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-static inline uint16_t m2a_f32_to_f16(float f)
+M2A_HD uint16_t m2a_f32_to_f16(float f)
 {
     uint32_t x = m2a_f32_bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */

@@ -87,6 +87,9 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_la
     l->hdr_recv = take(&at, sizeof(m2a_moe_header_t) * n);
     l->send_map = take(&at, 4 * cap * k);
     l->src_index = take(&at, 4 * n * cap);
+    l->owner = take(&at, 4 * (size_t)c->num_experts); /* expert -> rank */
+    l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
+    l->stats = take(&at, 16);                          /* invalid and merged entries */
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
         l->bytes_payload[i] = m2a_align(n * cap * l->row_bytes[i]);
@@ -114,21 +117,24 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_la
     l->stage_send = take(&s, peers * cap * l->record);
     l->stage_recv = take(&s, peers * cap * l->combine_row);
     l->staging = s;
+    /* CUDA contexts mirror the counts and headers in pinned host memory. */
+    l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;
 }
 
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
                          int *nvlink_peers)
 {
-    int staged = 0, direct = 0;
+    int direct = 0;
     for (int p = 0; p < ep; p++) {
         if (p == rank) continue;
-        int lsa = cuda && node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0 && topo->has_nvlink_info &&
+        direct += cuda && node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0 && topo->has_nvlink_info &&
                   topo->nvlink[gpu[rank]][gpu[p]];
-        if (lsa) direct++;
-        else staged++;
     }
     *nvlink_peers = direct;
-    return staged;
+    /* Both data paths of this release (host memory over the host transport, CUDA
+     * memory over NCCL send/receive) pack what every peer gets: all peers are staged.
+     * NVLink peers are reported for the load/store path, which will not stage them. */
+    return ep - 1;
 }
 
 moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe_layout_t *l, int cuda,
@@ -144,10 +150,10 @@ moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe
     s->version = MOEA2A_VERSION_CODE;
     s->workspace_bytes = l->workspace;
     s->staging_bytes = l->staging;
-    s->total_bytes = l->workspace + l->staging;
-    if (cuda) {
-        s->device_bytes = l->workspace;
-        s->pinned_host_bytes = l->staging;
+    s->total_bytes = l->workspace + l->staging + (cuda ? l->pinned : 0);
+    if (cuda) { /* NCCL moves device memory: workspace and staging on the GPU */
+        s->device_bytes = l->workspace + l->staging;
+        s->pinned_host_bytes = l->pinned;
     } else {
         s->host_bytes = l->workspace + l->staging;
     }

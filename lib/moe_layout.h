@@ -29,11 +29,12 @@ typedef struct {
 
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
-    size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, aux_end;
+    size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, stats, aux_end;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
     size_t workspace; /* total workspace bytes */
     /* staging: dispatch records to, and records or combine rows from, staged peers */
     size_t stage_send, stage_recv, staging;
+    size_t pinned; /* CUDA contexts: host mirror of counts and headers */
     size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
     size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
     /* the arrays of a record: payloads in order, ids, [weights], source index */

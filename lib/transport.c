@@ -285,12 +285,16 @@ moea2a_result_t m2a_transports_connect(moea2a_comm_t comm)
     for (int i = 0; r == MOEA2A_SUCCESS && i < comm->ntr; i++) {
         size_t len = 0;
         m2a_transport_t *t = &comm->tr[i];
-        if (t->ops->init_local(&comm->core, &t->tc, &addr[i], &len, &t->mem_types) == MOEA2A_SUCCESS) {
+        int rc = t->ops->init_local(&comm->core, &t->tc, &addr[i], &len, &t->mem_types);
+        if (rc == MOEA2A_SUCCESS) {
             me->ok_mask |= 1u << i;
             me->len[i] = len;
         } else {
+            /* Unavailable (e.g. no GPU for nccl) is expected on many machines. */
+            M2A_LOG(rc == MOEA2A_ERR_UNAVAILABLE && !t->explicit_ask ? M2A_LOG_INFO : M2A_LOG_WARN, M2A_SUBSYS_TRANSPORT,
+                    "transport %s did not initialize: %s", t->name, comm->last_error);
+            if (t->tc) t->ops->finalize(t->tc, 1);
             t->tc = NULL;
-            M2A_WARN(M2A_SUBSYS_TRANSPORT, "transport %s failed to initialize: %s", t->name, comm->last_error);
         }
     }
     if (r == MOEA2A_SUCCESS) r = m2a_bootstrap_allgather(comm, comm->bs, st, sizeof(*st));

@@ -30,6 +30,7 @@ typedef struct {
     /* Records a detailed message for moea2a_last_error and returns result. */
     int (*error)(void *ctx, int result, const char *fmt, va_list ap);
     void (*log)(int level, const char *fmt, va_list ap); /* level: 1 WARN, 2 INFO, 3 TRACE */
+    void *external_comm; /* a caller's communicator to adopt (e.g. an ncclComm_t), or NULL */
 } moea2a_core_v1_t;
 
 typedef struct moea2a_transport_v1 {
@@ -60,5 +61,19 @@ typedef struct moea2a_transport_v1 {
     void (*describe)(void *tcomm, void *op, char *buf, size_t len);
     /* Frees op; one that did not finish is cancelled. */
     void (*op_free)(void *tcomm, void *op);
+
+    /* Optional, NULL when absent. */
+    /* Operations between group_start and group_end are issued together (NCCL groups). */
+    int (*group_start)(void *tcomm);
+    int (*group_end)(void *tcomm);
+    /* Reports an asynchronous failure of earlier stream-ordered work (a dead peer). */
+    int (*check)(void *tcomm);
+    /* Stops everything in flight at once (e.g. device work stuck on a dead peer);
+     * afterwards every operation fails. */
+    void (*abort)(void *tcomm);
+    /* Before any moea2a communicator exists, on a caller's communicator `external`:
+     * this process's rank and size, and a broadcast of bytes from root. */
+    int (*external_rank)(void *external, int *rank, int *nranks);
+    int (*external_bcast)(void *external, void *buf, size_t bytes, int root, double timeout_s);
 } moea2a_transport_v1_t;
 #endif

@@ -19,11 +19,13 @@ static const char *srcdir(void)
 static size_t A(size_t x) { return (x + 127) / 128 * 128; }
 
 /* The formula of moea2a_moe_workspace_size(3). */
-static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *workspace, size_t *staging)
+static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *workspace, size_t *staging,
+                     size_t *pinned)
 {
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k;
     int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
-    size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap);
+    size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap) +
+                 A(4 * (size_t)c->num_experts) + A(4 * n) + A(16);
     size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
     for (int i = 0; i < c->num_payloads; i++) {
         size_t s;
@@ -36,6 +38,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *w
     sum += A(n * cap * c->hidden * es);
     *workspace = sum;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
+    *pinned = 2 * A(4 * n) + 2 * A(16 * n);
 }
 
 static moea2a_moe_config_t deepseek(int cap, int weights, moea2a_datatype_t dt)
@@ -66,13 +69,13 @@ static void check_case(const case_t *k, const moea2a_moe_config_t *c)
     lay.ep = k->ep, lay.ranks_per_node = k->rpn, lay.rank = k->rank, lay.topology_xml = path, lay.memory = k->mem;
     moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
     moea2a_result_t r = moea2a_moe_workspace_size_layout(&lay, c, &s);
-    size_t ws, st;
-    expected(c, k->ep, k->staged, &ws, &st);
+    size_t ws, st, pin;
+    expected(c, k->ep, k->staged, &ws, &st, &pin);
     int cuda = k->mem == MOEA2A_MEMORY_CUDA;
     int ok = r == MOEA2A_SUCCESS && s.staged_peers == k->staged && s.nvlink_peers == k->nvlink &&
              s.numa_node == k->numa && s.gpu == k->gpu && !strcmp(s.nic, k->nic) && s.workspace_bytes == ws &&
-             s.staging_bytes == st && s.total_bytes == ws + st &&
-             s.device_bytes == (cuda ? ws : 0) && s.pinned_host_bytes == (cuda ? st : 0) &&
+             s.staging_bytes == st && s.total_bytes == ws + st + (cuda ? pin : 0) &&
+             s.device_bytes == (cuda ? ws + st : 0) && s.pinned_host_bytes == (cuda ? pin : 0) &&
              s.host_bytes == (cuda ? 0 : ws + st);
     tap_ok(ok, "%s ep %d x %d/node rank %d %s: staged %d (want %d), NVLink %d (%d), NUMA %d (%d), GPU %d (%d), NIC %s (%s), "
                "%zu + %zu bytes (formula %zu + %zu)",
@@ -85,17 +88,19 @@ static void test_topologies(void)
 {
     moea2a_moe_config_t c = deepseek(8192, 0, MOEA2A_BFLOAT16);
     static const case_t cases[] = {
-        /* 4 GPUs, all pairs NVLinked: the node's peers are direct, the other node's staged. */
-        {"4gpu-nvlink.xml", 4, 4, 1, MOEA2A_MEMORY_CUDA, 0, 3, 0, 1, "mlx5_0"},
-        {"4gpu-nvlink.xml", 8, 4, 1, MOEA2A_MEMORY_CUDA, 4, 3, 0, 1, "mlx5_0"},
-        {"4gpu-nvlink.xml", 8, 4, 6, MOEA2A_MEMORY_CUDA, 4, 3, 1, 2, "mlx5_1"},
-        /* host memory: every other process is staged; ranks spread over the sockets */
+        /* Every peer is staged by this release's data paths (host transport, NCCL);
+         * NVLink peers are counted for the load/store path. */
+        /* 4 GPUs, all pairs NVLinked */
+        {"4gpu-nvlink.xml", 4, 4, 1, MOEA2A_MEMORY_CUDA, 3, 3, 0, 1, "mlx5_0"},
+        {"4gpu-nvlink.xml", 8, 4, 1, MOEA2A_MEMORY_CUDA, 7, 3, 0, 1, "mlx5_0"},
+        {"4gpu-nvlink.xml", 8, 4, 6, MOEA2A_MEMORY_CUDA, 7, 3, 1, 2, "mlx5_1"},
+        /* host memory: no load/store peers; ranks spread over the sockets */
         {"4gpu-nvlink.xml", 4, 4, 3, MOEA2A_MEMORY_HOST, 3, 0, 1, -1, "mlx5_1"},
-        /* 8 GPUs in two NVLink islands: the other island needs staging too */
-        {"8gpu-2socket-4nic.xml", 8, 8, 0, MOEA2A_MEMORY_CUDA, 4, 3, 0, 0, "mlx5_0"},
-        {"8gpu-2socket-4nic.xml", 8, 8, 5, MOEA2A_MEMORY_CUDA, 4, 3, 1, 5, "mlx5_2"},
-        {"8gpu-2socket-4nic.xml", 16, 8, 3, MOEA2A_MEMORY_CUDA, 12, 3, 0, 3, "mlx5_1"},
-        {"8gpu-2socket-4nic.xml", 32, 8, 31, MOEA2A_MEMORY_CUDA, 28, 3, 1, 7, "mlx5_3"},
+        /* 8 GPUs in two NVLink islands: 3 NVLink peers each, NICs shared two GPUs apiece */
+        {"8gpu-2socket-4nic.xml", 8, 8, 0, MOEA2A_MEMORY_CUDA, 7, 3, 0, 0, "mlx5_0"},
+        {"8gpu-2socket-4nic.xml", 8, 8, 5, MOEA2A_MEMORY_CUDA, 7, 3, 1, 5, "mlx5_2"},
+        {"8gpu-2socket-4nic.xml", 16, 8, 3, MOEA2A_MEMORY_CUDA, 15, 3, 0, 3, "mlx5_1"},
+        {"8gpu-2socket-4nic.xml", 32, 8, 31, MOEA2A_MEMORY_CUDA, 31, 3, 1, 7, "mlx5_3"},
         /* CPU-only node */
         {"cpu-only.xml", 4, 4, 2, MOEA2A_MEMORY_HOST, 3, 0, 0, -1, "mlx5_0"},
         {"cpu-only.xml", 1, 1, 0, MOEA2A_MEMORY_HOST, 0, 0, 0, -1, "mlx5_0"},

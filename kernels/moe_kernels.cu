@@ -1,0 +1,243 @@
+/* CUDA kernels of the MoE data path: routing, packing, sanitize, combine. Written to
+ * give exactly the bits of the host reference (lib/moe_host.c). */
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include "convert.h"
+#include "moe_kernels.h"
+
+namespace {
+
+constexpr int kScanThreads = 512;
+
+__device__ __forceinline__ bool expert_invalid(const m2a_kparams_t &p, int32_t e)
+{
+    return e < 0 || e >= p.num_experts || e == p.invalid_id;
+}
+
+/* Step 1, one thread per token: the token's destination ranks, each once, in
+ * ascending order, written as -(rank + 2) (distinct from padding -1 and from the
+ * final rank*cap+slot >= 0 that step 2 writes). */
+__global__ void route_dests(m2a_kparams_t p, int n, const int32_t *__restrict__ ids, int32_t *__restrict__ map,
+                            unsigned long long *stats)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const int32_t *row = ids + (size_t)t * p.k;
+    int32_t *m = map + (size_t)t * p.k;
+    int nd = 0;
+    unsigned long long invalid = 0, merged = 0;
+    for (int j = 0; j < p.k; j++) {
+        int32_t e = row[j];
+        if (expert_invalid(p, e)) {
+            invalid++;
+            continue;
+        }
+        int32_t code = -(p.owner[e] + 2);
+        bool seen = false;
+        for (int d = 0; d < nd; d++) seen |= m[d] == code;
+        if (seen) {
+            merged++;
+            continue;
+        }
+        int d = nd++;
+        while (d > 0 && m[d - 1] < code) m[d] = m[d - 1], d--; /* -(r+2) descending = r ascending */
+        m[d] = code;
+    }
+    for (int d = nd; d < p.k; d++) m[d] = -1;
+    if (invalid) atomicAdd(&stats[0], invalid); /* sums only: order does not matter */
+    if (merged) atomicAdd(&stats[1], merged);
+}
+
+/* Step 2, one block per destination rank r: an exclusive scan over tokens of "goes
+ * to r" gives each token its slot at r, in token order. */
+__global__ void __launch_bounds__(kScanThreads) route_slots(m2a_kparams_t p, int n, int32_t *__restrict__ map,
+                                                            int32_t *__restrict__ send_counts)
+{
+    using Scan = cub::BlockScan<int, kScanThreads>;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ int carry;
+    const int r = blockIdx.x;
+    const int32_t code = -(r + 2);
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += kScanThreads) {
+        int t = base + threadIdx.x, entry = -1;
+        if (t < n)
+            for (int d = 0; d < p.k; d++)
+                if (map[(size_t)t * p.k + d] == code) entry = d;
+        int slot, total;
+        Scan(tmp).ExclusiveSum(entry >= 0 ? 1 : 0, slot, total);
+        if (entry >= 0) map[(size_t)t * p.k + entry] = r * p.cap + carry + slot;
+        __syncthreads();
+        if (threadIdx.x == 0) carry += total;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) send_counts[r] = carry;
+}
+
+/* Copies `bytes` with 16-byte vectors when both sides allow it. */
+__device__ __forceinline__ void copy_row(unsigned char *dst, const unsigned char *src, size_t bytes)
+{
+    if ((((uintptr_t)dst | (uintptr_t)src | bytes) & 15) == 0) {
+        const int4 *s = reinterpret_cast<const int4 *>(src);
+        int4 *d = reinterpret_cast<int4 *>(dst);
+        for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+    } else if ((((uintptr_t)dst | (uintptr_t)src | bytes) & 3) == 0) {
+        const int *s = reinterpret_cast<const int *>(src);
+        int *d = reinterpret_cast<int *>(dst);
+        for (size_t i = threadIdx.x; i < bytes / 4; i += blockDim.x) d[i] = s[i];
+    } else {
+        for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+/* One block per token: every destination gets every array of the token. */
+__global__ void pack(m2a_kparams_t p, int n, int stride, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
+                     const float *__restrict__ weights, const int32_t *__restrict__ map, unsigned char *ws,
+                     unsigned char *stage)
+{
+    for (int t = blockIdx.x; t < n; t += gridDim.x) {
+        for (int d = 0; d < p.k; d++) {
+            int32_t e = map[(size_t)t * p.k + d];
+            if (e < 0) break;
+            int rank = e / p.cap, slot = e % p.cap, s = p.stage_index[rank];
+            for (int a = 0; a < p.narrays; a++) {
+                size_t w = p.width[a];
+                const unsigned char *src;
+                if (a < p.num_payloads) src = (const unsigned char *)pay.p[a] + (size_t)t * w;
+                else if (a == p.num_payloads) src = (const unsigned char *)(ids + (size_t)t * p.k);
+                else if (a == p.narrays - 1) src = nullptr; /* source index: the token number */
+                else src = (const unsigned char *)(weights + (size_t)t * p.k);
+                unsigned char *dst = s < 0 ? ws + p.ws_off[a] + ((size_t)rank * stride + slot) * w
+                                           : stage + (size_t)s * p.cap * p.record + (size_t)p.cap * p.rec_off[a] + (size_t)slot * w;
+                if (src) {
+                    copy_row(dst, src, w);
+                } else if (threadIdx.x < 4) { /* staging offsets may be odd: byte stores */
+                    int32_t v = t;
+                    dst[threadIdx.x] = reinterpret_cast<const unsigned char *>(&v)[threadIdx.x];
+                }
+            }
+        }
+    }
+}
+
+__global__ void sanitize(m2a_kparams_t p, int stride, const int32_t *__restrict__ counts, int32_t *__restrict__ ids,
+                         int32_t *__restrict__ src_index, int do_sanitize, int rewrite)
+{
+    size_t slots = (size_t)p.ep * stride;
+    for (size_t slot = blockIdx.x * (size_t)blockDim.x + threadIdx.x; slot < slots; slot += (size_t)gridDim.x * blockDim.x) {
+        int src = (int)(slot / stride), i = (int)(slot % stride);
+        bool pad = i >= counts[src];
+        if (pad) src_index[slot] = -1;
+        if (!do_sanitize) continue;
+        int32_t *row = ids + slot * p.k;
+        for (int j = 0; j < p.k; j++) {
+            int32_t e = row[j];
+            if (pad || expert_invalid(p, e) || (rewrite && p.owner[e] != p.me)) row[j] = p.invalid_id;
+        }
+    }
+}
+
+template <moea2a_datatype_t DT> struct Elem;
+template <> struct Elem<MOEA2A_FLOAT32> {
+    static __device__ float load(const unsigned char *r, size_t h) { return reinterpret_cast<const float *>(r)[h]; }
+    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<float *>(r)[h] = v; }
+    static constexpr size_t size = 4;
+};
+template <> struct Elem<MOEA2A_BFLOAT16> {
+    static __device__ float load(const unsigned char *r, size_t h) { return m2a_bf16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
+    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_bf16(v); }
+    static constexpr size_t size = 2;
+};
+template <> struct Elem<MOEA2A_FLOAT16> {
+    static __device__ float load(const unsigned char *r, size_t h) { return m2a_f16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
+    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_f16(v); }
+    static constexpr size_t size = 2;
+};
+
+constexpr int kMaxDest = 64; /* destinations per token kept in shared memory */
+
+/* One block per token; threads over hidden. Sum from 0.0f in ascending rank order
+ * (the order of the send map), rounded once: the host reference's arithmetic. */
+template <moea2a_datatype_t DT>
+__global__ void combine(m2a_kparams_t p, int n, const int32_t *__restrict__ map, size_t hidden,
+                        const unsigned char *self_rows, const unsigned char *landing, unsigned char *out)
+{
+    __shared__ const unsigned char *rows[kMaxDest];
+    __shared__ int nrows;
+    const size_t row_bytes = Elem<DT>::size * hidden;
+    for (int t = blockIdx.x; t < n; t += gridDim.x) {
+        if (threadIdx.x == 0) {
+            int nd = 0;
+            for (int d = 0; d < p.k && nd < kMaxDest; d++) {
+                int32_t e = map[(size_t)t * p.k + d];
+                if (e < 0) break;
+                int rank = e / p.cap, slot = e % p.cap;
+                rows[nd++] = rank == p.me ? self_rows + (size_t)slot * row_bytes
+                                          : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
+            }
+            nrows = nd;
+        }
+        __syncthreads();
+        unsigned char *o = out + (size_t)t * row_bytes;
+        for (size_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+            float acc = 0.0f;
+            for (int d = 0; d < nrows; d++) acc += Elem<DT>::load(rows[d], h);
+            Elem<DT>::store(o, h, acc);
+        }
+        __syncthreads();
+    }
+}
+
+int grid_for(long long work, int per_block)
+{
+    long long g = (work + per_block - 1) / per_block;
+    return (int)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+}
+
+} // namespace
+
+extern "C" int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
+                              unsigned long long *stats, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (n > 0) route_dests<<<grid_for(n, 256), 256, 0, s>>>(*p, n, ids, send_map, stats);
+    route_slots<<<p->ep, kScanThreads, 0, s>>>(*p, n, send_map, send_counts);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
+                             const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
+                             void *stream)
+{
+    if (n <= 0) return 0;
+    pack<<<grid_for(n, 1), 256, 0, (cudaStream_t)stream>>>(*p, n, stride, payloads, ids, weights, send_map, ws, stage_send);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
+                                 int32_t *src_index, int do_sanitize, int rewrite_nonlocal, void *stream)
+{
+    long long slots = (long long)p->ep * stride;
+    sanitize<<<grid_for(slots, 256), 256, 0, (cudaStream_t)stream>>>(*p, stride, recv_counts, ids, src_index,
+                                                                      do_sanitize, rewrite_nonlocal);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype,
+                                size_t hidden, const unsigned char *self_rows, const unsigned char *landing, void *out,
+                                void *stream)
+{
+    if (n <= 0 || hidden == 0) return 0;
+    if (p->k > kMaxDest && p->ep > kMaxDest) return (int)cudaErrorNotSupported; /* more than 64 ranks per token */
+    dim3 grid(grid_for(n, 1)), block(256);
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned char *o = (unsigned char *)out;
+    switch (dtype) {
+    case MOEA2A_FLOAT32: combine<MOEA2A_FLOAT32><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
+    case MOEA2A_FLOAT16: combine<MOEA2A_FLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
+    default: combine<MOEA2A_BFLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
+    }
+    return (int)cudaGetLastError();
+}

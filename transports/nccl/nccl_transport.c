@@ -1,0 +1,304 @@
+/* NCCL transport: collectives on CUDA memory, ordered on the caller's stream.
+ *
+ * The communicator is non-blocking (ncclConfig_t.blocking = 0) so that every wait
+ * inside NCCL calls is a loop here, bounded by the moea2a timeout; on expiry the
+ * NCCL communicator is aborted, which also releases kernels stuck on a dead peer.
+ * It is created through the moea2a bootstrap (rank 0's ncclUniqueId is its address
+ * blob), or adopted from the caller (moea2a_comm_init_nccl). */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "moea2a.h"
+#include "transport_api.h"
+
+typedef struct {
+    const moea2a_core_v1_t *core;
+    ncclComm_t nc;
+    int owned;  /* created here (else the caller's, never destroyed here) */
+    int failed; /* aborted after a timeout or error */
+    int rank, nranks;
+} nccl_comm_t;
+
+static int fail(nccl_comm_t *c, int result, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = c->core->error(c->core->ctx, result, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded. */
+static int settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
+{
+    double deadline = m2a_now() + c->core->timeout_s;
+    while (rc == ncclSuccess || rc == ncclInProgress) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess) break;
+        if (st == ncclSuccess) return MOEA2A_SUCCESS;
+        if (st != ncclInProgress) {
+            rc = st;
+            break;
+        }
+        if (m2a_now() > deadline) {
+            ncclCommAbort(c->nc);
+            c->failed = 1;
+            return fail(c, MOEA2A_ERR_TIMEOUT, "nccl: %s did not complete within %.1f s (MOEA2A_TIMEOUT_S); a peer may have died",
+                        what, c->core->timeout_s);
+        }
+        sched_yield();
+    }
+    const char *last = ncclGetLastError(c->nc);
+    return fail(c, rc == ncclRemoteError ? MOEA2A_ERR_PEER_FAILED : MOEA2A_ERR_TRANSPORT, "nccl: %s: %s%s%s", what,
+                ncclGetErrorString(rc), last && *last ? ": " : "", last ? last : "");
+}
+
+static int select_device(const moea2a_core_v1_t *core, nccl_comm_t *c)
+{
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        (void)cudaGetLastError();
+        return fail(c, MOEA2A_ERR_UNAVAILABLE, "nccl: no CUDA device (%s)", cudaGetErrorString(e));
+    }
+    if (core->cuda_device >= 0 && (e = cudaSetDevice(core->cuda_device)) != cudaSuccess)
+        return fail(c, MOEA2A_ERR_CUDA, "nccl: cudaSetDevice(%d): %s", core->cuda_device, cudaGetErrorString(e));
+    return MOEA2A_SUCCESS;
+}
+
+static int nccl_init_local(const moea2a_core_v1_t *core, void **tcomm, void **addr, size_t *addr_len,
+                           unsigned *mem_types)
+{
+    nccl_comm_t *c = calloc(1, sizeof(*c));
+    if (!c) return MOEA2A_ERR_NO_MEMORY;
+    c->core = core, c->rank = core->rank, c->nranks = core->nranks;
+    *tcomm = c;
+    *mem_types = MOEA2A_MEM_CUDA;
+    int r = select_device(core, c);
+    if (r != MOEA2A_SUCCESS) return r;
+    if (core->external_comm) { /* adopted: nothing to exchange */
+        c->nc = (ncclComm_t)core->external_comm;
+        *addr = NULL, *addr_len = 0;
+        return MOEA2A_SUCCESS;
+    }
+    /* Rank 0's unique id is the one address every rank needs; the others send none. */
+    *addr_len = core->rank == 0 ? sizeof(ncclUniqueId) : 0;
+    *addr = malloc(sizeof(ncclUniqueId));
+    if (!*addr) return MOEA2A_ERR_NO_MEMORY;
+    ncclResult_t rc = core->rank == 0 ? ncclGetUniqueId((ncclUniqueId *)*addr) : ncclSuccess;
+    if (rc != ncclSuccess) return fail(c, MOEA2A_ERR_TRANSPORT, "nccl: ncclGetUniqueId: %s", ncclGetErrorString(rc));
+    return MOEA2A_SUCCESS;
+}
+
+static int nccl_connect(void *tcomm, const void *const *addrs, const size_t *lens)
+{
+    nccl_comm_t *c = tcomm;
+    if (c->nc) return MOEA2A_SUCCESS; /* adopted */
+    if (lens[0] != sizeof(ncclUniqueId)) return fail(c, MOEA2A_ERR_TRANSPORT, "nccl: rank 0 sent no unique id");
+    ncclUniqueId id;
+    memcpy(&id, addrs[0], sizeof(id));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t rc = ncclCommInitRankConfig(&c->nc, c->nranks, id, c->rank, &cfg);
+    c->owned = 1;
+    return settle(c, rc, "ncclCommInitRankConfig");
+}
+
+static void nccl_finalize(void *tcomm, int force)
+{
+    nccl_comm_t *c = tcomm;
+    if (c->nc && c->owned) {
+        /* Healthy: finalize (flushes outstanding work), wait for it within the timeout,
+         * destroy. Broken, forced, or not settling in time: abort. */
+        ncclResult_t st = ncclInternalError;
+        if (!force && !c->failed) {
+            double deadline = m2a_now() + c->core->timeout_s;
+            st = ncclCommFinalize(c->nc);
+            while (st == ncclSuccess || st == ncclInProgress) {
+                if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess) st = ncclInternalError;
+                if (st != ncclInProgress || m2a_now() > deadline) break;
+                sched_yield();
+            }
+        }
+        if (st == ncclSuccess) ncclCommDestroy(c->nc);
+        else ncclCommAbort(c->nc);
+    }
+    free(c);
+}
+
+static int check_usable(nccl_comm_t *c)
+{
+    return c->failed ? fail(c, MOEA2A_ERR_ABORTED, "nccl: the communicator was aborted after an earlier failure")
+                     : MOEA2A_SUCCESS;
+}
+
+static int nccl_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
+                          const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **op)
+{
+    nccl_comm_t *c = tcomm;
+    (void)mem;
+    *op = NULL; /* stream-ordered: nothing left to progress */
+    int r = check_usable(c);
+    if (r) return r;
+    cudaStream_t s = (cudaStream_t)stream;
+    ncclResult_t res = ncclGroupStart();
+    for (int p = 0; p < c->nranks && (res == ncclSuccess || res == ncclInProgress); p++) {
+        if (sc[p]) res = ncclSend((const char *)sbuf + sd[p], sc[p], ncclUint8, p, c->nc, s);
+        if (rc[p] && (res == ncclSuccess || res == ncclInProgress))
+            res = ncclRecv((char *)rbuf + rd[p], rc[p], ncclUint8, p, c->nc, s);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    return settle(c, res == ncclSuccess || res == ncclInProgress ? end : res, "send/receive group");
+}
+
+static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
+{
+    nccl_comm_t *c = tcomm;
+    (void)mem;
+    *op = NULL;
+    int r = check_usable(c);
+    return r ? r : settle(c, ncclAllGather(sbuf, rbuf, bytes, ncclUint8, c->nc, (cudaStream_t)stream), "ncclAllGather");
+}
+
+static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op)
+{
+    nccl_comm_t *c = tcomm;
+    (void)mem;
+    *op = NULL;
+    int r = check_usable(c);
+    return r ? r : settle(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nc, (cudaStream_t)stream), "ncclBroadcast");
+}
+
+/* A barrier with no stream: a one-element all-reduce on a private stream, waited for
+ * with the timeout. Only used when the communicator has no host transport. */
+static int nccl_barrier(void *tcomm, void **op)
+{
+    nccl_comm_t *c = tcomm;
+    *op = NULL;
+    int r = check_usable(c);
+    if (r) return r;
+    cudaStream_t s;
+    int *buf;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return fail(c, MOEA2A_ERR_CUDA, "nccl barrier: stream");
+    if (cudaMalloc((void **)&buf, sizeof(int)) != cudaSuccess) {
+        cudaStreamDestroy(s);
+        return fail(c, MOEA2A_ERR_NO_MEMORY, "nccl barrier: cudaMalloc");
+    }
+    r = settle(c, ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c->nc, s), "barrier");
+    double deadline = m2a_now() + c->core->timeout_s;
+    while (r == MOEA2A_SUCCESS && cudaStreamQuery(s) == cudaErrorNotReady) {
+        if (m2a_now() > deadline) {
+            ncclCommAbort(c->nc);
+            c->failed = 1;
+            r = fail(c, MOEA2A_ERR_TIMEOUT, "nccl barrier: not every rank arrived within %.1f s", c->core->timeout_s);
+        }
+        sched_yield();
+    }
+    cudaFree(buf);
+    cudaStreamDestroy(s);
+    return r;
+}
+
+static int nccl_test(void *tcomm, void *op, int *done)
+{
+    (void)tcomm, (void)op;
+    *done = 1;
+    return MOEA2A_SUCCESS;
+}
+
+static void nccl_describe(void *tcomm, void *op, char *buf, size_t len)
+{
+    (void)tcomm, (void)op;
+    snprintf(buf, len, "the NCCL group (stream-ordered)");
+}
+
+static void nccl_op_free(void *tcomm, void *op) { (void)tcomm, (void)op; }
+
+static int nccl_group_start(void *tcomm)
+{
+    (void)tcomm;
+    ncclResult_t r = ncclGroupStart();
+    return r == ncclSuccess ? MOEA2A_SUCCESS : MOEA2A_ERR_TRANSPORT;
+}
+
+static int nccl_group_end(void *tcomm) { return settle(tcomm, ncclGroupEnd(), "group"); }
+
+static int nccl_check(void *tcomm)
+{
+    nccl_comm_t *c = tcomm;
+    ncclResult_t st = ncclSuccess;
+    if (c->failed) return check_usable(c);
+    if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+        return settle(c, st, "earlier stream work");
+    return MOEA2A_SUCCESS;
+}
+
+static void nccl_abort(void *tcomm)
+{
+    nccl_comm_t *c = tcomm;
+    if (c->nc && !c->failed) ncclCommAbort(c->nc);
+    c->failed = 1;
+}
+
+static int nccl_external_rank(void *external, int *rank, int *nranks)
+{
+    ncclComm_t nc = (ncclComm_t)external;
+    return ncclCommUserRank(nc, rank) == ncclSuccess && ncclCommCount(nc, nranks) == ncclSuccess
+               ? MOEA2A_SUCCESS
+               : MOEA2A_ERR_INVALID_ARGUMENT;
+}
+
+/* Broadcast over a caller's NCCL communicator, before moea2a has one: the bytes go
+ * through a scratch device buffer on a private stream, waited for with the timeout. */
+static int nccl_external_bcast(void *external, void *buf, size_t bytes, int root, double timeout_s)
+{
+    ncclComm_t nc = (ncclComm_t)external;
+    int dev;
+    if (ncclCommCuDevice(nc, &dev) != ncclSuccess || cudaSetDevice(dev) != cudaSuccess) return MOEA2A_ERR_CUDA;
+    cudaStream_t s;
+    void *d = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return MOEA2A_ERR_CUDA;
+    int r = MOEA2A_SUCCESS;
+    if (cudaMalloc(&d, bytes) != cudaSuccess || cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, s) != cudaSuccess)
+        r = MOEA2A_ERR_CUDA;
+    ncclResult_t nr = r ? ncclSuccess : ncclBroadcast(d, d, bytes, ncclUint8, root, nc, s);
+    if (nr != ncclSuccess && nr != ncclInProgress) r = MOEA2A_ERR_TRANSPORT;
+    if (!r && cudaMemcpyAsync(buf, d, bytes, cudaMemcpyDeviceToHost, s) != cudaSuccess) r = MOEA2A_ERR_CUDA;
+    double deadline = m2a_now() + timeout_s;
+    while (!r && cudaStreamQuery(s) == cudaErrorNotReady) {
+        if (m2a_now() > deadline) r = MOEA2A_ERR_TIMEOUT;
+        sched_yield();
+    }
+    if (r != MOEA2A_ERR_TIMEOUT) { /* a stream stuck in NCCL must not be freed under it */
+        cudaFree(d);
+        cudaStreamDestroy(s);
+    }
+    return r;
+}
+
+__attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transport_v1 = {
+    .name = "nccl",
+    .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
+    .init_local = nccl_init_local,
+    .connect = nccl_connect,
+    .finalize = nccl_finalize,
+    .alltoallv = nccl_alltoallv,
+    .allgather = nccl_allgather,
+    .bcast = nccl_bcast,
+    .barrier = nccl_barrier,
+    .test = nccl_test,
+    .describe = nccl_describe,
+    .op_free = nccl_op_free,
+    .group_start = nccl_group_start,
+    .group_end = nccl_group_end,
+    .check = nccl_check,
+    .external_rank = nccl_external_rank,
+    .external_bcast = nccl_external_bcast,
+    .abort = nccl_abort,
+};
