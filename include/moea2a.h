@@ -113,6 +113,13 @@ MOEA2A_API moea2a_result_t moea2a_comm_init_rank(moea2a_comm_t *comm, int nranks
 MOEA2A_API moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm,
                                                 const moea2a_config_t *config);
 
+/* Collective over the ranks of a caller's NCCL communicator (an ncclComm_t passed as
+ * void *, so this header needs no NCCL): moea2a takes rank and size from it, uses it
+ * to hand out its rendezvous id, and adopts it for CUDA memory instead of creating
+ * another. The caller keeps ownership: destroy the moea2a communicator first. */
+MOEA2A_API moea2a_result_t moea2a_comm_init_nccl(moea2a_comm_t *comm, void *nccl_comm,
+                                                 const moea2a_config_t *config);
+
 /* Frees the communicator. Collective when healthy (peers are flushed first); after
  * an error or abort it only releases local resources. */
 MOEA2A_API moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm);

@@ -1,5 +1,6 @@
 /* Communicator life cycle: unique ids, init (by id, from the environment), destroy. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,7 @@ moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
 }
 
 static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t *id, int rank,
-                                 const moea2a_config_t *user_config)
+                                 const moea2a_config_t *user_config, void *external_nccl)
 {
     moea2a_config_t cfg;
     M2A_TRY(read_config(user_config, &cfg));
@@ -74,6 +75,7 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
     comm->nranks = nranks;
     comm->timeout_s = timeout;
     comm->cuda_device = cfg.cuda_device;
+    comm->core.external_comm = external_nccl;
     m2a_log_set_rank(rank);
 
     /* Modules first: a missing transport fails here, on every rank alike, before any
@@ -108,7 +110,7 @@ moea2a_result_t moea2a_comm_init_rank(moea2a_comm_t *comm, int nranks, moea2a_un
     M2A_CHECK_ARG(NULL, id.magic == M2A_ID_MAGIC,
                   "moea2a_comm_init_rank: the unique id was not made by moea2a_get_unique_id (foreign or "
                   "uninitialized id)");
-    return comm_init(comm, nranks, &id, rank, config);
+    return comm_init(comm, nranks, &id, rank, config, NULL);
 }
 
 /* ---- init from the environment ----------------------------------------------- */
@@ -199,7 +201,51 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
     }
     M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
              root_text);
-    return comm_init(comm, (int)nranks, &id, (int)rank, config);
+    return comm_init(comm, (int)nranks, &id, (int)rank, config, NULL);
+}
+
+/* ---- init from a caller's NCCL communicator ------------------------------------- */
+
+moea2a_result_t moea2a_comm_init_nccl(moea2a_comm_t *comm, void *nccl_comm, const moea2a_config_t *config)
+{
+    M2A_CHECK_ARG(NULL, comm && nccl_comm, "moea2a_comm_init_nccl: comm and nccl_comm must not be NULL");
+    *comm = NULL;
+    moea2a_config_t cfg;
+    double timeout;
+    M2A_TRY(read_config(config, &cfg));
+    timeout = cfg.timeout_s;
+    if (timeout < 0) M2A_TRY(default_timeout(&timeout));
+    void *dl = NULL;
+    char why[512];
+    const moea2a_transport_v1_t *ops = m2a_transport_load("nccl", &dl, why, sizeof(why));
+    if (!ops || !ops->external_rank || !ops->external_bcast) {
+        if (dl) dlclose(dl);
+        return m2a_error(NULL, MOEA2A_ERR_UNAVAILABLE, "moea2a_comm_init_nccl: the nccl transport is not available: %s",
+                         ops ? "it cannot adopt a communicator" : why);
+    }
+    int rank, nranks;
+    moea2a_result_t r = (moea2a_result_t)ops->external_rank(nccl_comm, &rank, &nranks);
+    if (r != MOEA2A_SUCCESS) {
+        dlclose(dl);
+        return m2a_error(NULL, r, "moea2a_comm_init_nccl: not a usable NCCL communicator");
+    }
+    /* Rank 0 makes the id; the caller's communicator carries it to the others, so
+     * the caller needs no rendezvous of its own. A rank 0 that could not make one
+     * sends zeros, which every rank then rejects as a foreign id. */
+    moea2a_unique_id_t uid;
+    memset(&uid, 0, sizeof(uid));
+    moea2a_result_t made = rank == 0 ? moea2a_get_unique_id(&uid) : MOEA2A_SUCCESS;
+    r = (moea2a_result_t)ops->external_bcast(nccl_comm, &uid, sizeof(uid), 0, timeout);
+    dlclose(dl);
+    if (r != MOEA2A_SUCCESS)
+        return m2a_error(NULL, r, "moea2a_comm_init_nccl: broadcasting the rendezvous id over NCCL failed (%s)",
+                         moea2a_strerror(r));
+    if (made != MOEA2A_SUCCESS) return made;
+    m2a_id_t id;
+    memcpy(&id, uid.internal, sizeof(id));
+    if (id.magic != M2A_ID_MAGIC)
+        return m2a_error(NULL, MOEA2A_ERR_PEER_FAILED, "moea2a_comm_init_nccl: rank 0 could not make a rendezvous id");
+    return comm_init(comm, nranks, &id, rank, config, nccl_comm);
 }
 
 /* ---- the rest of the life cycle ------------------------------------------------ */

@@ -44,6 +44,11 @@ moea2a_result_t m2a_transports_open(moea2a_comm_t comm, const char *spec);
 /* Sets every opened transport up with the peers over the bootstrap. */
 moea2a_result_t m2a_transports_connect(moea2a_comm_t comm);
 void m2a_transports_close(moea2a_comm_t comm, int force);
+/* Loads one module by name, outside any communicator (NULL and *why on failure). */
+const moea2a_transport_v1_t *m2a_transport_load(const char *name, void **dl, char *why, size_t len);
+/* Brackets operations on the transport of memory type mem into one group (NCCL
+ * groups) when it supports that; otherwise does nothing. */
+moea2a_result_t m2a_transport_group(moea2a_comm_t comm, unsigned mem, int start);
 /* The transport that moves memory of type mem (MOEA2A_MEM_*), or NULL. */
 m2a_transport_t *m2a_transport_for(moea2a_comm_t comm, unsigned mem);
 

@@ -8,24 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
 #include "log.h"
-#include "moe_host.h"
-#include "moe_layout.h"
-
-struct moea2a_moe {
-    moea2a_comm_t comm;
-    moea2a_moe_config_t cfg;
-    int32_t *owner;      /* [E] */
-    int cuda;
-    m2a_route_t route;
-    m2a_moe_layout_t l;
-    unsigned char *ws, *stage;
-    int *stage_index;    /* [ep]: staging slot of each staged peer, -1 for direct ones */
-    int numa;
-    /* the last dispatch, which combine answers */
-    int dispatched, num_tokens, stride;
-};
+#include "moe.h"
 
 /* ---- planning: config, placement, layout ------------------------------------ */
 
@@ -58,13 +42,15 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
     memset(p, 0, sizeof(*p));
     M2A_TRY(m2a_moe_read_config(comm, config, ep, &p->cfg));
     moea2a_memory_t mem = p->cfg.memory;
-    if (mem == MOEA2A_MEMORY_AUTO) mem = m2a_transport_for(comm, MOEA2A_MEM_CUDA) ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
-    if (mem == MOEA2A_MEMORY_CUDA)
+    int cuda_transport = m2a_transport_for(comm, MOEA2A_MEM_CUDA) != NULL;
+    if (mem == MOEA2A_MEMORY_AUTO) mem = cuda_transport ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
+    if (mem == MOEA2A_MEMORY_CUDA && !cuda_transport)
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                         "moea2a_moe: CUDA memory needs the nccl transport and a GPU; this communicator has %s",
-                         m2a_transport_for(comm, MOEA2A_MEM_CUDA) ? "a CUDA transport but no CUDA MoE path yet"
-                                                                  : "no transport for CUDA memory");
-    p->cuda = 0;
+                         "moea2a_moe: CUDA memory needs a transport that moves it (nccl, with a GPU); this "
+                         "communicator has none (moea2a_info -T lists the transports)");
+    if (!m2a_transport_for(comm, MOEA2A_MEM_HOST))
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_moe: the MoE headers need a host-memory transport (ucx)");
+    p->cuda = mem == MOEA2A_MEMORY_CUDA;
     M2A_TRY(m2a_topo_load(NULL, &p->topo));
     int *node = calloc((size_t)ep, sizeof(int)), *local = calloc((size_t)ep, sizeof(int));
     int *count = calloc((size_t)ep, sizeof(int)), *gpu = calloc((size_t)ep, sizeof(int));
@@ -121,7 +107,11 @@ static size_t host_available(void)
  * naming the largest max_tokens_per_rank that would. */
 static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
 {
-    size_t avail = host_available(), per_rank = p->l.workspace + p->l.staging, ranks = (size_t)p->rpn;
+    /* Host contexts share the node's memory with the node's other ranks; a CUDA
+     * context has its GPU's free memory to itself. */
+    size_t avail = 0, per_rank = p->l.workspace + p->l.staging, ranks = p->cuda ? 1 : (size_t)p->rpn;
+    if (p->cuda) M2A_TRY(m2a_moe_cuda_free_memory(comm, &avail));
+    else avail = host_available();
     if (!avail || per_rank <= avail / ranks) return MOEA2A_SUCCESS;
     moea2a_moe_config_t c = p->cfg;
     int lo = 0, hi = c.max_tokens_per_rank;
@@ -134,10 +124,11 @@ static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
     }
     return m2a_error(comm, MOEA2A_ERR_NO_MEMORY,
                      "moea2a_moe_create: needs %.2f GiB per rank = ep %d x cap %d x %.1f KiB per slot (+ %.2f GiB "
-                     "staging) for %zu rank(s) on this node; %.2f GiB available; max_tokens_per_rank <= %d fits",
+                     "staging) for %zu rank(s) sharing this %s; %.2f GiB free; max_tokens_per_rank <= %d fits",
                      (double)per_rank / (1 << 30), comm->nranks, p->cfg.max_tokens_per_rank,
                      (double)p->l.workspace / comm->nranks / p->cfg.max_tokens_per_rank / 1024,
-                     (double)p->l.staging / (1 << 30), ranks, (double)avail / (1 << 30), lo);
+                     (double)p->l.staging / (1 << 30), ranks, p->cuda ? "GPU" : "node's memory",
+                     (double)avail / (1 << 30), lo);
 }
 
 /* What every rank must agree on, compared field by field at create. */
@@ -190,6 +181,14 @@ static moea2a_result_t agree(moea2a_comm_t comm, moea2a_result_t mine, const moe
     return r != MOEA2A_SUCCESS ? r : mine;
 }
 
+static void set_route(moea2a_moe_t moe)
+{
+    const moea2a_moe_config_t *c = &moe->cfg;
+    moe->route = (m2a_route_t){moe->comm->nranks, moe->comm->rank, c->top_k, c->num_experts, c->max_tokens_per_rank,
+                               c->num_payloads, (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, c->invalid_expert_id,
+                               moe->h_owner};
+}
+
 static void owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner)
 {
     if (c->placement == MOEA2A_PLACEMENT_MAP) {
@@ -205,12 +204,53 @@ static void owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner)
 moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe)
 {
     if (!moe) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_moe_destroy: moe is NULL");
-    m2a_topo_free(moe->ws, moe->l.workspace);
-    m2a_topo_free(moe->stage, moe->l.staging);
-    free(moe->owner);
-    free(moe->stage_index);
+    if (moe->cuda) {
+        m2a_moe_cuda_release(moe);
+        free(moe->h_owner);
+        free(moe->stage_index);
+    } else {
+        m2a_topo_free(moe->ws, moe->l.workspace);
+        m2a_topo_free(moe->stage, moe->l.staging);
+    }
     free(moe);
     return MOEA2A_SUCCESS;
+}
+
+/* Host context: workspace and staging bound to the rank's NUMA node; the tables
+ * live in the workspace itself. */
+static moea2a_result_t alloc_host(moea2a_moe_t moe, plan_t *p)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    moe->ws = m2a_topo_alloc(l->workspace, p->place.numa);
+    moe->stage = l->staging ? m2a_topo_alloc(l->staging, p->place.numa) : NULL;
+    if (!moe->ws || (l->staging && !moe->stage))
+        return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cannot allocate %zu + %zu bytes",
+                         l->workspace, l->staging);
+    moe->h_send_counts = (int32_t *)(moe->ws + l->send_counts);
+    moe->h_recv_counts = (int32_t *)(moe->ws + l->recv_counts);
+    moe->h_hdr_send = (m2a_moe_header_t *)(moe->ws + l->hdr_send);
+    moe->h_hdr_recv = (m2a_moe_header_t *)(moe->ws + l->hdr_recv);
+    moe->h_owner = (int32_t *)(moe->ws + l->owner);
+    moe->stage_index = (int *)(moe->ws + l->stage_index);
+    owner_table(&p->cfg, moe->comm->nranks, moe->h_owner); /* p->cfg still holds the caller's map */
+    memcpy(moe->stage_index, p->stage_index, sizeof(int) * (size_t)moe->comm->nranks);
+    set_route(moe);
+    /* Every slot starts as padding: sanitized ids, source index -1. */
+    memset(moe->h_recv_counts, 0, 4 * (size_t)moe->comm->nranks);
+    m2a_host_sanitize(&moe->route, l, moe->cfg.max_tokens_per_rank, 1, 0, moe->ws);
+    return MOEA2A_SUCCESS;
+}
+
+/* CUDA context: host copies of the tables for the host logic; moe_cuda.c allocates
+ * the device memory and the pinned mirror and uploads the tables. */
+static moea2a_result_t alloc_cuda(moea2a_moe_t moe, plan_t *p)
+{
+    moe->h_owner = malloc(sizeof(int32_t) * (size_t)moe->cfg.num_experts);
+    moe->stage_index = p->stage_index, p->stage_index = NULL;
+    if (!moe->h_owner) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    owner_table(&p->cfg, moe->comm->nranks, moe->h_owner); /* p->cfg still holds the caller's map */
+    set_route(moe);
+    return m2a_moe_cuda_alloc(moe);
 }
 
 moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const moea2a_moe_config_t *config)
@@ -231,22 +271,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
         moe->cuda = p->cuda;
         moe->l = p->l;
         moe->numa = p->place.numa;
-        moe->stage_index = p->stage_index, p->stage_index = NULL;
-        moe->owner = malloc(sizeof(int32_t) * (size_t)p->cfg.num_experts);
-        moe->ws = m2a_topo_alloc(p->l.workspace, p->place.numa);
-        moe->stage = p->l.staging ? m2a_topo_alloc(p->l.staging, p->place.numa) : NULL;
-        if (!moe->owner || !moe->ws || (p->l.staging && !moe->stage))
-            r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cannot allocate %zu + %zu bytes",
-                          p->l.workspace, p->l.staging);
-    }
-    if (r == MOEA2A_SUCCESS) {
-        owner_table(&p->cfg, comm->nranks, moe->owner);
-        moe->route = (m2a_route_t){comm->nranks, comm->rank, p->cfg.top_k, p->cfg.num_experts,
-                                   p->cfg.max_tokens_per_rank, p->cfg.num_payloads,
-                                   (p->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, p->cfg.invalid_expert_id, moe->owner};
-        /* Every slot starts as padding: sanitized ids, source index -1. */
-        memset(moe->ws + moe->l.recv_counts, 0, 4 * (size_t)comm->nranks);
-        m2a_host_sanitize(&moe->route, &moe->l, p->cfg.max_tokens_per_rank, 1, 0, moe->ws);
+        r = moe->cuda ? alloc_cuda(moe, p) : alloc_host(moe, p);
     }
     /* The allocation may fail on one rank only: agree once more. */
     int32_t *ok = calloc((size_t)comm->nranks, sizeof(int32_t));
@@ -395,9 +420,9 @@ static int64_t *vectors(int n, int count)
 }
 
 /* Sends every array of the dispatched tokens to the staged peers, each as its own
- * non-blocking all-to-all, all in flight together, landing straight in the
- * workspace's [ep][stride][width] arrays. */
-static moea2a_result_t exchange_arrays(moea2a_moe_t moe, const int32_t *send_counts, const int32_t *recv_counts, int stride)
+ * non-blocking all-to-all, all in flight together (one NCCL group on CUDA memory),
+ * landing straight in the workspace's [ep][stride][width] arrays. */
+static moea2a_result_t exchange_arrays(moea2a_moe_t moe, int stride, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
     int n = moe->comm->nranks;
@@ -405,15 +430,18 @@ static moea2a_result_t exchange_arrays(moea2a_moe_t moe, const int32_t *send_cou
     int64_t *v = vectors(n, l->narrays);
     moea2a_request_t req[M2A_MOE_MAX_ARRAYS] = {0};
     if (!v) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
-    moea2a_result_t r = MOEA2A_SUCCESS;
+    unsigned mem = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
+    moea2a_result_t r = m2a_transport_group(moe->comm, mem, 1);
     for (int a = 0; a < l->narrays && r == MOEA2A_SUCCESS; a++) {
         const m2a_moe_array_t *ar = &l->array[a];
         exchange_t x = {v + 4 * n * a, v + 4 * n * a + n, v + 4 * n * a + 2 * n, v + 4 * n * a + 3 * n};
-        exchange_plan(moe, &x, send_counts, recv_counts, ar->width, cap * l->record, cap * ar->rec,
+        exchange_plan(moe, &x, moe->h_send_counts, moe->h_recv_counts, ar->width, cap * l->record, cap * ar->rec,
                       (size_t)stride * ar->width, 0);
         r = moea2a_ialltoallv(moe->stage ? moe->stage + l->stage_send : NULL, x.sc, x.sd, moe->ws + ar->ws, x.rc, x.rd,
-                              MOEA2A_UINT8, moe->comm, NULL, &req[a]);
+                              MOEA2A_UINT8, moe->comm, stream, &req[a]);
     }
+    moea2a_result_t g = m2a_transport_group(moe->comm, mem, 0);
+    if (r == MOEA2A_SUCCESS) r = g;
     for (int a = 0; a < l->narrays; a++) {
         moea2a_result_t w = req[a] ? moea2a_wait(&req[a]) : MOEA2A_SUCCESS;
         if (r == MOEA2A_SUCCESS) r = w;
@@ -422,47 +450,24 @@ static moea2a_result_t exchange_arrays(moea2a_moe_t moe, const int32_t *send_cou
     return r;
 }
 
-moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
-                                void *stream)
+/* Host context: route, then this rank's tokens straight into their slots and the
+ * staged peers' packed per peer and array, in slot order. */
+static void host_route(moea2a_moe_t moe, int n, const int32_t *ids, int64_t *invalid, int64_t *dedup)
 {
-    (void)stream; /* host memory: complete on return */
-    M2A_CHECK_ARG(NULL, moe, "moea2a_dispatch: moe is NULL");
-    moea2a_comm_t comm = moe->comm;
-    M2A_TRY(m2a_comm_check(comm, "moea2a_dispatch"));
-    if (moe->dispatched)
-        return m2a_error(comm, MOEA2A_ERR_STATE,
-                         "moea2a_dispatch: the previous dispatch was not combined yet; call moea2a_combine first "
-                         "(its results stay valid until then)");
-    int ep = comm->nranks, cap = moe->cfg.max_tokens_per_rank, rt = runtime_max ? runtime_max : cap;
-    unsigned char *ws = moe->ws;
-    int32_t *send_counts = (int32_t *)(ws + moe->l.send_counts), *recv_counts = (int32_t *)(ws + moe->l.recv_counts);
-    int32_t *send_map = (int32_t *)(ws + moe->l.send_map);
-    m2a_moe_header_t *hs = (m2a_moe_header_t *)(ws + moe->l.hdr_send), *hr = (m2a_moe_header_t *)(ws + moe->l.hdr_recv);
+    m2a_host_route(&moe->route, n, ids, moe->h_send_counts, (int32_t *)(moe->ws + moe->l.send_map), invalid, dedup);
+}
 
-    moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
-    int64_t invalid = 0, dedup = 0;
-    if (mine == MOEA2A_SUCCESS) m2a_host_route(&moe->route, n, ids, send_counts, send_map, &invalid, &dedup);
-    else memset(send_counts, 0, sizeof(int32_t) * (size_t)ep);
-    for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){send_counts[q], rt, mine, n};
-
-    int64_t hc[1024], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
-    if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
-    for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
-    moea2a_result_t r = moea2a_alltoallv(hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32, comm, NULL);
-    if (hcv != hc) free(hcv);
-    if (r != MOEA2A_SUCCESS) return r;
-    M2A_TRY(judge_headers(moe, mine, hr, rt));
-
-    for (int q = 0; q < ep; q++) recv_counts[q] = hr[q].count;
-    /* Tokens for staged peers are packed per peer and array, in slot order; this
-     * rank's own tokens go straight into their receive slots. */
+static void host_pack(moea2a_moe_t moe, int n, int rt, const void *const *payloads, const int32_t *ids,
+                      const float *weights)
+{
     const m2a_moe_layout_t *l = &moe->l;
+    const int32_t *send_map = (const int32_t *)(moe->ws + l->send_map);
+    int cap = moe->cfg.max_tokens_per_rank, k = moe->cfg.top_k;
     unsigned char *self_base[M2A_MOE_MAX_ARRAYS], *peer_base[M2A_MOE_MAX_ARRAYS];
-    for (int a = 0; a < l->narrays; a++) self_base[a] = ws + l->array[a].ws;
+    for (int a = 0; a < l->narrays; a++) self_base[a] = moe->ws + l->array[a].ws;
     for (int t = 0; t < n; t++)
-        for (int d = 0; d < moe->cfg.top_k && send_map[(size_t)t * moe->cfg.top_k + d] >= 0; d++) {
-            int e = send_map[(size_t)t * moe->cfg.top_k + d], dest = e / cap, slot = e % cap, s = moe->stage_index[dest];
+        for (int d = 0; d < k && send_map[(size_t)t * k + d] >= 0; d++) {
+            int e = send_map[(size_t)t * k + d], dest = e / cap, slot = e % cap, s = moe->stage_index[dest];
             if (s < 0) {
                 m2a_host_put_token(&moe->route, l, t, payloads, ids, weights, self_base, (size_t)dest * rt + (size_t)slot);
                 continue;
@@ -471,17 +476,18 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
             for (int a = 0; a < l->narrays; a++) peer_base[a] = region + (size_t)cap * l->array[a].rec;
             m2a_host_put_token(&moe->route, l, t, payloads, ids, weights, peer_base, (size_t)slot);
         }
-    r = exchange_arrays(moe, send_counts, recv_counts, rt);
-    if (r != MOEA2A_SUCCESS) return r;
-    m2a_host_sanitize(&moe->route, l, rt, !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
-                      (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, ws);
+}
 
+static void fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedup, moea2a_dispatch_result_t *result)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    unsigned char *ws = moe->ws;
     size_t caller_size = result->size;
     memset(result, 0, sizeof(*result));
     result->size = caller_size;
     result->version = MOEA2A_VERSION_CODE;
-    result->ep = ep, result->stride = rt, result->top_k = moe->cfg.top_k;
-    result->recv_counts = recv_counts;
+    result->ep = moe->comm->nranks, result->stride = rt, result->top_k = moe->cfg.top_k;
+    result->recv_counts = (const int32_t *)(ws + l->recv_counts);
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         result->payloads[i] = ws + l->payload[i];
         result->payload_row_bytes[i] = l->row_bytes[i];
@@ -489,9 +495,58 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     result->topk_ids = (int32_t *)(ws + l->ids);
     result->topk_weights = (moe->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) ? (float *)(ws + l->weights) : NULL;
     result->src_token_index = (const int32_t *)(ws + l->src_index);
-    for (int q = 0; q < ep; q++) result->total_recv += recv_counts[q], result->sent_rows += send_counts[q];
+    for (int q = 0; q < moe->comm->nranks; q++)
+        result->total_recv += moe->h_recv_counts[q], result->sent_rows += moe->h_send_counts[q];
     result->invalid_entries = invalid;
     result->deduplicated = dedup;
+}
+
+moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
+                                void *stream)
+{
+    M2A_CHECK_ARG(NULL, moe, "moea2a_dispatch: moe is NULL");
+    moea2a_comm_t comm = moe->comm;
+    M2A_TRY(m2a_comm_check(comm, "moea2a_dispatch"));
+    if (moe->dispatched)
+        return m2a_error(comm, MOEA2A_ERR_STATE,
+                         "moea2a_dispatch: the previous dispatch was not combined yet; call moea2a_combine first "
+                         "(its results stay valid until then)");
+    int ep = comm->nranks, cap = moe->cfg.max_tokens_per_rank, rt = runtime_max ? runtime_max : cap;
+    m2a_moe_header_t *hs = moe->h_hdr_send, *hr = moe->h_hdr_recv;
+
+    /* 1. Check and route locally; the outcome travels with the headers. */
+    moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
+    int64_t invalid = 0, dedup = 0;
+    if (mine == MOEA2A_SUCCESS) {
+        if (moe->cuda) mine = m2a_moe_cuda_route(moe, n, ids, stream, &invalid, &dedup);
+        else host_route(moe, n, ids, &invalid, &dedup);
+    }
+    if (mine != MOEA2A_SUCCESS) memset(moe->h_send_counts, 0, sizeof(int32_t) * (size_t)ep);
+    for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){moe->h_send_counts[q], rt, mine, n};
+
+    /* 2. Headers: counts, stride and every rank's verdict. */
+    int64_t hc[512], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
+    if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
+    for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
+    moea2a_result_t r = moea2a_alltoallv(hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32, comm, NULL);
+    if (hcv != hc) free(hcv);
+    if (r != MOEA2A_SUCCESS) return r;
+    M2A_TRY(judge_headers(moe, mine, hr, rt));
+    for (int q = 0; q < ep; q++) moe->h_recv_counts[q] = hr[q].count;
+
+    /* 3. Pack, move every array, sanitize. */
+    if (moe->cuda) r = m2a_moe_cuda_pack(moe, n, rt, payloads, ids, weights, stream);
+    else host_pack(moe, n, rt, payloads, ids, weights);
+    if (r == MOEA2A_SUCCESS) r = exchange_arrays(moe, rt, stream);
+    if (r != MOEA2A_SUCCESS) return r;
+    if (moe->cuda) {
+        M2A_TRY(m2a_moe_cuda_sanitize(moe, rt, stream));
+    } else {
+        m2a_host_sanitize(&moe->route, &moe->l, rt, !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
+                          (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, moe->ws);
+    }
+    fill_result(moe, rt, invalid, dedup, result);
     moe->dispatched = 1, moe->num_tokens = n, moe->stride = rt;
     M2A_TRACE(M2A_SUBSYS_MOE, "dispatch: %d tokens, sent %lld rows, received %lld, %lld invalid entries", n,
               (long long)result->sent_rows, (long long)result->total_recv, (long long)invalid);
@@ -502,7 +557,6 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
 
 moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
 {
-    (void)stream;
     M2A_CHECK_ARG(NULL, moe, "moea2a_combine: moe is NULL");
     moea2a_comm_t comm = moe->comm;
     M2A_TRY(m2a_comm_check(comm, "moea2a_combine"));
@@ -510,13 +564,15 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
         return m2a_error(comm, MOEA2A_ERR_STATE, "moea2a_combine: there is no dispatch to combine (call moea2a_dispatch first)");
     int ep = comm->nranks, n = moe->num_tokens;
     const m2a_moe_layout_t *l = &moe->l;
+    unsigned want = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
     moea2a_result_t mine = MOEA2A_SUCCESS;
     if (!moe->cfg.hidden)
         mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: the context was created with hidden=0");
     else if (!out && n > 0)
         mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: out is NULL with %d tokens", n);
-    else if ((expert_out && m2a_memtype(expert_out) != MOEA2A_MEM_HOST) || (out && m2a_memtype(out) != MOEA2A_MEM_HOST))
-        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: CUDA buffers passed to a host-memory context");
+    else if ((expert_out && m2a_memtype(expert_out) != want) || (out && m2a_memtype(out) != want))
+        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: buffers must be in %s memory, like the context",
+                         moe->cuda ? "CUDA" : "host");
 
     /* Everyone learns whether everyone can go on. */
     int32_t *st = calloc((size_t)ep, sizeof(int32_t));
@@ -533,23 +589,24 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
 
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
     size_t row = l->combine_row;
-    const int32_t *send_counts = (const int32_t *)(moe->ws + l->send_counts);
-    const int32_t *recv_counts = (const int32_t *)(moe->ws + l->recv_counts);
     /* The expert side sends back each source's rows from [src][stride][hidden]; the
      * token side lands them per staged peer. */
     int64_t *v = vectors(ep, 1);
     if (!v) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     exchange_t x = {v, v + ep, v + 2 * ep, v + 3 * ep};
-    exchange_plan(moe, &x, recv_counts, send_counts, row, (size_t)moe->stride * row, 0,
+    exchange_plan(moe, &x, moe->h_recv_counts, moe->h_send_counts, row, (size_t)moe->stride * row, 0,
                   (size_t)moe->cfg.max_tokens_per_rank * row, 1);
     unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
-    r = moea2a_alltoallv(in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, NULL);
+    r = moea2a_alltoallv(in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, stream);
     free(v);
-    if (r == MOEA2A_SUCCESS &&
-        m2a_host_combine_reduce(&moe->route, n, (const int32_t *)(moe->ws + l->send_map), moe->cfg.combine_dtype,
-                                moe->cfg.hidden, in + (size_t)comm->rank * (size_t)moe->stride * row, landing,
-                                moe->stage_index, out))
+    if (r == MOEA2A_SUCCESS && moe->cuda) {
+        r = m2a_moe_cuda_combine(moe, in, out, stream);
+    } else if (r == MOEA2A_SUCCESS &&
+               m2a_host_combine_reduce(&moe->route, n, (const int32_t *)(moe->ws + l->send_map), moe->cfg.combine_dtype,
+                                       moe->cfg.hidden, in + (size_t)comm->rank * (size_t)moe->stride * row, landing,
+                                       moe->stage_index, out)) {
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    }
     if (r == MOEA2A_SUCCESS) moe->dispatched = 0;
     return r;
 }

@@ -117,8 +117,8 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_la
     l->stage_send = take(&s, peers * cap * l->record);
     l->stage_recv = take(&s, peers * cap * l->combine_row);
     l->staging = s;
-    /* CUDA contexts mirror the counts and headers in pinned host memory. */
-    l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;
+    /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
+    l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2 + m2a_align(16);
 }
 
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,

@@ -275,7 +275,8 @@ static moea2a_result_t keep_common(moea2a_comm_t comm, uint32_t mask, const char
 moea2a_result_t m2a_transports_connect(moea2a_comm_t comm)
 {
     int n = comm->nranks;
-    comm->core = (moea2a_core_v1_t){comm->rank, n, comm->timeout_s, comm->cuda_device, comm, core_error, core_log};
+    comm->core = (moea2a_core_v1_t){comm->rank, n, comm->timeout_s, comm->cuda_device, comm, core_error, core_log,
+                                    comm->core.external_comm};
     void *addr[M2A_MAX_TRANSPORTS] = {0};
     local_state_t *st = calloc((size_t)n, sizeof(*st));
     uint32_t *okc = calloc((size_t)n, sizeof(*okc));
@@ -353,4 +354,28 @@ m2a_transport_t *m2a_transport_for(moea2a_comm_t comm, unsigned mem)
     for (int i = 0; i < comm->ntr; i++)
         if (comm->tr[i].mem_types & mem) return &comm->tr[i];
     return NULL;
+}
+
+moea2a_result_t m2a_transport_group(moea2a_comm_t comm, unsigned mem, int start)
+{
+    m2a_transport_t *t = m2a_transport_for(comm, mem);
+    if (!t || !(start ? t->ops->group_start : t->ops->group_end)) return MOEA2A_SUCCESS;
+    int r = start ? t->ops->group_start(t->tc) : t->ops->group_end(t->tc);
+    return m2a_comm_fail(comm, (moea2a_result_t)r);
+}
+
+const moea2a_transport_v1_t *m2a_transport_load(const char *name, void **dl, char *why, size_t len)
+{
+    found_t *f = calloc(1, sizeof(*f));
+    const moea2a_transport_v1_t *ops = NULL;
+    if (!f) {
+        snprintf(why, len, "out of memory");
+        return NULL;
+    }
+    for_each_module(collect, f);
+    int i = find(f, name);
+    if (i < 0) snprintf(why, len, "no module libmoea2a-%s.so on MOEA2A_TRANSPORT_PATH or in %s", name, MOEA2A_PKGLIBDIR);
+    else ops = load_module(f->paths[i], dl, why, len);
+    free(f);
+    return ops;
 }

@@ -38,7 +38,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *w
     sum += A(n * cap * c->hidden * es);
     *workspace = sum;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
-    *pinned = 2 * A(4 * n) + 2 * A(16 * n);
+    *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16);
 }
 
 static moea2a_moe_config_t deepseek(int cap, int weights, moea2a_datatype_t dt)

@@ -4,6 +4,8 @@
  * MOEA2A_RANK/MOEA2A_NRANKS/MOEA2A_ROOT_ADDR), in which case moea2a_comm_init_env
  * joins them. Rank 0 prints the table. --moe benchmarks dispatch and combine
  * (perf_moe.c); otherwise a generic collective over a range of sizes (perf_coll.c). */
+#include "config.h"
+
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,16 +38,41 @@ moea2a_result_t perf_reduce(moea2a_comm_t comm, double t, double v, double *tmax
     return r;
 }
 
+/* The rank's number before the communicator exists (to pick its GPU first). */
+static int launch_rank(int rank, int n)
+{
+    const char *v = n > 0 ? NULL : getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!v && n == 0) v = getenv("SLURM_LOCALID");
+    if (!v && n == 0) v = getenv("MOEA2A_RANK");
+    return v ? atoi(v) : rank;
+}
+
 static int perf_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
     const perf_opts_t *o = arg;
     moea2a_comm_t comm = NULL;
-    moea2a_result_t r = n > 0 ? moea2a_comm_init_rank(&comm, n, id, rank, NULL) : moea2a_comm_init_env(&comm, NULL);
+    perf_mem_t mem;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    int cuda = !strcmp(o->mem, "cuda");
+    /* This rank's GPU is chosen before the communicator, which sets NCCL up on it. */
+    cfg.cuda_device = perf_mem_open(&mem, cuda, launch_rank(rank, n));
+    if (cuda && cfg.cuda_device < 0) {
+        fprintf(stderr, "moea2a_perf: --mem cuda: no usable CUDA device%s\n",
+#ifdef MOEA2A_HAVE_CUDA
+                ""
+#else
+                " (this build has no CUDA)"
+#endif
+        );
+        return 1;
+    }
+    moea2a_result_t r = n > 0 ? moea2a_comm_init_rank(&comm, n, id, rank, &cfg) : moea2a_comm_init_env(&comm, &cfg);
     if (r != MOEA2A_SUCCESS) {
         fprintf(stderr, "moea2a_perf: rank %d: communicator: %s: %s\n", rank, moea2a_strerror(r), moea2a_last_error(NULL));
         return 1;
     }
-    int rc = o->op == OP_MOE ? perf_moe(comm, o) : perf_coll(comm, o);
+    int rc = o->op == OP_MOE ? perf_moe(comm, o, &mem) : perf_coll(comm, o);
+    perf_mem_close(&mem);
     r = moea2a_comm_destroy(comm);
     if (r != MOEA2A_SUCCESS && rc == 0) {
         fprintf(stderr, "moea2a_perf: destroy: %s\n", moea2a_last_error(NULL));

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "moea2a.h"
+#include "perf_mem.h"
 
 typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE } perf_op_t;
 
@@ -28,5 +29,5 @@ moea2a_result_t perf_reduce(moea2a_comm_t comm, double t, double v, double *tmax
 
 /* Exit status: 0 ok, 1 error, 3 wrong values. */
 int perf_coll(moea2a_comm_t comm, const perf_opts_t *o);
-int perf_moe(moea2a_comm_t comm, const perf_opts_t *o);
+int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m);
 #endif

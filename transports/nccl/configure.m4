@@ -10,6 +10,7 @@ AS_IF([test "x$have_nccl" = xyes], [
     MOEA2A_HEADER_INT([moea2a_nccl_code], [NCCL_VERSION_CODE], [nccl.h], [$NCCL_CPPFLAGS $CUDA_CPPFLAGS])
     AS_IF([test "x$moea2a_nccl_code" != xunknown],
           [NCCL_VERSION_STR="$(( moea2a_nccl_code / 10000 )).$(( (moea2a_nccl_code % 10000) / 100 )).$(( moea2a_nccl_code % 100 ))"])
-    moea2a_transports="$moea2a_transports nccl"])
+    moea2a_transports="$moea2a_transports nccl"
+    AC_DEFINE([MOEA2A_HAVE_NCCL], [1], [Built with NCCL])])
 AM_CONDITIONAL([BUILD_TRANSPORT_NCCL], [test "x$have_nccl" = xyes])
 ])

@@ -1,0 +1,42 @@
+/* The MoE context, shared by the orchestration (moe.c) and the CUDA path
+ * (moe_cuda.c). Host contexts keep everything in host memory; CUDA contexts keep
+ * the workspace and staging on the device and mirror in pinned host memory what the
+ * host logic reads (counts, headers) and the tables it needs. */
+#ifndef M2A_MOE_H
+#define M2A_MOE_H
+#include "comm.h"
+#include "moe_host.h"
+#include "moe_layout.h"
+
+struct moea2a_moe {
+    moea2a_comm_t comm;
+    moea2a_moe_config_t cfg;
+    int cuda, device;
+    m2a_route_t route;        /* host view: owner table, sizes */
+    m2a_moe_layout_t l;
+    unsigned char *ws, *stage;  /* device memory for CUDA contexts */
+    unsigned char *pinned;      /* CUDA: host mirror block */
+    /* host-readable views (into ws for host contexts, into the mirror for CUDA) */
+    int32_t *h_send_counts, *h_recv_counts;
+    m2a_moe_header_t *h_hdr_send, *h_hdr_recv;
+    int32_t *h_owner;           /* [E] */
+    int *stage_index;           /* [ep] host copy: staging slot of each peer, -1 direct */
+    void *kparams;              /* CUDA: kernel parameters (m2a_kparams_t) */
+    int numa;
+    /* the last dispatch, which combine answers */
+    int dispatched, num_tokens, stride;
+};
+
+/* moe_cuda.c; without CUDA these return MOEA2A_ERR_UNAVAILABLE. stream: cudaStream_t. */
+moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes);
+moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe);
+void m2a_moe_cuda_release(moea2a_moe_t moe);
+/* Routes on the device and brings the send counts and stats to the host: the one
+ * host synchronization of a dispatch on the generic path, bounded by the timeout. */
+moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
+                                   int64_t *dedup);
+moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const void *const *payloads,
+                                  const int32_t *ids, const float *weights, void *stream);
+moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);
+moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
+#endif

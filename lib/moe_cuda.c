@@ -1,0 +1,206 @@
+/* The CUDA half of the MoE path: device memory, the pinned mirror, kernel launches,
+ * and the one host synchronization of a dispatch on the generic (NCCL) path, which
+ * reads the per-peer counts NCCL needs on the host. */
+#include "config.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "log.h"
+#include "moe.h"
+
+#ifdef MOEA2A_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "moe_kernels.h"
+
+static moea2a_result_t cuda_fail(moea2a_comm_t comm, int err, const char *what)
+{
+    return m2a_error(comm, MOEA2A_ERR_CUDA, "%s: %s", what, cudaGetErrorString((cudaError_t)err));
+}
+
+#define CU(comm, call) \
+    do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return cuda_fail((comm), e_, #call); } while (0)
+
+static moea2a_result_t set_device(moea2a_comm_t comm)
+{
+    if (comm->cuda_device >= 0) CU(comm, cudaSetDevice(comm->cuda_device));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes)
+{
+    size_t total;
+    M2A_TRY(set_device(comm));
+    CU(comm, cudaMemGetInfo(free_bytes, &total));
+    return MOEA2A_SUCCESS;
+}
+
+static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    const moea2a_moe_config_t *c = &moe->cfg;
+    memset(kp, 0, sizeof(*kp));
+    kp->ep = moe->comm->nranks, kp->me = moe->comm->rank, kp->k = c->top_k, kp->num_experts = c->num_experts;
+    kp->cap = c->max_tokens_per_rank, kp->num_payloads = c->num_payloads;
+    kp->weights = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, kp->narrays = l->narrays;
+    kp->invalid_id = c->invalid_expert_id;
+    kp->owner = (const int32_t *)(moe->ws + l->owner);
+    kp->stage_index = (const int32_t *)(moe->ws + l->stage_index);
+    kp->record = l->record;
+    for (int a = 0; a < l->narrays; a++)
+        kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
+}
+
+moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    int ep = comm->nranks;
+    M2A_TRY(set_device(comm));
+    CU(comm, cudaGetDevice(&moe->device));
+    CU(comm, cudaMalloc((void **)&moe->ws, l->workspace));
+    if (l->staging) CU(comm, cudaMalloc((void **)&moe->stage, l->staging));
+    CU(comm, cudaHostAlloc((void **)&moe->pinned, l->pinned, cudaHostAllocDefault));
+    /* the mirror: send counts, receive counts, headers out and in, stats */
+    size_t a4 = m2a_align(4 * (size_t)ep), a16 = m2a_align(sizeof(m2a_moe_header_t) * (size_t)ep);
+    moe->h_send_counts = (int32_t *)moe->pinned;
+    moe->h_recv_counts = (int32_t *)(moe->pinned + a4);
+    moe->h_hdr_send = (m2a_moe_header_t *)(moe->pinned + 2 * a4);
+    moe->h_hdr_recv = (m2a_moe_header_t *)(moe->pinned + 2 * a4 + a16);
+    m2a_kparams_t *kp = malloc(sizeof(*kp));
+    if (!kp) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    moe->kparams = kp;
+    fill_kparams(moe, kp);
+    /* tables, then every slot as padding: sanitized ids, source index -1 */
+    CU(comm, cudaMemcpy(moe->ws + l->owner, moe->h_owner, 4 * (size_t)moe->cfg.num_experts, cudaMemcpyHostToDevice));
+    CU(comm, cudaMemcpy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, cudaMemcpyHostToDevice));
+    CU(comm, cudaMemset(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));
+    CU(comm, (cudaError_t)m2a_cuda_sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
+                                            (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));
+    CU(comm, cudaDeviceSynchronize());
+    return MOEA2A_SUCCESS;
+}
+
+void m2a_moe_cuda_release(moea2a_moe_t moe)
+{
+    if (moe->ws) cudaFree(moe->ws);
+    if (moe->stage) cudaFree(moe->stage);
+    if (moe->pinned) cudaFreeHost(moe->pinned);
+    free(moe->kparams);
+}
+
+/* Waits for the stream, bounded by the timeout. Expiry means device work is stuck
+ * (most likely NCCL waiting for a dead peer): the CUDA transport is aborted, which
+ * ends such kernels, and the communicator is broken. */
+static moea2a_result_t bounded_sync(moea2a_moe_t moe, cudaStream_t s, const char *what)
+{
+    moea2a_comm_t comm = moe->comm;
+    double deadline = m2a_now() + comm->timeout_s;
+    cudaError_t e;
+    while ((e = cudaStreamQuery(s)) == cudaErrorNotReady) {
+        if (m2a_now() > deadline) {
+            m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
+            if (t && t->ops->abort) t->ops->abort(t->tc);
+            return m2a_comm_fail(comm, m2a_error(comm, MOEA2A_ERR_TIMEOUT,
+                                                 "%s: the stream did not get there within %.1f s (MOEA2A_TIMEOUT_S); "
+                                                 "device work is stuck, most likely on a dead peer",
+                                                 what, comm->timeout_s));
+        }
+        sched_yield();
+    }
+    if (e != cudaSuccess) return cuda_fail(comm, e, what);
+    m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
+    return t && t->ops->check ? m2a_comm_fail(comm, (moea2a_result_t)t->ops->check(t->tc)) : MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
+                                   int64_t *dedup)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned long long *stats = (unsigned long long *)(moe->ws + l->stats);
+    unsigned long long *h_stats = (unsigned long long *)(moe->pinned + l->pinned - m2a_align(16));
+    CU(comm, cudaMemsetAsync(stats, 0, 16, s));
+    CU(comm, (cudaError_t)m2a_cuda_route(moe->kparams, n, ids, (int32_t *)(moe->ws + l->send_counts),
+                                         (int32_t *)(moe->ws + l->send_map), stats, s));
+    CU(comm, cudaMemcpyAsync(moe->h_send_counts, moe->ws + l->send_counts, 4 * (size_t)comm->nranks, cudaMemcpyDeviceToHost, s));
+    CU(comm, cudaMemcpyAsync(h_stats, stats, 16, cudaMemcpyDeviceToHost, s));
+    M2A_TRY(bounded_sync(moe, s, "moea2a_dispatch (counts)"));
+    *invalid = (int64_t)h_stats[0], *dedup = (int64_t)h_stats[1];
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const void *const *payloads,
+                                  const int32_t *ids, const float *weights, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    cudaStream_t s = (cudaStream_t)stream;
+    m2a_kpayloads_t pay;
+    memset(&pay, 0, sizeof(pay));
+    for (int i = 0; i < moe->cfg.num_payloads && payloads; i++) pay.p[i] = payloads[i];
+    CU(comm, cudaMemcpyAsync(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks,
+                             cudaMemcpyHostToDevice, s));
+    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, n, stride, pay, ids, weights, (const int32_t *)(moe->ws + l->send_map),
+                                        moe->ws, moe->stage ? moe->stage + l->stage_send : NULL, s));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    CU(moe->comm, (cudaError_t)m2a_cuda_sanitize(moe->kparams, stride, (const int32_t *)(moe->ws + l->recv_counts),
+                                                 (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index),
+                                                 !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
+                                                 (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, stream));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    size_t row = l->combine_row;
+    int rc = m2a_cuda_combine(moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
+                              moe->cfg.combine_dtype, moe->cfg.hidden, in + (size_t)moe->comm->rank * (size_t)moe->stride * row,
+                              moe->stage ? moe->stage + l->stage_recv : NULL, out, stream);
+    if (rc == cudaErrorNotSupported)
+        return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_combine: tokens with more than 64 destination ranks");
+    CU(moe->comm, (cudaError_t)rc);
+    return MOEA2A_SUCCESS;
+}
+
+#else /* no CUDA in this build */
+
+static moea2a_result_t no_cuda(moea2a_comm_t comm)
+{
+    return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA (configure --with-cuda)");
+}
+moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *f) { (void)f; return no_cuda(comm); }
+moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe) { return no_cuda(moe->comm); }
+void m2a_moe_cuda_release(moea2a_moe_t moe) { (void)moe; }
+moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *inv, int64_t *d)
+{
+    (void)n, (void)ids, (void)stream, (void)inv, (void)d;
+    return no_cuda(moe->comm);
+}
+moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const void *const *p, const int32_t *ids,
+                                  const float *w, void *stream)
+{
+    (void)n, (void)stride, (void)p, (void)ids, (void)w, (void)stream;
+    return no_cuda(moe->comm);
+}
+moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream)
+{
+    (void)stride, (void)stream;
+    return no_cuda(moe->comm);
+}
+moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)
+{
+    (void)in, (void)out, (void)stream;
+    return no_cuda(moe->comm);
+}
+#endif

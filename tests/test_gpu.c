@@ -1,0 +1,396 @@
+/* CUDA memory end to end, on as many GPUs as the machine has (1, 2 and 4 ranks, one
+ * GPU each): generic collectives on device buffers through NCCL, and the MoE path
+ * against the host reference, bit for bit, on the same random inputs: every array
+ * dispatch delivers, the stats, and combine. Then a communicator built on a caller's
+ * NCCL communicator. Without a GPU every test reports SKIP. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "local_ranks.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#if defined(MOEA2A_HAVE_CUDA) && defined(MOEA2A_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#define WATCHDOG 600.0
+
+/* Counted in a child, so this process never initializes CUDA before forking ranks. */
+static int gpu_count(void)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+        _exit(n > 100 ? 100 : n);
+    }
+    int st;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+static int urand(uint64_t *s, int lo, int hi) { return lo + (int)((*s = mix(*s)) % (uint64_t)(hi - lo + 1)); }
+
+static int use_device(int rank, int ndev)
+{
+    return cudaSetDevice(rank % ndev) == cudaSuccess ? 0 : 1;
+}
+
+static void *to_device(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) return NULL;
+    if (bytes) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    return d;
+}
+
+static void *to_host(const void *d, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 1);
+    if (bytes) cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+/* ---- generic collectives on device memory ---------------------------------------- */
+
+static int coll_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    int ndev = *(int *)arg, fails = 0;
+    if (use_device(rank, ndev)) return 1;
+    moea2a_comm_t comm;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % ndev;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) {
+        printf("# rank %d: init: %s\n", rank, moea2a_last_error(NULL));
+        return 1;
+    }
+    int64_t sc[8], sd[8], rc[8], rd[8], st = 0, rt = 0;
+    for (int p = 0; p < n; p++) {
+        sc[p] = (rank * 7 + p * 3) % 5 * 1000, rc[p] = (p * 7 + rank * 3) % 5 * 1000;
+        sd[p] = st, rd[p] = rt, st += sc[p], rt += rc[p];
+    }
+    int32_t *hs = malloc(sizeof(int32_t) * (size_t)(st + 1)), *hr;
+    for (int p = 0; p < n; p++)
+        for (int64_t i = 0; i < sc[p]; i++) hs[sd[p] + i] = rank * 1000000 + p * 10000 + (int32_t)i;
+    int32_t *ds = to_device(hs, sizeof(int32_t) * (size_t)st), *dr = NULL;
+    cudaMalloc((void **)&dr, sizeof(int32_t) * (size_t)(rt + 1));
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    moea2a_result_t r = moea2a_alltoallv(ds, sc, sd, dr, rc, rd, MOEA2A_INT32, comm, s);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "alltoallv on CUDA memory: %s", moea2a_last_error(comm));
+    cudaStreamSynchronize(s);
+    hr = to_host(dr, sizeof(int32_t) * (size_t)rt);
+    size_t bad = 0;
+    for (int p = 0; p < n; p++)
+        for (int64_t i = 0; i < rc[p]; i++) bad += hr[rd[p] + i] != p * 1000000 + rank * 10000 + (int32_t)i;
+    RANK_EXPECT(fails, rank, bad == 0, "alltoallv: %zu wrong", bad);
+    int32_t mine[3] = {rank, rank * 2, rank * 3}, all[24];
+    int32_t *dm = to_device(mine, sizeof(mine)), *da;
+    cudaMalloc((void **)&da, sizeof(all));
+    r = moea2a_allgather(dm, da, 3, MOEA2A_INT32, comm, s);
+    r = r ? r : moea2a_bcast(dm, 3, MOEA2A_INT32, n - 1, comm, s);
+    cudaStreamSynchronize(s);
+    cudaMemcpy(all, da, sizeof(int32_t) * 3 * (size_t)n, cudaMemcpyDeviceToHost);
+    cudaMemcpy(mine, dm, sizeof(mine), cudaMemcpyDeviceToHost);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "allgather/bcast: %s", moea2a_last_error(comm));
+    for (int p = 0; p < n; p++) RANK_EXPECT(fails, rank, all[3 * p + 2] == 3 * p, "allgather[%d]", p);
+    RANK_EXPECT(fails, rank, mine[1] == 2 * (n - 1), "bcast from rank %d", n - 1);
+    /* host and device buffers mixed in one call are refused */
+    RANK_EXPECT(fails, rank, moea2a_allgather(mine, da, 3, MOEA2A_INT32, comm, s) == MOEA2A_ERR_INVALID_ARGUMENT,
+                "mixed memory refused");
+    cudaFree(ds), cudaFree(dr), cudaFree(dm), cudaFree(da), free(hs), free(hr);
+    cudaStreamDestroy(s);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+/* ---- MoE: CUDA context == host context ---------------------------------------------- */
+
+typedef struct {
+    moea2a_moe_config_t cfg;
+    int n, rt;
+    int32_t *ids;
+    float *w;
+    unsigned char *pay[3];
+    size_t row[3];
+} moe_case_t;
+
+static const moea2a_datatype_t pay_types[] = {MOEA2A_UINT8, MOEA2A_BFLOAT16, MOEA2A_INT32, MOEA2A_FLOAT32,
+                                               MOEA2A_INT64, MOEA2A_NVFP4, MOEA2A_FLOAT16};
+static const moea2a_datatype_t comb_types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
+
+static moe_case_t make_case(uint64_t seed, int rank, int ep)
+{
+    moe_case_t c;
+    memset(&c, 0, sizeof(c));
+    uint64_t s = seed;
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = urand(&s, 1, 300);
+    m.top_k = urand(&s, 1, 22);
+    m.max_tokens_per_rank = urand(&s, 1, 700);
+    m.num_payloads = urand(&s, 0, 3);
+    for (int i = 0; i < m.num_payloads; i++)
+        m.payloads[i] = (moea2a_payload_desc_t){pay_types[urand(&s, 0, 6)], (size_t)urand(&s, 1, 300)};
+    m.combine_dtype = comb_types[urand(&s, 0, 2)];
+    m.hidden = (size_t)urand(&s, 1, 700);
+    m.invalid_expert_id = urand(&s, 0, 1) ? -1 : m.num_experts;
+    m.flags = (urand(&s, 0, 3) == 0 ? MOEA2A_MOE_REWRITE_NONLOCAL : 0) | (urand(&s, 0, 1) ? MOEA2A_MOE_CARRY_WEIGHTS : 0) |
+              (urand(&s, 0, 5) == 0 ? MOEA2A_MOE_NO_SANITIZE : 0);
+    int skew = urand(&s, 0, 3) == 0;
+    c.rt = urand(&s, 0, 1) ? 0 : m.max_tokens_per_rank;
+    c.cfg = m;
+    /* this rank's inputs: some ranks idle, invalid ids of every kind */
+    uint64_t r = mix(seed ^ (uint64_t)(rank + 1) * 0x51ed27);
+    int mode = urand(&r, 0, 4);
+    c.n = mode == 0 ? 0 : mode == 1 ? m.max_tokens_per_rank : urand(&r, 0, m.max_tokens_per_rank);
+    c.ids = malloc(sizeof(int32_t) * (size_t)(c.n * m.top_k + 1));
+    c.w = malloc(sizeof(float) * (size_t)(c.n * m.top_k + 1));
+    for (int i = 0; i < c.n * m.top_k; i++) {
+        int u = urand(&r, 0, 99);
+        c.ids[i] = u < 3 ? -2 : u < 5 ? m.num_experts + 1 : u < 7 ? m.invalid_expert_id
+                 : skew ? urand(&r, 0, m.num_experts < 3 ? m.num_experts - 1 : 2) : urand(&r, 0, m.num_experts - 1);
+        c.w[i] = (float)urand(&r, 0, 1000) / 7.0f;
+    }
+    for (int i = 0; i < m.num_payloads; i++) {
+        size_t es;
+        moea2a_datatype_size(m.payloads[i].dtype, &es);
+        c.row[i] = es * m.payloads[i].elems_per_token;
+        c.pay[i] = malloc(c.row[i] * (size_t)c.n + 1);
+        for (size_t b = 0; b < c.row[i] * (size_t)c.n; b++) c.pay[i][b] = (unsigned char)mix(r + b);
+    }
+    (void)ep;
+    return c;
+}
+
+static void free_case(moe_case_t *c)
+{
+    free(c->ids), free(c->w);
+    for (int i = 0; i < 3; i++) free(c->pay[i]);
+}
+
+/* Rows of random finite values in the combine dtype, for every slot of [ep][stride]. */
+static void fill_rows(unsigned char *rows, size_t count, moea2a_datatype_t dt, uint64_t seed)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint64_t v = mix(seed + i);
+        if (dt == MOEA2A_FLOAT32) {
+            float f = (float)((int64_t)(v % 2000001) - 1000000) / 1237.0f;
+            memcpy(rows + 4 * i, &f, 4);
+        } else { /* a finite 16-bit pattern: exponent below all ones */
+            uint16_t h = (uint16_t)v;
+            if (dt == MOEA2A_BFLOAT16 && (h & 0x7f80) == 0x7f80) h &= 0xbfff;
+            if (dt == MOEA2A_FLOAT16 && (h & 0x7c00) == 0x7c00) h &= 0xbfff;
+            memcpy(rows + 2 * i, &h, 2);
+        }
+    }
+}
+
+static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
+{
+    int fails = 0;
+    moe_case_t c = make_case(seed, rank, ep);
+    moea2a_moe_config_t hc = c.cfg, dc = c.cfg;
+    hc.memory = MOEA2A_MEMORY_HOST, dc.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_t hm, dm;
+    moea2a_result_t r = moea2a_moe_create(&hm, comm, &hc);
+    moea2a_result_t r2 = r ? r : moea2a_moe_create(&dm, comm, &dc);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "create (seed %llu): %s",
+                (unsigned long long)seed, moea2a_last_error(comm));
+    if (r || r2) {
+        if (!r) moea2a_moe_destroy(hm);
+        free_case(&c);
+        return fails;
+    }
+    int k = c.cfg.top_k, np = c.cfg.num_payloads;
+    const void *hp[3] = {c.pay[0], c.pay[1], c.pay[2]}, *dp[3] = {0};
+    for (int i = 0; i < np; i++) dp[i] = to_device(c.pay[i], c.row[i] * (size_t)c.n);
+    int32_t *dids = to_device(c.ids, sizeof(int32_t) * (size_t)(c.n * k));
+    float *dw = to_device(c.w, sizeof(float) * (size_t)(c.n * k));
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    moea2a_dispatch_result_t hres = MOEA2A_DISPATCH_RESULT_INITIALIZER, dres = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    r = moea2a_dispatch(hm, c.n, c.ids, c.w, hp, c.rt, &hres, NULL);
+    r2 = r ? r : moea2a_dispatch(dm, c.n, dids, dw, dp, c.rt, &dres, s);
+    cudaStreamSynchronize(s);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "dispatch (seed %llu): %s",
+                (unsigned long long)seed, moea2a_last_error(comm));
+    if (r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS) {
+        size_t slots = (size_t)ep * (size_t)hres.stride;
+        int32_t *counts = to_host(dres.recv_counts, 4 * (size_t)ep);
+        int32_t *ids = to_host(dres.topk_ids, 4 * slots * (size_t)k), *src = to_host(dres.src_token_index, 4 * slots);
+        RANK_EXPECT(fails, rank, !memcmp(counts, hres.recv_counts, 4 * (size_t)ep), "recv_counts differ");
+        RANK_EXPECT(fails, rank, !memcmp(ids, hres.topk_ids, 4 * slots * (size_t)k), "topk_ids differ (sanitized)");
+        RANK_EXPECT(fails, rank, !memcmp(src, hres.src_token_index, 4 * slots), "source indexes differ");
+        RANK_EXPECT(fails, rank, dres.invalid_entries == hres.invalid_entries && dres.deduplicated == hres.deduplicated &&
+                                     dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv,
+                    "stats differ: invalid %lld/%lld merged %lld/%lld", (long long)dres.invalid_entries,
+                    (long long)hres.invalid_entries, (long long)dres.deduplicated, (long long)hres.deduplicated);
+        /* valid rows of payloads and weights (padding is left untouched: not compared) */
+        for (int i = 0; i < np; i++) {
+            unsigned char *got = to_host(dres.payloads[i], c.row[i] * slots);
+            for (int q = 0; q < ep; q++)
+                RANK_EXPECT(fails, rank,
+                            !memcmp(got + (size_t)q * hres.stride * c.row[i],
+                                    (unsigned char *)hres.payloads[i] + (size_t)q * hres.stride * c.row[i],
+                                    c.row[i] * (size_t)hres.recv_counts[q]),
+                            "payload %d rows from rank %d differ", i, q);
+            free(got);
+        }
+        if (hres.topk_weights) {
+            float *gw = to_host(dres.topk_weights, 4 * slots * (size_t)k);
+            for (int q = 0; q < ep; q++)
+                RANK_EXPECT(fails, rank,
+                            !memcmp(gw + (size_t)q * hres.stride * k, hres.topk_weights + (size_t)q * hres.stride * k,
+                                    4 * (size_t)k * (size_t)hres.recv_counts[q]),
+                            "weights from rank %d differ", q);
+            free(gw);
+        }
+        /* combine: the same expert rows on both sides, through the device combine
+         * buffer (zero copy) or a caller buffer */
+        size_t es;
+        moea2a_datatype_size(c.cfg.combine_dtype, &es);
+        size_t rowb = es * c.cfg.hidden, total = slots * c.cfg.hidden;
+        unsigned char *rows = malloc(rowb * slots + 1), *hout = malloc(rowb * (size_t)c.n + 1), *dout;
+        fill_rows(rows, total, c.cfg.combine_dtype, seed * 31 + (uint64_t)rank);
+        void *dbuf;
+        int zero_copy = (int)(seed % 2);
+        if (zero_copy) moea2a_moe_combine_buffer(dm, &dbuf), cudaMemcpy(dbuf, rows, rowb * slots, cudaMemcpyHostToDevice);
+        else dbuf = to_device(rows, rowb * slots);
+        cudaMalloc((void **)&dout, rowb * (size_t)c.n + 1);
+        r = moea2a_combine(hm, rows, hout, NULL);
+        r2 = r ? r : moea2a_combine(dm, zero_copy ? NULL : dbuf, dout, s);
+        cudaStreamSynchronize(s);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+        unsigned char *got = to_host(dout, rowb * (size_t)c.n);
+        RANK_EXPECT(fails, rank, !r && !r2 && !memcmp(got, hout, rowb * (size_t)c.n), "combine output differs (%s)",
+                    moea2a_datatype_name(c.cfg.combine_dtype));
+        if (!zero_copy) cudaFree(dbuf);
+        cudaFree(dout), free(rows), free(hout), free(got), free(counts), free(ids), free(src);
+    }
+    if (fails)
+        printf("# rank %d: seed %llu: E %d k %d cap %d np %d hidden %zu flags 0x%x n %d rt %d\n", rank,
+               (unsigned long long)seed, c.cfg.num_experts, k, c.cfg.max_tokens_per_rank, np, c.cfg.hidden, c.cfg.flags,
+               c.n, c.rt);
+    for (int i = 0; i < np; i++) cudaFree((void *)dp[i]);
+    cudaFree(dids), cudaFree(dw);
+    cudaStreamDestroy(s);
+    moea2a_moe_destroy(hm);
+    moea2a_moe_destroy(dm);
+    free_case(&c);
+    return fails;
+}
+
+typedef struct {
+    int ndev, cases;
+    uint64_t seed;
+} moe_arg_t;
+
+static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    const moe_arg_t *a = arg;
+    int fails = 0;
+    if (use_device(rank, a->ndev)) return 1;
+    moea2a_comm_t comm;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % a->ndev;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) {
+        printf("# rank %d: init: %s\n", rank, moea2a_last_error(NULL));
+        return 1;
+    }
+    for (int i = 0; i < a->cases && fails < 5; i++) fails += compare_case(comm, rank, n, a->seed + (uint64_t)i);
+    /* host pointers to a CUDA context are refused on every rank */
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = 8, m.top_k = 2, m.max_tokens_per_rank = 4, m.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
+        int32_t ids[8] = {0};
+        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        RANK_EXPECT(fails, rank, moea2a_dispatch(moe, 4, ids, NULL, NULL, 0, &res, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
+                    "host ids to a CUDA context");
+        moea2a_moe_destroy(moe);
+    } else {
+        RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));
+    }
+    moea2a_comm_destroy(comm);
+    return fails > 100 ? 100 : fails;
+}
+
+/* A caller's NCCL communicator, adopted: made here with an id sent over a moea2a
+ * host communicator, then handed to moea2a_comm_init_nccl. */
+static int adopt_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    int ndev = *(int *)arg, fails = 0;
+    if (use_device(rank, ndev)) return 1;
+    moea2a_comm_t boot, comm;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.transport = "ucx";
+    if (moea2a_comm_init_rank(&boot, n, id, rank, &cfg)) return 1;
+    ncclUniqueId nid;
+    if (rank == 0) ncclGetUniqueId(&nid);
+    moea2a_bcast(&nid, sizeof(nid), MOEA2A_UINT8, 0, boot, NULL);
+    moea2a_comm_destroy(boot);
+    ncclComm_t nc;
+    if (ncclCommInitRank(&nc, n, nid, rank) != ncclSuccess) return 1;
+    moea2a_result_t r = moea2a_comm_init_nccl(&comm, nc, NULL);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "moea2a_comm_init_nccl: %s", moea2a_last_error(NULL));
+    if (r == MOEA2A_SUCCESS) {
+        int rr = -1, nn = -1;
+        moea2a_comm_rank(comm, &rr), moea2a_comm_size(comm, &nn);
+        RANK_EXPECT(fails, rank, rr == rank && nn == n, "rank/size %d/%d", rr, nn);
+        fails += compare_case(comm, rank, n, 4242);
+        moea2a_comm_destroy(comm);
+    }
+    ncclCommDestroy(nc);
+    return fails;
+}
+
+int main(void)
+{
+    int ndev = gpu_count();
+    if (ndev == 0) {
+        tap_skip("no CUDA device", "collectives and MoE on CUDA memory");
+        return tap_done();
+    }
+    tap_diag("%d CUDA device(s)", ndev);
+    int sizes[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        int n = sizes[i];
+        if (n > ndev) {
+            tap_skip("not enough GPUs", "%d ranks on %d GPUs", n, n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs", n);
+            continue;
+        }
+        local_ranks_result_t res;
+        local_ranks_run(n, coll_rank, &ndev, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "alltoallv, allgather, bcast on CUDA memory over NCCL, %d GPU(s)", n);
+        moe_arg_t a = {ndev, n == 1 ? 30 : 20, 777u * (uint64_t)n};
+        local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "MoE on %d GPU(s): %d random configs equal the host reference bit for bit", n, a.cases);
+    }
+    int n = ndev >= 2 ? 2 : 1;
+    local_ranks_result_t res;
+    local_ranks_run(n, adopt_rank, &ndev, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "moea2a_comm_init_nccl adopts a caller's NCCL communicator (%d GPU(s))", n);
+    return tap_done();
+}
+
+#else
+int main(void)
+{
+    tap_skip("no CUDA device (built without CUDA or NCCL)", "collectives and MoE on CUDA memory");
+    return tap_done();
+}
+#endif

@@ -1,0 +1,131 @@
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf_mem.h"
+
+#ifdef MOEA2A_HAVE_CUDA
+#include <cuda_runtime_api.h>
+void perf_cuda_gather_rows(unsigned char *dst, const unsigned char *src, const int32_t *index, int64_t rows,
+                           size_t row_bytes, void *stream);
+void perf_cuda_sum_rows(uint16_t *out, const unsigned char *rows, const int32_t *pos, const int32_t *nd, int tokens,
+                        int k, size_t hidden, void *stream);
+#endif
+
+int perf_mem_open(perf_mem_t *m, int cuda, int rank)
+{
+    m->cuda = cuda, m->stream = NULL;
+    if (!cuda) return 0;
+#ifdef MOEA2A_HAVE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return -1;
+    if (cudaSetDevice(rank % n) != cudaSuccess) return -1;
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return -1;
+    m->stream = s;
+    return rank % n;
+#else
+    (void)rank;
+    return -1;
+#endif
+}
+
+void perf_mem_close(perf_mem_t *m)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->stream) cudaStreamDestroy((cudaStream_t)m->stream);
+#endif
+    m->stream = NULL;
+}
+
+void *perf_alloc(const perf_mem_t *m, size_t bytes)
+{
+    void *p = NULL;
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+#endif
+    p = malloc(bytes ? bytes : 1);
+    return p;
+}
+
+void perf_free(const perf_mem_t *m, void *p)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    free(p);
+}
+
+void perf_upload(const perf_mem_t *m, void *dst, const void *src, size_t bytes)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
+void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        cudaStreamSynchronize((cudaStream_t)m->stream);
+        cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
+int perf_sync(const perf_mem_t *m)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) return cudaStreamSynchronize((cudaStream_t)m->stream) == cudaSuccess ? 0 : -1;
+#endif
+    (void)m;
+    return 0;
+}
+
+void perf_gather_rows(const perf_mem_t *m, unsigned char *dst, const unsigned char *src, const int32_t *index,
+                      int64_t rows, size_t row_bytes)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        perf_cuda_gather_rows(dst, src, index, rows, row_bytes, m->stream);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++) memcpy(dst + (size_t)i * row_bytes, src + (size_t)index[i] * row_bytes, row_bytes);
+}
+
+void perf_sum_rows(const perf_mem_t *m, uint16_t *out, const unsigned char *rows, const int32_t *pos,
+                   const int32_t *nd, int tokens, int k, size_t hidden)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        perf_cuda_sum_rows(out, rows, pos, nd, tokens, k, hidden, m->stream);
+        return;
+    }
+#endif
+    for (int t = 0; t < tokens; t++)
+        for (size_t h = 0; h < hidden; h++) {
+            float acc = 0;
+            for (int j = 0; j < nd[t]; j++) {
+                uint16_t v;
+                memcpy(&v, rows + ((size_t)pos[t * k + j] * hidden + h) * 2, 2);
+                uint32_t u = (uint32_t)v << 16;
+                float f;
+                memcpy(&f, &u, 4);
+                acc += f;
+            }
+            uint32_t u;
+            memcpy(&u, &acc, 4);
+            out[(size_t)t * hidden + h] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        }
+}
