@@ -1,0 +1,15 @@
+#!/bin/bash
+# Run here, in a configured tree: stages what the GPU machine needs into .device/
+# (ignored by git): the `make dist` tarball, Debian's libucx-dev (that machine has
+# the UCX runtime but no headers), and run.sh. Then call the device tool with
+# carry [".device"] and: bash .device/run.sh   (variables: see run.sh)
+set -euo pipefail
+root=$(git rev-parse --show-toplevel); cd "$root"
+mkdir -p .git/info; grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+rm -rf .device; mkdir -p .device/debs
+make dist >/dev/null
+mv "$(ls -t ./moea2a-*.tar.gz | head -1)" .device/
+(cd .device/debs && apt-get download libucx-dev >/dev/null 2>&1) || {
+  apt-get update >/dev/null && (cd .device/debs && apt-get download libucx-dev >/dev/null); }
+cp bench/device/run.sh .device/
+du -sh .device | awk '{print "staged .device/ (" $1 ")"}'

@@ -1,0 +1,54 @@
+#!/bin/bash
+# Runs on the lent GPU machine from the repository root, with .device/ carried there
+# by bench/device/prepare.sh. Builds moea2a from the tarball against that machine's
+# CUDA, the NCCL inside its PyTorch install and its UCX (headers from the carried
+# .deb); runs `make check` (GPU tests included), the GPU test under compute-sanitizer
+# (memcheck, racecheck), and the benchmarks; every log lands in $OUT.
+# Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
+# compute-sanitizer, RANKS (default "2 4"), TOKENS (default 128,1024,4096), ITERS.
+set -uo pipefail
+K=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+D=/tmp/moea2a-deps; B=/tmp/moea2a-build
+rm -rf "$D" "$B"; mkdir -p "$D/nccl/lib" "$B"
+W=$(python3 -c 'import importlib.util as u; print(list(u.find_spec("nvidia.nccl").submodule_search_locations)[0])' 2>/dev/null)
+[ -n "$W" ] || { echo "no NCCL in the PyTorch install" | tee "$OUT/summary.log"; exit 1; }
+ln -s "$W/include" "$D/nccl/include"
+ln -s "$W/lib/libnccl.so.2" "$D/nccl/lib/libnccl.so.2"; ln -s "$W/lib/libnccl.so.2" "$D/nccl/lib/libnccl.so"
+for f in "$K"/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" "$D/ucx"; done
+for l in "$D"/ucx/usr/lib/x86_64-linux-gnu/lib*.so; do
+  n=$(basename "$l"); [ -e "/usr/lib/x86_64-linux-gnu/$n.0" ] && ln -sf "/usr/lib/x86_64-linux-gnu/$n.0" "$l"
+done
+export LD_LIBRARY_PATH="$D/nccl/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
+tar -C "$B" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
+cd "$B"
+export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
+{
+  echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
+  nvidia-smi topo -m 2>/dev/null | head -8
+  ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" \
+      >"$OUT/build.log" 2>&1 || { echo "configure failed"; tail -20 "$OUT/build.log"; exit 1; }
+  tail -12 "$OUT/build.log"
+  make -j16 >>"$OUT/build.log" 2>&1 || { echo "make failed"; grep -m8 -iE 'error' "$OUT/build.log"; exit 1; }
+  echo "== built"
+  if [ "${CHECK:-1}" != 0 ]; then
+    make -j8 check >"$OUT/check.log" 2>&1; echo "== make check rc=$?"
+    grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR):|^(FAIL|ERROR|SKIP):' "$OUT/check.log"
+    grep -E '^(ok|not ok)' tests/test_gpu.log; grep '^# rank' tests/test_gpu.log | head -20
+  fi
+  if [ "${SANITIZE:-1}" != 0 ]; then
+    for tool in memcheck racecheck; do
+      TEST_GPU_QUICK=1 timeout 400 compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
+          ./tests/test_gpu >"$OUT/sanitizer-$tool.log" 2>&1
+      echo "== compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | sort | uniq -c | tr '\n' ' ')"
+      grep -E '^(ok|not ok)' "$OUT/sanitizer-$tool.log"
+    done
+  fi
+  for n in ${RANKS:-2 4}; do
+    echo "== moea2a_perf --mem cuda --ranks $n"
+    timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \
+        --iters "${ITERS:-30}" --warmup 10 --baseline; echo "rc=$?"
+  done
+} 2>&1 | tee "$OUT/summary.log"
