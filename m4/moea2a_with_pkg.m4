@@ -33,11 +33,12 @@ AS_IF([test "x$with_$1" != xno], [
                         moea2a_libs=`$PKG_CONFIG --libs '$2'`],
           [system],    [moea2a_cpp=""; moea2a_ld=""; moea2a_libs="$5"],
           [moea2a_cpp="-I$moea2a_cand/include"
-           moea2a_libdir="$moea2a_cand/lib"
-           AS_IF([test -d "$moea2a_cand/lib64"], [moea2a_libdir="$moea2a_cand/lib64"])
-           moea2a_ld="-L$moea2a_libdir"
-           AS_IF([test "$moea2a_libdir" != "$moea2a_cand/lib" && test -d "$moea2a_cand/lib"],
-                 [moea2a_ld="$moea2a_ld -L$moea2a_cand/lib"])
+           moea2a_ld=""
+           # lib64, the multiarch directory (Debian/Ubuntu packages), lib: all that exist
+           moea2a_multiarch=`$CC -print-multiarch 2>/dev/null`
+           for moea2a_l in lib64 ${moea2a_multiarch:+lib/$moea2a_multiarch} lib; do
+               AS_IF([test -d "$moea2a_cand/$moea2a_l"], [moea2a_ld="$moea2a_ld -L$moea2a_cand/$moea2a_l"])
+           done
            moea2a_libs="$5"])
         # An explicit DIR must hold the header itself, not lean on the system's copy.
         AS_CASE([$moea2a_cand], [pkgconfig|system], [],
