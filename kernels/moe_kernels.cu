@@ -190,6 +190,52 @@ __global__ void combine(m2a_kparams_t p, int n, const int32_t *__restrict__ map,
     }
 }
 
+/* The same reduction, 16 bytes per load and store (8 bf16/fp16 or 4 fp32 values per
+ * thread step): each element still sums from 0.0f over the token's rows in
+ * ascending rank order, so the bits equal the scalar kernel's. Needs 16-byte rows
+ * and pointers. */
+template <moea2a_datatype_t DT>
+__global__ void combine_vec(m2a_kparams_t p, int n, const int32_t *__restrict__ map, size_t hidden,
+                            const unsigned char *self_rows, const unsigned char *landing, unsigned char *out)
+{
+    constexpr int V = 16 / Elem<DT>::size;
+    __shared__ const unsigned char *rows[kMaxDest];
+    __shared__ int nrows;
+    const size_t row_bytes = Elem<DT>::size * hidden, chunks = row_bytes / 16;
+    for (int t = blockIdx.x; t < n; t += gridDim.x) {
+        if (threadIdx.x == 0) {
+            int nd = 0;
+            for (int d = 0; d < p.k && nd < kMaxDest; d++) {
+                int32_t e = map[(size_t)t * p.k + d];
+                if (e < 0) break;
+                int rank = e / p.cap, slot = e % p.cap;
+                rows[nd++] = rank == p.me ? self_rows + (size_t)slot * row_bytes
+                                          : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
+            }
+            nrows = nd;
+        }
+        __syncthreads();
+        unsigned char *o = out + (size_t)t * row_bytes;
+        for (size_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+            float acc[V];
+#pragma unroll
+            for (int v = 0; v < V; v++) acc[v] = 0.0f;
+            for (int d = 0; d < nrows; d++) {
+                int4 raw = reinterpret_cast<const int4 *>(rows[d])[c];
+                const unsigned char *b = reinterpret_cast<const unsigned char *>(&raw);
+#pragma unroll
+                for (int v = 0; v < V; v++) acc[v] += Elem<DT>::load(b, (size_t)v);
+            }
+            int4 res;
+            unsigned char *rb = reinterpret_cast<unsigned char *>(&res);
+#pragma unroll
+            for (int v = 0; v < V; v++) Elem<DT>::store(rb, (size_t)v, acc[v]);
+            reinterpret_cast<int4 *>(o)[c] = res;
+        }
+        __syncthreads();
+    }
+}
+
 int grid_for(long long work, int per_block)
 {
     long long g = (work + per_block - 1) / per_block;
@@ -234,6 +280,16 @@ extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *se
     dim3 grid(grid_for(n, 1)), block(256);
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = (unsigned char *)out;
+    size_t es = dtype == MOEA2A_FLOAT32 ? 4 : 2;
+    bool vec = ((es * hidden) % 16 == 0) && (((uintptr_t)self_rows | (uintptr_t)landing | (uintptr_t)out) % 16 == 0);
+    if (vec) {
+        switch (dtype) {
+        case MOEA2A_FLOAT32: combine_vec<MOEA2A_FLOAT32><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
+        case MOEA2A_FLOAT16: combine_vec<MOEA2A_FLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
+        default: combine_vec<MOEA2A_BFLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
+        }
+        return (int)cudaGetLastError();
+    }
     switch (dtype) {
     case MOEA2A_FLOAT32: combine<MOEA2A_FLOAT32><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
     case MOEA2A_FLOAT16: combine<MOEA2A_FLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;

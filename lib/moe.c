@@ -8,8 +8,43 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 #include "moe.h"
+
+/* ---- phase timing (TRACE only) ---------------------------------------------------
+ * With MOEA2A_DEBUG=TRACE and the MOE subsystem, dispatch and combine wait for the
+ * stream at each phase boundary and log how long each phase took. The waits change
+ * the timing they measure; they exist to find where time goes, never otherwise. */
+typedef struct {
+    int on, n;
+    double t0, last;
+    char text[256];
+} phase_t;
+
+static void phase_start(moea2a_moe_t moe, phase_t *ph, void *stream)
+{
+    ph->on = m2a_log_enabled(M2A_LOG_TRACE, M2A_SUBSYS_MOE);
+    ph->n = 0, ph->text[0] = 0;
+    if (!ph->on) return;
+    if (moe->cuda) m2a_moe_cuda_wait(moe, stream);
+    ph->t0 = ph->last = m2a_now();
+}
+
+static void phase_mark(moea2a_moe_t moe, phase_t *ph, void *stream, const char *name)
+{
+    if (!ph->on) return;
+    if (moe->cuda) m2a_moe_cuda_wait(moe, stream);
+    double now = m2a_now();
+    if (ph->n < 200)
+        ph->n += snprintf(ph->text + ph->n, sizeof(ph->text) - (size_t)ph->n, " %s %.1f", name, (now - ph->last) * 1e6);
+    ph->last = now;
+}
+
+static void phase_report(const phase_t *ph, const char *what)
+{
+    if (ph->on) M2A_TRACE(M2A_SUBSYS_MOE, "%s phases (us):%s; total %.1f", what, ph->text, (m2a_now() - ph->t0) * 1e6);
+}
 
 /* ---- planning: config, placement, layout ------------------------------------ */
 
@@ -515,6 +550,8 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     int ep = comm->nranks, cap = moe->cfg.max_tokens_per_rank, rt = runtime_max ? runtime_max : cap;
     m2a_moe_header_t *hs = moe->h_hdr_send, *hr = moe->h_hdr_recv;
 
+    phase_t ph;
+    phase_start(moe, &ph, stream);
     /* 1. Check and route locally; the outcome travels with the headers. */
     moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
     int64_t invalid = 0, dedup = 0;
@@ -524,6 +561,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     }
     if (mine != MOEA2A_SUCCESS) memset(moe->h_send_counts, 0, sizeof(int32_t) * (size_t)ep);
     for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){moe->h_send_counts[q], rt, mine, n};
+    phase_mark(moe, &ph, stream, "route");
 
     /* 2. Headers: counts, stride and every rank's verdict. */
     int64_t hc[512], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
@@ -534,18 +572,23 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     if (r != MOEA2A_SUCCESS) return r;
     M2A_TRY(judge_headers(moe, mine, hr, rt));
     for (int q = 0; q < ep; q++) moe->h_recv_counts[q] = hr[q].count;
+    phase_mark(moe, &ph, stream, "headers");
 
     /* 3. Pack, move every array, sanitize. */
     if (moe->cuda) r = m2a_moe_cuda_pack(moe, n, rt, payloads, ids, weights, stream);
     else host_pack(moe, n, rt, payloads, ids, weights);
+    phase_mark(moe, &ph, stream, "pack");
     if (r == MOEA2A_SUCCESS) r = exchange_arrays(moe, rt, stream);
     if (r != MOEA2A_SUCCESS) return r;
+    phase_mark(moe, &ph, stream, "exchange");
     if (moe->cuda) {
         M2A_TRY(m2a_moe_cuda_sanitize(moe, rt, stream));
     } else {
         m2a_host_sanitize(&moe->route, &moe->l, rt, !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
                           (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, moe->ws);
     }
+    phase_mark(moe, &ph, stream, "sanitize");
+    phase_report(&ph, "dispatch");
     fill_result(moe, rt, invalid, dedup, result);
     moe->dispatched = 1, moe->num_tokens = n, moe->stride = rt;
     M2A_TRACE(M2A_SUBSYS_MOE, "dispatch: %d tokens, sent %lld rows, received %lld, %lld invalid entries", n,
@@ -574,6 +617,8 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
         mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: buffers must be in %s memory, like the context",
                          moe->cuda ? "CUDA" : "host");
 
+    phase_t ph;
+    phase_start(moe, &ph, stream);
     /* Everyone learns whether everyone can go on. */
     int32_t *st = calloc((size_t)ep, sizeof(int32_t));
     if (!st) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
@@ -586,6 +631,7 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
                                                    moea2a_strerror((moea2a_result_t)st[q]));
     free(st);
     if (r != MOEA2A_SUCCESS) return r;
+    phase_mark(moe, &ph, stream, "status");
 
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
     size_t row = l->combine_row;
@@ -599,6 +645,7 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
     r = moea2a_alltoallv(in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, stream);
     free(v);
+    phase_mark(moe, &ph, stream, "exchange");
     if (r == MOEA2A_SUCCESS && moe->cuda) {
         r = m2a_moe_cuda_combine(moe, in, out, stream);
     } else if (r == MOEA2A_SUCCESS &&
@@ -607,6 +654,8 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
                                        moe->stage_index, out)) {
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     }
+    phase_mark(moe, &ph, stream, "reduce");
+    phase_report(&ph, "combine");
     if (r == MOEA2A_SUCCESS) moe->dispatched = 0;
     return r;
 }

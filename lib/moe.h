@@ -39,4 +39,6 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const voi
                                   const int32_t *ids, const float *weights, void *stream);
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
+/* Waits for the stream (phase timing only). */
+void m2a_moe_cuda_wait(moea2a_moe_t moe, void *stream);
 #endif

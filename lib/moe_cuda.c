@@ -173,6 +173,12 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
     return MOEA2A_SUCCESS;
 }
 
+void m2a_moe_cuda_wait(moea2a_moe_t moe, void *stream)
+{
+    (void)moe;
+    cudaStreamSynchronize((cudaStream_t)stream);
+}
+
 #else /* no CUDA in this build */
 
 static moea2a_result_t no_cuda(moea2a_comm_t comm)
@@ -203,4 +209,5 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
     (void)in, (void)out, (void)stream;
     return no_cuda(moe->comm);
 }
+void m2a_moe_cuda_wait(moea2a_moe_t moe, void *stream) { (void)moe, (void)stream; }
 #endif

@@ -426,7 +426,11 @@ static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
     moea2a_comm_t comm;
     int fails = 0;
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    /* Host transport only, so that "CUDA memory without a CUDA transport" holds on GPU
+     * machines too. */
+    moea2a_config_t cc = MOEA2A_CONFIG_INITIALIZER;
+    cc.transport = "ucx";
+    if (moea2a_comm_init_rank(&comm, ep, id, me, &cc)) return 1;
     moea2a_moe_config_t mc = small_config(10, 3, 16);
     moea2a_moe_t moe;
     moea2a_result_t r = moea2a_moe_create(&moe, comm, &mc);
