@@ -95,14 +95,13 @@ __device__ __forceinline__ void copy_row(unsigned char *dst, const unsigned char
 /* One block per token: every destination gets every array of the token. */
 __global__ void pack(m2a_kparams_t p, int n, int stride, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                      const float *__restrict__ weights, const int32_t *__restrict__ map, unsigned char *ws,
-                     unsigned char *stage, int which)
+                     unsigned char *stage)
 {
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
         for (int d = 0; d < p.k; d++) {
             int32_t e = map[(size_t)t * p.k + d];
             if (e < 0) break;
             int rank = e / p.cap, slot = e % p.cap, s = p.stage_index[rank];
-            if ((which == M2A_PACK_PEERS && s < 0) || (which == M2A_PACK_DIRECT && s >= 0)) continue;
             for (int a = 0; a < p.narrays; a++) {
                 size_t w = p.width[a];
                 const unsigned char *src;
@@ -256,11 +255,10 @@ extern "C" int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids,
 
 extern "C" int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
                              const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
-                             int which, void *stream)
+                             void *stream)
 {
     if (n <= 0) return 0;
-    pack<<<grid_for(n, 1), 256, 0, (cudaStream_t)stream>>>(*p, n, stride, payloads, ids, weights, send_map, ws, stage_send,
-                                                           which);
+    pack<<<grid_for(n, 1), 256, 0, (cudaStream_t)stream>>>(*p, n, stride, payloads, ids, weights, send_map, ws, stage_send);
     return (int)cudaGetLastError();
 }
 

@@ -33,12 +33,11 @@ typedef struct {
  * through prefix sums: no atomic decides any order. */
 int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                    unsigned long long *stats, void *stream);
-/* Each token's arrays to its own receive slots (destinations reached directly: this
- * rank) or to the staging region of each staged destination; `which` selects. */
-enum { M2A_PACK_ALL = 0, M2A_PACK_PEERS = 1, M2A_PACK_DIRECT = 2 };
+/* Each token's arrays to its own receive slots (self) or the staging region of each
+ * staged destination. */
 int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
                   const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
-                  int which, void *stream);
+                  void *stream);
 /* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
 int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);

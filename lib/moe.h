@@ -22,8 +22,6 @@ struct moea2a_moe {
     int32_t *h_owner;           /* [E] */
     int *stage_index;           /* [ep] host copy: staging slot of each peer, -1 direct */
     void *kparams;              /* CUDA: kernel parameters (m2a_kparams_t) */
-    void *side;                 /* CUDA: stream for the direct copies, joined before sanitize */
-    void *fork_ev, *join_ev;    /* CUDA: events of that fork and join */
     int numa;
     /* the last dispatch, which combine answers */
     int dispatched, num_tokens, stride;
@@ -37,9 +35,6 @@ void m2a_moe_cuda_release(moea2a_moe_t moe);
  * host synchronization of a dispatch on the generic path, bounded by the timeout. */
 moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
                                    int64_t *dedup);
-/* Packs what goes to staged peers on the stream, and forks the copies into this
- * rank's own slots onto a side stream so they run while the exchange moves data;
- * m2a_moe_cuda_sanitize joins them back. */
 moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const void *const *payloads,
                                   const int32_t *ids, const float *weights, void *stream);
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);

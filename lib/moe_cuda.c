@@ -64,9 +64,6 @@ moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe)
     CU(comm, cudaMalloc((void **)&moe->ws, l->workspace));
     if (l->staging) CU(comm, cudaMalloc((void **)&moe->stage, l->staging));
     CU(comm, cudaHostAlloc((void **)&moe->pinned, l->pinned, cudaHostAllocDefault));
-    CU(comm, cudaStreamCreateWithFlags((cudaStream_t *)&moe->side, cudaStreamNonBlocking));
-    CU(comm, cudaEventCreateWithFlags((cudaEvent_t *)&moe->fork_ev, cudaEventDisableTiming));
-    CU(comm, cudaEventCreateWithFlags((cudaEvent_t *)&moe->join_ev, cudaEventDisableTiming));
     /* the mirror: send counts, receive counts, headers out and in, stats */
     size_t a4 = m2a_align(4 * (size_t)ep), a16 = m2a_align(sizeof(m2a_moe_header_t) * (size_t)ep);
     moe->h_send_counts = (int32_t *)moe->pinned;
@@ -92,9 +89,6 @@ void m2a_moe_cuda_release(moea2a_moe_t moe)
     if (moe->ws) cudaFree(moe->ws);
     if (moe->stage) cudaFree(moe->stage);
     if (moe->pinned) cudaFreeHost(moe->pinned);
-    if (moe->side) cudaStreamDestroy((cudaStream_t)moe->side);
-    if (moe->fork_ev) cudaEventDestroy((cudaEvent_t)moe->fork_ev);
-    if (moe->join_ev) cudaEventDestroy((cudaEvent_t)moe->join_ev);
     free(moe->kparams);
 }
 
@@ -149,25 +143,16 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const voi
     m2a_kpayloads_t pay;
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; i < moe->cfg.num_payloads && payloads; i++) pay.p[i] = payloads[i];
-    const int32_t *map = (const int32_t *)(moe->ws + l->send_map);
-    unsigned char *stage = moe->stage ? moe->stage + l->stage_send : NULL;
-    cudaStream_t side = (cudaStream_t)moe->side;
     CU(comm, cudaMemcpyAsync(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks,
                              cudaMemcpyHostToDevice, s));
-    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, n, stride, pay, ids, weights, map, moe->ws, stage, M2A_PACK_PEERS, s));
-    /* fork: this rank's own rows are copied on the side stream, under the exchange */
-    CU(comm, cudaEventRecord((cudaEvent_t)moe->fork_ev, s));
-    CU(comm, cudaStreamWaitEvent(side, (cudaEvent_t)moe->fork_ev, 0));
-    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, n, stride, pay, ids, weights, map, moe->ws, stage, M2A_PACK_DIRECT, side));
-    CU(comm, cudaEventRecord((cudaEvent_t)moe->join_ev, side));
+    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, n, stride, pay, ids, weights, (const int32_t *)(moe->ws + l->send_map),
+                                        moe->ws, moe->stage ? moe->stage + l->stage_send : NULL, s));
     return MOEA2A_SUCCESS;
 }
 
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
-    /* join the side stream's direct copies before anything reads the slots */
-    CU(moe->comm, cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)moe->join_ev, 0));
     CU(moe->comm, (cudaError_t)m2a_cuda_sanitize(moe->kparams, stride, (const int32_t *)(moe->ws + l->recv_counts),
                                                  (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index),
                                                  !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
