@@ -33,6 +33,31 @@ __global__ void sum_rows(uint16_t *out, const unsigned char *rows, const int32_t
         }
 }
 
+/* Rows per destination rank, as a caller must compute them on the GPU (each token
+ * once per rank that owns one of its experts) before sizing an all-to-all. */
+__global__ void count_dests(int64_t *counts, const int32_t *ids, int tokens, int k, int experts, int ep)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= tokens) return;
+    int q = experts / ep, rem = experts % ep, seen[64], nd = 0;
+    for (int j = 0; j < k; j++) {
+        int e = ids[t * k + j];
+        int r = e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1);
+        bool dup = false;
+        for (int i = 0; i < nd; i++) dup |= seen[i] == r;
+        if (dup || nd == 64) continue;
+        seen[nd++] = r;
+        atomicAdd((unsigned long long *)&counts[r], 1ull);
+    }
+}
+
+extern "C" void perf_cuda_count_dests(int64_t *counts, const int32_t *ids, int tokens, int k, int experts, int ep,
+                                      void *stream)
+{
+    cudaMemsetAsync(counts, 0, sizeof(int64_t) * (size_t)ep, (cudaStream_t)stream);
+    if (tokens > 0) count_dests<<<(tokens + 255) / 256, 256, 0, (cudaStream_t)stream>>>(counts, ids, tokens, k, experts, ep);
+}
+
 extern "C" void perf_cuda_gather_rows(unsigned char *dst, const unsigned char *src, const int32_t *index, int64_t rows,
                                       size_t row_bytes, void *stream)
 {

@@ -7,6 +7,7 @@
 
 #ifdef MOEA2A_HAVE_CUDA
 #include <cuda_runtime_api.h>
+void perf_cuda_count_dests(int64_t *counts, const int32_t *ids, int tokens, int k, int experts, int ep, void *stream);
 void perf_cuda_gather_rows(unsigned char *dst, const unsigned char *src, const int32_t *index, int64_t rows,
                            size_t row_bytes, void *stream);
 void perf_cuda_sum_rows(uint16_t *out, const unsigned char *rows, const int32_t *pos, const int32_t *nd, int tokens,
@@ -102,6 +103,32 @@ void perf_gather_rows(const perf_mem_t *m, unsigned char *dst, const unsigned ch
     }
 #endif
     for (int64_t i = 0; i < rows; i++) memcpy(dst + (size_t)i * row_bytes, src + (size_t)index[i] * row_bytes, row_bytes);
+}
+
+void perf_count_dests(const perf_mem_t *m, int64_t *counts, int64_t *d_counts, const int32_t *ids, int tokens, int k,
+                      int experts, int ep)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        perf_cuda_count_dests(d_counts, ids, tokens, k, experts, ep, m->stream);
+        cudaMemcpyAsync(counts, d_counts, sizeof(int64_t) * (size_t)ep, cudaMemcpyDeviceToHost, (cudaStream_t)m->stream);
+        cudaStreamSynchronize((cudaStream_t)m->stream);
+        return;
+    }
+#endif
+    (void)d_counts;
+    int q = experts / ep, rem = experts % ep;
+    memset(counts, 0, sizeof(int64_t) * (size_t)ep);
+    for (int t = 0; t < tokens; t++) {
+        int seen[64], nd = 0;
+        for (int j = 0; j < k; j++) {
+            int e = ids[t * k + j], r = e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1), dup = 0;
+            for (int i = 0; i < nd; i++) dup |= seen[i] == r;
+            if (dup || nd == 64) continue;
+            seen[nd++] = r;
+            counts[r]++;
+        }
+    }
 }
 
 void perf_sum_rows(const perf_mem_t *m, uint16_t *out, const unsigned char *rows, const int32_t *pos,

@@ -20,6 +20,11 @@ void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes
 /* Waits for the stream (no-op on host memory); 0 or -1 on a CUDA error. */
 int perf_sync(const perf_mem_t *m);
 
+/* Rows per destination rank from the top-k ids (contiguous placement, each token
+ * once per rank), into host `counts`: on CUDA memory a kernel, a copy back and a
+ * wait, as a caller needs before sizing an all-to-all. d_counts: scratch [ep]. */
+void perf_count_dests(const perf_mem_t *m, int64_t *counts, int64_t *d_counts, const int32_t *ids, int tokens, int k,
+                      int experts, int ep);
 /* Baseline kernels (host loops on host memory): pack rows[i] = src[index[i]], and
  * out[t] = bf16(sum over j < nd[t] of bf16 rows[pos[t][j]]) in order. */
 void perf_gather_rows(const perf_mem_t *m, unsigned char *dst, const unsigned char *src, const int32_t *index,

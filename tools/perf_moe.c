@@ -2,8 +2,9 @@
  * count, on host or CUDA memory; with --baseline the same done the way a user would
  * without moea2a, measured in the same run: pack rows per destination, exchange
  * counts, all-to-all the packed rows (NCCL on CUDA memory); back again, then sum.
- * The baseline's routing plan (which row goes where) is computed once, outside its
- * timed region: that favours the baseline.
+ * The baseline counts rows per destination on the device and reads the counts back
+ * (what any caller must do to size an all-to-all), inside its timed region; its
+ * row-ordering plan is computed once, outside it, which favours the baseline.
  *
  * Columns: "bytes" is the payload one rank moves (rows x row bytes, its own share
  * included); algbw = bytes / time; busbw = the bytes that cross to other ranks / time
@@ -93,6 +94,7 @@ typedef struct {
     int64_t sc[64], sd[64], rc[64], rd[64], cnt_in[64], one[64], offs[64];
     int64_t rows_out, rows_in;
     int32_t *d_index, *d_pos, *d_nd; /* device (or host) copies of the plan */
+    int64_t *d_counts;                /* scratch for the per-destination counts */
     unsigned char *sbuf, *rbuf, *cback, *cland;
     uint16_t *out;
 } base_t;
@@ -116,6 +118,7 @@ static int base_setup(const perf_mem_t *m, const bench_t *b, const unsigned char
     x->d_index = perf_alloc(m, sizeof(int32_t) * (size_t)(x->rows_out + 1));
     x->d_pos = perf_alloc(m, sizeof(int32_t) * (size_t)(b->T * b->k + 1));
     x->d_nd = perf_alloc(m, sizeof(int32_t) * (size_t)(b->T + 1));
+    x->d_counts = perf_alloc(m, sizeof(int64_t) * 64);
     size_t maxrows = (size_t)b->T * (size_t)(b->k < n ? b->k : n) + 1;
     x->sbuf = perf_alloc(m, maxrows * b->row);
     x->rbuf = perf_alloc(m, (size_t)n * (size_t)b->T * b->row + 1);
@@ -134,15 +137,17 @@ static int base_setup(const perf_mem_t *m, const bench_t *b, const unsigned char
 
 static void base_free(const perf_mem_t *m, base_t *x)
 {
-    void *p[] = {x->d_index, x->d_pos, x->d_nd, x->sbuf, x->rbuf, x->cback, x->cland, x->out};
+    void *p[] = {x->d_index, x->d_pos, x->d_nd, x->d_counts, x->sbuf, x->rbuf, x->cback, x->cland, x->out};
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         if (p[i]) perf_free(m, p[i]);
 }
 
 static moea2a_result_t base_dispatch(moea2a_comm_t comm, const perf_mem_t *m, const bench_t *b,
-                                     const unsigned char *d_pay, base_t *x)
+                                     const unsigned char *d_pay, const int32_t *d_ids, base_t *x)
 {
     int n = b->ep;
+    /* split sizes from the device's top-k ids, back on the host */
+    perf_count_dests(m, x->sc, x->d_counts, d_ids, b->T, b->k, b->E, n);
     perf_gather_rows(m, x->sbuf, d_pay, x->d_index, x->rows_out, b->row); /* pack per destination */
     moea2a_result_t r = moea2a_alltoallv(x->sc, x->one, x->offs, x->cnt_in, x->one, x->offs, MOEA2A_INT64, comm, NULL);
     int64_t sc[64], sd[64], rc[64], rd[64];
@@ -330,7 +335,7 @@ static int run_tokens(moea2a_comm_t comm, const perf_mem_t *m, const perf_opts_t
         if (base_setup(m, &b, d_pay, &x)) FAIL("rank %d: out of memory for the baseline\n", rank);
         for (int i = 0; i < o->warmup + o->iters; i++) {
             double t0 = perf_now();
-            TRY(base_dispatch(comm, m, &b, d_pay, &x));
+            TRY(base_dispatch(comm, m, &b, d_pay, d_ids, &x));
             double t1 = perf_now();
             TRY(base_combine(comm, m, &b, &x));
             double t2 = perf_now();
