@@ -318,6 +318,41 @@ MOEA2A_API moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int num_tokens, con
  * received token t; zeros for tokens sent nowhere. */
 MOEA2A_API moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);
 
+/* ---- NVFP4 ------------------------------------------------------------------------
+ * See moea2a_fp4(3) for the exact format and arithmetic. Memory space (host or CUDA)
+ * comes from the pointers; all pointers of a call, g included, must be in the same
+ * space. stream (a cudaStream_t) orders CUDA work and is ignored for host memory.
+ * k must be a multiple of 16. */
+
+typedef enum {
+    MOEA2A_SF_LINEAR = 0, /* sf[m * (k/16) + kb] */
+    MOEA2A_SF_128X4 = 1,  /* 128-row x 4-block tiles (roundup(m,128) x roundup(k/16,4) bytes) */
+    MOEA2A_SF_8X4 = 2     /* 8-row x 4-block tiles (roundup(m,8) x roundup(k/16,4) bytes) */
+} moea2a_sf_layout_t;
+
+/* Bytes of a scale buffer of m rows of k values in layout (padding included). */
+MOEA2A_API moea2a_result_t moea2a_fp4_sf_bytes(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *bytes);
+/* *g = 448 * 6 / amax(|x|) over count elements (1 when amax is 0). */
+MOEA2A_API moea2a_result_t moea2a_fp4_global_scale(const void *x, moea2a_datatype_t xtype, size_t count, float *g,
+                                                   void *stream);
+/* x [m][k] (bf16, fp16 or fp32) -> q [m][k/2] packed E2M1 and sf (E4M3, layout). */
+MOEA2A_API moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k,
+                                               const float *g, void *q, void *sf, moea2a_sf_layout_t layout,
+                                               void *stream);
+/* q, sf -> out [m][k] of otype (bf16, fp16 or fp32): e2m1(q) * sf * (1/g). */
+MOEA2A_API moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_layout_t layout,
+                                                 const float *g, size_t m, size_t k, void *out,
+                                                 moea2a_datatype_t otype, void *stream);
+/* Scales of m rows of k values from one layout to another; padding written 0. */
+MOEA2A_API moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_layout, void *dst,
+                                                 moea2a_sf_layout_t dst_layout, size_t m, size_t k, void *stream);
+/* The linear scales of a dispatch's [ep][stride] receive rows into dst_layout over
+ * ep x stride rows: rows i >= recv_counts[src] (padding) get scale 0. recv_counts
+ * lives in the same memory as src (moea2a_dispatch_result_t.recv_counts). */
+MOEA2A_API moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *dst, moea2a_sf_layout_t dst_layout,
+                                                        const int32_t *recv_counts, int ep, int stride, size_t k,
+                                                        void *stream);
+
 /* ---- transports and parameters ------------------------------------------------ */
 
 typedef struct {

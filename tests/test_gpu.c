@@ -5,6 +5,7 @@
  * NCCL communicator. Without a GPU every test reports SKIP. */
 #include "config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,6 +358,70 @@ static int adopt_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* NVFP4 on the device equals the host reference bit for bit: quantize (bf16, fp16
+ * and fp32 inputs, every layout), dequantize, conversions, global scale. */
+static int fp4_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    (void)n, (void)id;
+    int fails = 0;
+    if (use_device(rank, *(int *)arg)) return 1;
+    static const moea2a_datatype_t types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
+    for (int round = 0; round < 6; round++) {
+        size_t m = 1 + (size_t)(mix((uint64_t)round) % 300), k = 16 * (1 + (size_t)(mix((uint64_t)round + 99) % 40));
+        moea2a_datatype_t t = types[round % 3];
+        moea2a_sf_layout_t layout = (moea2a_sf_layout_t)(round % 3);
+        size_t es, sfb;
+        moea2a_datatype_size(t, &es);
+        moea2a_fp4_sf_bytes(layout, m, k, &sfb);
+        unsigned char *x = malloc(m * k * es);
+        for (size_t i = 0; i < m * k * es; i += 2) { /* finite 16-bit patterns, some NaN/inf blocks */
+            uint16_t h = (uint16_t)mix((uint64_t)round * 1000003 + i);
+            if (t != MOEA2A_FLOAT32) h &= (uint16_t)(i % 4096 == 0 ? 0xffff : 0xbfff);
+            memcpy(x + i, &h, 2);
+        }
+        float g = 0, *dg;
+        moea2a_fp4_global_scale(x, t, m * k, &g, NULL);
+        if (!isfinite(g) || g == 0) g = 1.0f;
+        unsigned char *hq = malloc(m * k / 2), *hs = malloc(sfb), *dq_h = malloc(m * k / 2), *ds_h = malloc(sfb);
+        moea2a_fp4_quantize(x, t, m, k, &g, hq, hs, layout, NULL);
+        void *dx = to_device(x, m * k * es), *dq, *ds, *dout;
+        dg = to_device(&g, sizeof(g));
+        cudaMalloc(&dq, m * k / 2), cudaMalloc(&ds, sfb), cudaMalloc(&dout, m * k * 4);
+        moea2a_result_t r = moea2a_fp4_quantize(dx, t, m, k, dg, dq, ds, layout, NULL);
+        cudaDeviceSynchronize();
+        cudaMemcpy(dq_h, dq, m * k / 2, cudaMemcpyDeviceToHost), cudaMemcpy(ds_h, ds, sfb, cudaMemcpyDeviceToHost);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(hq, dq_h, m * k / 2) && !memcmp(hs, ds_h, sfb),
+                    "quantize %s %zux%zu layout %d: device differs from host", moea2a_datatype_name(t), m, k, (int)layout);
+        float *hout = malloc(m * k * 4), *dout_h = malloc(m * k * 4);
+        moea2a_fp4_dequantize(hq, hs, layout, &g, m, k, hout, t, NULL);
+        r = moea2a_fp4_dequantize(dq, ds, layout, dg, m, k, dout, t, NULL);
+        cudaMemcpy(dout_h, dout, m * k * es, cudaMemcpyDeviceToHost);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(hout, dout_h, m * k * es), "dequantize %s differs",
+                    moea2a_datatype_name(t));
+        float dgv = 0;
+        moea2a_fp4_global_scale(dx, t, m * k, dg, NULL);
+        cudaMemcpy(&dgv, dg, 4, cudaMemcpyDeviceToHost);
+        float hg;
+        moea2a_fp4_global_scale(x, t, m * k, &hg, NULL);
+        RANK_EXPECT(fails, rank, (isnan(dgv) && isnan(hg)) || !memcmp(&dgv, &hg, 4), "global scale differs (%g vs %g)",
+                    (double)dgv, (double)hg);
+        /* conversion of the device scales to 8x4 and back */
+        size_t b8;
+        moea2a_fp4_sf_bytes(MOEA2A_SF_8X4, m, k, &b8);
+        void *d8, *dl;
+        cudaMalloc(&d8, b8), cudaMalloc(&dl, m * k / 16);
+        moea2a_fp4_sf_convert(ds, layout, d8, MOEA2A_SF_8X4, m, k, NULL);
+        moea2a_fp4_sf_convert(d8, MOEA2A_SF_8X4, dl, MOEA2A_SF_LINEAR, m, k, NULL);
+        unsigned char *lin_d = malloc(m * k / 16), *lin_h = malloc(m * k / 16);
+        cudaMemcpy(lin_d, dl, m * k / 16, cudaMemcpyDeviceToHost);
+        moea2a_fp4_sf_convert(hs, layout, lin_h, MOEA2A_SF_LINEAR, m, k, NULL);
+        RANK_EXPECT(fails, rank, !memcmp(lin_d, lin_h, m * k / 16), "scale conversions differ");
+        cudaFree(dx), cudaFree(dq), cudaFree(ds), cudaFree(dout), cudaFree(dg), cudaFree(d8), cudaFree(dl);
+        free(x), free(hq), free(hs), free(dq_h), free(ds_h), free(hout), free(dout_h), free(lin_d), free(lin_h);
+    }
+    return fails;
+}
+
 int main(void)
 {
     int ndev = gpu_count();
@@ -383,8 +448,10 @@ int main(void)
         local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
         tap_ok(res.failed == 0, "MoE on %d GPU(s): %d random configs equal the host reference bit for bit", n, a.cases);
     }
-    int n = ndev >= 2 ? 2 : 1;
     local_ranks_result_t res;
+    local_ranks_run(1, fp4_rank, &ndev, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "NVFP4 quantize, dequantize, global scale and scale layouts: device equals host bit for bit");
+    int n = ndev >= 2 ? 2 : 1;
     local_ranks_run(n, adopt_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "moea2a_comm_init_nccl adopts a caller's NCCL communicator (%d GPU(s))", n);
     return tap_done();

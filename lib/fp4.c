@@ -1,0 +1,199 @@
+/* NVFP4 calls: argument checks, then the host reference loops (lib/fp4_math.h) or
+ * the CUDA kernels, chosen by where the pointers live. */
+#include "config.h"
+
+#include <string.h>
+
+#include "comm.h"
+#include "error.h"
+#include "fp4_math.h"
+
+#ifdef MOEA2A_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "fp4_kernels.h"
+#endif
+
+static int float_type(moea2a_datatype_t t)
+{
+    return t == MOEA2A_BFLOAT16 || t == MOEA2A_FLOAT16 || t == MOEA2A_FLOAT32;
+}
+
+static int layout_ok(moea2a_sf_layout_t l)
+{
+    return l == MOEA2A_SF_LINEAR || l == MOEA2A_SF_128X4 || l == MOEA2A_SF_8X4;
+}
+
+static float load_f32(const void *x, moea2a_datatype_t t, size_t i)
+{
+    uint16_t h;
+    float f;
+    switch (t) {
+    case MOEA2A_BFLOAT16: memcpy(&h, (const char *)x + 2 * i, 2); return m2a_bf16_to_f32(h);
+    case MOEA2A_FLOAT16: memcpy(&h, (const char *)x + 2 * i, 2); return m2a_f16_to_f32(h);
+    default: memcpy(&f, (const char *)x + 4 * i, 4); return f;
+    }
+}
+
+static void store_f32(void *x, moea2a_datatype_t t, size_t i, float f)
+{
+    uint16_t h;
+    switch (t) {
+    case MOEA2A_BFLOAT16: h = m2a_f32_to_bf16(f); memcpy((char *)x + 2 * i, &h, 2); break;
+    case MOEA2A_FLOAT16: h = m2a_f32_to_f16(f); memcpy((char *)x + 2 * i, &h, 2); break;
+    default: memcpy((char *)x + 4 * i, &f, 4); break;
+    }
+}
+
+/* One memory space for every pointer of a call: 1 = CUDA, 0 = host, -1 = mixed. */
+static int space_of(const void *const *ptrs, int n)
+{
+    int cuda = -2;
+    for (int i = 0; i < n; i++) {
+        if (!ptrs[i]) continue;
+        int c = m2a_memtype(ptrs[i]) == MOEA2A_MEM_CUDA;
+        if (cuda != -2 && c != cuda) return -1;
+        cuda = c;
+    }
+    return cuda == 1;
+}
+
+#ifdef MOEA2A_HAVE_CUDA
+#define CUDA_OR(call)                                                                                      \
+    do {                                                                                                   \
+        int e_ = (call);                                                                                   \
+        return e_ ? m2a_error(NULL, MOEA2A_ERR_CUDA, "%s: %s", fn, cudaGetErrorString((cudaError_t)e_))    \
+                  : MOEA2A_SUCCESS;                                                                        \
+    } while (0)
+#else
+#define CUDA_OR(call) return m2a_error(NULL, MOEA2A_ERR_UNAVAILABLE, "%s: built without CUDA", fn)
+#endif
+
+#define CHECK_SPACE(cuda, fn) \
+    M2A_CHECK_ARG(NULL, (cuda) >= 0, "%s: all pointers must be in the same memory (host or CUDA)", fn)
+
+moea2a_result_t moea2a_fp4_sf_bytes(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *bytes)
+{
+    M2A_CHECK_ARG(NULL, bytes && layout_ok(layout) && k % 16 == 0,
+                  "moea2a_fp4_sf_bytes: bytes must not be NULL, the layout known, k a multiple of 16 (k=%zu)", k);
+    *bytes = m2a_sf_bytes((int)layout, m, k / 16);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_fp4_global_scale(const void *x, moea2a_datatype_t xtype, size_t count, float *g, void *stream)
+{
+    static const char fn[] = "moea2a_fp4_global_scale";
+    M2A_CHECK_ARG(NULL, g && (x || count == 0), "%s: x and g must not be NULL", fn);
+    M2A_CHECK_ARG(NULL, float_type(xtype), "%s: xtype must be bf16, fp16 or fp32", fn);
+    const void *p[2] = {x, g};
+    int cuda = space_of(p, 2);
+    CHECK_SPACE(cuda, fn);
+    if (cuda) CUDA_OR(m2a_cuda_fp4_global_scale(x, xtype, count, g, stream));
+    /* amax by the bits of |x|: NaN ranks above inf, as on the device */
+    uint32_t amax = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t a = m2a_f32_bits(load_f32(x, xtype, i)) & 0x7fffffffu;
+        amax = a > amax ? a : amax;
+    }
+    *g = amax == 0 ? 1.0f : (M2A_E4M3_MAX * 6.0f) / m2a_bits_f32(amax);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q,
+                                    void *sf, moea2a_sf_layout_t layout, void *stream)
+{
+    static const char fn[] = "moea2a_fp4_quantize";
+    M2A_CHECK_ARG(NULL, (x && q && sf && g) || m == 0, "%s: x, g, q and sf must not be NULL", fn);
+    M2A_CHECK_ARG(NULL, float_type(xtype), "%s: xtype must be bf16, fp16 or fp32", fn);
+    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
+    M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
+    const void *p[4] = {x, g, q, sf};
+    int cuda = space_of(p, 4);
+    CHECK_SPACE(cuda, fn);
+    if (m == 0 || k == 0) return MOEA2A_SUCCESS;
+    if (cuda) CUDA_OR(m2a_cuda_fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
+    size_t kb_n = k / 16;
+    unsigned char *sfb = sf, *qb = q;
+    memset(sfb, 0, m2a_sf_bytes((int)layout, m, kb_n)); /* padding of the tiled layouts */
+    float block[M2A_FP4_BLOCK];
+    for (size_t r = 0; r < m; r++)
+        for (size_t kb = 0; kb < kb_n; kb++) {
+            for (int i = 0; i < M2A_FP4_BLOCK; i++) block[i] = load_f32(x, xtype, r * k + kb * 16 + (size_t)i);
+            sfb[m2a_sf_offset((int)layout, r, kb, kb_n)] = m2a_fp4_block(block, *g, qb + r * (k / 2) + kb * 8);
+        }
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_layout_t layout, const float *g, size_t m,
+                                      size_t k, void *out, moea2a_datatype_t otype, void *stream)
+{
+    static const char fn[] = "moea2a_fp4_dequantize";
+    M2A_CHECK_ARG(NULL, (q && sf && g && out) || m == 0, "%s: q, sf, g and out must not be NULL", fn);
+    M2A_CHECK_ARG(NULL, float_type(otype), "%s: otype must be bf16, fp16 or fp32", fn);
+    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
+    M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
+    const void *p[4] = {q, sf, g, out};
+    int cuda = space_of(p, 4);
+    CHECK_SPACE(cuda, fn);
+    if (m == 0 || k == 0) return MOEA2A_SUCCESS;
+    if (cuda) CUDA_OR(m2a_cuda_fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
+    size_t kb_n = k / 16;
+    float inv_g = 1.0f / *g;
+    const unsigned char *qb = q, *sfb = sf;
+    for (size_t r = 0; r < m; r++)
+        for (size_t kb = 0; kb < kb_n; kb++) {
+            float s = m2a_e4m3_to_f32(sfb[m2a_sf_offset((int)layout, r, kb, kb_n)]);
+            for (int i = 0; i < M2A_FP4_BLOCK; i++) {
+                unsigned char byte = qb[r * (k / 2) + kb * 8 + (size_t)i / 2];
+                uint8_t code = (uint8_t)(i % 2 ? byte >> 4 : byte & 15);
+                store_f32(out, otype, r * k + kb * 16 + (size_t)i, m2a_fp4_value(code, s, inv_g));
+            }
+        }
+    return MOEA2A_SUCCESS;
+}
+
+/* dst over m rows: row r's block kb from src, or 0 for padding (and for rows that
+ * counts mark as unused). */
+static void convert_host(const unsigned char *src, int sl, unsigned char *dst, int dl, size_t m, size_t kb_n,
+                         const int32_t *counts, int stride)
+{
+    memset(dst, 0, m2a_sf_bytes(dl, m, kb_n));
+    for (size_t r = 0; r < m; r++) {
+        if (counts && (int)(r % (size_t)stride) >= counts[r / (size_t)stride]) continue;
+        for (size_t kb = 0; kb < kb_n; kb++) dst[m2a_sf_offset(dl, r, kb, kb_n)] = src[m2a_sf_offset(sl, r, kb, kb_n)];
+    }
+}
+
+moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_layout, void *dst,
+                                      moea2a_sf_layout_t dst_layout, size_t m, size_t k, void *stream)
+{
+    static const char fn[] = "moea2a_fp4_sf_convert";
+    M2A_CHECK_ARG(NULL, (src && dst) || m == 0, "%s: src and dst must not be NULL", fn);
+    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16", fn, k);
+    M2A_CHECK_ARG(NULL, layout_ok(src_layout) && layout_ok(dst_layout), "%s: unknown scale layout", fn);
+    M2A_CHECK_ARG(NULL, src != dst || src_layout == dst_layout, "%s: cannot convert in place", fn);
+    const void *p[2] = {src, dst};
+    int cuda = space_of(p, 2);
+    CHECK_SPACE(cuda, fn);
+    if (m == 0 || k == 0) return MOEA2A_SUCCESS;
+    if (cuda) CUDA_OR(m2a_cuda_fp4_sf_convert(src, (int)src_layout, dst, (int)dst_layout, m, k, NULL, 0, stream));
+    convert_host(src, (int)src_layout, dst, (int)dst_layout, m, k / 16, NULL, 0);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *dst, moea2a_sf_layout_t dst_layout,
+                                             const int32_t *recv_counts, int ep, int stride, size_t k, void *stream)
+{
+    static const char fn[] = "moea2a_fp4_sf_convert_padded";
+    M2A_CHECK_ARG(NULL, src && dst && recv_counts, "%s: src, dst and recv_counts must not be NULL", fn);
+    M2A_CHECK_ARG(NULL, ep >= 1 && stride >= 1, "%s: ep=%d and stride=%d must be >= 1", fn, ep, stride);
+    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16", fn, k);
+    M2A_CHECK_ARG(NULL, layout_ok(dst_layout), "%s: unknown scale layout", fn);
+    const void *p[3] = {src, dst, recv_counts};
+    int cuda = space_of(p, 3);
+    CHECK_SPACE(cuda, fn);
+    size_t m = (size_t)ep * (size_t)stride;
+    if (cuda) CUDA_OR(m2a_cuda_fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
+    convert_host(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k / 16, recv_counts, stride);
+    return MOEA2A_SUCCESS;
+}
