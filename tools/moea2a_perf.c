@@ -71,7 +71,7 @@ static int perf_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         fprintf(stderr, "moea2a_perf: rank %d: communicator: %s: %s\n", rank, moea2a_strerror(r), moea2a_last_error(NULL));
         return 1;
     }
-    int rc = o->op == OP_MOE ? perf_moe(comm, o, &mem) : perf_coll(comm, o);
+    int rc = o->op == OP_MOE ? perf_moe(comm, o, &mem) : o->op == OP_FP4 ? perf_fp4(comm, o, &mem) : perf_coll(comm, o);
     perf_mem_close(&mem);
     r = moea2a_comm_destroy(comm);
     if (r != MOEA2A_SUCCESS && rc == 0) {
@@ -123,7 +123,9 @@ static void usage(FILE *f)
             "  -d, --dtype T        int8 uint8 int32 int64 fp16 bf16 fp32 fp8_e4m3 nvfp4\n"
             "                       (default int32; with --moe, the payload dtype, default bf16)\n"
             "generic collectives:\n"
-            "  -o, --op OP          alltoallv (default), allgather, bcast\n"
+            "  -o, --op OP          alltoallv (default), allgather, bcast; fp4: NVFP4 quantize and\n"
+            "                       dequantize of --rows x --hidden bf16 next to a copy of it\n"
+            "  -r, --rows M         rows for --op fp4 (default 16384)\n"
             "  -b, --minbytes B     smallest size per rank, bytes (K/M/G suffixes; default 1K)\n"
             "  -e, --maxbytes B     largest size per rank (default 16M)\n"
             "  -f, --stepfactor F   size multiplier (default 2)\n"
@@ -143,7 +145,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     perf_opts_t o = {OP_ALLTOALLV, 1024, 16 << 20, 2, 20, 5, 1, MOEA2A_INT32, "host",
-                     {128, 1024, 4096}, 3, 7168, 8, 256, 0, 0, 0.0};
+                     {128, 1024, 4096}, 3, 7168, 8, 256, 0, 0, 0.0, 16384};
     int nranks = 0, dtype_set = 0;
     static const struct option opts[] = {
         {"ranks", required_argument, 0, 'n'},      {"op", required_argument, 0, 'o'},
@@ -155,9 +157,10 @@ int main(int argc, char **argv)
         {"hidden", required_argument, 0, 'H'},     {"topk", required_argument, 0, 'k'},
         {"experts", required_argument, 0, 'E'},    {"skew", required_argument, 0, 's'},
         {"weights", no_argument, 0, 'W'},          {"baseline", no_argument, 0, 'B'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+        {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:h", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
         case 'o':
@@ -165,6 +168,7 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "allgather")) o.op = OP_ALLGATHER;
             else if (!strcmp(optarg, "bcast")) o.op = OP_BCAST;
             else if (!strcmp(optarg, "moe")) o.op = OP_MOE;
+            else if (!strcmp(optarg, "fp4")) o.op = OP_FP4;
             else { usage(stderr); return 2; }
             break;
         case 'b': o.min_bytes = parse_size(optarg); break;
@@ -183,6 +187,7 @@ int main(int argc, char **argv)
         case 's': o.skew = atof(optarg); break;
         case 'W': o.weights = 1; break;
         case 'B': o.baseline = 1; break;
+        case 'r': o.fp4_rows = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -195,6 +200,11 @@ int main(int argc, char **argv)
         if (!dtype_set) o.dtype = MOEA2A_BFLOAT16;
         if (o.hidden < 1 || o.topk < 1 || o.experts < 1 || o.skew < 0 || o.skew > 1) {
             fprintf(stderr, "moea2a_perf: need hidden, topk, experts >= 1 and 0 <= skew <= 1\n");
+            return 2;
+        }
+    } else if (o.op == OP_FP4) {
+        if (o.fp4_rows < 1 || o.hidden < 16 || o.hidden % 16) {
+            fprintf(stderr, "moea2a_perf --op fp4: need --rows >= 1 and --hidden a multiple of 16\n");
             return 2;
         }
     } else if (o.factor < 2 || o.min_bytes > o.max_bytes || o.min_bytes == 0) {

@@ -7,7 +7,7 @@
 #include "moea2a.h"
 #include "perf_mem.h"
 
-typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE } perf_op_t;
+typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE, OP_FP4 } perf_op_t;
 
 #define PERF_MAX_TOKEN_SIZES 16
 
@@ -21,6 +21,7 @@ typedef struct {
     int tokens[PERF_MAX_TOKEN_SIZES], ntokens;
     int hidden, topk, experts, baseline, weights;
     double skew; /* probability that an expert is drawn from rank 0's experts */
+    int fp4_rows; /* --op fp4: M (K is --hidden) */
 } perf_opts_t;
 
 double perf_now(void);
@@ -30,4 +31,5 @@ moea2a_result_t perf_reduce(moea2a_comm_t comm, double t, double v, double *tmax
 /* Exit status: 0 ok, 1 error, 3 wrong values. */
 int perf_coll(moea2a_comm_t comm, const perf_opts_t *o);
 int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m);
+int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m);
 #endif

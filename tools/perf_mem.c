@@ -84,6 +84,17 @@ void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes
     memcpy(dst, src, bytes);
 }
 
+void perf_copy(const perf_mem_t *m, void *dst, const void *src, size_t bytes)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)m->stream);
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
 int perf_sync(const perf_mem_t *m)
 {
 #ifdef MOEA2A_HAVE_CUDA

@@ -17,6 +17,8 @@ void *perf_alloc(const perf_mem_t *m, size_t bytes);
 void perf_free(const perf_mem_t *m, void *p);
 void perf_upload(const perf_mem_t *m, void *dst, const void *src, size_t bytes);
 void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes);
+/* dst <- src within the benchmark's memory, on its stream. */
+void perf_copy(const perf_mem_t *m, void *dst, const void *src, size_t bytes);
 /* Waits for the stream (no-op on host memory); 0 or -1 on a CUDA error. */
 int perf_sync(const perf_mem_t *m);
 

@@ -53,6 +53,13 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     MOEA2A_DEBUG=TRACE MOEA2A_DEBUG_SUBSYS=MOE timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "$PHASES" \
         --tokens 4096 --iters 3 --warmup 2 --check 0 2>&1 | grep -E "phases" | tail -8
   fi
+  echo "== NVFP4 quantize/dequantize vs copy, 1 GPU"
+  timeout 120 ./tools/moea2a_perf --op fp4 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
+  echo "== NVFP4 dispatch next to bf16, 4096 tokens, ${FP4RANKS:-4} GPUs"
+  for dt in bf16 nvfp4; do
+    timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" --tokens 4096 --dtype $dt --iters "${ITERS:-30}" \
+        --warmup 10 | grep -E " 4096 |Out of"
+  done
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \
