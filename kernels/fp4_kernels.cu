@@ -22,33 +22,42 @@ template <> struct In<MOEA2A_FLOAT32> {
     static __device__ void put(void *x, size_t i, float f) { static_cast<float *>(x)[i] = f; }
 };
 
-template <moea2a_datatype_t T>
+/* P consecutive blocks of a row per thread (P = 2 when a row has an even number of
+ * blocks): more bytes in flight per thread and 16-byte stores of the packed values. */
+template <moea2a_datatype_t T, int P>
 __global__ void quantize(const void *x, size_t m, size_t k, const float *g, unsigned char *q, unsigned char *sf, int layout)
 {
-    const size_t kb_n = k / 16, blocks = m * kb_n;
+    const size_t kb_n = k / 16, units = m * kb_n / P;
     const float gs = *g;
-    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < blocks; b += (size_t)gridDim.x * blockDim.x) {
-        size_t r = b / kb_n, kb = b % kb_n;
-        float v[M2A_FP4_BLOCK];
-        if (T == MOEA2A_BFLOAT16 || T == MOEA2A_FLOAT16) { /* 32 bytes: two 16-byte loads */
-            const int4 *src = reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(x) + r * k + kb * 16);
-            int4 lo = src[0], hi = src[1];
-            const uint16_t *h0 = reinterpret_cast<const uint16_t *>(&lo), *h1 = reinterpret_cast<const uint16_t *>(&hi);
+    for (size_t u = blockIdx.x * (size_t)blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
+        size_t b0 = u * P, r = b0 / kb_n, kb0 = b0 % kb_n;
+        float v[P][M2A_FP4_BLOCK];
+        if (T == MOEA2A_BFLOAT16 || T == MOEA2A_FLOAT16) { /* 32 bytes a block: 16-byte loads */
+            const int4 *src = reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(x) + r * k + kb0 * 16);
+            int4 raw[2 * P];
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                v[i] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(h0[i]) : m2a_f16_to_f32(h0[i]);
-                v[8 + i] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(h1[i]) : m2a_f16_to_f32(h1[i]);
+            for (int i = 0; i < 2 * P; i++) raw[i] = src[i];
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const uint16_t *h = reinterpret_cast<const uint16_t *>(&raw[2 * p]);
+#pragma unroll
+                for (int i = 0; i < 16; i++) v[p][i] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(h[i]) : m2a_f16_to_f32(h[i]);
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < M2A_FP4_BLOCK; i++) v[i] = In<T>::at(x, r * k + kb * 16 + i);
+            for (int p = 0; p < P; p++)
+#pragma unroll
+                for (int i = 0; i < M2A_FP4_BLOCK; i++) v[p][i] = In<T>::at(x, r * k + (kb0 + p) * 16 + i);
         }
-        uint8_t packed[8];
-        uint8_t s = m2a_fp4_block(v, gs, packed);
-        uint2 out;
-        memcpy(&out, packed, 8);
-        *reinterpret_cast<uint2 *>(q + r * (k / 2) + kb * 8) = out;
-        sf[m2a_sf_offset(layout, r, kb, kb_n)] = s;
+        __align__(16) uint8_t packed[8 * P];
+        uint8_t s[P];
+#pragma unroll
+        for (int p = 0; p < P; p++) s[p] = m2a_fp4_block(v[p], gs, packed + 8 * p);
+        unsigned char *qd = q + r * (k / 2) + kb0 * 8;
+        if (P == 2) *reinterpret_cast<int4 *>(qd) = *reinterpret_cast<const int4 *>(packed);
+        else *reinterpret_cast<uint2 *>(qd) = *reinterpret_cast<const uint2 *>(packed);
+#pragma unroll
+        for (int p = 0; p < P; p++) sf[m2a_sf_offset(layout, r, kb0 + p, kb_n)] = s[p];
     }
 }
 
@@ -142,11 +151,16 @@ extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, siz
     size_t blocks = m * (k / 16);
     unsigned char *qb = static_cast<unsigned char *>(q), *sfb = static_cast<unsigned char *>(sf);
     if (layout != 0) cudaMemsetAsync(sf, 0, m2a_sf_bytes(layout, m, k / 16), s); /* tile padding */
+    bool pair = (k / 16) % 2 == 0 && ((uintptr_t)q & 15) == 0;
+#define M2A_QUANT(T) \
+    (pair ? quantize<T, 2><<<grid_for(blocks / 2), 256, 0, s>>>(x, m, k, g, qb, sfb, layout) \
+          : quantize<T, 1><<<grid_for(blocks), 256, 0, s>>>(x, m, k, g, qb, sfb, layout))
     switch (xtype) {
-    case MOEA2A_BFLOAT16: quantize<MOEA2A_BFLOAT16><<<grid_for(blocks), 256, 0, s>>>(x, m, k, g, qb, sfb, layout); break;
-    case MOEA2A_FLOAT16: quantize<MOEA2A_FLOAT16><<<grid_for(blocks), 256, 0, s>>>(x, m, k, g, qb, sfb, layout); break;
-    default: quantize<MOEA2A_FLOAT32><<<grid_for(blocks), 256, 0, s>>>(x, m, k, g, qb, sfb, layout); break;
+    case MOEA2A_BFLOAT16: M2A_QUANT(MOEA2A_BFLOAT16); break;
+    case MOEA2A_FLOAT16: M2A_QUANT(MOEA2A_FLOAT16); break;
+    default: M2A_QUANT(MOEA2A_FLOAT32); break;
     }
+#undef M2A_QUANT
     return (int)cudaGetLastError();
 }
 

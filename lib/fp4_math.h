@@ -56,15 +56,12 @@ M2A_HD float m2a_e4m3_to_f32(uint8_t b)
 M2A_HD uint8_t m2a_e2m1_from_f32(float v)
 {
     float a = m2a_bits_f32(m2a_f32_bits(v) & 0x7fffffffu);
-    uint8_t sign = (uint8_t)((m2a_f32_bits(v) >> 31) << 3), c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7; /* > 5 (ties at 5 go to the even 4.0), inf included: 6 */
+    uint8_t sign = (uint8_t)((m2a_f32_bits(v) >> 31) << 3);
+    /* the code is the number of rounding thresholds a passes; "<=" where the tie goes
+     * down to the even code, "<" where it goes up: 0.25 1 | 0.75 2 | 1.25 2 | 1.75 4 |
+     * 2.5 4 | 3.5 6 | 5 6; beyond 5: 7 (6.0, saturating, inf included) */
+    uint8_t c = (uint8_t)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
+                          (a > 5.0f));
     return (uint8_t)(sign | c);
 }
 

@@ -5,7 +5,8 @@
 # .deb); runs `make check` (GPU tests included), the GPU test under compute-sanitizer
 # (memcheck, racecheck), and the benchmarks; every log lands in $OUT.
 # Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
-# compute-sanitizer, RANKS (default "2 4"), TOKENS (default 128,1024,4096), ITERS.
+# compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
+# TOKENS (default 128,1024,4096), ITERS.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,7 +35,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
   make -j16 >>"$OUT/build.log" 2>&1 || { echo "make failed"; grep -m8 -iE 'error' "$OUT/build.log"; exit 1; }
   echo "== built"
   if [ "${CHECK:-1}" != 0 ]; then
-    make -j8 check >"$OUT/check.log" 2>&1; echo "== make check rc=$?"
+    make -j8 check ${CHECK_TESTS:+TESTS="$CHECK_TESTS"} >"$OUT/check.log" 2>&1; echo "== make check rc=$?"
     grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR):|^(FAIL|ERROR|SKIP):' "$OUT/check.log"
     grep -E '^(ok|not ok)' tests/test_gpu.log; grep '^# rank' tests/test_gpu.log | head -20
   fi
