@@ -158,6 +158,22 @@ template <> struct Elem<MOEA2A_FLOAT16> {
 
 constexpr int kMaxDest = 64; /* destinations per token kept in shared memory */
 
+/* The rows token t gets back, in ascending rank order (the send map's order): this
+ * rank's own from self_rows, the others' from their landing region. */
+__device__ int token_rows(const m2a_kparams_t &p, const int32_t *map, int t, size_t row_bytes,
+                          const unsigned char *self_rows, const unsigned char *landing, const unsigned char **rows)
+{
+    int nd = 0;
+    for (int d = 0; d < p.k && nd < kMaxDest; d++) {
+        int32_t e = map[(size_t)t * p.k + d];
+        if (e < 0) break;
+        int rank = e / p.cap, slot = e % p.cap;
+        rows[nd++] = rank == p.me ? self_rows + (size_t)slot * row_bytes
+                                  : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
+    }
+    return nd;
+}
+
 /* One block per token; threads over hidden. Sum from 0.0f in ascending rank order
  * (the order of the send map), rounded once: the host reference's arithmetic. */
 template <moea2a_datatype_t DT>
@@ -168,17 +184,7 @@ __global__ void combine(m2a_kparams_t p, int n, const int32_t *__restrict__ map,
     __shared__ int nrows;
     const size_t row_bytes = Elem<DT>::size * hidden;
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
-        if (threadIdx.x == 0) {
-            int nd = 0;
-            for (int d = 0; d < p.k && nd < kMaxDest; d++) {
-                int32_t e = map[(size_t)t * p.k + d];
-                if (e < 0) break;
-                int rank = e / p.cap, slot = e % p.cap;
-                rows[nd++] = rank == p.me ? self_rows + (size_t)slot * row_bytes
-                                          : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
-            }
-            nrows = nd;
-        }
+        if (threadIdx.x == 0) nrows = token_rows(p, map, t, row_bytes, self_rows, landing, rows);
         __syncthreads();
         unsigned char *o = out + (size_t)t * row_bytes;
         for (size_t h = threadIdx.x; h < hidden; h += blockDim.x) {
@@ -203,17 +209,7 @@ __global__ void combine_vec(m2a_kparams_t p, int n, const int32_t *__restrict__ 
     __shared__ int nrows;
     const size_t row_bytes = Elem<DT>::size * hidden, chunks = row_bytes / 16;
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
-        if (threadIdx.x == 0) {
-            int nd = 0;
-            for (int d = 0; d < p.k && nd < kMaxDest; d++) {
-                int32_t e = map[(size_t)t * p.k + d];
-                if (e < 0) break;
-                int rank = e / p.cap, slot = e % p.cap;
-                rows[nd++] = rank == p.me ? self_rows + (size_t)slot * row_bytes
-                                          : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
-            }
-            nrows = nd;
-        }
+        if (threadIdx.x == 0) nrows = token_rows(p, map, t, row_bytes, self_rows, landing, rows);
         __syncthreads();
         unsigned char *o = out + (size_t)t * row_bytes;
         for (size_t c = threadIdx.x; c < chunks; c += blockDim.x) {

@@ -33,6 +33,18 @@ typedef struct {
     void *external_comm; /* a caller's communicator to adopt (e.g. an ncclComm_t), or NULL */
 } moea2a_core_v1_t;
 
+/* For modules: records a detailed message through the core and returns result. */
+static inline int moea2a_core_fail(const moea2a_core_v1_t *core, int result, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int moea2a_core_fail(const moea2a_core_v1_t *core, int result, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = core->error(core->ctx, result, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
 typedef struct moea2a_transport_v1 {
     const char *name;
     int abi_version; /* MOEA2A_TRANSPORT_ABI_VERSION */

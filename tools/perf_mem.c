@@ -61,28 +61,22 @@ void perf_free(const perf_mem_t *m, void *p)
     free(p);
 }
 
-void perf_upload(const perf_mem_t *m, void *dst, const void *src, size_t bytes)
+/* A copy between host and the benchmark's memory; host memory is plain memcpy. */
+static void transfer(const perf_mem_t *m, void *dst, const void *src, size_t bytes, int to_host)
 {
 #ifdef MOEA2A_HAVE_CUDA
     if (m->cuda) {
-        cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+        if (to_host) cudaStreamSynchronize((cudaStream_t)m->stream);
+        cudaMemcpy(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice);
         return;
     }
 #endif
+    (void)to_host;
     memcpy(dst, src, bytes);
 }
 
-void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes)
-{
-#ifdef MOEA2A_HAVE_CUDA
-    if (m->cuda) {
-        cudaStreamSynchronize((cudaStream_t)m->stream);
-        cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-        return;
-    }
-#endif
-    memcpy(dst, src, bytes);
-}
+void perf_upload(const perf_mem_t *m, void *dst, const void *src, size_t bytes) { transfer(m, dst, src, bytes, 0); }
+void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes) { transfer(m, dst, src, bytes, 1); }
 
 void perf_copy(const perf_mem_t *m, void *dst, const void *src, size_t bytes)
 {

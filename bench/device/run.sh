@@ -6,7 +6,7 @@
 # (memcheck, racecheck), and the benchmarks; every log lands in $OUT.
 # Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
-# TOKENS (default 128,1024,4096), ITERS.
+# TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -54,6 +54,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     MOEA2A_DEBUG=TRACE MOEA2A_DEBUG_SUBSYS=MOE timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "$PHASES" \
         --tokens 4096 --iters 3 --warmup 2 --check 0 2>&1 | grep -E "phases" | tail -8
   fi
+  [ "${BENCH:-1}" = 0 ] && exit 0
   echo "== NVFP4 quantize/dequantize vs copy, 1 GPU"
   timeout 120 ./tools/moea2a_perf --op fp4 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
   echo "== NVFP4 dispatch next to bf16, 4096 tokens, ${FP4RANKS:-4} GPUs"

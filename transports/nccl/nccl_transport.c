@@ -25,14 +25,7 @@ typedef struct {
     int rank, nranks;
 } nccl_comm_t;
 
-static int fail(nccl_comm_t *c, int result, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int r = c->core->error(c->core->ctx, result, fmt, ap);
-    va_end(ap);
-    return r;
-}
+#define fail(c, result, ...) moea2a_core_fail((c)->core, (result), __VA_ARGS__)
 
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded. */
 static int settle(nccl_comm_t *c, ncclResult_t rc, const char *what)

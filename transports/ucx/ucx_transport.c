@@ -40,14 +40,7 @@ typedef struct {
     slot_t *slots;
 } ucx_op_t;
 
-static int fail(ucx_comm_t *c, int result, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int r = c->core->error(c->core->ctx, result, fmt, ap);
-    va_end(ap);
-    return r;
-}
+#define fail(c, result, ...) moea2a_core_fail((c)->core, (result), __VA_ARGS__)
 
 static void log_msg(ucx_comm_t *c, int level, const char *fmt, ...)
 {
