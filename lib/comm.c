@@ -17,10 +17,20 @@
  * smaller struct; fields it does not know keep their defaults. */
 #define CONFIG_MIN_SIZE (offsetof(moea2a_config_t, version) + sizeof(unsigned int))
 
+static moea2a_result_t default_timeout(double *t)
+{
+    M2A_TRY(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", t));
+    if (*t <= 0)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_TIMEOUT_S=%g must be positive", *t);
+    return MOEA2A_SUCCESS;
+}
+
+/* The caller's config (or the defaults) with the effective timeout filled in:
+ * config.timeout_s when set, else MOEA2A_TIMEOUT_S. */
 static moea2a_result_t read_config(const moea2a_config_t *in, moea2a_config_t *out)
 {
     *out = (moea2a_config_t)MOEA2A_CONFIG_INITIALIZER;
-    if (!in) return MOEA2A_SUCCESS;
+    if (!in) return default_timeout(&out->timeout_s);
     if (in->size < CONFIG_MIN_SIZE || in->size > 65536)
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
                          "config.size=%zu is not a moea2a_config_t size: start from MOEA2A_CONFIG_INITIALIZER",
@@ -30,15 +40,8 @@ static moea2a_result_t read_config(const moea2a_config_t *in, moea2a_config_t *o
         M2A_INFO(M2A_SUBSYS_INIT, "config from a newer header (version %u, %zu bytes): unknown fields ignored",
                  in->version, in->size);
     out->size = sizeof(*out);
-    return MOEA2A_SUCCESS;
-}
-
-static moea2a_result_t default_timeout(double *t)
-{
-    M2A_TRY(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", t));
-    if (*t <= 0)
-        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_TIMEOUT_S=%g must be positive", *t);
-    return MOEA2A_SUCCESS;
+    if (out->timeout_s == 0) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "config.timeout_s must not be 0");
+    return out->timeout_s < 0 ? default_timeout(&out->timeout_s) : MOEA2A_SUCCESS;
 }
 
 moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
@@ -66,8 +69,6 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
     moea2a_config_t cfg;
     M2A_TRY(read_config(user_config, &cfg));
     double timeout = cfg.timeout_s;
-    if (timeout < 0) M2A_TRY(default_timeout(&timeout));
-    if (timeout == 0) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "config.timeout_s must not be 0");
 
     moea2a_comm_t comm = calloc(1, sizeof(*comm));
     if (!comm) return m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
@@ -193,11 +194,8 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
                          "moea2a_comm_init_env: MOEA2A_ROOT_ADDR='%s' is not host:port", root_text);
     if (rank == 0) {
         moea2a_config_t cfg;
-        double timeout;
         M2A_TRY(read_config(config, &cfg));
-        timeout = cfg.timeout_s;
-        if (timeout < 0) M2A_TRY(default_timeout(&timeout));
-        M2A_TRY(m2a_bootstrap_serve(&id, &id.root, id.nonce, timeout));
+        M2A_TRY(m2a_bootstrap_serve(&id, &id.root, id.nonce, cfg.timeout_s));
     }
     M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
              root_text);
@@ -211,10 +209,8 @@ moea2a_result_t moea2a_comm_init_nccl(moea2a_comm_t *comm, void *nccl_comm, cons
     M2A_CHECK_ARG(NULL, comm && nccl_comm, "moea2a_comm_init_nccl: comm and nccl_comm must not be NULL");
     *comm = NULL;
     moea2a_config_t cfg;
-    double timeout;
     M2A_TRY(read_config(config, &cfg));
-    timeout = cfg.timeout_s;
-    if (timeout < 0) M2A_TRY(default_timeout(&timeout));
+    double timeout = cfg.timeout_s;
     void *dl = NULL;
     char why[512];
     const moea2a_transport_v1_t *ops = m2a_transport_load("nccl", &dl, why, sizeof(why));

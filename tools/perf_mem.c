@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert.h"
 #include "perf_mem.h"
 
 #ifdef MOEA2A_HAVE_CUDA
@@ -122,12 +123,11 @@ void perf_count_dests(const perf_mem_t *m, int64_t *counts, int64_t *d_counts, c
     }
 #endif
     (void)d_counts;
-    int q = experts / ep, rem = experts % ep;
     memset(counts, 0, sizeof(int64_t) * (size_t)ep);
     for (int t = 0; t < tokens; t++) {
         int seen[64], nd = 0;
         for (int j = 0; j < k; j++) {
-            int e = ids[t * k + j], r = e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1), dup = 0;
+            int r = perf_owner(ids[t * k + j], experts, ep), dup = 0;
             for (int i = 0; i < nd; i++) dup |= seen[i] == r;
             if (dup || nd == 64) continue;
             seen[nd++] = r;
@@ -151,13 +151,8 @@ void perf_sum_rows(const perf_mem_t *m, uint16_t *out, const unsigned char *rows
             for (int j = 0; j < nd[t]; j++) {
                 uint16_t v;
                 memcpy(&v, rows + ((size_t)pos[t * k + j] * hidden + h) * 2, 2);
-                uint32_t u = (uint32_t)v << 16;
-                float f;
-                memcpy(&f, &u, 4);
-                acc += f;
+                acc += m2a_bf16_to_f32(v);
             }
-            uint32_t u;
-            memcpy(&u, &acc, 4);
-            out[(size_t)t * hidden + h] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+            out[(size_t)t * hidden + h] = m2a_f32_to_bf16(acc);
         }
 }

@@ -5,6 +5,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Owner of expert e under contiguous placement: ranks 0..E%ep-1 own E/ep+1 experts. */
+static inline int perf_owner(int e, int experts, int ep)
+{
+    int q = experts / ep, rem = experts % ep;
+    return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1);
+}
+
 typedef struct {
     int cuda;     /* 0: host memory */
     void *stream; /* cudaStream_t */

@@ -29,13 +29,6 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* Owner of expert e under contiguous placement (the benchmark's own copy). */
-static int owner_of(int e, int E, int ep)
-{
-    int q = E / ep, rem = E % ep;
-    return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1);
-}
-
 /* k distinct experts per token; with probability skew an expert comes from rank 0's. */
 static void route(int32_t *ids, int T, int k, int E, int ep, double skew, int rank, uint64_t iter)
 {
@@ -78,7 +71,7 @@ static void plan_dests(bench_t *b)
     for (int t = 0; t < b->T; t++) {
         int *d = b->dests + (size_t)t * b->k, nd = 0;
         for (int j = 0; j < b->k; j++) {
-            int r = owner_of(b->ids[t * b->k + j], b->E, b->ep), seen = 0, i = nd;
+            int r = perf_owner(b->ids[t * b->k + j], b->E, b->ep), seen = 0, i = nd;
             for (int q = 0; q < nd; q++) seen |= d[q] == r;
             if (seen) continue;
             while (i > 0 && d[i - 1] > r) d[i] = d[i - 1], i--;
@@ -99,10 +92,9 @@ typedef struct {
     uint16_t *out;
 } base_t;
 
-static int base_setup(const perf_mem_t *m, const bench_t *b, const unsigned char *d_pay, base_t *x)
+static int base_setup(const perf_mem_t *m, const bench_t *b, base_t *x)
 {
     int n = b->ep;
-    (void)d_pay;
     memset(x, 0, sizeof(*x));
     for (int t = 0; t < b->T; t++)
         for (int i = 0; i < b->nd[t]; i++) x->sc[b->dests[(size_t)t * b->k + i]]++;
@@ -332,7 +324,7 @@ static int run_tokens(moea2a_comm_t comm, const perf_mem_t *m, const perf_opts_t
     r.remote_c = (double)(d.total_recv - self_rows) * (double)b.crow;
     if (o->baseline) {
         base_t x;
-        if (base_setup(m, &b, d_pay, &x)) FAIL("rank %d: out of memory for the baseline\n", rank);
+        if (base_setup(m, &b, &x)) FAIL("rank %d: out of memory for the baseline\n", rank);
         for (int i = 0; i < o->warmup + o->iters; i++) {
             double t0 = perf_now();
             TRY(base_dispatch(comm, m, &b, d_pay, d_ids, &x));
