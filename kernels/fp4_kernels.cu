@@ -1,4 +1,4 @@
-/* NVFP4 kernels: one thread per block of 16 values, running the arithmetic of
+/* NVFP4 kernels: one thread per half block (8 values), running the arithmetic of
  * lib/fp4_math.h (shared with the host reference, hence the same bits). On sm_90
  * there is no hardware E2M1 conversion, so that code path is the software one. */
 #include <cuda_runtime.h>
@@ -11,82 +11,104 @@ namespace {
 template <moea2a_datatype_t T> struct In;
 template <> struct In<MOEA2A_BFLOAT16> {
     static __device__ float at(const void *x, size_t i) { return m2a_bf16_to_f32(static_cast<const uint16_t *>(x)[i]); }
-    static __device__ void put(void *x, size_t i, float f) { static_cast<uint16_t *>(x)[i] = m2a_f32_to_bf16(f); }
 };
 template <> struct In<MOEA2A_FLOAT16> {
     static __device__ float at(const void *x, size_t i) { return m2a_f16_to_f32(static_cast<const uint16_t *>(x)[i]); }
-    static __device__ void put(void *x, size_t i, float f) { static_cast<uint16_t *>(x)[i] = m2a_f32_to_f16(f); }
 };
 template <> struct In<MOEA2A_FLOAT32> {
     static __device__ float at(const void *x, size_t i) { return static_cast<const float *>(x)[i]; }
-    static __device__ void put(void *x, size_t i, float f) { static_cast<float *>(x)[i] = f; }
 };
 
-/* P consecutive blocks of a row per thread (P = 2 when a row has an even number of
- * blocks): more bytes in flight per thread and 16-byte stores of the packed values. */
-template <moea2a_datatype_t T, int P>
-__global__ void quantize(const void *x, size_t m, size_t k, const float *g, unsigned char *q, unsigned char *sf, int layout)
+/* Eight 16-bit inputs as fp32. */
+template <moea2a_datatype_t T> __device__ __forceinline__ void widen8(uint4 raw, float *v)
 {
-    const size_t kb_n = k / 16, units = m * kb_n / P;
-    const float gs = *g;
-    for (size_t u = blockIdx.x * (size_t)blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
-        size_t b0 = u * P, r = b0 / kb_n, kb0 = b0 % kb_n;
-        float v[P][M2A_FP4_BLOCK];
-        if (T == MOEA2A_BFLOAT16 || T == MOEA2A_FLOAT16) { /* 32 bytes a block: 16-byte loads */
-            const int4 *src = reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(x) + r * k + kb0 * 16);
-            int4 raw[2 * P];
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-            for (int i = 0; i < 2 * P; i++) raw[i] = src[i];
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                const uint16_t *h = reinterpret_cast<const uint16_t *>(&raw[2 * p]);
-#pragma unroll
-                for (int i = 0; i < 16; i++) v[p][i] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(h[i]) : m2a_f16_to_f32(h[i]);
-            }
-        } else {
-#pragma unroll
-            for (int p = 0; p < P; p++)
-#pragma unroll
-                for (int i = 0; i < M2A_FP4_BLOCK; i++) v[p][i] = In<T>::at(x, r * k + (kb0 + p) * 16 + i);
-        }
-        __align__(16) uint8_t packed[8 * P];
-        uint8_t s[P];
-#pragma unroll
-        for (int p = 0; p < P; p++) s[p] = m2a_fp4_block(v[p], gs, packed + 8 * p);
-        unsigned char *qd = q + r * (k / 2) + kb0 * 8;
-        if (P == 2) *reinterpret_cast<int4 *>(qd) = *reinterpret_cast<const int4 *>(packed);
-        else *reinterpret_cast<uint2 *>(qd) = *reinterpret_cast<const uint2 *>(packed);
-#pragma unroll
-        for (int p = 0; p < P; p++) sf[m2a_sf_offset(layout, r, kb0 + p, kb_n)] = s[p];
+    for (int i = 0; i < 4; i++) {
+        uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
+        v[2 * i] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(lo) : m2a_f16_to_f32(lo);
+        v[2 * i + 1] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(hi) : m2a_f16_to_f32(hi);
     }
 }
 
+/* Quantize, one thread per half block (8 inputs, 16 bytes in, 4 bytes out): a warp
+ * reads 512 contiguous bytes and writes 128, and the two halves of a block meet by
+ * a shuffle. Loops are warp-uniform so every lane reaches every shuffle. When a row
+ * has a multiple of 4 blocks, the scales of 4 consecutive blocks (4 adjacent bytes in
+ * every layout) leave as one 32-bit store. */
 template <moea2a_datatype_t T>
-__global__ void dequantize(const unsigned char *q, const unsigned char *sf, int layout, const float *g, size_t m,
-                           size_t k, void *out)
+__global__ void __launch_bounds__(256) quantize_halves(const void *x, size_t halves, size_t kb_n, const float *g,
+                                                       uint32_t *q, unsigned char *sf, int layout)
 {
-    const size_t kb_n = k / 16, blocks = m * kb_n;
-    const float inv_g = 1.0f / *g;
-    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < blocks; b += (size_t)gridDim.x * blockDim.x) {
-        size_t r = b / kb_n, kb = b % kb_n;
-        float s = m2a_e4m3_to_f32(sf[m2a_sf_offset(layout, r, kb, kb_n)]);
-        uint2 raw = *reinterpret_cast<const uint2 *>(q + r * (k / 2) + kb * 8);
-        const uint8_t *bytes = reinterpret_cast<const uint8_t *>(&raw);
-        if (T == MOEA2A_BFLOAT16 || T == MOEA2A_FLOAT16) { /* 32 bytes out in two stores */
-            __align__(16) uint16_t h[M2A_FP4_BLOCK];
-#pragma unroll
-            for (int i = 0; i < M2A_FP4_BLOCK; i++) {
-                float f = m2a_fp4_value((uint8_t)(i % 2 ? bytes[i / 2] >> 4 : bytes[i / 2] & 15), s, inv_g);
-                h[i] = T == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(f) : m2a_f32_to_f16(f);
-            }
-            int4 *dst = reinterpret_cast<int4 *>(static_cast<uint16_t *>(out) + r * k + kb * 16);
-            dst[0] = *reinterpret_cast<const int4 *>(h);
-            dst[1] = *reinterpret_cast<const int4 *>(h + 8);
+    const float gs = *g;
+    const int lane = threadIdx.x & 31;
+    const bool words = kb_n % 4 == 0;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); base < halves; base += step) {
+        const size_t h = base + lane;
+        const bool live = h < halves;
+        float v[8];
+        if (T == MOEA2A_FLOAT32) {
+            const float4 *src = reinterpret_cast<const float4 *>(x) + 2 * h;
+            float4 a = live ? __ldcs(src) : make_float4(0, 0, 0, 0), b = live ? __ldcs(src + 1) : make_float4(0, 0, 0, 0);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         } else {
+            uint4 raw = live ? __ldcs(reinterpret_cast<const uint4 *>(x) + h) : make_uint4(0, 0, 0, 0);
+            widen8<T>(raw, v);
+        }
+        float amax = 0.0f;
+        int finite = 1;
 #pragma unroll
-            for (int i = 0; i < M2A_FP4_BLOCK; i++)
-                In<T>::put(out, r * k + kb * 16 + i,
-                           m2a_fp4_value((uint8_t)(i % 2 ? bytes[i / 2] >> 4 : bytes[i / 2] & 15), s, inv_g));
+        for (int i = 0; i < 8; i++) {
+            finite &= isfinite(v[i]) ? 1 : 0;
+            amax = fmaxf(amax, m2a_abs_f32(v[i]));
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        finite &= __shfl_xor_sync(0xffffffffu, finite, 1);
+        float inv;
+        uint8_t s = m2a_fp4_scale(amax, finite, gs, &inv);
+        if (live) __stcs(q + h, m2a_fp4_encode8(v, inv, finite));
+        const size_t b = h / 2, r = b / kb_n, kb = b % kb_n;
+        if (words) {
+            uint32_t w = s | (uint32_t)__shfl_down_sync(0xffffffffu, s, 2) << 8 |
+                         (uint32_t)__shfl_down_sync(0xffffffffu, s, 4) << 16 |
+                         (uint32_t)__shfl_down_sync(0xffffffffu, s, 6) << 24;
+            if (live && lane % 8 == 0)
+                *reinterpret_cast<uint32_t *>(sf + m2a_sf_offset(layout, r, kb, kb_n)) = w;
+        } else if (live && lane % 2 == 0) {
+            sf[m2a_sf_offset(layout, r, kb, kb_n)] = s;
+        }
+    }
+}
+
+/* Dequantize, one thread per half block: 4 bytes of codes in, 8 values out (16
+ * bytes for bf16/fp16, 32 for fp32), contiguous across the warp. */
+template <moea2a_datatype_t T>
+__global__ void __launch_bounds__(256) dequantize_halves(const uint32_t *q, const unsigned char *sf, int layout,
+                                                         const float *g, size_t halves, size_t kb_n, void *out)
+{
+    const float inv_g = 1.0f / *g;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t h = (size_t)blockIdx.x * blockDim.x + threadIdx.x; h < halves; h += step) {
+        const size_t b = h / 2;
+        const uint32_t codes = __ldcs(q + h);
+        const float s = m2a_e4m3_to_f32(sf[m2a_sf_offset(layout, b / kb_n, b % kb_n, kb_n)]);
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = m2a_fp4_value((uint8_t)((codes >> (4 * i)) & 15u), s, inv_g);
+        if (T == MOEA2A_FLOAT32) {
+            float4 *dst = reinterpret_cast<float4 *>(out) + 2 * h;
+            __stcs(dst, make_float4(f[0], f[1], f[2], f[3]));
+            __stcs(dst + 1, make_float4(f[4], f[5], f[6], f[7]));
+        } else {
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint16_t lo = T == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(f[2 * i]) : m2a_f32_to_f16(f[2 * i]);
+                uint16_t hi = T == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(f[2 * i + 1]) : m2a_f32_to_f16(f[2 * i + 1]);
+                w[i] = lo | (uint32_t)hi << 16;
+            }
+            __stcs(reinterpret_cast<uint4 *>(out) + h, make_uint4(w[0], w[1], w[2], w[3]));
         }
     }
 }
@@ -144,23 +166,29 @@ extern "C" int m2a_cuda_fp4_global_scale(const void *x, moea2a_datatype_t xtype,
     return (int)cudaGetLastError();
 }
 
+/* The half-block kernels read 16-byte vectors and write 4-byte words: rows must
+ * start 16-byte aligned (k is a multiple of 16 elements) and so must the buffers. */
+static bool aligned16(const void *a, const void *b)
+{
+    return (((uintptr_t)a | (uintptr_t)b) & 15) == 0;
+}
+
 extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q,
                                      void *sf, int layout, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    size_t blocks = m * (k / 16);
-    unsigned char *qb = static_cast<unsigned char *>(q), *sfb = static_cast<unsigned char *>(sf);
-    if (layout != 0) cudaMemsetAsync(sf, 0, m2a_sf_bytes(layout, m, k / 16), s); /* tile padding */
-    bool pair = (k / 16) % 2 == 0 && ((uintptr_t)q & 15) == 0;
-#define M2A_QUANT(T) \
-    (pair ? quantize<T, 2><<<grid_for(blocks / 2), 256, 0, s>>>(x, m, k, g, qb, sfb, layout) \
-          : quantize<T, 1><<<grid_for(blocks), 256, 0, s>>>(x, m, k, g, qb, sfb, layout))
+    size_t kb_n = k / 16, halves = m * kb_n * 2;
+    unsigned char *sfb = static_cast<unsigned char *>(sf);
+    /* tile padding, where the tiled layouts have any */
+    if (m2a_sf_bytes(layout, m, kb_n) != m * kb_n) cudaMemsetAsync(sf, 0, m2a_sf_bytes(layout, m, kb_n), s);
+    if (!aligned16(x, q) || (kb_n % 4 == 0 && ((uintptr_t)sf & 3))) return (int)cudaErrorMisalignedAddress;
+    int grid = grid_for(halves);
+    uint32_t *qw = static_cast<uint32_t *>(q);
     switch (xtype) {
-    case MOEA2A_BFLOAT16: M2A_QUANT(MOEA2A_BFLOAT16); break;
-    case MOEA2A_FLOAT16: M2A_QUANT(MOEA2A_FLOAT16); break;
-    default: M2A_QUANT(MOEA2A_FLOAT32); break;
+    case MOEA2A_BFLOAT16: quantize_halves<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout); break;
+    case MOEA2A_FLOAT16: quantize_halves<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout); break;
+    default: quantize_halves<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout); break;
     }
-#undef M2A_QUANT
     return (int)cudaGetLastError();
 }
 
@@ -168,12 +196,15 @@ extern "C" int m2a_cuda_fp4_dequantize(const void *q, const void *sf, int layout
                                        void *out, moea2a_datatype_t otype, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    size_t blocks = m * (k / 16);
-    const unsigned char *qb = static_cast<const unsigned char *>(q), *sfb = static_cast<const unsigned char *>(sf);
+    size_t kb_n = k / 16, halves = m * kb_n * 2;
+    if (!aligned16(q, out)) return (int)cudaErrorMisalignedAddress;
+    const uint32_t *qw = static_cast<const uint32_t *>(q);
+    const unsigned char *sfb = static_cast<const unsigned char *>(sf);
+    int grid = grid_for(halves);
     switch (otype) {
-    case MOEA2A_BFLOAT16: dequantize<MOEA2A_BFLOAT16><<<grid_for(blocks), 256, 0, s>>>(qb, sfb, layout, g, m, k, out); break;
-    case MOEA2A_FLOAT16: dequantize<MOEA2A_FLOAT16><<<grid_for(blocks), 256, 0, s>>>(qb, sfb, layout, g, m, k, out); break;
-    default: dequantize<MOEA2A_FLOAT32><<<grid_for(blocks), 256, 0, s>>>(qb, sfb, layout, g, m, k, out); break;
+    case MOEA2A_BFLOAT16: dequantize_halves<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out); break;
+    case MOEA2A_FLOAT16: dequantize_halves<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out); break;
+    default: dequantize_halves<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out); break;
     }
     return (int)cudaGetLastError();
 }

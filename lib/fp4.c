@@ -2,6 +2,7 @@
  * the CUDA kernels, chosen by where the pointers live. */
 #include "config.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "comm.h"
@@ -72,6 +73,13 @@ static int space_of(const void *const *ptrs, int n)
 #define CHECK_SPACE(cuda, fn) \
     M2A_CHECK_ARG(NULL, (cuda) >= 0, "%s: all pointers must be in the same memory (host or CUDA)", fn)
 
+/* The CUDA kernels move 16-byte vectors of values and codes, and 4-byte words of
+ * scales: device buffers must be aligned so (cudaMalloc gives 256 bytes). */
+#define CHECK_ALIGNED(cuda, fn, values, codes, scales)                                                        \
+    M2A_CHECK_ARG(NULL, !(cuda) || ((((uintptr_t)(values) | (uintptr_t)(codes)) & 15) == 0 &&              \
+                                    ((uintptr_t)(scales) & 3) == 0),                                       \
+                  "%s: device buffers must be 16-byte aligned (scales 4-byte aligned)", fn)
+
 moea2a_result_t moea2a_fp4_sf_bytes(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *bytes)
 {
     M2A_CHECK_ARG(NULL, bytes && layout_ok(layout) && k % 16 == 0,
@@ -111,6 +119,7 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
     int cuda = space_of(p, 4);
     CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
+    CHECK_ALIGNED(cuda, fn, x, q, sf);
     if (cuda) CUDA_OR(m2a_cuda_fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
     size_t kb_n = k / 16;
     unsigned char *sfb = sf, *qb = q;
@@ -136,6 +145,7 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
     int cuda = space_of(p, 4);
     CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
+    CHECK_ALIGNED(cuda, fn, out, q, sf);
     if (cuda) CUDA_OR(m2a_cuda_fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
     size_t kb_n = k / 16;
     float inv_g = 1.0f / *g;

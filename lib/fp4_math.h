@@ -82,6 +82,32 @@ M2A_HD float m2a_fp4_value(uint8_t code, float scale, float inv_g)
     return m2a_e2m1_to_f32(code) * scale * inv_g;
 }
 
+/* A block's scale from its amax (over the 16 inputs, already fp32) and whether all
+ * 16 were finite; *inv receives the factor that maps an input onto the E2M1 grid.
+ * Non-finite input gives the NaN scale (and inv 0, so its codes encode as zeros). */
+M2A_HD uint8_t m2a_fp4_scale(float amax, int finite, float g, float *inv)
+{
+    if (!finite) {
+        *inv = 0.0f;
+        return M2A_E4M3_NAN;
+    }
+    uint8_t sf = m2a_e4m3_from_f32(g * (amax / 6.0f));
+    float sff = m2a_e4m3_to_f32(sf);
+    *inv = sff == 0.0f ? 0.0f : g / sff;
+    return sf;
+}
+
+/* Eight inputs of a block as packed nibbles (element 0 in the lowest); finite == 0
+ * gives zero codes, the policy for blocks with non-finite input. */
+M2A_HD uint32_t m2a_fp4_encode8(const float *x, float inv, int finite)
+{
+    uint32_t packed = 0;
+    for (int i = 0; i < 8; i++) packed |= (uint32_t)m2a_e2m1_from_f32(x[i] * inv) << (4 * i);
+    return finite ? packed : 0u;
+}
+
+M2A_HD float m2a_abs_f32(float x) { return m2a_bits_f32(m2a_f32_bits(x) & 0x7fffffffu); }
+
 /* One block of 16 inputs (already fp32): its scale and 8 packed bytes. */
 M2A_HD uint8_t m2a_fp4_block(const float *x, float g, uint8_t *packed)
 {
@@ -89,18 +115,15 @@ M2A_HD uint8_t m2a_fp4_block(const float *x, float g, uint8_t *packed)
     int finite = 1;
     for (int i = 0; i < M2A_FP4_BLOCK; i++) {
         finite &= M2A_ISFINITE(x[i]) ? 1 : 0;
-        float a = m2a_bits_f32(m2a_f32_bits(x[i]) & 0x7fffffffu);
+        float a = m2a_abs_f32(x[i]);
         amax = a > amax ? a : amax;
     }
-    if (!finite) { /* NaN or inf in the block: NaN scale, zero codes */
-        for (int i = 0; i < M2A_FP4_BLOCK / 2; i++) packed[i] = 0;
-        return M2A_E4M3_NAN;
+    float inv;
+    uint8_t sf = m2a_fp4_scale(amax, finite, g, &inv);
+    for (int h = 0; h < 2; h++) {
+        uint32_t w = m2a_fp4_encode8(x + 8 * h, inv, finite);
+        for (int i = 0; i < 4; i++) packed[4 * h + i] = (uint8_t)(w >> (8 * i));
     }
-    uint8_t sf = m2a_e4m3_from_f32(g * (amax / 6.0f));
-    float sff = m2a_e4m3_to_f32(sf);
-    float inv = sff == 0.0f ? 0.0f : g / sff;
-    for (int i = 0; i < M2A_FP4_BLOCK; i += 2)
-        packed[i / 2] = (uint8_t)(m2a_e2m1_from_f32(x[i] * inv) | (m2a_e2m1_from_f32(x[i + 1] * inv) << 4));
     return sf;
 }
 

@@ -30,6 +30,6 @@ moea2a_result_t perf_reduce(moea2a_comm_t comm, double t, double v, double *tmax
 
 /* Exit status: 0 ok, 1 error, 3 wrong values. */
 int perf_coll(moea2a_comm_t comm, const perf_opts_t *o);
-int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m);
-int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m);
+int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
+int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
 #endif

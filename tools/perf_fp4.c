@@ -22,7 +22,7 @@ static void row(const char *op, double bytes, double t, double copy_bw, const ch
     printf("  %-12s %14.0f %10.2f %10.1f %9.1f%% %7s\n", op, bytes, t * 1e6, bw, copy_bw > 0 ? 100.0 * bw / copy_bw : 100.0, wrong);
 }
 
-int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m)
+int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
 {
     int rank;
     moea2a_comm_rank(comm, &rank);
@@ -52,20 +52,21 @@ int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m)
     perf_download(m, cs, sf, sfb);
     for (size_t i = 0; i < n / 2; i++) wrong += cq[i] != hq[i];
     for (size_t i = 0; i < sfb; i++) wrong += cs[i] != hs[i];
-    double t_copy = 0, t_q = 0, t_d = 0;
-    for (int it = 0; it < o->warmup + o->iters; it++) {
-        double t0 = perf_now();
+    /* Each operation runs iters times back to back after its warm-up, timed by events
+     * on the stream (launch gaps included, host round trips not). */
+    for (int it = 0; it < o->warmup; it++) {
         perf_copy(m, x2, x, 2 * n);
-        perf_sync(m);
-        double t1 = perf_now();
         moea2a_fp4_quantize(x, MOEA2A_BFLOAT16, M, K, g, q, sf, MOEA2A_SF_128X4, m->stream);
-        perf_sync(m);
-        double t2 = perf_now();
         moea2a_fp4_dequantize(q, sf, MOEA2A_SF_128X4, g, M, K, x2, MOEA2A_BFLOAT16, m->stream);
-        perf_sync(m);
-        double t3 = perf_now();
-        if (it >= o->warmup) t_copy += t1 - t0, t_q += t2 - t1, t_d += t3 - t2;
     }
+    perf_mark(m, 0);
+    for (int it = 0; it < o->iters; it++) perf_copy(m, x2, x, 2 * n);
+    perf_mark(m, 1);
+    for (int it = 0; it < o->iters; it++) moea2a_fp4_quantize(x, MOEA2A_BFLOAT16, M, K, g, q, sf, MOEA2A_SF_128X4, m->stream);
+    perf_mark(m, 2);
+    for (int it = 0; it < o->iters; it++) moea2a_fp4_dequantize(q, sf, MOEA2A_SF_128X4, g, M, K, x2, MOEA2A_BFLOAT16, m->stream);
+    perf_mark(m, 3);
+    double t_copy = perf_span(m, 0, 1), t_q = perf_span(m, 1, 2), t_d = perf_span(m, 2, 3);
     t_copy /= o->iters, t_q /= o->iters, t_d /= o->iters;
     double copy_bytes = 4.0 * (double)n, fp4_bytes = 2.0 * (double)n + (double)n / 2 + (double)sfb;
     double copy_bw = copy_bytes / t_copy / 1e9;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "convert.h"
+#include "perf.h"
 #include "perf_mem.h"
 
 #ifdef MOEA2A_HAVE_CUDA
@@ -17,7 +18,8 @@ void perf_cuda_sum_rows(uint16_t *out, const unsigned char *rows, const int32_t 
 
 int perf_mem_open(perf_mem_t *m, int cuda, int rank)
 {
-    m->cuda = cuda, m->stream = NULL;
+    memset(m, 0, sizeof(*m));
+    m->cuda = cuda;
     if (!cuda) return 0;
 #ifdef MOEA2A_HAVE_CUDA
     int n = 0;
@@ -26,6 +28,8 @@ int perf_mem_open(perf_mem_t *m, int cuda, int rank)
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return -1;
     m->stream = s;
+    for (int i = 0; i < PERF_MARKS; i++)
+        if (cudaEventCreate((cudaEvent_t *)&m->event[i]) != cudaSuccess) return -1;
     return rank % n;
 #else
     (void)rank;
@@ -37,6 +41,8 @@ void perf_mem_close(perf_mem_t *m)
 {
 #ifdef MOEA2A_HAVE_CUDA
     if (m->stream) cudaStreamDestroy((cudaStream_t)m->stream);
+    for (int i = 0; i < PERF_MARKS; i++)
+        if (m->event[i]) cudaEventDestroy((cudaEvent_t)m->event[i]);
 #endif
     m->stream = NULL;
 }
@@ -97,6 +103,30 @@ int perf_sync(const perf_mem_t *m)
 #endif
     (void)m;
     return 0;
+}
+
+void perf_mark(perf_mem_t *m, int i)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        cudaEventRecord((cudaEvent_t)m->event[i], (cudaStream_t)m->stream);
+        return;
+    }
+#endif
+    m->host_mark[i] = perf_now();
+}
+
+double perf_span(perf_mem_t *m, int a, int b)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (m->cuda) {
+        float ms = 0;
+        cudaEventSynchronize((cudaEvent_t)m->event[b]);
+        cudaEventElapsedTime(&ms, (cudaEvent_t)m->event[a], (cudaEvent_t)m->event[b]);
+        return ms * 1e-3;
+    }
+#endif
+    return m->host_mark[b] - m->host_mark[a];
 }
 
 void perf_gather_rows(const perf_mem_t *m, unsigned char *dst, const unsigned char *src, const int32_t *index,

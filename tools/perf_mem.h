@@ -12,9 +12,13 @@ static inline int perf_owner(int e, int experts, int ep)
     return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1);
 }
 
+#define PERF_MARKS 4
+
 typedef struct {
     int cuda;     /* 0: host memory */
     void *stream; /* cudaStream_t */
+    void *event[PERF_MARKS]; /* CUDA: timing events */
+    double host_mark[PERF_MARKS];
 } perf_mem_t;
 
 /* Picks this rank's GPU (rank mod device count) and makes a stream; -1 if none. */
@@ -28,6 +32,10 @@ void perf_download(const perf_mem_t *m, void *dst, const void *src, size_t bytes
 void perf_copy(const perf_mem_t *m, void *dst, const void *src, size_t bytes);
 /* Waits for the stream (no-op on host memory); 0 or -1 on a CUDA error. */
 int perf_sync(const perf_mem_t *m);
+/* Timing on the stream: perf_mark records mark i (a CUDA event, or the host clock on
+ * host memory); perf_span waits for mark b and returns the seconds from a to b. */
+void perf_mark(perf_mem_t *m, int i);
+double perf_span(perf_mem_t *m, int a, int b);
 
 /* Rows per destination rank from the top-k ids (contiguous placement, each token
  * once per rank), into host `counts`: on CUDA memory a kernel, a copy back and a

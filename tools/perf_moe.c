@@ -249,7 +249,7 @@ static void print_row(int T, const char *op, double bytes, double remote, double
            wrong, ratio);
 }
 
-static int run_tokens(moea2a_comm_t comm, const perf_mem_t *m, const perf_opts_t *o, int ti, double *busbw,
+static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int ti, double *busbw,
                       int *any_wrong)
 {
     int rank, ep, T = o->tokens[ti];
@@ -366,7 +366,7 @@ static int run_tokens(moea2a_comm_t comm, const perf_mem_t *m, const perf_opts_t
     return 0;
 }
 
-int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, const perf_mem_t *m)
+int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
 {
     int rank, ep;
     moea2a_comm_rank(comm, &rank);
