@@ -198,6 +198,7 @@ typedef enum {
 #define MOEA2A_MOE_NO_SANITIZE (1u << 0)       /* leave padding rows' ids as they are */
 #define MOEA2A_MOE_REWRITE_NONLOCAL (1u << 1)  /* also set ids owned by other ranks to invalid */
 #define MOEA2A_MOE_CARRY_WEIGHTS (1u << 2)     /* dispatch delivers topk_weights too */
+#define MOEA2A_MOE_NO_NVLINK (1u << 3)         /* never the load/store (NVLink) path */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */
@@ -221,11 +222,12 @@ typedef struct {
     const int32_t *expert_to_rank; /* [E], for MOEA2A_PLACEMENT_MAP (copied at create) */
     unsigned int flags;   /* MOEA2A_MOE_* */
     moea2a_memory_t memory;
+    int num_sms;          /* load/store path: SMs per kernel; 0 = MOEA2A_NUM_SMS (default 48) */
 } moea2a_moe_config_t;
 
 #define MOEA2A_MOE_CONFIG_INITIALIZER                                                          \
     { sizeof(moea2a_moe_config_t), MOEA2A_VERSION_CODE, 0, 0, 0, 0, {{MOEA2A_UINT8, 0}},       \
-      MOEA2A_BFLOAT16, 0, -1, MOEA2A_PLACEMENT_CONTIGUOUS, NULL, 0u, MOEA2A_MEMORY_AUTO }
+      MOEA2A_BFLOAT16, 0, -1, MOEA2A_PLACEMENT_CONTIGUOUS, NULL, 0u, MOEA2A_MEMORY_AUTO, 0 }
 
 /* Per-rank memory, exactly what moea2a_moe_create allocates. A(x) = x rounded up to
  * 128 bytes; see moea2a_moe_workspace_size(3) for the formula. */
@@ -270,6 +272,12 @@ typedef struct {
     int64_t invalid_entries;     /* this rank's input entries skipped as invalid */
     int64_t sent_rows;           /* rows this rank sent (one per token and destination rank) */
     int64_t deduplicated;        /* entries merged because their rank already got the token */
+    /* The load/store path does not wait for the dispatch on the host: the four counts
+     * above are -1 there, and device_stats ([4] in the context's memory: total_recv,
+     * invalid_entries, sent_rows, deduplicated) holds them once the stream has passed
+     * the dispatch. The generic paths fill both. */
+    const int64_t *device_stats;
+    int nvlink;                  /* 1: this dispatch took the load/store path */
 } moea2a_dispatch_result_t;
 
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }
@@ -317,6 +325,12 @@ MOEA2A_API moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int num_tokens, con
  * out[t] = sum, in fp32 and in ascending rank order, of the rows of the ranks that
  * received token t; zeros for tokens sent nowhere. */
 MOEA2A_API moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);
+/* Non-blocking: MOEA2A_SUCCESS, or the error a load/store-path kernel of this context
+ * recorded on the device (a peer that timed out, a peer's failed checks, mismatched
+ * strides), with the details in moea2a_last_error. Such an error is final: the
+ * context must be destroyed. Contexts on the generic paths report errors from the
+ * calls themselves and always return MOEA2A_SUCCESS here. */
+MOEA2A_API moea2a_result_t moea2a_moe_status(moea2a_moe_t moe);
 
 /* ---- NVFP4 ------------------------------------------------------------------------
  * See moea2a_fp4(3) for the exact format and arithmetic. Memory space (host or CUDA)

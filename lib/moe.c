@@ -50,7 +50,7 @@ static void phase_report(const phase_t *ph, const char *what)
 
 typedef struct {
     moea2a_moe_config_t cfg;
-    int cuda, staged, nvlink, rpn;
+    int cuda, staged, nvlink, lsa, rpn;
     int *stage_index;
     m2a_topo_t topo;
     m2a_topo_place_t place;
@@ -97,12 +97,13 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         nodes_of(comm, node, local, count);
         p->rpn = count[node[comm->rank]];
         for (int q = 0; q < ep; q++) gpu[q] = m2a_topo_place(&p->topo, local[q], count[node[q]], p->cuda).gpu;
-        p->staged = m2a_moe_staged_peers(ep, comm->rank, node, gpu, &p->topo, p->cuda, &p->nvlink);
+        p->staged = m2a_moe_staged_peers(ep, comm->rank, node, gpu, &p->topo, p->cuda, m2a_moe_lsa_allowed(&p->cfg),
+                                         &p->nvlink, &p->lsa);
         /* Staged peers take staging slots in rank order; this rank and load/store
          * peers have none. Host memory: every peer but this rank is staged. */
         for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
         p->place = m2a_topo_place(&p->topo, local[comm->rank], p->rpn, p->cuda);
-        m2a_moe_layout(&p->cfg, ep, p->staged, &p->l);
+        m2a_moe_layout(&p->cfg, ep, p->staged, p->lsa, &p->l);
     }
     free(node), free(local), free(count), free(gpu);
     if (r != MOEA2A_SUCCESS) free(p->stage_index), p->stage_index = NULL;
@@ -153,7 +154,7 @@ static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
     while (lo < hi) { /* largest cap whose per-rank total fits */
         c.max_tokens_per_rank = lo + (hi - lo + 1) / 2;
         m2a_moe_layout_t l;
-        m2a_moe_layout(&c, comm->nranks, p->staged, &l);
+        m2a_moe_layout(&c, comm->nranks, p->staged, p->lsa, &l);
         if (l.workspace + l.staging <= avail / ranks) lo = c.max_tokens_per_rank;
         else hi = c.max_tokens_per_rank - 1;
     }
@@ -168,7 +169,7 @@ static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
 
 /* What every rank must agree on, compared field by field at create. */
 typedef struct {
-    int32_t status, num_experts, top_k, cap, num_payloads, combine_dtype, invalid_id, placement, flags, memory;
+    int32_t status, num_experts, top_k, cap, num_payloads, combine_dtype, invalid_id, placement, flags, memory, num_sms;
     int32_t dtypes[MOEA2A_MOE_MAX_PAYLOADS];
     uint64_t elems[MOEA2A_MOE_MAX_PAYLOADS], hidden, map_hash;
 } digest_t;
@@ -182,6 +183,7 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     d.num_experts = c->num_experts, d.top_k = c->top_k, d.cap = c->max_tokens_per_rank;
     d.num_payloads = c->num_payloads, d.combine_dtype = c->combine_dtype, d.invalid_id = c->invalid_expert_id;
     d.placement = c->placement, d.flags = (int32_t)c->flags, d.memory = c->memory, d.hidden = c->hidden;
+    d.num_sms = c->num_sms;
     for (int i = 0; i < c->num_payloads; i++) d.dtypes[i] = c->payloads[i].dtype, d.elems[i] = c->payloads[i].elems_per_token;
     d.map_hash = 1469598103934665603ULL;
     for (int e = 0; c->placement == MOEA2A_PLACEMENT_MAP && e < c->num_experts; e++)
@@ -206,10 +208,11 @@ static moea2a_result_t agree(moea2a_comm_t comm, moea2a_result_t mine, const moe
             const digest_t *a = &all[comm->rank], *b = &all[q];
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
                           "moea2a_moe_create: rank %d passed a different config (experts %d/%d, top_k %d/%d, "
-                          "max_tokens_per_rank %d/%d, payloads %d/%d, hidden %llu/%llu, flags 0x%x/0x%x: this rank/rank %d)",
+                          "max_tokens_per_rank %d/%d, payloads %d/%d, hidden %llu/%llu, flags 0x%x/0x%x, num_sms %d/%d: this "
+                          "rank/rank %d; MOEA2A_NVLINK and MOEA2A_NUM_SMS count too)",
                           q, a->num_experts, b->num_experts, a->top_k, b->top_k, a->cap, b->cap, a->num_payloads,
                           b->num_payloads, (unsigned long long)a->hidden, (unsigned long long)b->hidden, a->flags,
-                          b->flags, q);
+                          b->flags, a->num_sms, b->num_sms, q);
         }
     }
     free(all);
@@ -285,7 +288,18 @@ static moea2a_result_t alloc_cuda(moea2a_moe_t moe, plan_t *p)
     if (!moe->h_owner) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     owner_table(&p->cfg, moe->comm->nranks, moe->h_owner); /* p->cfg still holds the caller's map */
     set_route(moe);
-    return m2a_moe_cuda_alloc(moe);
+    moea2a_result_t r = m2a_moe_cuda_alloc(moe);
+    if (r == MOEA2A_ERR_UNAVAILABLE && moe->l.lsa) {
+        /* Every rank learned the same: no load/store between all ranks after all.
+         * The generic path needs staging for every peer. */
+        M2A_INFO(M2A_SUBSYS_MOE, "load/store path unavailable (%s); the generic NCCL path stages every peer, "
+                 "so this context is larger than moea2a_moe_workspace_size predicted", moea2a_last_error(moe->comm));
+        m2a_moe_cuda_release(moe);
+        p->staged = moe->comm->nranks - 1, p->lsa = 0;
+        m2a_moe_layout(&moe->cfg, moe->comm->nranks, p->staged, 0, &moe->l);
+        r = m2a_moe_cuda_alloc(moe);
+    }
+    return r;
 }
 
 moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const moea2a_moe_config_t *config)
@@ -335,6 +349,12 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
              moe->l.staging, comm->nranks - 1, moe->numa);
     *out = moe;
     return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_moe_status(moea2a_moe_t moe)
+{
+    M2A_CHECK_ARG(NULL, moe, "moea2a_moe_status: moe is NULL");
+    return moe->fast ? m2a_moe_fast_status(moe) : MOEA2A_SUCCESS;
 }
 
 moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows)
@@ -530,10 +550,37 @@ static void fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedup
     result->topk_ids = (int32_t *)(ws + l->ids);
     result->topk_weights = (moe->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) ? (float *)(ws + l->weights) : NULL;
     result->src_token_index = (const int32_t *)(ws + l->src_index);
+    if (moe->fast) { /* nothing waited for on the host: the counts are on the device */
+        result->total_recv = result->sent_rows = result->invalid_entries = result->deduplicated = -1;
+        result->device_stats = m2a_moe_fast_stats(moe);
+        result->nvlink = 1;
+        return;
+    }
     for (int q = 0; q < moe->comm->nranks; q++)
         result->total_recv += moe->h_recv_counts[q], result->sent_rows += moe->h_send_counts[q];
     result->invalid_entries = invalid;
     result->deduplicated = dedup;
+}
+
+/* The load/store path: the checks travel to the peers inside the one kernel launch
+ * (a rank whose checks fail sends its status instead of rows). */
+static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                     const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
+                                     void *stream)
+{
+    int rt = runtime_max ? runtime_max : moe->cfg.max_tokens_per_rank;
+    M2A_TRY(m2a_moe_fast_status(moe));
+    moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
+    if (mine != MOEA2A_SUCCESS) rt = moe->cfg.max_tokens_per_rank; /* a stride every slot fits */
+    moea2a_result_t r = m2a_moe_fast_dispatch(moe, n, ids, weights, payloads, rt, mine, stream);
+    if (mine != MOEA2A_SUCCESS) {
+        m2a_moe_fast_poison(moe, mine);
+        return mine;
+    }
+    M2A_TRY(r);
+    fill_result(moe, rt, 0, 0, result);
+    moe->dispatched = 1, moe->num_tokens = n, moe->stride = rt;
+    return MOEA2A_SUCCESS;
 }
 
 moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
@@ -547,6 +594,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
         return m2a_error(comm, MOEA2A_ERR_STATE,
                          "moea2a_dispatch: the previous dispatch was not combined yet; call moea2a_combine first "
                          "(its results stay valid until then)");
+    if (moe->fast) return fast_dispatch(moe, n, ids, weights, payloads, runtime_max, result, stream);
     int ep = comm->nranks, cap = moe->cfg.max_tokens_per_rank, rt = runtime_max ? runtime_max : cap;
     m2a_moe_header_t *hs = moe->h_hdr_send, *hr = moe->h_hdr_recv;
 
@@ -617,6 +665,17 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
         mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: buffers must be in %s memory, like the context",
                          moe->cuda ? "CUDA" : "host");
 
+    if (moe->fast) { /* the load/store path: one kernel, the peers wait on the device */
+        M2A_TRY(m2a_moe_fast_status(moe));
+        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, out, stream);
+        else m2a_moe_fast_combine(moe, NULL, NULL, stream); /* still signal the peers */
+        if (mine != MOEA2A_SUCCESS) {
+            m2a_moe_fast_poison(moe, mine);
+            return mine;
+        }
+        moe->dispatched = 0;
+        return MOEA2A_SUCCESS;
+    }
     phase_t ph;
     phase_start(moe, &ph, stream);
     /* Everyone learns whether everyone can go on. */

@@ -25,6 +25,7 @@ struct moea2a_moe {
     int numa;
     /* the last dispatch, which combine answers */
     int dispatched, num_tokens, stride;
+    void *fast; /* the load/store path's state (moe_fast.c), NULL on the generic paths */
 };
 
 /* moe_cuda.c; without CUDA these return MOEA2A_ERR_UNAVAILABLE. stream: cudaStream_t. */
@@ -41,4 +42,23 @@ moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
 /* Waits for the stream (phase timing only). */
 void m2a_moe_cuda_wait(moea2a_moe_t moe, void *stream);
+
+/* moe_fast.c: the load/store (NVLink) path. alloc is collective: it allocates the
+ * workspace as symmetric memory and returns MOEA2A_ERR_UNAVAILABLE on every rank
+ * when some rank cannot reach the others by load/store. */
+moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe);
+/* The kernels' parameters, once the kernel tables exist. */
+void m2a_moe_fast_params(moea2a_moe_t moe);
+void m2a_moe_fast_release(moea2a_moe_t moe);
+/* Launches one dispatch; status != MOEA2A_SUCCESS: this rank's checks failed, it
+ * tells its peers and sends nothing. */
+moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                      const void *const *payloads, int stride, moea2a_result_t status, void *stream);
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);
+/* The context's state: an earlier failure, or an error a kernel recorded. */
+moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe);
+/* After a failure the context is unusable; every later call returns r. */
+void m2a_moe_fast_poison(moea2a_moe_t moe, moea2a_result_t r);
+/* [4] device stats of the last dispatch. */
+const int64_t *m2a_moe_fast_stats(moea2a_moe_t moe);
 #endif

@@ -61,9 +61,11 @@ moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe)
     int ep = comm->nranks;
     M2A_TRY(set_device(comm));
     CU(comm, cudaGetDevice(&moe->device));
-    CU(comm, cudaMalloc((void **)&moe->ws, l->workspace));
+    /* mapped: the load/store kernels write their error record there */
+    CU(comm, cudaHostAlloc((void **)&moe->pinned, l->pinned, cudaHostAllocMapped | cudaHostAllocPortable));
+    if (l->lsa) M2A_TRY(m2a_moe_fast_alloc(moe)); /* the workspace as symmetric memory */
+    else CU(comm, cudaMalloc((void **)&moe->ws, l->workspace));
     if (l->staging) CU(comm, cudaMalloc((void **)&moe->stage, l->staging));
-    CU(comm, cudaHostAlloc((void **)&moe->pinned, l->pinned, cudaHostAllocDefault));
     /* the mirror: send counts, receive counts, headers out and in, stats */
     size_t a4 = m2a_align(4 * (size_t)ep), a16 = m2a_align(sizeof(m2a_moe_header_t) * (size_t)ep);
     moe->h_send_counts = (int32_t *)moe->pinned;
@@ -81,15 +83,18 @@ moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe)
     CU(comm, (cudaError_t)m2a_cuda_sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
                                             (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));
     CU(comm, cudaDeviceSynchronize());
+    if (moe->fast) m2a_moe_fast_params(moe);
     return MOEA2A_SUCCESS;
 }
 
 void m2a_moe_cuda_release(moea2a_moe_t moe)
 {
+    if (moe->fast) m2a_moe_fast_release(moe); /* frees the symmetric workspace */
     if (moe->ws) cudaFree(moe->ws);
     if (moe->stage) cudaFree(moe->stage);
     if (moe->pinned) cudaFreeHost(moe->pinned);
     free(moe->kparams);
+    moe->ws = moe->stage = moe->pinned = NULL, moe->kparams = NULL;
 }
 
 /* Waits for the stream, bounded by the timeout. Expiry means device work is stuck

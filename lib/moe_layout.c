@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "moe_layout.h"
+#include "params.h"
 
 #define CONFIG_MIN_SIZE (offsetof(moea2a_moe_config_t, version) + sizeof(unsigned int))
 
@@ -50,8 +51,17 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
             M2A_CHECK_ARG(comm, c->expert_to_rank[e] >= 0 && c->expert_to_rank[e] < ep,
                           "%s: expert_to_rank[%d]=%d is not a rank (0..%d)", fn, e, c->expert_to_rank[e], ep - 1);
     }
-    M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS)),
+    M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
+                                       MOEA2A_MOE_NO_NVLINK)),
                   "%s: unknown flags 0x%x", fn, c->flags);
+    /* the load/store path: MOEA2A_NVLINK=0 turns it off; its SM budget */
+    long nvlink = 1, sms = out->num_sms;
+    M2A_TRY(m2a_param_int(comm, "MOEA2A_NVLINK", &nvlink));
+    if (!nvlink) out->flags |= MOEA2A_MOE_NO_NVLINK;
+    if (sms == 0) M2A_TRY(m2a_param_int(comm, "MOEA2A_NUM_SMS", &sms));
+    out->num_sms = sms > 0 && sms <= 256 ? (int)sms : -1;
+    M2A_CHECK_ARG(comm, out->num_sms >= 1 && out->num_sms <= 256,
+                  "%s: num_sms (or MOEA2A_NUM_SMS=%ld) must be in 1..256", fn, sms);
     M2A_CHECK_ARG(comm, c->memory == MOEA2A_MEMORY_AUTO || c->memory == MOEA2A_MEMORY_HOST || c->memory == MOEA2A_MEMORY_CUDA,
                   "%s: memory=%d is unknown", fn, (int)c->memory);
     return MOEA2A_SUCCESS;
@@ -65,7 +75,7 @@ static size_t take(size_t *at, size_t bytes)
     return off;
 }
 
-void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_layout_t *l)
+void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, int lsa, m2a_moe_layout_t *l)
 {
     memset(l, 0, sizeof(*l));
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k, at = 0;
@@ -90,6 +100,12 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_la
     l->owner = take(&at, 4 * (size_t)c->num_experts); /* expert -> rank */
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
     l->stats = take(&at, 16);                          /* invalid and merged entries */
+    if (lsa) { /* load/store path: signals peers write, block scratch, counters */
+        l->lsa = 1;
+        l->fast_sig = take(&at, 16 * n);
+        l->fast_blocks = take(&at, 1024 * n + 8192);
+        l->fast_ctl = take(&at, 64);
+    }
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
         l->bytes_payload[i] = m2a_align(n * cap * l->row_bytes[i]);
@@ -119,22 +135,26 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, m2a_moe_la
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2 + m2a_align(16);
+    if (lsa) l->pinned_err = l->pinned, l->pinned += m2a_align(16); /* the device error record's host copy */
 }
 
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
-                         int *nvlink_peers)
+                         int allow_lsa, int *nvlink_peers, int *lsa)
 {
-    int direct = 0;
+    int direct = 0, same_node = 1;
     for (int p = 0; p < ep; p++) {
         if (p == rank) continue;
+        same_node &= node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0;
         direct += cuda && node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0 && topo->has_nvlink_info &&
                   topo->nvlink[gpu[rank]][gpu[p]];
     }
     *nvlink_peers = direct;
-    /* Both data paths of this release (host memory over the host transport, CUDA
-     * memory over NCCL send/receive) pack what every peer gets: all peers are staged.
-     * NVLink peers are reported for the load/store path, which will not stage them. */
-    return ep - 1;
+    /* The load/store path serves every peer directly, so it needs them all on this
+     * node, joined by NVLink (assumed when hwloc does not report NVLink at all:
+     * moea2a_moe_create confirms with the transport). Otherwise the host transport
+     * or NCCL send/receive move packed rows: every peer is staged. */
+    *lsa = cuda && allow_lsa && ep <= M2A_LSA_MAX_RANKS && same_node && (!topo->has_nvlink_info || direct == ep - 1);
+    return *lsa ? 0 : ep - 1;
 }
 
 moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe_layout_t *l, int cuda,
@@ -197,9 +217,10 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
             node[p] = p / rpn;
             gpu[p] = m2a_topo_place(topo, p % rpn, rpn, cuda).gpu;
         }
-        int nvlink, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda, &nvlink);
+        int nvlink, lsa, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda,
+                                                       m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
         m2a_moe_layout_t l;
-        m2a_moe_layout(&cfg, layout->ep, staged, &l);
+        m2a_moe_layout(&cfg, layout->ep, staged, lsa, &l);
         if (r == MOEA2A_SUCCESS)
             r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
                                    m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);

@@ -30,6 +30,9 @@ typedef struct {
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
     size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, stats, aux_end;
+    /* the load/store path's control regions (kernels/moe_fast.cu), when lsa */
+    int lsa;
+    size_t fast_sig, fast_blocks, fast_ctl, pinned_err;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
     size_t workspace; /* total workspace bytes */
     /* staging: dispatch records to, and records or combine rows from, staged peers */
@@ -46,13 +49,25 @@ typedef struct {
  * it into *out with defaults applied. */
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out);
-void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, m2a_moe_layout_t *l);
+void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, int lsa, m2a_moe_layout_t *l);
 
-/* Peers of `rank` that need staging, and those reached by load/store. node[r]: node
- * of rank r; gpu[r]: its GPU on that node (-1 none). Host memory: every other rank
- * is a separate process, so every peer is staged. */
+/* Thread blocks (SMs) each load/store kernel uses unless num_sms or MOEA2A_NUM_SMS
+ * says otherwise (at most the GPU's SM count). */
+#define M2A_LSA_DEFAULT_SMS 48
+/* Ranks the load/store path serves at most (one bit per destination). */
+#define M2A_LSA_MAX_RANKS 64
+/* Whether a config may use the load/store path: it needs a combine (its gate) and
+ * may be switched off (MOEA2A_MOE_NO_NVLINK, MOEA2A_NVLINK=0). */
+static inline int m2a_moe_lsa_allowed(const moea2a_moe_config_t *c)
+{
+    return c->hidden > 0 && !(c->flags & MOEA2A_MOE_NO_NVLINK);
+}
+
+/* Peers of `rank` that need staging, those joined to it by NVLink, and whether the
+ * load/store path serves them all (*lsa; then none is staged). node[r]: node of rank
+ * r; gpu[r]: its GPU on that node (-1 none). Host memory: every peer is staged. */
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
-                         int *nvlink_peers);
+                         int allow_lsa, int *nvlink_peers, int *lsa);
 /* Fills the public sizes from a layout and placement. */
 moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe_layout_t *l, int cuda,
                                    int staged, int nvlink, const m2a_topo_t *topo, m2a_topo_place_t place,

@@ -22,6 +22,13 @@ static const moea2a_param_t params[] = {
     {"MOEA2A_TIMEOUT_S", "double", "300",
      "Seconds any wait for a peer (rendezvous, collective, device-side wait) may last before "
      "MOEA2A_ERR_TIMEOUT names the missing peers."},
+    {"MOEA2A_NVLINK", "int", "1",
+     "1: CUDA MoE contexts whose ranks all share a node and reach each other by load/store (NVLink) "
+     "dispatch and combine with fused kernels over NCCL symmetric memory; 0: always the generic "
+     "NCCL send/receive path."},
+    {"MOEA2A_NUM_SMS", "int", "48",
+     "SMs (thread blocks) each fused dispatch or combine kernel of the load/store path uses, 1..256, "
+     "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same."},
     {"MOEA2A_TRANSPORT", "string", "",
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},

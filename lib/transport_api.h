@@ -9,7 +9,8 @@
  * through core->error so moea2a_last_error() shows them.
  *
  * When the struct changes incompatibly, it becomes moea2a_transport_v2_t with a new
- * symbol; the core may keep loading v1 modules.
+ * symbol; the core may keep loading v1 modules. Optional members are only appended
+ * (modules ship with the library they were built with).
  */
 #ifndef MOEA2A_TRANSPORT_API_H
 #define MOEA2A_TRANSPORT_API_H
@@ -87,5 +88,17 @@ typedef struct moea2a_transport_v1 {
      * this process's rank and size, and a broadcast of bytes from root. */
     int (*external_rank)(void *external, int *rank, int *nranks);
     int (*external_bcast)(void *external, void *buf, size_t bytes, int root, double timeout_s);
+
+    /* Symmetric memory for the load/store path (optional). mem_alloc and mem_free are
+     * local; mem_register and mem_deregister are collective, every rank passing the
+     * same size, and the core calls mem_register only once every rank's mem_alloc
+     * succeeded. mem_register fills peers[r] (nranks entries) with the device address
+     * at which this GPU's kernels load from and store to rank r's allocation, or
+     * returns MOEA2A_ERR_UNAVAILABLE when some rank is not reachable by load/store
+     * (every rank gets the same answer). */
+    int (*mem_alloc)(void *tcomm, size_t bytes, void **ptr);
+    void (*mem_free)(void *tcomm, void *ptr);
+    int (*mem_register)(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle);
+    void (*mem_deregister)(void *tcomm, void *handle);
 } moea2a_transport_v1_t;
 #endif

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpu_util.h"
 #include "local_ranks.h"
 #include "moea2a.h"
 #include "tap.h"
@@ -22,27 +23,6 @@
 
 #define WATCHDOG 600.0
 
-/* Counted in a child, so this process never initializes CUDA before forking ranks. */
-static int gpu_count(void)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    int st;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-}
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 static int urand(uint64_t *s, int lo, int hi) { return lo + (int)((*s = mix(*s)) % (uint64_t)(hi - lo + 1)); }
 
 static int use_device(int rank, int ndev)
@@ -199,6 +179,11 @@ static void fill_rows(unsigned char *rows, size_t count, moea2a_datatype_t dt, u
     }
 }
 
+/* Which path CUDA dispatches must take: 1 load/store, 0 generic, -1 either (set per
+ * run by moe_rank; the load/store path is required only where
+ * MOEA2A_TEST_EXPECT_NVLINK=1 says the machine has it). */
+static int expect_nvlink = -1;
+
 static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
 {
     int fails = 0;
@@ -235,6 +220,14 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
         RANK_EXPECT(fails, rank, !memcmp(counts, hres.recv_counts, 4 * (size_t)ep), "recv_counts differ");
         RANK_EXPECT(fails, rank, !memcmp(ids, hres.topk_ids, 4 * slots * (size_t)k), "topk_ids differ (sanitized)");
         RANK_EXPECT(fails, rank, !memcmp(src, hres.src_token_index, 4 * slots), "source indexes differ");
+        if (dres.total_recv < 0) { /* load/store path: the counts stay on the device */
+            int64_t st[4];
+            cudaMemcpy(st, dres.device_stats, sizeof(st), cudaMemcpyDeviceToHost);
+            dres.total_recv = st[0], dres.invalid_entries = st[1], dres.sent_rows = st[2], dres.deduplicated = st[3];
+        }
+        if (expect_nvlink >= 0)
+            RANK_EXPECT(fails, rank, dres.nvlink == expect_nvlink, "dispatch took the %s path, expected the %s one",
+                        dres.nvlink ? "load/store" : "generic", expect_nvlink ? "load/store" : "generic");
         RANK_EXPECT(fails, rank, dres.invalid_entries == hres.invalid_entries && dres.deduplicated == hres.deduplicated &&
                                      dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv,
                     "stats differ: invalid %lld/%lld merged %lld/%lld", (long long)dres.invalid_entries,
@@ -297,6 +290,7 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
 typedef struct {
     int ndev, cases;
     uint64_t seed;
+    int nvlink; /* MOEA2A_NVLINK for this run */
 } moe_arg_t;
 
 static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -304,6 +298,9 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     const moe_arg_t *a = arg;
     int fails = 0;
     if (use_device(rank, a->ndev)) return 1;
+    setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
+    const char *want = getenv("MOEA2A_TEST_EXPECT_NVLINK");
+    expect_nvlink = !a->nvlink ? 0 : want && *want == '1' ? 1 : -1;
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % a->ndev;
@@ -437,16 +434,20 @@ int main(void)
         int n = sizes[i];
         if (n > ndev) {
             tap_skip("not enough GPUs", "%d ranks on %d GPUs", n, n);
-            tap_skip("not enough GPUs", "MoE on %d GPUs", n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs, load/store path", n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
             continue;
         }
         local_ranks_result_t res;
         local_ranks_run(n, coll_rank, &ndev, WATCHDOG, &res);
         tap_ok(res.failed == 0, "alltoallv, allgather, bcast on CUDA memory over NCCL, %d GPU(s)", n);
         if (quick && i == 2) break;
-        moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n};
-        local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
-        tap_ok(res.failed == 0, "MoE on %d GPU(s): %d random configs equal the host reference bit for bit", n, a.cases);
+        for (int nvlink = 1; nvlink >= 0; nvlink--) {
+            moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + (uint64_t)nvlink, nvlink};
+            local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+            tap_ok(res.failed == 0, "MoE on %d GPU(s), %s path: %d random configs equal the host reference bit for bit",
+                   n, nvlink ? "load/store (NVLink)" : "generic NCCL", a.cases);
+        }
     }
     local_ranks_result_t res;
     local_ranks_run(1, fp4_rank, &ndev, WATCHDOG, &res);

@@ -19,13 +19,14 @@ static const char *srcdir(void)
 static size_t A(size_t x) { return (x + 127) / 128 * 128; }
 
 /* The formula of moea2a_moe_workspace_size(3). */
-static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *workspace, size_t *staging,
+static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, size_t *workspace, size_t *staging,
                      size_t *pinned)
 {
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k;
     int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
     size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap) +
                  A(4 * (size_t)c->num_experts) + A(4 * n) + A(16);
+    if (lsa) aux += A(16 * n) + A(1024 * n + 8192) + A(64); /* load/store path control */
     size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
     for (int i = 0; i < c->num_payloads; i++) {
         size_t s;
@@ -38,7 +39,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, size_t *w
     sum += A(n * cap * c->hidden * es);
     *workspace = sum;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
-    *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16);
+    *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
 }
 
 static moea2a_moe_config_t deepseek(int cap, int weights, moea2a_datatype_t dt)
@@ -70,7 +71,8 @@ static void check_case(const case_t *k, const moea2a_moe_config_t *c)
     moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
     moea2a_result_t r = moea2a_moe_workspace_size_layout(&lay, c, &s);
     size_t ws, st, pin;
-    expected(c, k->ep, k->staged, &ws, &st, &pin);
+    /* the load/store path: CUDA, every peer NVLinked on this node, none staged */
+    expected(c, k->ep, k->staged, k->mem == MOEA2A_MEMORY_CUDA && k->staged == 0 && k->ep > 1, &ws, &st, &pin);
     int cuda = k->mem == MOEA2A_MEMORY_CUDA;
     int ok = r == MOEA2A_SUCCESS && s.staged_peers == k->staged && s.nvlink_peers == k->nvlink &&
              s.numa_node == k->numa && s.gpu == k->gpu && !strcmp(s.nic, k->nic) && s.workspace_bytes == ws &&
@@ -88,10 +90,10 @@ static void test_topologies(void)
 {
     moea2a_moe_config_t c = deepseek(8192, 0, MOEA2A_BFLOAT16);
     static const case_t cases[] = {
-        /* Every peer is staged by this release's data paths (host transport, NCCL);
-         * NVLink peers are counted for the load/store path. */
-        /* 4 GPUs, all pairs NVLinked */
-        {"4gpu-nvlink.xml", 4, 4, 1, MOEA2A_MEMORY_CUDA, 3, 3, 0, 1, "mlx5_0"},
+        /* Peers are staged unless the load/store path serves them all: CUDA memory,
+         * one node, every pair NVLinked. */
+        /* 4 GPUs, all pairs NVLinked: the load/store path, nothing staged */
+        {"4gpu-nvlink.xml", 4, 4, 1, MOEA2A_MEMORY_CUDA, 0, 3, 0, 1, "mlx5_0"},
         {"4gpu-nvlink.xml", 8, 4, 1, MOEA2A_MEMORY_CUDA, 7, 3, 0, 1, "mlx5_0"},
         {"4gpu-nvlink.xml", 8, 4, 6, MOEA2A_MEMORY_CUDA, 7, 3, 1, 2, "mlx5_1"},
         /* host memory: no load/store peers; ranks spread over the sockets */

@@ -9,7 +9,8 @@
  * Columns: "bytes" is the payload one rank moves (rows x row bytes, its own share
  * included); algbw = bytes / time; busbw = the bytes that cross to other ranks / time
  * (nccl-tests' "bus" notion for an all-to-all). Times are the slowest rank's mean,
- * each call waited for on the stream (a dispatch includes its count synchronization). */
+ * measured by events on the stream around each call (a dispatch on the generic path
+ * includes its count synchronization; the baseline its count read-back). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,18 +305,23 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     TRY(res);
     moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     for (int i = 0; i < o->warmup + o->iters; i++) {
-        double t0 = perf_now();
+        perf_mark(m, 0);
         TRY(moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream));
-        if (perf_sync(m)) FAIL("rank %d: stream error after dispatch\n", rank);
-        double t1 = perf_now();
+        perf_mark(m, 1);
         TRY(moea2a_combine(moe, NULL, d_out, m->stream));
-        if (perf_sync(m)) FAIL("rank %d: stream error after combine\n", rank);
-        double t2 = perf_now();
-        if (i >= o->warmup) r.td += t1 - t0, r.tc += t2 - t1;
+        perf_mark(m, 2);
+        double td = perf_span(m, 0, 1), tc = perf_span(m, 1, 2);
+        if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
+        if (i >= o->warmup) r.td += td, r.tc += tc;
     }
     r.td /= o->iters, r.tc /= o->iters;
     size_t total_row = b.row + (cfg.num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
     int32_t self_rows = 0;
+    if (d.device_stats) { /* the load/store path keeps its counts on the device */
+        int64_t st[4];
+        perf_download(m, st, d.device_stats, sizeof(st));
+        d.total_recv = st[0], d.sent_rows = st[2];
+    }
     if (m->cuda) perf_download(m, &self_rows, d.recv_counts + rank, 4);
     else self_rows = d.recv_counts[rank];
     r.bytes_d = (double)d.sent_rows * (double)total_row;
@@ -326,12 +332,12 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         base_t x;
         if (base_setup(m, &b, &x)) FAIL("rank %d: out of memory for the baseline\n", rank);
         for (int i = 0; i < o->warmup + o->iters; i++) {
-            double t0 = perf_now();
+            perf_mark(m, 0);
             TRY(base_dispatch(comm, m, &b, d_pay, d_ids, &x));
-            double t1 = perf_now();
+            perf_mark(m, 1);
             TRY(base_combine(comm, m, &b, &x));
-            double t2 = perf_now();
-            if (i >= o->warmup) r.bd += t1 - t0, r.bc += t2 - t1;
+            perf_mark(m, 2);
+            if (i >= o->warmup) r.bd += perf_span(m, 0, 1), r.bc += perf_span(m, 1, 2);
         }
         r.bd /= o->iters, r.bc /= o->iters;
         base_free(m, &x);
@@ -346,6 +352,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     bytes_d /= ep, remote_d /= ep, bytes_c /= ep, remote_c /= ep;
     if (rank == 0) {
         char wcol[24] = "N/A";
+        if (ti == 0) printf("#   path: %s\n", d.nvlink ? "load/store (NVLink), fused kernels" : "generic");
         if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", wrong);
         print_row(T, "dispatch", bytes_d, remote_d, td, bd, wcol);
         print_row(T, "combine", bytes_c, remote_c, tc, bc, wcol);

@@ -6,7 +6,9 @@
 # (memcheck, racecheck), and the benchmarks; every log lands in $OUT.
 # Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
-# TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks.
+# TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
+# 32 48") the load/store path at those SM budgets, GENERIC=1 the generic path next to it,
+# SANITIZE_TESTS the tests run under compute-sanitizer.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -35,18 +37,23 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
   make -j16 >>"$OUT/build.log" 2>&1 || { echo "make failed"; grep -m8 -iE 'error' "$OUT/build.log"; exit 1; }
   echo "== built"
   if [ "${CHECK:-1}" != 0 ]; then
-    make -j8 check ${CHECK_TESTS:+TESTS="$CHECK_TESTS"} >"$OUT/check.log" 2>&1; echo "== make check rc=$?"
+    MOEA2A_TEST_EXPECT_NVLINK=1 timeout "${CHECK_TIMEOUT:-1500}" make -j8 check ${CHECK_TESTS:+TESTS="$CHECK_TESTS"} >"$OUT/check.log" 2>&1
+    echo "== make check rc=$?"
     grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR):|^(FAIL|ERROR|SKIP):' "$OUT/check.log"
-    grep -E '^(ok|not ok)' tests/test_gpu.log; grep '^# rank' tests/test_gpu.log | head -20
+    for t in test_gpu test_nvlink; do
+      [ -f tests/$t.log ] && { grep -E '^(ok|not ok)' tests/$t.log; grep '^# ' tests/$t.log | head -20; }
+    done
   fi
   if [ "${SANITIZE:-1}" != 0 ]; then
     for tool in memcheck racecheck; do
       # moea2a's kernels only: NCCL's own kernels and its start-up probes of kernel
       # images for other GPUs are NCCL's business (and reported as hazards/errors).
-      TEST_GPU_QUICK=1 timeout 400 compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
-          --kernel-name-exclude kns=nccl --report-api-errors no ./tests/test_gpu >"$OUT/sanitizer-$tool.log" 2>&1
-      echo "== compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | sort | uniq -c | tr '\n' ' ')"
-      grep -E '^(ok|not ok)' "$OUT/sanitizer-$tool.log"
+      for t in ${SANITIZE_TESTS:-test_gpu test_nvlink}; do
+        TEST_GPU_QUICK=1 TEST_NVLINK_ITERS=20 timeout 300 compute-sanitizer --tool $tool --target-processes all \
+            --error-exitcode 9 --kernel-name-exclude kns=nccl --report-api-errors no ./tests/$t >"$OUT/sanitizer-$tool-$t.log" 2>&1
+        echo "== compute-sanitizer $tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$t.log" | sort | uniq -c | tr '\n' ' ')"
+        grep -E '^(ok|not ok)' "$OUT/sanitizer-$tool-$t.log"
+      done
     done
   fi
   if [ -n "${PHASES:-}" ]; then
@@ -63,8 +70,18 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
         --warmup 10 | grep -E " 4096 |Out of"
   done
   for n in ${RANKS:-2 4}; do
-    echo "== moea2a_perf --mem cuda --ranks $n"
+    echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \
         --iters "${ITERS:-30}" --warmup 10 --baseline; echo "rc=$?"
   done
+  for sms in ${SMS_CURVE:-}; do
+    echo "== load/store path, MOEA2A_NUM_SMS=$sms, ${SMS_RANKS:-4} GPUs"
+    MOEA2A_NUM_SMS=$sms timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" \
+        --tokens "${TOKENS:-128,1024,4096}" --iters "${ITERS:-30}" --warmup 10 | grep -E "dispatch|combine|path"
+  done
+  if [ -n "${GENERIC:-}" ]; then
+    echo "== generic NCCL path (MOEA2A_NVLINK=0), ${SMS_RANKS:-4} GPUs"
+    MOEA2A_NVLINK=0 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" \
+        --tokens "${TOKENS:-128,1024,4096}" --iters "${ITERS:-30}" --warmup 10 | grep -E "dispatch|combine|path"
+  fi
 } 2>&1 | tee "$OUT/summary.log"

@@ -16,19 +16,10 @@
 #include "clock.h"
 #include "moea2a.h"
 #include "transport_api.h"
-
-typedef struct {
-    const moea2a_core_v1_t *core;
-    ncclComm_t nc;
-    int owned;  /* created here (else the caller's, never destroyed here) */
-    int failed; /* aborted after a timeout or error */
-    int rank, nranks;
-} nccl_comm_t;
-
-#define fail(c, result, ...) moea2a_core_fail((c)->core, (result), __VA_ARGS__)
+#include "nccl_internal.h"
 
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded. */
-static int settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
+int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
 {
     double deadline = m2a_now() + c->core->timeout_s;
     while (rc == ncclSuccess || rc == ncclInProgress) {
@@ -100,12 +91,13 @@ static int nccl_connect(void *tcomm, const void *const *addrs, const size_t *len
     cfg.blocking = 0;
     ncclResult_t rc = ncclCommInitRankConfig(&c->nc, c->nranks, id, c->rank, &cfg);
     c->owned = 1;
-    return settle(c, rc, "ncclCommInitRankConfig");
+    return m2a_nccl_settle(c, rc, "ncclCommInitRankConfig");
 }
 
 static void nccl_finalize(void *tcomm, int force)
 {
     nccl_comm_t *c = tcomm;
+    if (c->nc && !force && !c->failed) m2a_nccl_sym_finalize(c); /* the device communicator, if made */
     if (c->nc && c->owned) {
         /* Healthy: finalize (flushes outstanding work), wait for it within the timeout,
          * destroy. Broken, forced, or not settling in time: abort. */
@@ -147,7 +139,7 @@ static int nccl_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const
             res = ncclRecv((char *)rbuf + rd[p], rc[p], ncclUint8, p, c->nc, s);
     }
     ncclResult_t end = ncclGroupEnd();
-    return settle(c, res == ncclSuccess || res == ncclInProgress ? end : res, "send/receive group");
+    return m2a_nccl_settle(c, res == ncclSuccess || res == ncclInProgress ? end : res, "send/receive group");
 }
 
 static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
@@ -156,7 +148,7 @@ static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t byte
     (void)mem;
     *op = NULL;
     int r = check_usable(c);
-    return r ? r : settle(c, ncclAllGather(sbuf, rbuf, bytes, ncclUint8, c->nc, (cudaStream_t)stream), "ncclAllGather");
+    return r ? r : m2a_nccl_settle(c, ncclAllGather(sbuf, rbuf, bytes, ncclUint8, c->nc, (cudaStream_t)stream), "ncclAllGather");
 }
 
 static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op)
@@ -165,7 +157,7 @@ static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned m
     (void)mem;
     *op = NULL;
     int r = check_usable(c);
-    return r ? r : settle(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nc, (cudaStream_t)stream), "ncclBroadcast");
+    return r ? r : m2a_nccl_settle(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nc, (cudaStream_t)stream), "ncclBroadcast");
 }
 
 /* A barrier with no stream: a one-element all-reduce on a private stream, waited for
@@ -183,7 +175,7 @@ static int nccl_barrier(void *tcomm, void **op)
         cudaStreamDestroy(s);
         return fail(c, MOEA2A_ERR_NO_MEMORY, "nccl barrier: cudaMalloc");
     }
-    r = settle(c, ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c->nc, s), "barrier");
+    r = m2a_nccl_settle(c, ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c->nc, s), "barrier");
     double deadline = m2a_now() + c->core->timeout_s;
     while (r == MOEA2A_SUCCESS && cudaStreamQuery(s) == cudaErrorNotReady) {
         if (m2a_now() > deadline) {
@@ -220,7 +212,7 @@ static int nccl_group_start(void *tcomm)
     return r == ncclSuccess ? MOEA2A_SUCCESS : MOEA2A_ERR_TRANSPORT;
 }
 
-static int nccl_group_end(void *tcomm) { return settle(tcomm, ncclGroupEnd(), "group"); }
+static int nccl_group_end(void *tcomm) { return m2a_nccl_settle(tcomm, ncclGroupEnd(), "group"); }
 
 static int nccl_check(void *tcomm)
 {
@@ -228,7 +220,7 @@ static int nccl_check(void *tcomm)
     ncclResult_t st = ncclSuccess;
     if (c->failed) return check_usable(c);
     if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
-        return settle(c, st, "earlier stream work");
+        return m2a_nccl_settle(c, st, "earlier stream work");
     return MOEA2A_SUCCESS;
 }
 
@@ -294,4 +286,8 @@ __attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transp
     .external_rank = nccl_external_rank,
     .external_bcast = nccl_external_bcast,
     .abort = nccl_abort,
+    .mem_alloc = m2a_nccl_mem_alloc,
+    .mem_free = m2a_nccl_mem_free,
+    .mem_register = m2a_nccl_mem_register,
+    .mem_deregister = m2a_nccl_mem_deregister,
 };

@@ -1,0 +1,54 @@
+/* The load/store (NVLink) path of dispatch and combine: one kernel each, launched on
+ * the caller's stream, moving rows straight between the ranks' workspaces through
+ * the peer pointers of a symmetric allocation. No host synchronization, so both can
+ * be captured in a CUDA graph; every wait on a peer is bounded and ends the kernel
+ * with an error record instead of a trap. */
+#ifndef M2A_MOE_FAST_H
+#define M2A_MOE_FAST_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define M2A_FAST_MAX_PEERS 64   /* ranks a load/store context may have */
+#define M2A_FAST_MAX_BLOCKS 256 /* thread blocks (SMs) a kernel may use */
+#define M2A_FAST_THREADS 512
+
+/* The device error record (first error wins): code is a moea2a_result_t, peer the rank
+ * it concerns, what the step (M2A_FAST_AT_*). */
+typedef struct {
+    int32_t code, peer, what, pad;
+} m2a_fast_error_t;
+
+enum { M2A_FAST_AT_GATE = 1, M2A_FAST_AT_ARRIVE, M2A_FAST_AT_HEADER, M2A_FAST_AT_COMBINE, M2A_FAST_AT_PREFIX };
+
+typedef struct {
+    m2a_kparams_t p;
+    unsigned char *peer[M2A_FAST_MAX_PEERS]; /* every rank's workspace, as this GPU reaches it */
+    size_t sig, blocks, ctl;                 /* offsets of the control regions (moe_layout.h) */
+    size_t recv_counts, send_map, combine;   /* offsets of arrays the kernels use by name */
+    size_t combine_row;                      /* bytes */
+    int combine_dtype;                       /* moea2a_datatype_t */
+    size_t hidden;
+    int sanitize, rewrite;
+    unsigned long long timeout_ns;
+    m2a_fast_error_t *err;      /* device memory: the record the kernels race for */
+    m2a_fast_error_t *host_err; /* mapped pinned memory: the copy the host reads */
+} m2a_fast_t;
+
+/* status != 0: this rank failed its argument checks; it sends nothing and tells every
+ * peer, whose kernels record that error. */
+int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
+                      const int32_t *ids, const float *weights, void *stream);
+/* expert_rows: NULL when the expert side wrote into the workspace's combine buffer. */
+int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
+                     void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,232 @@
+/* The host side of the load/store (NVLink) path: the workspace as symmetric memory
+ * (every rank's reachable from every GPU), the kernels' parameters, the launches,
+ * and the device error record. Dispatch and combine here launch one kernel each
+ * and never wait for the device (kernels/moe_fast.cu has the protocol). */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "moe.h"
+
+#ifdef MOEA2A_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "moe_fast.h"
+
+typedef struct {
+    m2a_fast_t f;
+    int blocks;
+    m2a_transport_t *t;
+    void *handle; /* the transport's window */
+    size_t bytes; /* allocated */
+    moea2a_result_t poisoned;
+} fast_state_t;
+
+static moea2a_result_t cuda_fail(moea2a_comm_t comm, cudaError_t e, const char *what)
+{
+    return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (load/store path): %s: %s", what, cudaGetErrorString(e));
+}
+
+/* Every rank's result of a step: the first failure wins everywhere. */
+static moea2a_result_t agree(moea2a_comm_t comm, moea2a_result_t mine, int *value_min)
+{
+    int n = comm->nranks;
+    int32_t *all = calloc((size_t)n * 2, sizeof(int32_t));
+    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    all[2 * comm->rank] = mine, all[2 * comm->rank + 1] = value_min ? *value_min : 0;
+    moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, 2 * sizeof(int32_t));
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
+        if (all[2 * q] != MOEA2A_SUCCESS)
+            r = mine != MOEA2A_SUCCESS ? mine
+                                       : m2a_error(comm, (moea2a_result_t)all[2 * q], "moea2a_moe_create failed on rank %d (%s)",
+                                                   q, moea2a_strerror((moea2a_result_t)all[2 * q]));
+        if (value_min && all[2 * q + 1] < *value_min) *value_min = all[2 * q + 1];
+    }
+    free(all);
+    return r;
+}
+
+void m2a_moe_fast_params(moea2a_moe_t moe)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    fast_state_t *st = moe->fast;
+    m2a_fast_t *f = &st->f;
+    f->p = *(const m2a_kparams_t *)moe->kparams;
+    f->sig = l->fast_sig, f->blocks = l->fast_blocks, f->ctl = l->fast_ctl;
+    f->recv_counts = l->recv_counts, f->send_map = l->send_map, f->combine = l->combine;
+    f->combine_row = l->combine_row, f->combine_dtype = moe->cfg.combine_dtype, f->hidden = moe->cfg.hidden;
+    f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
+    f->rewrite = (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0;
+    f->timeout_ns = (unsigned long long)(moe->comm->timeout_s * 1e9);
+}
+
+moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
+{
+    moea2a_comm_t comm = moe->comm;
+    int ep = comm->nranks;
+    fast_state_t *st = calloc(1, sizeof(*st));
+    unsigned char **peers = calloc((size_t)ep, sizeof(*peers));
+    if (!st || !peers) {
+        free(st), free(peers);
+        return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    }
+    st->t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
+    moea2a_result_t r = st->t && st->t->ops->mem_register && ep <= M2A_FAST_MAX_PEERS
+                            ? MOEA2A_SUCCESS
+                            : m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "the CUDA transport has no symmetric memory");
+    /* 1. local: symmetric workspace (granularity-sized), SM budget */
+    st->bytes = (moe->l.workspace + 4095) / 4096 * 4096;
+    void *ws = NULL;
+    int blocks = moe->cfg.num_sms, sms = 0;
+    if (r == MOEA2A_SUCCESS && comm->cuda_device >= 0 && cudaSetDevice(comm->cuda_device) != cudaSuccess)
+        r = m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a_moe_create: cudaSetDevice(%d) failed", comm->cuda_device);
+    if (r == MOEA2A_SUCCESS && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, moe->device) == cudaSuccess &&
+        sms < blocks)
+        blocks = sms; /* every block must be resident: they wait for each other's peers */
+    if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_alloc(st->t->tc, st->bytes, &ws);
+    r = agree(comm, r, &blocks);
+    /* 2. collective: the window and every rank's address of it */
+    if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_register(st->t->tc, ws, st->bytes, (void **)peers, &st->handle);
+    r = agree(comm, r, NULL);
+    if (r == MOEA2A_SUCCESS && cudaMalloc((void **)&st->f.err, sizeof(m2a_fast_error_t)) != cudaSuccess)
+        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cudaMalloc of the error record failed");
+    if (r == MOEA2A_SUCCESS) {
+        cudaError_t e = cudaMemset(st->f.err, 0, sizeof(m2a_fast_error_t));
+        m2a_fast_error_t *h = (m2a_fast_error_t *)(moe->pinned + moe->l.pinned_err);
+        memset(h, 0, sizeof(*h));
+        if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&st->f.host_err, h, 0);
+        if (e == cudaSuccess) e = cudaMemset(ws, 0, st->bytes); /* counters and epochs start at 0 */
+        if (e != cudaSuccess) r = cuda_fail(comm, e, "workspace set-up");
+    }
+    if (r != MOEA2A_SUCCESS) {
+        if (st->handle) st->t->ops->mem_deregister(st->t->tc, st->handle);
+        if (ws) st->t->ops->mem_free(st->t->tc, ws);
+        if (st->f.err) cudaFree(st->f.err);
+        free(st), free(peers);
+        return r;
+    }
+    moe->ws = ws;
+    st->blocks = blocks;
+    moe->fast = st;
+    for (int q = 0; q < ep; q++) st->f.peer[q] = peers[q];
+    free(peers);
+    M2A_INFO(M2A_SUBSYS_MOE, "MoE context on the load/store path: %d ranks over NVLink, %d SMs per kernel", ep, blocks);
+    return MOEA2A_SUCCESS;
+}
+
+void m2a_moe_fast_release(moea2a_moe_t moe)
+{
+    fast_state_t *st = moe->fast;
+    if (!st) return;
+    moea2a_comm_t comm = moe->comm;
+    /* Peers may still read this workspace: every rank's kernels end first (they are
+     * bounded), then all meet, then the window goes (collective). */
+    cudaDeviceSynchronize();
+    int healthy = !comm->broken && m2a_bootstrap_barrier(comm, comm->bs) == MOEA2A_SUCCESS;
+    if (healthy) st->t->ops->mem_deregister(st->t->tc, st->handle);
+    st->t->ops->mem_free(st->t->tc, moe->ws);
+    moe->ws = NULL;
+    cudaFree(st->f.err);
+    free(st);
+    moe->fast = NULL;
+}
+
+void m2a_moe_fast_poison(moea2a_moe_t moe, moea2a_result_t r)
+{
+    fast_state_t *st = moe->fast;
+    if (st && st->poisoned == MOEA2A_SUCCESS) st->poisoned = r;
+}
+
+static const char *step_name(int what)
+{
+    switch (what) {
+    case M2A_FAST_AT_GATE: return "waiting for rank %d to begin its previous combine";
+    case M2A_FAST_AT_ARRIVE: return "waiting for rank %d's dispatched rows";
+    case M2A_FAST_AT_HEADER: return "in the header of rank %d's dispatch";
+    case M2A_FAST_AT_COMBINE: return "waiting for rank %d's combine rows";
+    default: return "waiting for this rank's own blocks (rank %d)";
+    }
+}
+
+moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe)
+{
+    fast_state_t *st = moe->fast;
+    moea2a_comm_t comm = moe->comm;
+    if (st->poisoned != MOEA2A_SUCCESS)
+        return m2a_error(comm, st->poisoned, "moea2a: this MoE context failed earlier (%s) and must be destroyed",
+                         moea2a_strerror(st->poisoned));
+    volatile m2a_fast_error_t *h = (volatile m2a_fast_error_t *)(moe->pinned + moe->l.pinned_err);
+    int code = h->code;
+    if (code == 0) return MOEA2A_SUCCESS;
+    __sync_synchronize();
+    int peer = h->peer, what = h->what;
+    st->poisoned = (moea2a_result_t)code;
+    char step[96];
+    snprintf(step, sizeof(step), step_name(what), peer);
+    const char *why = code == MOEA2A_ERR_TIMEOUT    ? "no progress within MOEA2A_TIMEOUT_S"
+                      : code == MOEA2A_ERR_MISMATCH ? "it passed a different runtime_max_tokens_per_rank"
+                                                    : "that rank's arguments failed its checks";
+    return m2a_error(comm, (moea2a_result_t)code,
+                     "moea2a (load/store path): %s %s (%s, after %.1f s at most); the context must be destroyed",
+                     moea2a_strerror((moea2a_result_t)code), step, why, comm->timeout_s);
+}
+
+moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                      const void *const *payloads, int stride, moea2a_result_t status, void *stream)
+{
+    fast_state_t *st = moe->fast;
+    m2a_kpayloads_t pay;
+    memset(&pay, 0, sizeof(pay));
+    for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
+    int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
+                              status ? NULL : weights, stream);
+    if (e) {
+        st->poisoned = MOEA2A_ERR_CUDA;
+        return cuda_fail(moe->comm, (cudaError_t)e, "dispatch kernel launch");
+    }
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+{
+    fast_state_t *st = moe->fast;
+    int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride,
+                             (const unsigned char *)expert_out, out, stream);
+    if (e) {
+        st->poisoned = MOEA2A_ERR_CUDA;
+        return cuda_fail(moe->comm, (cudaError_t)e, "combine kernel launch");
+    }
+    return MOEA2A_SUCCESS;
+}
+
+const int64_t *m2a_moe_fast_stats(moea2a_moe_t moe)
+{
+    return (const int64_t *)(moe->ws + moe->l.fast_ctl + 16);
+}
+
+#else /* no CUDA: contexts never take this path */
+
+moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
+{
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
+}
+void m2a_moe_fast_release(moea2a_moe_t moe) { (void)moe; }
+moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                      const void *const *payloads, int stride, moea2a_result_t status, void *stream)
+{
+    (void)n, (void)ids, (void)weights, (void)payloads, (void)stride, (void)status, (void)stream;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
+}
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+{
+    (void)expert_out, (void)out, (void)stream;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
+}
+moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe) { (void)moe; return MOEA2A_SUCCESS; }
+void m2a_moe_fast_params(moea2a_moe_t moe) { (void)moe; }
+void m2a_moe_fast_poison(moea2a_moe_t moe, moea2a_result_t r) { (void)moe, (void)r; }
+const int64_t *m2a_moe_fast_stats(moea2a_moe_t moe) { (void)moe; return NULL; }
+#endif

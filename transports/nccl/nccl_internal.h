@@ -1,0 +1,50 @@
+/* What the NCCL transport's files share: the communicator and its bounded wait. */
+#ifndef M2A_NCCL_INTERNAL_H
+#define M2A_NCCL_INTERNAL_H
+#include <nccl.h>
+
+#include "transport_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const moea2a_core_v1_t *core;
+    ncclComm_t nc;
+    int owned;  /* created here (else the caller's, never destroyed here) */
+    int failed; /* aborted after a timeout or error */
+    int rank, nranks;
+    /* symmetric memory (nccl_symmetric.c): the device communicator, made on first use */
+    int lsa;     /* 0 not probed, 1 every rank load/store reachable, -1 not */
+    void *devcomm; /* ncclDevComm_t */
+} nccl_comm_t;
+
+#define fail(c, result, ...) moea2a_core_fail((c)->core, (result), __VA_ARGS__)
+
+/* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded by the
+ * core's timeout; on expiry aborts the communicator. */
+int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what);
+
+/* nccl_symmetric.c */
+int m2a_nccl_mem_alloc(void *tcomm, size_t bytes, void **ptr);
+void m2a_nccl_mem_free(void *tcomm, void *ptr);
+int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle);
+void m2a_nccl_mem_deregister(void *tcomm, void *handle);
+void m2a_nccl_sym_finalize(nccl_comm_t *c);
+
+/* nccl_device_api.cu: the parts that need NCCL's device API (C++). */
+/* Starts creating a device communicator with no extra resources (collective; may
+ * return ncclInProgress on a non-blocking communicator: settle it, then read). */
+ncclResult_t m2a_nccl_devcomm_create(ncclComm_t nc, void **devcomm);
+/* The load/store team of a created device communicator: its size. */
+int m2a_nccl_devcomm_lsa_size(const void *devcomm);
+void m2a_nccl_devcomm_destroy(ncclComm_t nc, void *devcomm);
+/* d_peers[r] = the window's load/store address of rank r (a device array of nranks
+ * pointers), through ncclGetPeerPointer on the device. Returns a cudaError_t. */
+int m2a_nccl_window_peers(ncclWindow_t win, int nranks, void **d_peers);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
