@@ -36,16 +36,16 @@ template <moea2a_datatype_t T> __device__ __forceinline__ void widen8(uint4 raw,
  * a shuffle. Loops are warp-uniform so every lane reaches every shuffle. When a row
  * has a multiple of 4 blocks, the scales of 4 consecutive blocks (4 adjacent bytes in
  * every layout) leave as one 32-bit store. */
-template <moea2a_datatype_t T>
-__global__ void __launch_bounds__(256) quantize_halves(const void *x, size_t halves, size_t kb_n, const float *g,
+template <moea2a_datatype_t T, typename I>
+__global__ void __launch_bounds__(256) quantize_halves(const void *x, I halves, I kb_n, const float *g,
                                                        uint32_t *q, unsigned char *sf, int layout)
 {
     const float gs = *g;
     const int lane = threadIdx.x & 31;
     const bool words = kb_n % 4 == 0;
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t base = (size_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); base < halves; base += step) {
-        const size_t h = base + lane;
+    const I step = (I)gridDim.x * blockDim.x;
+    for (I base = (I)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); base < halves; base += step) {
+        const I h = base + lane;
         const bool live = h < halves;
         float v[8];
         if (T == MOEA2A_FLOAT32) {
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(256) quantize_halves(const void *x, size_t hal
         float inv;
         uint8_t s = m2a_fp4_scale(amax, finite, gs, &inv);
         if (live) __stcs(q + h, m2a_fp4_encode8(v, inv, finite));
-        const size_t b = h / 2, r = b / kb_n, kb = b % kb_n;
+        const I b = h / 2, r = b / kb_n, kb = b - r * kb_n;
         if (words) {
             uint32_t w = s | (uint32_t)__shfl_down_sync(0xffffffffu, s, 2) << 8 |
                          (uint32_t)__shfl_down_sync(0xffffffffu, s, 4) << 16 |
@@ -83,16 +83,16 @@ __global__ void __launch_bounds__(256) quantize_halves(const void *x, size_t hal
 
 /* Dequantize, one thread per half block: 4 bytes of codes in, 8 values out (16
  * bytes for bf16/fp16, 32 for fp32), contiguous across the warp. */
-template <moea2a_datatype_t T>
+template <moea2a_datatype_t T, typename I>
 __global__ void __launch_bounds__(256) dequantize_halves(const uint32_t *q, const unsigned char *sf, int layout,
-                                                         const float *g, size_t halves, size_t kb_n, void *out)
+                                                         const float *g, I halves, I kb_n, void *out)
 {
     const float inv_g = 1.0f / *g;
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t h = (size_t)blockIdx.x * blockDim.x + threadIdx.x; h < halves; h += step) {
-        const size_t b = h / 2;
+    const I step = (I)gridDim.x * blockDim.x;
+    for (I h = (I)blockIdx.x * blockDim.x + threadIdx.x; h < halves; h += step) {
+        const I b = h / 2, r = b / kb_n;
         const uint32_t codes = __ldcs(q + h);
-        const float s = m2a_e4m3_to_f32(sf[m2a_sf_offset(layout, b / kb_n, b % kb_n, kb_n)]);
+        const float s = m2a_e4m3_to_f32(sf[m2a_sf_offset(layout, r, b - r * kb_n, kb_n)]);
         float f[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = m2a_fp4_value((uint8_t)((codes >> (4 * i)) & 15u), s, inv_g);
@@ -184,11 +184,17 @@ extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, siz
     if (!aligned16(x, q) || (kb_n % 4 == 0 && ((uintptr_t)sf & 3))) return (int)cudaErrorMisalignedAddress;
     int grid = grid_for(halves);
     uint32_t *qw = static_cast<uint32_t *>(q);
+    /* 32-bit index arithmetic where it fits: divisions by kb_n are much cheaper */
+    bool narrow = halves + 256u * (size_t)grid < (1ull << 32);
+#define M2A_Q(T)                                                                                            \
+    (narrow ? quantize_halves<T, uint32_t><<<grid, 256, 0, s>>>(x, (uint32_t)halves, (uint32_t)kb_n, g, qw, sfb, layout) \
+            : quantize_halves<T, size_t><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout))
     switch (xtype) {
-    case MOEA2A_BFLOAT16: quantize_halves<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout); break;
-    case MOEA2A_FLOAT16: quantize_halves<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout); break;
-    default: quantize_halves<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout); break;
+    case MOEA2A_BFLOAT16: M2A_Q(MOEA2A_BFLOAT16); break;
+    case MOEA2A_FLOAT16: M2A_Q(MOEA2A_FLOAT16); break;
+    default: M2A_Q(MOEA2A_FLOAT32); break;
     }
+#undef M2A_Q
     return (int)cudaGetLastError();
 }
 
@@ -201,11 +207,16 @@ extern "C" int m2a_cuda_fp4_dequantize(const void *q, const void *sf, int layout
     const uint32_t *qw = static_cast<const uint32_t *>(q);
     const unsigned char *sfb = static_cast<const unsigned char *>(sf);
     int grid = grid_for(halves);
+    bool narrow = halves + 256u * (size_t)grid < (1ull << 32);
+#define M2A_D(T)                                                                                                \
+    (narrow ? dequantize_halves<T, uint32_t><<<grid, 256, 0, s>>>(qw, sfb, layout, g, (uint32_t)halves, (uint32_t)kb_n, out) \
+            : dequantize_halves<T, size_t><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out))
     switch (otype) {
-    case MOEA2A_BFLOAT16: dequantize_halves<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out); break;
-    case MOEA2A_FLOAT16: dequantize_halves<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out); break;
-    default: dequantize_halves<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out); break;
+    case MOEA2A_BFLOAT16: M2A_D(MOEA2A_BFLOAT16); break;
+    case MOEA2A_FLOAT16: M2A_D(MOEA2A_FLOAT16); break;
+    default: M2A_D(MOEA2A_FLOAT32); break;
     }
+#undef M2A_D
     return (int)cudaGetLastError();
 }
 

@@ -167,23 +167,24 @@ struct Shared {
 };
 
 /* Copies array a of the piece's tokens to all their destinations: 16-byte vectors
- * when the row and the source allow, else 4-byte words or bytes. Four vectors in
+ * when the row and the source allow, else 4-byte words or bytes. Eight vectors in
  * flight per thread; stores to peers are posted and need not wait. */
 __device__ void copy_array(const m2a_fast_t &f, const Shared &s, int D, int first, int ntok, const unsigned char *src,
                            size_t width, size_t ws_off)
 {
     if (((uintptr_t)src | width) % 16 == 0) {
         const size_t C = width / 16, items = (size_t)ntok * C;
-        for (size_t i0 = threadIdx.x; i0 < items; i0 += 4 * T) {
-            int4 v[4];
+        constexpr int U = 8; /* loads in flight per thread */
+        for (size_t i0 = threadIdx.x; i0 < items; i0 += U * T) {
+            int4 v[U];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < U; u++) {
                 size_t i = i0 + (size_t)u * T;
                 if (i < items)
                     v[u] = __ldg(reinterpret_cast<const int4 *>(src + (size_t)(first + (int)(i / C)) * width) + i % C);
             }
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < U; u++) {
                 size_t i = i0 + (size_t)u * T;
                 if (i >= items) break;
                 int tl = (int)(i / C);
@@ -420,33 +421,45 @@ __device__ void reduce_piece(const CombineShared &s, int D, int first, int ntok,
 {
     const size_t row = hidden * Val<DT>::size;
     if (row % 16 == 0 && (uintptr_t)out % 16 == 0) {
-        constexpr int V = 16 / Val<DT>::size;
+        /* Two chunks per thread, each with up to 4 rows loaded before any is summed:
+         * NVLink reads have long latency and need many in flight. */
+        constexpr int V = 16 / Val<DT>::size, R = 4, U = 2;
         const size_t C = row / 16, items = (size_t)ntok * C;
-        for (size_t i = threadIdx.x; i < items; i += T) {
-            const int tl = (int)(i / C);
-            const size_t ch = i % C;
-            float acc[V];
+        for (size_t i0 = threadIdx.x; i0 < items; i0 += U * T) {
+            int4 r[U][R];
+            int tl[U], nd[U];
+            size_t ch[U];
 #pragma unroll
-            for (int v = 0; v < V; v++) acc[v] = 0.0f;
-            const int nd = s.nd[tl];
-            int d = 0;
-            for (; d + 1 < nd; d += 2) { /* two rows in flight */
-                int4 r0 = reinterpret_cast<const int4 *>(s.rows[tl * D + d])[ch];
-                int4 r1 = reinterpret_cast<const int4 *>(s.rows[tl * D + d + 1])[ch];
+            for (int u = 0; u < U; u++) {
+                size_t i = i0 + (size_t)u * T;
+                tl[u] = (int)(i / C), ch[u] = i % C, nd[u] = i < items ? s.nd[tl[u]] : 0;
 #pragma unroll
-                for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r0), v);
-#pragma unroll
-                for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r1), v);
+                for (int d = 0; d < R; d++)
+                    if (d < nd[u]) r[u][d] = reinterpret_cast<const int4 *>(s.rows[tl[u] * D + d])[ch[u]];
             }
-            if (d < nd) {
-                int4 r0 = reinterpret_cast<const int4 *>(s.rows[tl * D + d])[ch];
 #pragma unroll
-                for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r0), v);
+            for (int u = 0; u < U; u++) {
+                if (nd[u] == 0 && i0 + (size_t)u * T >= items) continue;
+                float acc[V];
+#pragma unroll
+                for (int v = 0; v < V; v++) acc[v] = 0.0f;
+                for (int d0 = 0; d0 < nd[u]; d0 += R) {
+                    if (d0 > 0) /* more than R rows: the next batch */
+#pragma unroll
+                        for (int d = 0; d < R; d++)
+                            if (d0 + d < nd[u]) r[u][d] = reinterpret_cast<const int4 *>(s.rows[tl[u] * D + d0 + d])[ch[u]];
+#pragma unroll
+                    for (int d = 0; d < R; d++) {
+                        if (d0 + d >= nd[u]) break;
+#pragma unroll
+                        for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r[u][d]), v);
+                    }
+                }
+                int4 res;
+#pragma unroll
+                for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[v]);
+                reinterpret_cast<int4 *>(out + (size_t)(first + tl[u]) * row)[ch[u]] = res;
             }
-            int4 res;
-#pragma unroll
-            for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[v]);
-            reinterpret_cast<int4 *>(out + (size_t)(first + tl) * row)[ch] = res;
         }
         return;
     }

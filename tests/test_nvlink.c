@@ -187,6 +187,7 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 {
     int ndev = *(int *)arg, fails = 0;
     cudaSetDevice(rank % ndev);
+    setenv("MOEA2A_TIMEOUT_S", "30", 0); /* a failing rank must not hold the others long */
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % ndev;
@@ -220,6 +221,7 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         long w = check(&c, &d, n, rt);
         RANK_EXPECT(fails, rank, w == 0, "iteration %d (n %d, stride %d): %ld wrong values", it, n, rt, w);
         wrong += w;
+        if (rank == 0 && (it + 1) % 2500 == 0) printf("# %d iterations checked\n", it + 1), fflush(stdout);
     }
     if (rank == 0 && fails == 0) printf("# %d iterations checked on %d ranks\n", iters, n_ranks);
 
@@ -236,6 +238,11 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
     if (ce == cudaSuccess) ce = cudaGraphInstantiate(&exec, graph, 0);
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS && ce == cudaSuccess, "capture: %s / %s",
                 moea2a_last_error(comm), cudaGetErrorString(ce));
+    /* replay only where every rank captured */
+    int32_t mine = exec != NULL && fails == 0, all[64];
+    moea2a_allgather(&mine, all, 1, MOEA2A_INT32, comm, NULL);
+    for (int q = 0; q < n_ranks; q++)
+        if (!all[q] && exec) cudaGraphExecDestroy(exec), exec = NULL;
     for (int replay = 0; exec && replay < 5; replay++) {
         /* every rank's previous replay is over (peers read this rank's combine buffer) */
         moea2a_barrier(comm);

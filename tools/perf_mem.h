@@ -12,7 +12,7 @@ static inline int perf_owner(int e, int experts, int ep)
     return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / (q ? q : 1);
 }
 
-#define PERF_MARKS 4
+#define PERF_MARKS 512
 
 typedef struct {
     int cuda;     /* 0: host memory */
