@@ -181,6 +181,7 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     m2a_kpayloads_t pay;
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
+    (void)cudaGetLastError(); /* an earlier call's error is not this launch's */
     int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, stream);
     if (e) {
@@ -193,6 +194,7 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
 moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
 {
     fast_state_t *st = moe->fast;
+    (void)cudaGetLastError();
     int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride,
                              (const unsigned char *)expert_out, out, stream);
     if (e) {

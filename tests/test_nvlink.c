@@ -109,8 +109,8 @@ static int upload_inputs(ctx_t *c, uint64_t seed, int iter)
     int n = inputs(seed, c->rank, iter, c->ids);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < HID; h++) c->pay[t * HID + h] = bf16_of(pay_value(c->rank, t, h));
-    cudaMemcpy(c->d_ids, c->ids, sizeof(int32_t) * (size_t)(n * TOPK + 1), cudaMemcpyHostToDevice);
-    cudaMemcpy(c->d_pay, c->pay, sizeof(uint16_t) * (size_t)(n * HID + 1), cudaMemcpyHostToDevice);
+    cudaMemcpy(c->d_ids, c->ids, sizeof(int32_t) * (size_t)(n * TOPK), cudaMemcpyHostToDevice);
+    cudaMemcpy(c->d_pay, c->pay, sizeof(uint16_t) * (size_t)(n * HID), cudaMemcpyHostToDevice);
     return n;
 }
 
@@ -146,8 +146,9 @@ static void upload_rows(ctx_t *c, int stride, cudaStream_t s)
     else cudaMemcpy(c->cbuf, c->rows, bytes, cudaMemcpyHostToDevice);
 }
 
-/* Checks one completed dispatch + combine against the oracle; returns wrong values. */
-static long check(ctx_t *c, const moea2a_dispatch_result_t *d, int n, int stride)
+/* Checks what a completed dispatch delivered against the oracle; returns wrong values.
+ * (Before this rank's combine: from then on peers may overwrite them.) */
+static long check_received(ctx_t *c, const moea2a_dispatch_result_t *d, int stride)
 {
     long wrong = 0;
     int ep = c->ep;
@@ -164,6 +165,14 @@ static long check(ctx_t *c, const moea2a_dispatch_result_t *d, int n, int stride
                 wrong += got[((size_t)q * stride + i) * HID + h] != bf16_of(pay_value(q, c->want_src[q * stride + i], h));
         }
     }
+    return wrong;
+}
+
+/* Checks a completed combine against the oracle. */
+static long check_combined(ctx_t *c, int n)
+{
+    long wrong = 0;
+    int ep = c->ep;
     cudaMemcpy(c->out, c->d_out, sizeof(uint16_t) * (size_t)n * HID, cudaMemcpyDeviceToHost);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < HID; h++) {
@@ -205,6 +214,14 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         const void *pays[1] = {c.d_pay};
         expect_and_fill(&c, seed, it, rt);
         moea2a_result_t r = moea2a_dispatch(c.moe, n, c.d_ids, NULL, pays, stride, &d, c.s);
+        cudaStreamSynchronize(c.s);
+        if (!r) r = moea2a_moe_status(c.moe);
+        if (it == 0 && !r && !nvlink_or_skip(rank, &d)) {
+            teardown(&c);
+            moea2a_comm_destroy(comm);
+            return 77;
+        }
+        long w = r ? 0 : check_received(&c, &d, rt);
         /* the expert side writes its rows after the dispatch (peers may read this
          * combine buffer until their previous combine ends) */
         if (!r) upload_rows(&c, rt, c.s);
@@ -213,12 +230,7 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         if (!r) r = moea2a_moe_status(c.moe);
         RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "iteration %d: %s", it, moea2a_last_error(comm));
         if (r) break;
-        if (it == 0 && !nvlink_or_skip(rank, &d)) {
-            teardown(&c);
-            moea2a_comm_destroy(comm);
-            return 77;
-        }
-        long w = check(&c, &d, n, rt);
+        w += check_combined(&c, n);
         RANK_EXPECT(fails, rank, w == 0, "iteration %d (n %d, stride %d): %ld wrong values", it, n, rt, w);
         wrong += w;
         if (rank == 0 && (it + 1) % 2500 == 0) printf("# %d iterations checked\n", it + 1), fflush(stdout);
@@ -290,7 +302,7 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 {
     int ndev = *(int *)arg, fails = 0;
     cudaSetDevice(rank % ndev);
-    setenv("MOEA2A_TIMEOUT_S", "2", 1);
+    setenv("MOEA2A_TIMEOUT_S", "3", 1);
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % ndev;
@@ -318,7 +330,7 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         RANK_EXPECT(fails, rank, moea2a_combine(c.moe, NULL, c.d_out, c.s) == MOEA2A_ERR_TIMEOUT,
                     "the context stays failed after a device timeout");
     } else {
-        sleep(5);
+        sleep(1); /* never dispatches; meets rank 0 again in the collective destroy */
     }
     teardown(&c);
     /* 2. strides that differ, then 3. a peer whose checks fail */
