@@ -375,6 +375,10 @@ int main(void)
     }
     tap_ok(res.failed == 0, "load/store path, %d GPUs: %d iterations of random routing checked each time; a CUDA "
            "graph of dispatch + combine replayed 5 times", n, soak_iters());
+    if (getenv("TEST_GPU_QUICK")) { /* under compute-sanitizer: its 3 s timeouts do not hold */
+        tap_skip("timing-based, not under compute-sanitizer", "load/store path: failures");
+        return tap_done();
+    }
     local_ranks_run(2, fault_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "load/store path: a missing peer ends in MOEA2A_ERR_TIMEOUT (no hang); different strides "
            "and a peer's failed checks are reported on the device");
