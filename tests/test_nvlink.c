@@ -192,15 +192,21 @@ static int nvlink_or_skip(int rank, const moea2a_dispatch_result_t *d)
 
 /* ---- the soak, and a graph captured once ------------------------------------------ */
 
-static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
+/* A rank's GPU and communicator, with MOEA2A_TIMEOUT_S = timeout. */
+static int start_rank(int rank, int n_ranks, moea2a_unique_id_t id, int ndev, const char *timeout, moea2a_comm_t *comm)
 {
-    int ndev = *(int *)arg, fails = 0;
     cudaSetDevice(rank % ndev);
-    setenv("MOEA2A_TIMEOUT_S", "30", 0); /* a failing rank must not hold the others long */
-    moea2a_comm_t comm;
+    setenv("MOEA2A_TIMEOUT_S", timeout, 1);
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % ndev;
-    if (moea2a_comm_init_rank(&comm, n_ranks, id, rank, &cfg)) return 1;
+    return moea2a_comm_init_rank(comm, n_ranks, id, rank, &cfg) ? -1 : 0;
+}
+
+static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
+{
+    int fails = 0;
+    moea2a_comm_t comm; /* a failing rank must not hold the others long: 30 s */
+    if (start_rank(rank, n_ranks, id, *(int *)arg, "30", &comm)) return 1;
     static ctx_t c;
     c.rank = rank, c.ep = n_ranks;
     if (setup(&c, comm)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), 1;
@@ -300,13 +306,9 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 
 static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 {
-    int ndev = *(int *)arg, fails = 0;
-    cudaSetDevice(rank % ndev);
-    setenv("MOEA2A_TIMEOUT_S", "3", 1);
+    int fails = 0;
     moea2a_comm_t comm;
-    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    cfg.cuda_device = rank % ndev;
-    if (moea2a_comm_init_rank(&comm, n_ranks, id, rank, &cfg)) return 1;
+    if (start_rank(rank, n_ranks, id, *(int *)arg, "3", &comm)) return 1;
     static ctx_t c;
     c.rank = rank, c.ep = n_ranks;
     const void *pays[1];
