@@ -80,9 +80,12 @@ __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
     c.part = reinterpret_cast<long long *>(ws + f.blocks + (size_t)4 * ep * M2A_FAST_MAX_BLOCKS + 4 * M2A_FAST_MAX_BLOCKS);
     uint32_t *w = reinterpret_cast<uint32_t *>(ws + f.ctl);
     c.epoch_d = w, c.epoch_c = w + 1, c.done_d = w + 2, c.done_c = w + 3;
-    c.stats = reinterpret_cast<long long *>(ws + f.ctl + 16);
+    c.stats = reinterpret_cast<long long *>(ws + f.ctl + M2A_FAST_CTL_STATS);
     return c;
 }
+static_assert(4 * M2A_FAST_MAX_BLOCKS <= 1024 && (4 + 16) * M2A_FAST_MAX_BLOCKS <= 8192,
+              "block scratch outgrew M2A_FAST_BLOCK_BYTES"); /* 4 ep + 4 + 16 bytes per block */
+static_assert(M2A_FAST_CTL_STATS + 4 * 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
 
 /* Records the first error (device record, then the host's copy) and returns false. */
 __device__ bool fail(const m2a_fast_t &f, int code, int peer, int what)

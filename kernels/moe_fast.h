@@ -18,6 +18,16 @@ extern "C" {
 #define M2A_FAST_MAX_BLOCKS 256 /* thread blocks (SMs) a kernel may use */
 #define M2A_FAST_THREADS 512
 
+/* The control regions in the workspace (the layout's formula uses these sizes):
+ * signals peers write: arrivals, combine arrivals, [stride, status] per source; block
+ * scratch: chunk counts [blocks][ep], their epochs [blocks], partial stats
+ * [blocks][2] (int64); counters: epochs and done counts (4 x u32), then the stats
+ * [4] (int64) that dispatch results point to. */
+#define M2A_FAST_SIG_BYTES(ep) (16 * (size_t)(ep))
+#define M2A_FAST_BLOCK_BYTES(ep) (1024 * (size_t)(ep) + 8192)
+#define M2A_FAST_CTL_BYTES 64
+#define M2A_FAST_CTL_STATS 16 /* offset of the stats in the counters */
+
 /* The device error record (first error wins): code is a moea2a_result_t, peer the rank
  * it concerns, what the step (M2A_FAST_AT_*). */
 typedef struct {

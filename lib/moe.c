@@ -191,7 +191,7 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     return d;
 }
 
-static moea2a_result_t agree(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg)
+static moea2a_result_t agree_config(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg)
 {
     int n = comm->nranks;
     digest_t *all = calloc((size_t)n, sizeof(*all));
@@ -237,6 +237,24 @@ static void owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner)
     int q = c->num_experts / ep, rem = c->num_experts % ep, e = 0;
     for (int r = 0; r < ep; r++)
         for (int j = 0; j < q + (r < rem); j++) owner[e++] = r;
+}
+
+moea2a_result_t m2a_moe_agree(moea2a_comm_t comm, moea2a_result_t mine, int *value_min)
+{
+    int n = comm->nranks;
+    int32_t *all = calloc((size_t)n * 2, sizeof(int32_t));
+    if (!all) return mine != MOEA2A_SUCCESS ? mine : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    all[2 * comm->rank] = mine, all[2 * comm->rank + 1] = value_min ? *value_min : 0;
+    moea2a_result_t g = m2a_bootstrap_allgather(comm, comm->bs, all, 2 * sizeof(int32_t)), r = mine;
+    if (g != MOEA2A_SUCCESS && r == MOEA2A_SUCCESS) r = g;
+    for (int q = 0; g == MOEA2A_SUCCESS && q < n; q++) {
+        if (r == MOEA2A_SUCCESS && all[2 * q] != MOEA2A_SUCCESS)
+            r = m2a_error(comm, (moea2a_result_t)all[2 * q], "moea2a_moe_create failed on rank %d (%s)", q,
+                          moea2a_strerror((moea2a_result_t)all[2 * q]));
+        if (value_min && all[2 * q + 1] < *value_min) *value_min = all[2 * q + 1];
+    }
+    free(all);
+    return r;
 }
 
 moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe)
@@ -311,7 +329,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     plan_t *p = calloc(1, sizeof(*p));
     moea2a_result_t r = moe && p ? plan(comm, config, p) : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     /* All ranks learn whether every rank's config checked out and is the same. */
-    r = agree(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
+    r = agree_config(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
     if (r == MOEA2A_SUCCESS) r = check_fits(comm, p);
     if (r == MOEA2A_SUCCESS) {
         moe->comm = comm;
@@ -323,19 +341,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
         r = moe->cuda ? alloc_cuda(moe, p) : alloc_host(moe, p);
     }
     /* The allocation may fail on one rank only: agree once more. */
-    int32_t *ok = calloc((size_t)comm->nranks, sizeof(int32_t));
-    if (ok) {
-        ok[comm->rank] = r;
-        moea2a_result_t g = m2a_bootstrap_allgather(comm, comm->bs, ok, sizeof(int32_t));
-        for (int q = 0; r == MOEA2A_SUCCESS && q < comm->nranks; q++)
-            if (g != MOEA2A_SUCCESS) r = g;
-            else if (ok[q] != MOEA2A_SUCCESS)
-                r = m2a_error(comm, (moea2a_result_t)ok[q], "moea2a_moe_create failed on rank %d (%s)", q,
-                              moea2a_strerror((moea2a_result_t)ok[q]));
-        free(ok);
-    } else if (r == MOEA2A_SUCCESS) {
-        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    }
+    r = m2a_moe_agree(comm, r, NULL);
     if (p) free(p->stage_index);
     free(p);
     if (r != MOEA2A_SUCCESS) {

@@ -28,6 +28,10 @@ struct moea2a_moe {
     void *fast; /* the load/store path's state (moe_fast.c), NULL on the generic paths */
 };
 
+/* Collective step of create: every rank's result (the first failure wins on every
+ * rank, named); with value_min, every rank ends with the smallest *value_min. */
+moea2a_result_t m2a_moe_agree(moea2a_comm_t comm, moea2a_result_t mine, int *value_min);
+
 /* moe_cuda.c; without CUDA these return MOEA2A_ERR_UNAVAILABLE. stream: cudaStream_t. */
 moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes);
 moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe);

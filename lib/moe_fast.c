@@ -30,25 +30,6 @@ static moea2a_result_t cuda_fail(moea2a_comm_t comm, cudaError_t e, const char *
     return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (load/store path): %s: %s", what, cudaGetErrorString(e));
 }
 
-/* Every rank's result of a step: the first failure wins everywhere. */
-static moea2a_result_t agree(moea2a_comm_t comm, moea2a_result_t mine, int *value_min)
-{
-    int n = comm->nranks;
-    int32_t *all = calloc((size_t)n * 2, sizeof(int32_t));
-    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    all[2 * comm->rank] = mine, all[2 * comm->rank + 1] = value_min ? *value_min : 0;
-    moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, 2 * sizeof(int32_t));
-    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
-        if (all[2 * q] != MOEA2A_SUCCESS)
-            r = mine != MOEA2A_SUCCESS ? mine
-                                       : m2a_error(comm, (moea2a_result_t)all[2 * q], "moea2a_moe_create failed on rank %d (%s)",
-                                                   q, moea2a_strerror((moea2a_result_t)all[2 * q]));
-        if (value_min && all[2 * q + 1] < *value_min) *value_min = all[2 * q + 1];
-    }
-    free(all);
-    return r;
-}
-
 void m2a_moe_fast_params(moea2a_moe_t moe)
 {
     const m2a_moe_layout_t *l = &moe->l;
@@ -87,10 +68,10 @@ moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
         sms < blocks)
         blocks = sms; /* every block must be resident: they wait for each other's peers */
     if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_alloc(st->t->tc, st->bytes, &ws);
-    r = agree(comm, r, &blocks);
+    r = m2a_moe_agree(comm, r, &blocks);
     /* 2. collective: the window and every rank's address of it */
     if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_register(st->t->tc, ws, st->bytes, (void **)peers, &st->handle);
-    r = agree(comm, r, NULL);
+    r = m2a_moe_agree(comm, r, NULL);
     if (r == MOEA2A_SUCCESS && cudaMalloc((void **)&st->f.err, sizeof(m2a_fast_error_t)) != cudaSuccess)
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cudaMalloc of the error record failed");
     if (r == MOEA2A_SUCCESS) {
@@ -206,7 +187,7 @@ moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, v
 
 const int64_t *m2a_moe_fast_stats(moea2a_moe_t moe)
 {
-    return (const int64_t *)(moe->ws + moe->l.fast_ctl + 16);
+    return (const int64_t *)(moe->ws + moe->l.fast_ctl + M2A_FAST_CTL_STATS);
 }
 
 #else /* no CUDA: contexts never take this path */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "moe_fast.h"
 #include "moe_layout.h"
 #include "params.h"
 
@@ -102,9 +103,9 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, int lsa, m
     l->stats = take(&at, 16);                          /* invalid and merged entries */
     if (lsa) { /* load/store path: signals peers write, block scratch, counters */
         l->lsa = 1;
-        l->fast_sig = take(&at, 16 * n);
-        l->fast_blocks = take(&at, 1024 * n + 8192);
-        l->fast_ctl = take(&at, 64);
+        l->fast_sig = take(&at, M2A_FAST_SIG_BYTES(n));
+        l->fast_blocks = take(&at, M2A_FAST_BLOCK_BYTES(n));
+        l->fast_ctl = take(&at, M2A_FAST_CTL_BYTES);
     }
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
