@@ -1,6 +1,10 @@
-/* NVFP4 kernels: one thread per half block (8 values), running the arithmetic of
- * lib/fp4_math.h (shared with the host reference, hence the same bits). On sm_90
- * there is no hardware E2M1 conversion, so that code path is the software one. */
+/* NVFP4 kernels. They produce the bits of the host reference (lib/fp4_math.h) by
+ * cheaper means: a lookup table for E2M1 (sm_90 has no E2M1 conversion; sm_100a's
+ * is used where built for it), the hardware E4M3 and 16-bit conversions, amax from
+ * the bits. tests/test_gpu.c checks every path against the reference. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "fp4_kernels.h"
@@ -19,94 +23,212 @@ template <> struct In<MOEA2A_FLOAT32> {
     static __device__ float at(const void *x, size_t i) { return static_cast<const float *>(x)[i]; }
 };
 
-/* Eight 16-bit inputs as fp32. */
-template <moea2a_datatype_t T> __device__ __forceinline__ void widen8(uint4 raw, float *v)
+/* E2M1 code (sign included) of every fp32 by its top bits and a sticky bit: entry
+ * 2 x (u >> 21) + (u's low 21 bits != 0). Every rounding threshold (0.25 0.75 1.25
+ * 1.75 2.5 3.5 5) has its low 21 bits 0, so the code is constant between thresholds
+ * and the sticky bit separates a value that is exactly on one (a tie) from those
+ * above it. Built at compile time with integer compares on the magnitude's bits
+ * (ordered like the values); NaN gives 0, as m2a_e2m1_from_f32. */
+struct E2m1Table {
+    unsigned char v[4096];
+};
+constexpr unsigned char e2m1_code_of_bits(uint32_t u)
 {
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
-        v[2 * i] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(lo) : m2a_f16_to_f32(lo);
-        v[2 * i + 1] = T == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(hi) : m2a_f16_to_f32(hi);
-    }
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0;
+    const unsigned c = (a > 0x3e800000u) + (a >= 0x3f400000u) + (a > 0x3fa00000u) + (a >= 0x3fe00000u) +
+                       (a > 0x40200000u) + (a >= 0x40600000u) + (a > 0x40a00000u);
+    return (unsigned char)(((u >> 31) << 3) | c);
+}
+constexpr E2m1Table make_e2m1_table()
+{
+    E2m1Table t{};
+    for (uint32_t i = 0; i < 4096; i++) t.v[i] = e2m1_code_of_bits(((i >> 1) << 21) | (i & 1));
+    return t;
+}
+__device__ const E2m1Table kE2m1 = make_e2m1_table();
+
+__device__ __forceinline__ uint32_t e2m1_lookup(const unsigned char *tbl, float p)
+{
+    const uint32_t u = __float_as_uint(p);
+    return tbl[((u >> 20) & 0xffeu) | min(u & 0x1fffffu, 1u)];
 }
 
-/* Quantize, one thread per half block (8 inputs, 16 bytes in, 4 bytes out): a warp
- * reads 512 contiguous bytes and writes 128, and the two halves of a block meet by
- * a shuffle. Loops are warp-uniform so every lane reaches every shuffle. When a row
- * has a multiple of 4 blocks, the scales of 4 consecutive blocks (4 adjacent bytes in
- * every layout) leave as one 32-bit store. */
-template <moea2a_datatype_t T, typename I>
-__global__ void __launch_bounds__(256) quantize_halves(const void *x, I halves, I kb_n, const float *g,
-                                                       uint32_t *q, unsigned char *sf, int layout)
+/* Sixteen values' codes (lo: elements 0-7, hi: 8-15). sm_100a has a conversion
+ * instruction (round to nearest even, saturating to 6); inv is finite there, so no
+ * product is NaN. Elsewhere the table. */
+__device__ __forceinline__ uint2 encode16(const float *v, float inv, const unsigned char *tbl)
 {
+    uint32_t w[2] = {0, 0};
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM101_ALL) || defined(__CUDA_ARCH_FEAT_SM120_ALL)
+    if (isfinite(inv)) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            unsigned short b;
+            asm("{ .reg .b8 t; cvt.rn.satfinite.e2m1x2.f32 t, %1, %2; cvt.u16.u8 %0, t; }"
+                : "=h"(b) : "f"(v[2 * i + 1] * inv), "f"(v[2 * i] * inv));
+            w[i / 4] |= (uint32_t)b << (8 * (i % 4));
+        }
+        return make_uint2(w[0], w[1]);
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 16; i++) w[i / 8] += e2m1_lookup(tbl, v[i] * inv) << (4 * (i % 8));
+    return make_uint2(w[0], w[1]);
+}
+
+/* m2a_fp4_scale with the hardware E4M3 conversions of sm_89 and later (round to
+ * nearest even, saturating; the same bits as the reference). */
+__device__ __forceinline__ uint8_t block_scale(float amax, bool finite, float g, float *inv)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (!finite) {
+        *inv = 0.0f;
+        return M2A_E4M3_NAN;
+    }
+    const float x = g * (amax / 6.0f);
+    const uint8_t sf = x != x ? (uint8_t)M2A_E4M3_NAN : (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+    const float sff = __half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3)));
+    *inv = sff == 0.0f ? 0.0f : g / sff;
+    return sf;
+#else
+    return m2a_fp4_scale(amax, finite, g, inv);
+#endif
+}
+
+/* Quantize, one thread per block of 16 (32 or 64 bytes in, 8 out), a warp on 32
+ * consecutive blocks. amax comes from the bits: |x| orders like its bit pattern, so
+ * an integer max (16-bit SIMD for bf16/fp16) gives it exactly, and a maximum at or
+ * above the infinity pattern means a non-finite input. The scales of 4 consecutive
+ * blocks (4 adjacent bytes in every layout when a row has a multiple of 4 blocks)
+ * leave as one 32-bit store. Loops are warp-uniform so every lane reaches every
+ * shuffle; (row, block) advance by the constant grid stride, without divisions. */
+template <moea2a_datatype_t T>
+__global__ void __launch_bounds__(256) quantize_blocks(const void *x, uint32_t nblocks, uint32_t kb_n, const float *g,
+                                                       uint2 *q, unsigned char *sf, int layout)
+{
+    __shared__ uint4 tbl4[4096 / 16];
+    const unsigned char *tbl = reinterpret_cast<const unsigned char *>(tbl4);
+    for (int i = threadIdx.x; i < 4096 / 16; i += blockDim.x) tbl4[i] = reinterpret_cast<const uint4 *>(kE2m1.v)[i];
+    __syncthreads();
+    constexpr int NV = T == MOEA2A_FLOAT32 ? 4 : 2; /* 16-byte loads per block */
     const float gs = *g;
     const int lane = threadIdx.x & 31;
     const bool words = kb_n % 4 == 0;
-    const I step = (I)gridDim.x * blockDim.x;
-    for (I base = (I)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); base < halves; base += step) {
-        const I h = base + lane;
-        const bool live = h < halves;
-        float v[8];
-        if (T == MOEA2A_FLOAT32) {
-            const float4 *src = reinterpret_cast<const float4 *>(x) + 2 * h;
-            float4 a = live ? __ldcs(src) : make_float4(0, 0, 0, 0), b = live ? __ldcs(src + 1) : make_float4(0, 0, 0, 0);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        } else {
-            uint4 raw = live ? __ldcs(reinterpret_cast<const uint4 *>(x) + h) : make_uint4(0, 0, 0, 0);
-            widen8<T>(raw, v);
-        }
-        float amax = 0.0f;
-        int finite = 1;
+    const uint32_t step = gridDim.x * blockDim.x, step_r = step / kb_n, step_kb = step % kb_n;
+    uint32_t b = blockIdx.x * blockDim.x + threadIdx.x, r = b / kb_n, kb = b % kb_n;
+    for (; b - lane < nblocks; b += step, r += step_r, kb += step_kb) {
+        if (kb >= kb_n) kb -= kb_n, r++;
+        const bool live = b < nblocks;
+        uint4 raw[NV];
+        const uint4 *src = reinterpret_cast<const uint4 *>(x) + NV * (size_t)b;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            finite &= isfinite(v[i]) ? 1 : 0;
-            amax = fmaxf(amax, m2a_abs_f32(v[i]));
+        for (int c = 0; c < NV; c++) raw[c] = live ? __ldcs(src + c) : make_uint4(0, 0, 0, 0);
+        float v[16], amax;
+        bool finite;
+        if (T == MOEA2A_FLOAT32) {
+            uint32_t am = 0;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) v[4 * c + i] = __uint_as_float(w[i]), am = max(am, w[i] & 0x7fffffffu);
+            }
+            finite = am < 0x7f800000u, amax = __uint_as_float(am);
+        } else {
+            const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+            uint32_t m = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+            const uint32_t a16 = max(m & 0xffffu, m >> 16);
+            finite = a16 < (T == MOEA2A_BFLOAT16 ? 0x7f80u : 0x7c00u);
+            amax = T == MOEA2A_BFLOAT16 ? __uint_as_float(a16 << 16) : m2a_f16_to_f32((uint16_t)a16);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
+                v[2 * i] = T == MOEA2A_BFLOAT16 ? __uint_as_float(w[i] << 16) : m2a_f16_to_f32(lo);
+                v[2 * i + 1] = T == MOEA2A_BFLOAT16 ? __uint_as_float(w[i] & 0xffff0000u) : m2a_f16_to_f32(hi);
+            }
         }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        finite &= __shfl_xor_sync(0xffffffffu, finite, 1);
         float inv;
-        uint8_t s = m2a_fp4_scale(amax, finite, gs, &inv);
-        if (live) __stcs(q + h, m2a_fp4_encode8(v, inv, finite));
-        const I b = h / 2, r = b / kb_n, kb = b - r * kb_n;
+        const uint8_t s = block_scale(amax, finite, gs, &inv);
+        const uint2 codes = finite ? encode16(v, inv, tbl) : make_uint2(0, 0);
+        if (live) __stcs(q + b, codes);
         if (words) {
-            uint32_t w = s | (uint32_t)__shfl_down_sync(0xffffffffu, s, 2) << 8 |
-                         (uint32_t)__shfl_down_sync(0xffffffffu, s, 4) << 16 |
-                         (uint32_t)__shfl_down_sync(0xffffffffu, s, 6) << 24;
-            if (live && lane % 8 == 0)
-                *reinterpret_cast<uint32_t *>(sf + m2a_sf_offset(layout, r, kb, kb_n)) = w;
-        } else if (live && lane % 2 == 0) {
+            const uint32_t w = s | (uint32_t)__shfl_down_sync(0xffffffffu, s, 1) << 8 |
+                               (uint32_t)__shfl_down_sync(0xffffffffu, s, 2) << 16 |
+                               (uint32_t)__shfl_down_sync(0xffffffffu, s, 3) << 24;
+            if (live && lane % 4 == 0) *reinterpret_cast<uint32_t *>(sf + m2a_sf_offset(layout, r, kb, kb_n)) = w;
+        } else if (live) {
             sf[m2a_sf_offset(layout, r, kb, kb_n)] = s;
         }
     }
 }
 
-/* Dequantize, one thread per half block: 4 bytes of codes in, 8 values out (16
- * bytes for bf16/fp16, 32 for fp32), contiguous across the warp. */
-template <moea2a_datatype_t T, typename I>
+/* Eight codes (a 32-bit word) times the block scale: each E2M1 code placed in fp16
+ * bits is E x 2^-14 exactly (code 1 is an fp16 subnormal), so two codes become a
+ * half2 with a multiply and two masked shifts; widened, times scale x 2^14 (exact:
+ * E x scale), times 1/g (the one rounding of the reference). */
+__device__ __forceinline__ void decode8(uint32_t codes, float sc, float inv_g, float *f)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t v = __byte_perm(codes, 0, 0x4440 | j) * 0x1001u; /* byte j at bits 0 and 12 */
+        uint32_t h2 = ((v << 9) & 0x0e000e00u) | ((v << 12) & 0x80008000u);
+        const float2 t = __half22float2(*reinterpret_cast<__half2 *>(&h2));
+        f[2 * j] = t.x * sc * inv_g;
+        f[2 * j + 1] = t.y * sc * inv_g;
+    }
+}
+
+/* Dequantize, one thread per half block: 4 bytes of codes in, 8 values out (16 bytes
+ * for bf16/fp16, 32 for fp32), contiguous across the warp. Rounded by the hardware
+ * conversions (nearest even, as the reference); NaN results take the canonical
+ * pattern of the reference: a NaN scale gives it for the whole block, and when 1/g
+ * is not finite (0 x inf) each value is checked. */
+template <moea2a_datatype_t T>
 __global__ void __launch_bounds__(256) dequantize_halves(const uint32_t *q, const unsigned char *sf, int layout,
-                                                         const float *g, I halves, I kb_n, void *out)
+                                                         const float *g, uint32_t halves, uint32_t kb_n, void *out)
 {
     const float inv_g = 1.0f / *g;
-    const I step = (I)gridDim.x * blockDim.x;
-    for (I h = (I)blockIdx.x * blockDim.x + threadIdx.x; h < halves; h += step) {
-        const I b = h / 2, r = b / kb_n;
+    const bool odd = !isfinite(inv_g);
+    const uint32_t step = gridDim.x * blockDim.x;
+    for (uint32_t h = blockIdx.x * blockDim.x + threadIdx.x; h < halves; h += step) {
+        const uint32_t b = h / 2, r = b / kb_n;
         const uint32_t codes = __ldcs(q + h);
-        const float s = m2a_e4m3_to_f32(sf[m2a_sf_offset(layout, r, b - r * kb_n, kb_n)]);
+        const uint8_t sb = sf[m2a_sf_offset(layout, r, b - r * kb_n, kb_n)];
+        const bool nan = (sb & 0x7f) == M2A_E4M3_NAN;
         float f[8];
+        decode8(codes, m2a_e4m3_to_f32(sb) * 16384.0f, inv_g, f);
+        if (odd) { /* the reference's own conversions, which keep the canonical NaN */
 #pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = m2a_fp4_value((uint8_t)((codes >> (4 * i)) & 15u), s, inv_g);
+            for (int i = 0; i < 8; i++) f[i] = f[i] != f[i] ? __uint_as_float(0x7fc00000u) : f[i];
+            if (T != MOEA2A_FLOAT32) {
+                uint32_t w[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    w[i] = T == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(f[2 * i]) | (uint32_t)m2a_f32_to_bf16(f[2 * i + 1]) << 16
+                                                : m2a_f32_to_f16(f[2 * i]) | (uint32_t)m2a_f32_to_f16(f[2 * i + 1]) << 16;
+                __stcs(reinterpret_cast<uint4 *>(out) + h, make_uint4(w[0], w[1], w[2], w[3]));
+                continue;
+            }
+        }
         if (T == MOEA2A_FLOAT32) {
-            float4 *dst = reinterpret_cast<float4 *>(out) + 2 * h;
-            __stcs(dst, make_float4(f[0], f[1], f[2], f[3]));
-            __stcs(dst + 1, make_float4(f[4], f[5], f[6], f[7]));
+            float4 *dst = reinterpret_cast<float4 *>(out) + 2 * (size_t)h;
+            const float n = __uint_as_float(0x7fc00000u);
+            __stcs(dst, nan ? make_float4(n, n, n, n) : make_float4(f[0], f[1], f[2], f[3]));
+            __stcs(dst + 1, nan ? make_float4(n, n, n, n) : make_float4(f[4], f[5], f[6], f[7]));
         } else {
             uint32_t w[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                uint16_t lo = T == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(f[2 * i]) : m2a_f32_to_f16(f[2 * i]);
-                uint16_t hi = T == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(f[2 * i + 1]) : m2a_f32_to_f16(f[2 * i + 1]);
-                w[i] = lo | (uint32_t)hi << 16;
+                if (T == MOEA2A_BFLOAT16) {
+                    __nv_bfloat162 p = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+                    w[i] = nan ? 0x7fc07fc0u : *reinterpret_cast<uint32_t *>(&p);
+                } else {
+                    __half2 p = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+                    w[i] = nan ? 0x7e007e00u : *reinterpret_cast<uint32_t *>(&p);
+                }
             }
             __stcs(reinterpret_cast<uint4 *>(out) + h, make_uint4(w[0], w[1], w[2], w[3]));
         }
@@ -166,30 +288,48 @@ extern "C" int m2a_cuda_fp4_global_scale(const void *x, moea2a_datatype_t xtype,
     return (int)cudaGetLastError();
 }
 
-/* The half-block kernels read 16-byte vectors and write 4-byte words: lib/fp4.c
- * has checked that the buffers are aligned for them (rows are, k being a multiple
- * of 16 elements). */
+/* Resident blocks: the quantize kernel loads its table once per block, then strides. */
+static int resident_grid(size_t work)
+{
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    size_t b = (work + 255) / 256, cap = (size_t)sms * 8;
+    return (int)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+/* Rows per launch, a multiple of 128 (a whole number of scale tiles in every layout,
+ * so a launch's scales start at the offset of its first row) that keeps the kernels'
+ * 32-bit indices (halves, plus a grid stride) in range; 0 when a single row is
+ * already too long. */
+static size_t rows_per_launch(size_t kb_n)
+{
+    const size_t per_tile = 128 * kb_n * 2, limit = (size_t)1 << 31;
+    return per_tile > limit ? 0 : limit / per_tile * 128;
+}
+
+/* lib/fp4.c has checked that the buffers are 16-byte aligned (rows are: k is a
+ * multiple of 16 elements). */
 extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q,
                                      void *sf, int layout, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    size_t kb_n = k / 16, halves = m * kb_n * 2;
-    unsigned char *sfb = static_cast<unsigned char *>(sf);
+    const size_t kb_n = k / 16, chunk = rows_per_launch(kb_n), es = xtype == MOEA2A_FLOAT32 ? 4 : 2;
+    if (!chunk) return (int)cudaErrorInvalidValue;
     /* tile padding, where the tiled layouts have any */
     if (m2a_sf_bytes(layout, m, kb_n) != m * kb_n) cudaMemsetAsync(sf, 0, m2a_sf_bytes(layout, m, kb_n), s);
-    int grid = grid_for(halves);
-    uint32_t *qw = static_cast<uint32_t *>(q);
-    /* 32-bit index arithmetic where it fits: divisions by kb_n are much cheaper */
-    bool narrow = halves + 256u * (size_t)grid < (1ull << 32);
-#define M2A_Q(T)                                                                                            \
-    (narrow ? quantize_halves<T, uint32_t><<<grid, 256, 0, s>>>(x, (uint32_t)halves, (uint32_t)kb_n, g, qw, sfb, layout) \
-            : quantize_halves<T, size_t><<<grid, 256, 0, s>>>(x, halves, kb_n, g, qw, sfb, layout))
-    switch (xtype) {
-    case MOEA2A_BFLOAT16: M2A_Q(MOEA2A_BFLOAT16); break;
-    case MOEA2A_FLOAT16: M2A_Q(MOEA2A_FLOAT16); break;
-    default: M2A_Q(MOEA2A_FLOAT32); break;
+    for (size_t r0 = 0; r0 < m; r0 += chunk) {
+        const size_t rows = m - r0 < chunk ? m - r0 : chunk;
+        const uint32_t nb = (uint32_t)(rows * kb_n);
+        const void *xs = static_cast<const unsigned char *>(x) + r0 * k * es;
+        uint2 *qs = reinterpret_cast<uint2 *>(static_cast<unsigned char *>(q) + r0 * k / 2);
+        unsigned char *ss = static_cast<unsigned char *>(sf) + m2a_sf_offset(layout, r0, 0, kb_n);
+        const int grid = resident_grid(nb);
+        switch (xtype) {
+        case MOEA2A_BFLOAT16: quantize_blocks<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout); break;
+        case MOEA2A_FLOAT16: quantize_blocks<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout); break;
+        default: quantize_blocks<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout); break;
+        }
     }
-#undef M2A_Q
     return (int)cudaGetLastError();
 }
 
@@ -197,20 +337,21 @@ extern "C" int m2a_cuda_fp4_dequantize(const void *q, const void *sf, int layout
                                        void *out, moea2a_datatype_t otype, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    size_t kb_n = k / 16, halves = m * kb_n * 2;
-    const uint32_t *qw = static_cast<const uint32_t *>(q);
-    const unsigned char *sfb = static_cast<const unsigned char *>(sf);
-    int grid = grid_for(halves);
-    bool narrow = halves + 256u * (size_t)grid < (1ull << 32);
-#define M2A_D(T)                                                                                                \
-    (narrow ? dequantize_halves<T, uint32_t><<<grid, 256, 0, s>>>(qw, sfb, layout, g, (uint32_t)halves, (uint32_t)kb_n, out) \
-            : dequantize_halves<T, size_t><<<grid, 256, 0, s>>>(qw, sfb, layout, g, halves, kb_n, out))
-    switch (otype) {
-    case MOEA2A_BFLOAT16: M2A_D(MOEA2A_BFLOAT16); break;
-    case MOEA2A_FLOAT16: M2A_D(MOEA2A_FLOAT16); break;
-    default: M2A_D(MOEA2A_FLOAT32); break;
+    const size_t kb_n = k / 16, chunk = rows_per_launch(kb_n), es = otype == MOEA2A_FLOAT32 ? 4 : 2;
+    if (!chunk) return (int)cudaErrorInvalidValue;
+    for (size_t r0 = 0; r0 < m; r0 += chunk) {
+        const size_t rows = m - r0 < chunk ? m - r0 : chunk;
+        const uint32_t halves = (uint32_t)(rows * kb_n * 2);
+        const uint32_t *qs = reinterpret_cast<const uint32_t *>(static_cast<const unsigned char *>(q) + r0 * k / 2);
+        const unsigned char *ss = static_cast<const unsigned char *>(sf) + m2a_sf_offset(layout, r0, 0, kb_n);
+        void *os = static_cast<unsigned char *>(out) + r0 * k * es;
+        const int grid = grid_for(halves);
+        switch (otype) {
+        case MOEA2A_BFLOAT16: dequantize_halves<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(qs, ss, layout, g, halves, (uint32_t)kb_n, os); break;
+        case MOEA2A_FLOAT16: dequantize_halves<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(qs, ss, layout, g, halves, (uint32_t)kb_n, os); break;
+        default: dequantize_halves<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(qs, ss, layout, g, halves, (uint32_t)kb_n, os); break;
+        }
     }
-#undef M2A_D
     return (int)cudaGetLastError();
 }
 

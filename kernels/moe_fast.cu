@@ -7,23 +7,34 @@
  * sender adds one after its writes (release, system scope). The epoch e lives in the
  * workspace, so a CUDA graph replays correctly.
  *
- *  dispatch (blocks split the tokens into contiguous chunks, in order):
+ *  dispatch, many tokens (over 4 per block; blocks split them into contiguous chunks):
  *   1. count the chunk's tokens per destination; publish the counts (block scratch);
  *      add up the counts of the blocks before this one: the chunk's first slot at
  *      every destination. Slot order is token order, whatever the timing.
  *   2. wait until every peer's previous combine began (it no longer reads the
  *      receive arrays it got from the previous dispatch);
- *   3. route the chunk in pieces, write each token's arrays into every destination's
- *      slot (ids sanitized for that destination), keep the send map for combine;
- *   4. the last block writes each destination's count and this call's stride and
+ *   3. route the chunk in pieces: each token's slot at every destination into the
+ *      send map, then mark the chunk's send map complete; its ids (sanitized for
+ *      each destination), weights and source index written there;
+ *   4. copy payload rows in (token, 2 KB segment) units taken from a counter by any
+ *      warp of any block, so that the links stay busy until the end;
+ *   5. the last block writes each destination's count and this call's stride and
  *      status; every block signals every destination;
- *   5. wait for every source; check strides and statuses; sanitize padding slots.
+ *   6. wait for every source; check strides and statuses; sanitize padding slots.
+ *  dispatch, few tokens: the (token, segment) units are split evenly over all warps;
+ *   each block counts every token before its range itself (no waiting on other
+ *   blocks), then 2, 3 for its range with its warps copying their units, 5, 6.
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
- *   2. each token's rows, read over NVLink in ascending rank order and summed in
- *      fp32 from 0.0f, rounded once: the host reference's arithmetic. */
+ *   2. (token, 1 KB segment) units split evenly over all warps: each token's rows,
+ *      read over NVLink in ascending rank order and summed in fp32 from 0.0f,
+ *      rounded once: the host reference's arithmetic. */
 #include <cuda_runtime.h>
+#ifdef M2A_FAST_PROFILE
+#include <stdio.h>
+#include <string.h>
+#endif
 
 #include "convert.h"
 #include "moe_fast.h"
@@ -56,6 +67,35 @@ __device__ __forceinline__ unsigned long long now_ns()
     return t;
 }
 
+/* ---- optional phase profile (developers: build with -DM2A_FAST_PROFILE) ------------
+ * Thread 0 of every block adds the time from its block's start to each phase mark;
+ * the last block of a launch adds the launch's span (first start to last end).
+ * m2a_fast_profile_report() prints the means and starts over. */
+#ifdef M2A_FAST_PROFILE
+constexpr int kMarks = 8, kLaunches = 512;
+/* per launch: [0] first block start, [1] last block end, [2 + i] sum over blocks of
+ * mark i (from the block's start), [2 + kMarks + i] its maximum over blocks */
+__device__ unsigned long long g_rec[2][kLaunches][2 + 2 * kMarks];
+__device__ unsigned int g_launch[2], g_blocks[2];
+#define PROF_START(k)                                                                          \
+    unsigned long long prof_t0 = 0, *prof_r = nullptr;                                         \
+    if (threadIdx.x == 0) {                                                                    \
+        prof_t0 = now_ns(), prof_r = g_rec[k][*(volatile unsigned int *)&g_launch[k] % kLaunches]; \
+        if (atomicCAS(&prof_r[0], 0ull, prof_t0)) atomicMin(&prof_r[0], prof_t0);             \
+        g_blocks[k] = gridDim.x;                                                               \
+    }
+#define PROF_MARK(k, i)                                                                           \
+    if (threadIdx.x == 0) {                                                                       \
+        unsigned long long d_ = now_ns() - prof_t0;                                               \
+        atomicAdd(&prof_r[2 + (i)], d_), atomicMax(&prof_r[2 + kMarks + (i)], d_);                \
+    }
+#define PROF_LAST(k) prof_r[1] = now_ns(), g_launch[k]++
+#else
+#define PROF_START(k)
+#define PROF_MARK(k, i)
+#define PROF_LAST(k)
+#endif
+
 /* ---- the workspace's control regions --------------------------------------------- */
 
 struct Ctl {
@@ -64,7 +104,9 @@ struct Ctl {
     int32_t *agg;               /* [MAX_BLOCKS][ep] chunk counts */
     uint32_t *aggflag;          /* [MAX_BLOCKS] epoch of agg */
     long long *part;            /* [MAX_BLOCKS][2] invalid, merged entries */
+    uint32_t *routed;           /* [MAX_BLOCKS] epoch of the block's send map */
     uint32_t *epoch_d, *epoch_c, *done_d, *done_c;
+    unsigned long long *next_unit; /* dispatch's copy units handed out so far */
     long long *stats; /* [4] total_recv, invalid, sent_rows, merged */
 };
 
@@ -78,14 +120,16 @@ __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
     c.agg = reinterpret_cast<int32_t *>(ws + f.blocks);
     c.aggflag = reinterpret_cast<uint32_t *>(ws + f.blocks + (size_t)4 * ep * M2A_FAST_MAX_BLOCKS);
     c.part = reinterpret_cast<long long *>(ws + f.blocks + (size_t)4 * ep * M2A_FAST_MAX_BLOCKS + 4 * M2A_FAST_MAX_BLOCKS);
+    c.routed = reinterpret_cast<uint32_t *>(c.part + 2 * M2A_FAST_MAX_BLOCKS);
     uint32_t *w = reinterpret_cast<uint32_t *>(ws + f.ctl);
     c.epoch_d = w, c.epoch_c = w + 1, c.done_d = w + 2, c.done_c = w + 3;
+    c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 4 * 8);
     c.stats = reinterpret_cast<long long *>(ws + f.ctl + M2A_FAST_CTL_STATS);
     return c;
 }
-static_assert(4 * M2A_FAST_MAX_BLOCKS <= 1024 && (4 + 16) * M2A_FAST_MAX_BLOCKS <= 8192,
-              "block scratch outgrew M2A_FAST_BLOCK_BYTES"); /* 4 ep + 4 + 16 bytes per block */
-static_assert(M2A_FAST_CTL_STATS + 4 * 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
+static_assert(4 * M2A_FAST_MAX_BLOCKS <= 1024 && (4 + 16 + 4) * M2A_FAST_MAX_BLOCKS <= 8192,
+              "block scratch outgrew M2A_FAST_BLOCK_BYTES"); /* 4 ep + 4 + 16 + 4 bytes per block */
+static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
 
 /* Records the first error (device record, then the host's copy) and returns false. */
 __device__ bool fail(const m2a_fast_t &f, int code, int peer, int what)
@@ -169,62 +213,122 @@ struct Shared {
     uint32_t epoch;
 };
 
-/* Copies array a of the piece's tokens to all their destinations: 16-byte vectors
- * when the row and the source allow, else 4-byte words or bytes. Eight vectors in
- * flight per thread; stores to peers are posted and need not wait. */
-__device__ void copy_array(const m2a_fast_t &f, const Shared &s, int D, int first, int ntok, const unsigned char *src,
-                           size_t width, size_t ws_off)
+/* One warp copies len bytes (a segment of a row) to nd destinations: 16-byte vectors
+ * when the addresses and len allow, else 4-byte words or bytes. Four vectors in
+ * flight per lane; stores to peers are posted and need not wait. */
+__device__ void copy_row(const unsigned char *src, unsigned char *const *dst, int nd, size_t len, int lane)
 {
-    if (((uintptr_t)src | width) % 16 == 0) {
-        const size_t C = width / 16, items = (size_t)ntok * C;
-        constexpr int U = 8; /* loads in flight per thread */
-        for (size_t i0 = threadIdx.x; i0 < items; i0 += U * T) {
+    bool vec = ((uintptr_t)src | len) % 16 == 0;
+    for (int d = 0; d < nd; d++) vec = vec && (uintptr_t)dst[d] % 16 == 0;
+    if (vec) {
+        constexpr int U = 4;
+        const int C = (int)(len / 16);
+        const int4 *s4 = reinterpret_cast<const int4 *>(src);
+        for (int i0 = lane; i0 < C; i0 += 32 * U) {
             int4 v[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                size_t i = i0 + (size_t)u * T;
-                if (i < items)
-                    v[u] = __ldg(reinterpret_cast<const int4 *>(src + (size_t)(first + (int)(i / C)) * width) + i % C);
-            }
+            for (int u = 0; u < U; u++)
+                if (i0 + 32 * u < C) v[u] = __ldg(s4 + i0 + 32 * u);
+            for (int d = 0; d < nd; d++) {
+                int4 *d4 = reinterpret_cast<int4 *>(dst[d]);
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                size_t i = i0 + (size_t)u * T;
-                if (i >= items) break;
-                int tl = (int)(i / C);
-                for (int d = 0; d < s.nd[tl]; d++) {
-                    int slot = tl * D + d;
-                    unsigned char *dst = f.peer[s.rank[slot]] + ws_off + (size_t)s.row[slot] * width;
-                    reinterpret_cast<int4 *>(dst)[i % C] = v[u];
-                }
+                for (int u = 0; u < U; u++)
+                    if (i0 + 32 * u < C) d4[i0 + 32 * u] = v[u];
             }
         }
         return;
     }
-    const bool words = ((uintptr_t)src | width) % 4 == 0;
-    const size_t unit = words ? 4 : 1, C = width / unit, items = (size_t)ntok * C;
-    for (size_t i = threadIdx.x; i < items; i += T) {
-        int tl = (int)(i / C);
-        const unsigned char *from = src + (size_t)(first + tl) * width + (i % C) * unit;
-        uint32_t v = words ? *reinterpret_cast<const uint32_t *>(from) : *from;
-        for (int d = 0; d < s.nd[tl]; d++) {
-            int slot = tl * D + d;
-            unsigned char *dst = f.peer[s.rank[slot]] + ws_off + (size_t)s.row[slot] * width + (i % C) * unit;
-            if (words) *reinterpret_cast<uint32_t *>(dst) = v;
-            else *dst = (unsigned char)v;
+    bool words = len % 4 == 0 && (uintptr_t)src % 4 == 0;
+    for (int d = 0; d < nd; d++) words = words && (uintptr_t)dst[d] % 4 == 0;
+    const size_t unit = words ? 4 : 1, C = len / unit;
+    for (size_t i = lane; i < C; i += 32) {
+        uint32_t v = words ? reinterpret_cast<const uint32_t *>(src)[i] : src[i];
+        for (int d = 0; d < nd; d++) {
+            if (words) reinterpret_cast<uint32_t *>(dst[d])[i] = v;
+            else dst[d][i] = (unsigned char)v;
         }
     }
 }
 
-/* ids (sanitized for each destination), weights and the source index. */
-__device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int first, int ntok, const int32_t *ids,
+constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
+constexpr size_t kSeg = 2048;   /* bytes of a row a warp copies per unit: 4 vectors per lane */
+
+/* Segments (kSeg bytes) of one token's payload rows, all arrays: the copy units. */
+__device__ uint32_t segments_per_token(const m2a_kparams_t &p)
+{
+    uint32_t n = 0;
+    for (int a = 0; a < p.num_payloads; a++) n += (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
+    return n;
+}
+
+/* The payload array of a token's segment seg; seg becomes the segment in that row. */
+__device__ int unit_array(const m2a_kparams_t &p, uint32_t *seg)
+{
+    for (int a = 0;; a++) {
+        const uint32_t na = (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
+        if (*seg < na) return a;
+        *seg -= na;
+    }
+}
+
+/* The payload rows, in units of (token, 2 KB segment of one array's row) that warps
+ * take from a counter: an SM that the links serve faster takes more units, so all
+ * blocks end at about the same time (a static split left the links idle while the
+ * slowest blocks finished), and a few tokens still spread over every SM. A token's
+ * slots come from its send map, written by the block that routed it. */
+__device__ bool copy_payloads(const m2a_fast_t &f, const Ctl &c, const m2a_kpayloads_t &pay, int n, int stride,
+                              const int32_t *send_map, uint32_t e, int G)
+{
+    const m2a_kparams_t &p = f.p;
+    const int lane = threadIdx.x & 31, D = p.k < p.ep ? p.k : p.ep;
+    const uint32_t per_token = segments_per_token(p);
+    const unsigned long long units = (unsigned long long)n * per_token;
+    int ready = -1; /* the last block whose send map this warp saw complete */
+    for (;;) {
+        unsigned long long u = 0;
+        if (lane == 0) u = atomicAdd(c.next_unit, 1ull);
+        u = __shfl_sync(0xffffffffu, u, 0);
+        if (u >= units) return true;
+        const int t = (int)(u / per_token);
+        uint32_t seg = (uint32_t)(u % per_token);
+        const int a = unit_array(p, &seg);
+        const int owner = (int)(((long long)(t + 1) * G - 1) / n); /* the block whose chunk holds t */
+        if (owner != ready) {
+            bool ok = true;
+            if (lane == 0) ok = wait_for(f, &c.routed[owner], e, p.me, M2A_FAST_AT_PREFIX);
+            if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+            ready = owner;
+        }
+        __syncwarp();
+        /* the token's (rank, slot) codes, ascending by rank, then -1: D <= 64 */
+        const int32_t *map = send_map + (size_t)t * p.k;
+        const int32_t lo = lane < D ? __ldcg(map + lane) : -1, hi = lane + 32 < D ? __ldcg(map + lane + 32) : -1;
+        const int nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
+        const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
+        const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
+        for (int d0 = 0; d0 < nd; d0 += kDst) { /* kDst destinations at a time */
+            unsigned char *dst[kDst];
+            const int m = nd - d0 < kDst ? nd - d0 : kDst;
+            for (int d = 0; d < m; d++) {
+                int32_t cd = d0 + d < 32 ? __shfl_sync(0xffffffffu, lo, d0 + d) : __shfl_sync(0xffffffffu, hi, d0 + d - 32);
+                dst[d] = f.peer[cd / p.cap] + p.ws_off[a] + ((size_t)p.me * stride + cd % p.cap) * width + off;
+            }
+            copy_row(src, dst, m, len, lane);
+        }
+    }
+}
+
+/* ids (sanitized for each destination), weights and the source index of the piece's
+ * tokens tl0..tl1-1 (indices in the piece that starts at token first). */
+__device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int first, int tl0, int tl1, const int32_t *ids,
                            const float *weights)
 {
     const m2a_kparams_t &p = f.p;
     const int k = p.k, P = p.num_payloads;
     const size_t ids_off = p.ws_off[P], src_off = p.ws_off[p.narrays - 1], w_off = p.weights ? p.ws_off[P + 1] : 0;
-    const size_t items = (size_t)ntok * D * k;
-    for (size_t i = threadIdx.x; i < items; i += T) {
-        int tl = (int)(i / ((size_t)D * k)), d = (int)(i / k % D), j = (int)(i % k);
+    const int items = (tl1 - tl0) * D * k; /* piece x D <= kPieceSlots, k <= 1024 */
+    for (int i = threadIdx.x; i < items; i += T) {
+        const int tl = tl0 + i / (D * k), d = i / k % D, j = i % k;
         if (d >= s.nd[tl]) continue;
         int slot = tl * D + d, rank = s.rank[slot], t = first + tl;
         unsigned char *base = f.peer[rank];
@@ -239,7 +343,98 @@ __device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int firs
 
 /* ---- dispatch ------------------------------------------------------------------------- */
 
-__global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status,
+/* Routes the piece [first, first + ntok) from the slots in s.base (each destination's
+ * next slot, updated past the piece): every token's destinations and receive rows into
+ * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
+ * send map, and their invalid and merged entries counted into *inv, *merged. */
+__device__ void route_piece(const m2a_fast_t &f, Shared &s, const int32_t *ids, int first, int ntok, int stride,
+                            int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged, bool cached,
+                            unsigned long long cached_mask)
+{
+    const m2a_kparams_t &p = f.p;
+    const int ep = p.ep, tid = threadIdx.x, lane = tid & 31, warp = tid / 32, D = p.k < ep ? p.k : ep;
+    const int t = first + tid;
+    const bool own = tid < ntok && t >= own_lo && t < own_hi;
+    int dummy = 0;
+    unsigned long long m = cached ? cached_mask
+                                  : tid < ntok ? token_mask(p, ids, t, own ? inv : &dummy, own ? merged : &dummy) : 0;
+    for (int r = 0; r < ep; r++) {
+        unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
+        if (lane == 0) s.warp_count[warp][r] = __popc(bal);
+    }
+    __syncthreads();
+    if (tid < ntok) { /* warp prefixes here; lane prefixes below, with the whole warp */
+        int nd = 0;
+        for (int r = 0; r < ep; r++) {
+            if (!((m >> r) & 1)) continue;
+            int slot = s.base[r];
+            for (int w = 0; w < warp; w++) slot += s.warp_count[w][r];
+            s.rank[tid * D + nd] = (unsigned char)r;
+            s.row[tid * D + nd] = slot; /* lane prefix added below */
+            nd++;
+        }
+        s.nd[tid] = nd;
+    }
+    for (int r = 0, d = 0; r < ep; r++) {
+        unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
+        if ((m >> r) & 1) {
+            s.row[tid * D + d] += __popc(bal & ((1u << lane) - 1));
+            d++;
+        }
+    }
+    __syncthreads();
+    if (tid < ntok) {
+        int32_t *map = send_map + (size_t)t * p.k;
+        const int nd = s.nd[tid];
+        for (int d = 0; d < nd; d++) {
+            const int slot = s.row[tid * D + d];
+            if (own) map[d] = s.rank[tid * D + d] * p.cap + slot;
+            s.row[tid * D + d] = p.me * stride + slot;
+        }
+        if (own)
+            for (int d = nd; d < p.k; d++) map[d] = -1;
+    }
+    __syncthreads();
+    if (tid < ep) /* the next piece starts after this one's tokens */
+        for (int w = 0; w < kWarps; w++) s.base[tid] += s.warp_count[w][tid];
+}
+
+/* Copies the units [u0, u1) (token-major, per_token per token) of the routed piece
+ * that starts at token first: one warp, slots from shared memory. */
+__device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayloads_t &pay, long long u0, long long u1,
+                           uint32_t per_token, int first)
+{
+    const m2a_kparams_t &p = f.p;
+    const int lane = threadIdx.x & 31, D = p.k < p.ep ? p.k : p.ep;
+    for (long long u = u0; u < u1; u++) {
+        const int t = (int)(u / per_token), tl = t - first;
+        uint32_t seg = (uint32_t)(u % per_token);
+        const int a = unit_array(p, &seg);
+        const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
+        const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
+        const int nd = s.nd[tl];
+        for (int d0 = 0; d0 < nd; d0 += kDst) {
+            unsigned char *dst[kDst];
+            const int m = nd - d0 < kDst ? nd - d0 : kDst;
+            for (int d = 0; d < m; d++) {
+                const int slot = tl * D + d0 + d;
+                dst[d] = f.peer[s.rank[slot]] + p.ws_off[a] + (size_t)s.row[slot] * width + off;
+            }
+            copy_row(src, dst, m, len, lane);
+        }
+    }
+}
+
+/* Two ways to the same slots and the same bytes (a rank picks by its own n; the
+ * receiving side cannot tell them apart):
+ *  - few tokens (n <= small_max): every block counts the tokens before its own range
+ *    itself (replicated, no wait on other blocks), routes its range and copies its
+ *    share of (token, segment) units, split evenly over all warps of the grid: rows
+ *    start moving a few microseconds into the kernel;
+ *  - many tokens: chunk counts published with a look-back, a send map per chunk, and
+ *    the units handed out by a counter (balance across SMs that the links serve
+ *    unevenly matters more than the set-up then). */
+__global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, int small_max,
                                                         m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights)
 {
@@ -254,85 +449,97 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     if (tid < ep) s.count[tid] = 0, s.base[tid] = 0;
     __syncthreads();
     const uint32_t e = s.epoch;
+    PROF_START(0);
     if (status) n = 0;
-    const int lo = (int)((long long)n * b / G), hi = (int)((long long)n * (b + 1) / G);
+    const bool small = n <= small_max;
+    const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
+    int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
+    const uint32_t per_token = segments_per_token(p), S = per_token ? per_token : 1;
+    int lo, hi, own_lo, own_hi; /* tokens this block routes; those it owns (map, ids, stats) */
+    long long bu0 = 0, bu1 = 0;  /* small: this block's units */
+    if (small) {
+        const long long U = (long long)n * S, W = (long long)G * kWarps;
+        bu0 = U * (b * kWarps) / W, bu1 = U * ((b + 1) * kWarps) / W;
+        lo = (int)(bu0 / S), hi = bu1 > bu0 ? (int)((bu1 - 1) / S) + 1 : lo;
+        own_lo = (int)((bu0 + S - 1) / S), own_hi = (int)((bu1 + S - 1) / S);
+    } else {
+        lo = own_lo = (int)((long long)n * b / G), hi = own_hi = (int)((long long)n * (b + 1) / G);
+    }
 
-    /* 1. this chunk's counts, published; the earlier blocks' counts added up */
+    /* 1. the slots before this block's range, at every destination */
     int inv = 0, merged = 0;
-    for (int t = lo + tid; t < hi; t += T) {
-        unsigned long long m = token_mask(p, ids, t, &inv, &merged);
-        for (; m; m &= m - 1) atomicAdd(&s.count[__ffsll((long long)m) - 1], 1);
-    }
-    long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
-    __syncthreads();
-    if (tid < ep) c.agg[(size_t)b * ep + tid] = s.count[tid];
-    if (tid == 0) c.part[2 * b] = inv_sum, c.part[2 * b + 1] = merged_sum;
-    __syncthreads();
-    if (tid == 0) {
-        __threadfence();
-        atomicExch(&c.aggflag[b], e);
-    }
-    if (tid < b && ok) {
-        ok = wait_for(f, &c.aggflag[tid], e, me, M2A_FAST_AT_PREFIX);
-        for (int r = 0; r < ep; r++) atomicAdd(&s.base[r], *reinterpret_cast<volatile int32_t *>(&c.agg[(size_t)tid * ep + r]));
+    const bool cached = !small && hi - lo <= piece; /* one token per thread: its mask kept from 1 to 3 */
+    unsigned long long my_mask = 0;
+    if (small) { /* count tokens [0, lo) here: a warp takes 32 tokens at a time */
+        int cnt_lo = 0, cnt_hi = 0, dummy = 0;
+        for (int t0 = warp * 32; t0 < lo; t0 += T) {
+            const unsigned long long m = t0 + lane < lo ? token_mask(p, ids, t0 + lane, &dummy, &dummy) : 0;
+            for (int r = 0; r < ep; r++) {
+                const int cr = __popc(__ballot_sync(0xffffffffu, (m >> r) & 1));
+                if (lane == (r & 31)) (r < 32 ? cnt_lo : cnt_hi) += cr;
+            }
+        }
+        if (lane < ep) s.warp_count[warp][lane] = cnt_lo;
+        if (lane + 32 < ep) s.warp_count[warp][lane + 32] = cnt_hi;
+        __syncthreads();
+        if (tid < ep)
+            for (int w = 0; w < kWarps; w++) s.base[tid] += s.warp_count[w][tid];
+        PROF_MARK(0, 0);
+    } else { /* this chunk's counts, published; the earlier blocks' counts added up */
+        int dummy = 0;
+        for (int t = lo + tid; t < hi; t += T) {
+            unsigned long long m = cached ? token_mask(p, ids, t, &inv, &merged) : token_mask(p, ids, t, &dummy, &dummy);
+            my_mask = m;
+            for (; m; m &= m - 1) atomicAdd(&s.count[__ffsll((long long)m) - 1], 1);
+        }
+        __syncthreads();
+        if (tid < ep) c.agg[(size_t)b * ep + tid] = s.count[tid];
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence();
+            atomicExch(&c.aggflag[b], e);
+        }
+        PROF_MARK(0, 0);
+        if (tid < b && ok) {
+            ok = wait_for(f, &c.aggflag[tid], e, me, M2A_FAST_AT_PREFIX);
+            for (int r = 0; r < ep; r++) atomicAdd(&s.base[r], *reinterpret_cast<volatile int32_t *>(&c.agg[(size_t)tid * ep + r]));
+        }
     }
     /* 2. every destination's previous combine began */
     if (tid < ep && e > 1 && ok) ok = wait_for(f, &c.carrive[tid], (e - 1) * (uint32_t)G, tid, M2A_FAST_AT_GATE);
     ok = __syncthreads_and(ok);
+    PROF_MARK(0, 1);
 
-    /* 3. route and write, a piece of tokens at a time */
-    const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
-    int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
+    /* 3. route (and, small, copy) a piece of tokens at a time */
+    const long long W = (long long)G * kWarps, gw = (long long)b * kWarps + warp;
+    const long long wu0 = (long long)n * S * gw / W, wu1 = (long long)n * S * (gw + 1) / W; /* small: this warp's units */
     for (int first = lo; first < hi && ok; first += piece) {
-        const int ntok = hi - first < piece ? hi - first : piece, t = first + tid;
-        int dummy = 0;
-        unsigned long long m = tid < ntok ? token_mask(p, ids, t, &dummy, &dummy) : 0;
-        for (int r = 0; r < ep; r++) {
-            unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
-            if (lane == 0) s.warp_count[warp][r] = __popc(bal);
+        const int ntok = hi - first < piece ? hi - first : piece;
+        route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged, cached, my_mask);
+        if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
+            __threadfence();
+            atomicExch(&c.routed[b], e);
         }
-        __syncthreads();
-        if (tid < ntok) { /* warp prefixes here; lane prefixes below, with the whole warp */
-            int nd = 0;
-            for (int r = 0; r < ep; r++) {
-                if (!((m >> r) & 1)) continue;
-                int slot = s.base[r];
-                for (int w = 0; w < warp; w++) slot += s.warp_count[w][r];
-                s.rank[tid * D + nd] = (unsigned char)r;
-                s.row[tid * D + nd] = slot; /* lane prefix added below */
-                nd++;
-            }
-            s.nd[tid] = nd;
+        const int c0 = first > own_lo ? first : own_lo, c1 = first + ntok < own_hi ? first + ntok : own_hi;
+        if (c1 > c0) copy_small(f, s, D, first, c0 - first, c1 - first, ids, weights);
+        if (small && per_token) {
+            const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
+            copy_units(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
         }
-        /* lane prefixes, with the whole warp present */
-        for (int r = 0, d = 0; r < ep; r++) {
-            unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
-            if ((m >> r) & 1) {
-                s.row[tid * D + d] += __popc(bal & ((1u << lane) - 1));
-                d++;
-            }
-        }
-        __syncthreads();
-        if (tid < ntok) {
-            int32_t *map = send_map + (size_t)t * p.k;
-            int nd = s.nd[tid];
-            for (int d = 0; d < nd; d++) {
-                int slot = s.row[tid * D + d];
-                map[d] = s.rank[tid * D + d] * p.cap + slot;
-                s.row[tid * D + d] = me * stride + slot;
-            }
-            for (int d = nd; d < p.k; d++) map[d] = -1;
-        }
-        __syncthreads();
-        if (tid < ep) /* the next piece starts after this one's tokens */
-            for (int w = 0; w < kWarps; w++) s.base[tid] += s.warp_count[w][tid];
-        for (int a = 0; a < p.num_payloads; a++)
-            copy_array(f, s, D, first, ntok, static_cast<const unsigned char *>(pay.p[a]), p.width[a], p.ws_off[a]);
-        copy_small(f, s, D, first, ntok, ids, weights);
         __syncthreads();
     }
-
-    /* 4. counts and headers (last block: its bases are the totals), then the signal */
+    if (!small) { /* any warp may now copy the rows of tokens whose chunk is routed */
+        if (tid == 0 && ok && lo == hi) atomicExch(&c.routed[b], e); /* an empty chunk */
+        PROF_MARK(0, 2);
+        if (ok) ok = copy_payloads(f, c, pay, n, stride, send_map, e, G);
+    }
+    {
+        const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
+        if (tid == 0) c.part[2 * b] = inv_sum, c.part[2 * b + 1] = merged_sum;
+    }
+    ok = __syncthreads_and(ok);
+    PROF_MARK(0, 3);
+    /* 5. counts and headers (last block: its bases are the totals), then the signal */
     if (b == G - 1 && tid < ep) {
         unsigned char *peer = f.peer[tid];
         const Ctl pc = ctl_of(f, peer);
@@ -348,8 +555,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     if (tid == 0) __threadfence_system();
     __syncthreads();
     if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1); /* a failed block stays silent */
+    PROF_MARK(0, 4);
 
-    /* 5. every source's rows arrived: check its header, then sanitize padding */
+    /* 6. every source's rows arrived: check its header, then sanitize padding */
     if (tid < ep && ok) {
         ok = wait_for(f, &c.arrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_ARRIVE);
         if (ok) {
@@ -360,6 +568,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         }
     }
     ok = __syncthreads_and(ok);
+    PROF_MARK(0, 5);
     const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
     int32_t *rids = reinterpret_cast<int32_t *>(ws + p.ws_off[p.num_payloads]);
     int32_t *src_index = reinterpret_cast<int32_t *>(ws + p.ws_off[p.narrays - 1]);
@@ -374,6 +583,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
 
     /* the last block to finish: stats, then the epoch moves on */
     __syncthreads();
+    PROF_MARK(0, 6);
     if (tid == 0) {
         __threadfence();
         if (atomicAdd(c.done_d, 1u) == (uint32_t)G - 1) {
@@ -385,8 +595,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             }
             for (int r = 0; r < ep; r++) recv += *reinterpret_cast<const volatile int32_t *>(&counts[r]);
             c.stats[0] = recv, c.stats[1] = invalid, c.stats[3] = mg;
-            *c.done_d = 0;
+            *c.done_d = 0, *c.next_unit = 0;
             *c.epoch_d = e;
+            PROF_LAST(0);
             __threadfence();
         }
     }
@@ -411,67 +622,67 @@ template <> struct Val<MOEA2A_FLOAT16> {
     static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<uint16_t *>(b)[i] = m2a_f32_to_f16(v); }
 };
 
-struct CombineShared {
-    const unsigned char *rows[kPieceSlots / 2]; /* each token's rows, ascending rank */
-    int nd[T];
-    uint32_t epoch;
-};
+constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
 
-/* out rows of the piece's tokens: vector chunks of 16 bytes (or single values when
- * rows are not 16-byte multiples), each a sum from 0.0f in ascending rank order. */
-template <moea2a_datatype_t DT>
-__device__ void reduce_piece(const CombineShared &s, int D, int first, int ntok, size_t hidden, unsigned char *out)
+/* Row d of a token, held by lane d (row_lo) or lane d - 32 (row_hi). */
+__device__ __forceinline__ const unsigned char *row_of(const unsigned char *row_lo, const unsigned char *row_hi, int d)
 {
-    const size_t row = hidden * Val<DT>::size;
-    if (row % 16 == 0 && (uintptr_t)out % 16 == 0) {
-        /* Two chunks per thread, each with up to 4 rows loaded before any is summed:
-         * NVLink reads have long latency and need many in flight. */
-        constexpr int V = 16 / Val<DT>::size, R = 4, U = 2;
-        const size_t C = row / 16, items = (size_t)ntok * C;
-        for (size_t i0 = threadIdx.x; i0 < items; i0 += U * T) {
-            int4 r[U][R];
-            int tl[U], nd[U];
-            size_t ch[U];
+    return d < 32 ? reinterpret_cast<const unsigned char *>(__shfl_sync(0xffffffffu, (unsigned long long)row_lo, d))
+                  : reinterpret_cast<const unsigned char *>(__shfl_sync(0xffffffffu, (unsigned long long)row_hi, d - 32));
+}
+
+/* One warp: out bytes [off, off + len) = the sum of the token's nd rows (those bytes),
+ * from 0.0f in ascending rank order, rounded once: the host reference's arithmetic.
+ * Every row's vectors are loaded before any is added (up to R rows at a time):
+ * NVLink reads have long latency and need many in flight. */
+template <moea2a_datatype_t DT>
+__device__ void reduce_unit(const unsigned char *row_lo, const unsigned char *row_hi, int nd, size_t off, size_t len,
+                            unsigned char *out, bool vec)
+{
+    const int lane = threadIdx.x & 31;
+    if (vec) {
+        constexpr int V = 16 / Val<DT>::size, R = 4, U = (int)(kSegC / 16 / 32);
+        const int C = (int)(len / 16);
+        int4 r[U][R];
+        float acc[U][V];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                size_t i = i0 + (size_t)u * T;
-                tl[u] = (int)(i / C), ch[u] = i % C, nd[u] = i < items ? s.nd[tl[u]] : 0;
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int v = 0; v < V; v++) acc[u][v] = 0.0f;
+        for (int d0 = 0; d0 < nd; d0 += R) {
+#pragma unroll
+            for (int d = 0; d < R; d++) {
+                const unsigned char *src = d0 + d < nd ? row_of(row_lo, row_hi, d0 + d) + off : nullptr;
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (src && lane + 32 * u < C) r[u][d] = reinterpret_cast<const int4 *>(src)[lane + 32 * u];
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int d = 0; d < R; d++)
-                    if (d < nd[u]) r[u][d] = reinterpret_cast<const int4 *>(s.rows[tl[u] * D + d])[ch[u]];
-            }
+                    if (d0 + d < nd)
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (nd[u] == 0 && i0 + (size_t)u * T >= items) continue;
-                float acc[V];
+                        for (int v = 0; v < V; v++) acc[u][v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r[u][d]), v);
+        }
 #pragma unroll
-                for (int v = 0; v < V; v++) acc[v] = 0.0f;
-                for (int d0 = 0; d0 < nd[u]; d0 += R) {
-                    if (d0 > 0) /* more than R rows: the next batch */
+        for (int u = 0; u < U; u++) {
+            if (lane + 32 * u >= C) continue;
+            int4 res;
 #pragma unroll
-                        for (int d = 0; d < R; d++)
-                            if (d0 + d < nd[u]) r[u][d] = reinterpret_cast<const int4 *>(s.rows[tl[u] * D + d0 + d])[ch[u]];
-#pragma unroll
-                    for (int d = 0; d < R; d++) {
-                        if (d0 + d >= nd[u]) break;
-#pragma unroll
-                        for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r[u][d]), v);
-                    }
-                }
-                int4 res;
-#pragma unroll
-                for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[v]);
-                reinterpret_cast<int4 *>(out + (size_t)(first + tl[u]) * row)[ch[u]] = res;
-            }
+            for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[u][v]);
+            reinterpret_cast<int4 *>(out + off)[lane + 32 * u] = res;
         }
         return;
     }
-    const size_t items = (size_t)ntok * hidden;
-    for (size_t i = threadIdx.x; i < items; i += T) {
-        const int tl = (int)(i / hidden), h = (int)(i % hidden);
+    const int h0 = (int)(off / Val<DT>::size), h1 = (int)((off + len) / Val<DT>::size);
+    for (int h = h0; h < h1; h += 32) { /* warp-uniform trips: every lane reaches the shuffles */
         float acc = 0.0f;
-        for (int d = 0; d < s.nd[tl]; d++) acc += Val<DT>::get(s.rows[tl * D + d], h);
-        Val<DT>::put(out + (size_t)(first + tl) * row, h, acc);
+        for (int d = 0; d < nd; d++) {
+            const unsigned char *src = row_of(row_lo, row_hi, d);
+            if (h + lane < h1) acc += Val<DT>::get(src, h + lane);
+        }
+        if (h + lane < h1) Val<DT>::put(out, h + lane, acc);
     }
 }
 
@@ -480,19 +691,23 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
                                                        const unsigned char *__restrict__ expert_rows,
                                                        unsigned char *__restrict__ out)
 {
-    __shared__ CombineShared s;
+    __shared__ uint32_t s_epoch;
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, me = p.me, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
     unsigned char *ws = f.peer[me];
     const Ctl c = ctl_of(f, ws);
     const size_t row = f.combine_row;
     bool ok = !failed(f);
-    if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_c) + 1;
+    if (tid == 0) s_epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_c) + 1;
     __syncthreads();
-    const uint32_t e = s.epoch;
+    const uint32_t e = s_epoch;
+    PROF_START(1);
 
-    /* 1. caller rows into the combine buffer (valid slots only), then the signal */
-    if (expert_rows && expert_rows != ws + f.combine) {
+    /* 1. caller rows into the combine buffer (valid slots only), then the signal; rows
+     * the caller wrote there itself were written by earlier kernels, complete and
+     * visible to the peers before this one started */
+    const bool copy_in = expert_rows && expert_rows != ws + f.combine;
+    if (copy_in) {
         const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
         const bool vec = (row % 16 == 0) && (uintptr_t)expert_rows % 16 == 0;
         const size_t unit = vec ? 16 : 1, C = row / unit, items = (size_t)ep * stride * C;
@@ -503,41 +718,50 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
             else ws[f.combine + i] = expert_rows[i];
         }
     }
-    __syncthreads();
-    if (tid == 0) __threadfence_system();
-    __syncthreads();
+    if (copy_in) {
+        __syncthreads();
+        if (tid == 0) __threadfence_system();
+    }
     ok = __syncthreads_and(ok);
+    PROF_MARK(1, 0);
     if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).carrive[me], 1);
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     ok = __syncthreads_and(ok);
+    PROF_MARK(1, 1);
 
-    /* 2. each block reduces a contiguous chunk of this rank's tokens */
-    const int lo = (int)((long long)n * b / G), hi = (int)((long long)n * (b + 1) / G);
-    const int D = p.k < ep ? p.k : ep, piece = (kPieceSlots / 2) / D < T ? (kPieceSlots / 2) / D : T;
+    /* 2. (token, segment) units, split evenly over every warp of the grid: a few
+     * tokens still keep all SMs reading */
+    const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
-    for (int first = lo; first < hi && ok; first += piece) {
-        const int ntok = hi - first < piece ? hi - first : piece;
-        if (tid < ntok) {
-            const int32_t *map = send_map + (size_t)(first + tid) * p.k;
-            int nd = 0;
-            for (int d = 0; d < D; d++) {
-                int32_t code = map[d];
-                if (code < 0) break;
-                int rank = code / p.cap, slot = code % p.cap;
-                s.rows[tid * D + nd++] = f.peer[rank] + f.combine + ((size_t)me * stride + slot) * row;
-            }
-            s.nd[tid] = nd;
+    const size_t out_row = f.hidden * Val<DT>::size;
+    const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
+    const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
+    const long long W = (long long)G * kWarps, gw = (long long)b * kWarps + tid / 32;
+    const long long u0 = (long long)n * S * gw / W, u1 = (long long)n * S * (gw + 1) / W;
+    int t_prev = -1, nd = 0;
+    const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
+    for (long long u = u0; u < u1 && ok; u++) {
+        const int t = (int)(u / S);
+        if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
+            const int32_t *map = send_map + (size_t)t * p.k;
+            const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
+            nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
+            if (lo >= 0) row_lo = f.peer[lo / p.cap] + f.combine + ((size_t)me * stride + lo % p.cap) * row;
+            if (hi >= 0) row_hi = f.peer[hi / p.cap] + f.combine + ((size_t)me * stride + hi % p.cap) * row;
+            t_prev = t;
         }
-        __syncthreads();
-        reduce_piece<DT>(s, D, first, ntok, f.hidden, out);
-        __syncthreads();
+        const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+        reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
     }
+    ok = __syncthreads_and(ok);
 
+    PROF_MARK(1, 2);
     if (tid == 0) {
         __threadfence();
         if (atomicAdd(c.done_c, 1u) == (uint32_t)G - 1) {
             *c.done_c = 0;
             *c.epoch_c = e;
+            PROF_LAST(1);
             __threadfence();
         }
     }
@@ -545,10 +769,47 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
 
 } // namespace
 
-extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
-                                 const int32_t *ids, const float *weights, void *stream)
+#ifdef M2A_FAST_PROFILE
+/* Means over the launches after the first 12 (warm-up and checks): span, then each
+ * mark's mean and maximum over blocks, from each block's start. */
+extern "C" void m2a_fast_profile_report(int rank)
 {
-    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights);
+    static unsigned long long rec[2][kLaunches][2 + 2 * kMarks];
+    unsigned int launch[2], blocks[2];
+    cudaDeviceSynchronize();
+    cudaMemcpyFromSymbol(rec, g_rec, sizeof(rec));
+    cudaMemcpyFromSymbol(launch, g_launch, sizeof(launch));
+    cudaMemcpyFromSymbol(blocks, g_blocks, sizeof(blocks));
+    static const char *names[2][kMarks] = {{"counts", "prefix+gate", "routed", "copies", "signal", "arrivals", "sanitize"},
+                                           {"copy-in", "signal+wait", "reduce"}};
+    for (int k = 0; k < 2; k++) {
+        unsigned first = 12, last = launch[k] < kLaunches ? launch[k] : kLaunches;
+        if (last <= first || !blocks[k]) continue;
+        double span = 0, mean[kMarks] = {0}, mx[kMarks] = {0};
+        for (unsigned l = first; l < last; l++) {
+            span += (double)(rec[k][l][1] - rec[k][l][0]);
+            for (int i = 0; i < kMarks; i++) mean[i] += (double)rec[k][l][2 + i] / blocks[k], mx[i] += (double)rec[k][l][2 + kMarks + i];
+        }
+        double nl = last - first, gap = 0;
+        for (unsigned l = first; l < last; l++) /* launches alternate: dispatch l, combine l */
+            gap += k ? (double)(rec[1][l][0] - rec[0][l][1]) : (double)(rec[0][l][0] - rec[1][l - 1][1]);
+        fprintf(stderr, "# profile rank %d %s: %u launches, span %.1f us, gap before %.1f us; mark mean/max over blocks (us):",
+                rank, k ? "combine" : "dispatch", last - first, span / 1e3 / nl, gap / 1e3 / nl);
+        for (int i = 0; i < kMarks && names[k][i]; i++)
+            fprintf(stderr, " %s %.1f/%.1f", names[k][i], mean[i] / 1e3 / nl, mx[i] / 1e3 / nl);
+        fprintf(stderr, "\n");
+    }
+    memset(rec, 0, sizeof(rec));
+    unsigned int z[2] = {0, 0};
+    cudaMemcpyToSymbol(g_rec, rec, sizeof(rec));
+    cudaMemcpyToSymbol(g_launch, z, sizeof(z));
+}
+#endif
+
+extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, int small_max,
+                                 m2a_kpayloads_t payloads, const int32_t *ids, const float *weights, void *stream)
+{
+    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, small_max, payloads, ids, weights);
     return (int)cudaGetLastError();
 }
 

@@ -21,8 +21,9 @@ extern "C" {
 /* The control regions in the workspace (the layout's formula uses these sizes):
  * signals peers write: arrivals, combine arrivals, [stride, status] per source; block
  * scratch: chunk counts [blocks][ep], their epochs [blocks], partial stats
- * [blocks][2] (int64); counters: epochs and done counts (4 x u32), then the stats
- * [4] (int64) that dispatch results point to. */
+ * [blocks][2] (int64), send-map epochs [blocks]; counters: epochs and done counts
+ * (4 x u32), the stats [4] (int64) that dispatch results point to, then the copy
+ * units handed out (u64). */
 #define M2A_FAST_SIG_BYTES(ep) (16 * (size_t)(ep))
 #define M2A_FAST_BLOCK_BYTES(ep) (1024 * (size_t)(ep) + 8192)
 #define M2A_FAST_CTL_BYTES 64
@@ -52,11 +53,15 @@ typedef struct {
 
 /* status != 0: this rank failed its argument checks; it sends nothing and tells every
  * peer, whose kernels record that error. */
-int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
-                      const int32_t *ids, const float *weights, void *stream);
+/* small_max: the largest n routed in every block (see moe_fast.cu). */
+int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, int small_max,
+                      m2a_kpayloads_t payloads, const int32_t *ids, const float *weights, void *stream);
 /* expert_rows: NULL when the expert side wrote into the workspace's combine buffer. */
 int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
                      void *stream);
+#ifdef M2A_FAST_PROFILE
+void m2a_fast_profile_report(int rank); /* prints the phase means to stderr, then resets */
+#endif
 
 #ifdef __cplusplus
 }

@@ -52,9 +52,12 @@ M2A_HD float m2a_e4m3_to_f32(uint8_t b)
 }
 
 /* fp32 -> E2M1 code, round to nearest, ties to the even code, clamped to +-6; the
- * sign bit is the sign of v (so -0 and small negatives give 0x8). */
+ * sign bit is the sign of v (so -0 and small negatives give 0x8). NaN gives 0: a
+ * product is NaN only when g is zero or not finite, and host and GPU disagree on the
+ * sign of the NaN that 0 x inf returns. */
 M2A_HD uint8_t m2a_e2m1_from_f32(float v)
 {
+    if ((m2a_f32_bits(v) & 0x7fffffffu) > 0x7f800000u) return 0;
     float a = m2a_bits_f32(m2a_f32_bits(v) & 0x7fffffffu);
     uint8_t sign = (uint8_t)((m2a_f32_bits(v) >> 31) << 3);
     /* the code is the number of rounding thresholds a passes; "<=" where the tie goes
@@ -73,13 +76,14 @@ M2A_HD float m2a_e2m1_to_f32(uint8_t c)
     return m2a_bits_f32(bits | ((uint32_t)(c & 8u) << 28));
 }
 
-/* One dequantized value: e2m1(code) x scale x (1/g), fp32. A NaN scale (a block that
- * held non-finite input) gives the canonical quiet NaN, so host and device agree on
- * its bits (hardware differs in which NaN an operation returns). */
+/* One dequantized value: e2m1(code) x scale x (1/g), fp32. Every NaN result (a NaN
+ * scale: the block held non-finite input; or 0 x inf when 1/g is not finite) is the
+ * canonical quiet NaN, so host and device agree on its bits (hardware differs in
+ * which NaN an operation returns). */
 M2A_HD float m2a_fp4_value(uint8_t code, float scale, float inv_g)
 {
-    if (scale != scale) return m2a_bits_f32(0x7fc00000u);
-    return m2a_e2m1_to_f32(code) * scale * inv_g;
+    float v = m2a_e2m1_to_f32(code) * scale * inv_g;
+    return v != v ? m2a_bits_f32(0x7fc00000u) : v;
 }
 
 /* A block's scale from its amax (over the 16 inputs, already fp32) and whether all

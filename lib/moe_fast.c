@@ -80,8 +80,12 @@ moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
         memset(h, 0, sizeof(*h));
         if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&st->f.host_err, h, 0);
         if (e == cudaSuccess) e = cudaMemset(ws, 0, st->bytes); /* counters and epochs start at 0 */
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
         if (e != cudaSuccess) r = cuda_fail(comm, e, "workspace set-up");
     }
+    /* 3. collective again: a peer's first kernel writes into this workspace, so none
+     * may run before every rank's is zeroed (a late zeroing erased a peer's signal) */
+    r = m2a_moe_agree(comm, r, NULL);
     if (r != MOEA2A_SUCCESS) {
         if (st->handle) st->t->ops->mem_deregister(st->t->tc, st->handle);
         if (ws) st->t->ops->mem_free(st->t->tc, ws);
@@ -106,6 +110,9 @@ void m2a_moe_fast_release(moea2a_moe_t moe)
     /* Peers may still read this workspace: every rank's kernels end first (they are
      * bounded), then all meet, then the window goes (collective). */
     cudaDeviceSynchronize();
+#ifdef M2A_FAST_PROFILE
+    m2a_fast_profile_report(moe->comm->rank);
+#endif
     int healthy = !comm->broken && m2a_bootstrap_barrier(comm, comm->bs) == MOEA2A_SUCCESS;
     if (healthy) st->t->ops->mem_deregister(st->t->tc, st->handle);
     st->t->ops->mem_free(st->t->tc, moe->ws);
@@ -163,8 +170,9 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
     (void)cudaGetLastError(); /* an earlier call's error is not this launch's */
-    int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
-                              status ? NULL : weights, stream);
+    /* up to 4 tokens per block: routing replicated in every block beats the look-back */
+    int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, 4 * st->blocks, pay,
+                              status ? NULL : ids, status ? NULL : weights, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, (cudaError_t)e, "dispatch kernel launch");

@@ -6,6 +6,7 @@ AC_DEFUN([MOEA2A_CHECK_CUDA], [
 MOEA2A_WITH_PKG([cuda], [], [cuda_runtime.h], [cudaPointerGetAttributes], [-lcudart],
                 [/usr/local/cuda /opt/cuda])
 AC_ARG_VAR([NVCC], [CUDA compiler])
+AC_ARG_VAR([NVCCFLAGS], [extra flags for nvcc (after moea2a's own)])
 AC_ARG_WITH([cuda-arch],
     [AS_HELP_STRING([--with-cuda-arch=LIST],
                     [compute capabilities to build for, e.g. "80 90" (default: 80 90, plus 100 when nvcc knows it)])],

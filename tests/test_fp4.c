@@ -154,6 +154,23 @@ static void test_hand_vectors(void)
     moea2a_fp4_dequantize(q2, sf2, MOEA2A_SF_LINEAR, &g, 1, 32, back, MOEA2A_FLOAT32, NULL);
     tap_ok(sf2[0] == 0x7f && sf2[1] == 0x7f && zeros && isnan(back[0]) && isnan(back[31]),
            "NaN or inf in a block: scale 0x7f, codes 0, dequantized to NaN");
+
+    /* degenerate g: g = inf makes 1/SF x g infinite, so 0 x inf is NaN (code 0 for
+     * either zero); g = 0 makes 1/g infinite, and 0 x inf dequantizes to the
+     * canonical NaN whatever the sign */
+    float zi[16] = {0.0f, -0.0f, 1.0f, -1.0f};
+    unsigned char q3[8], sf3;
+    g = INFINITY;
+    moea2a_fp4_quantize(zi, MOEA2A_FLOAT32, 1, 16, &g, q3, &sf3, MOEA2A_SF_LINEAR, NULL);
+    tap_ok(sf3 == 0x7e && q3[0] == 0x00 && q3[1] == 0xF7 && q3[2] == 0,
+           "g = inf: scale 448, +-1 saturate to +-6, 0 x inf (either zero) is code 0 (0x%02x 0x%02x)", q3[0], q3[1]);
+    unsigned char q4[8] = {0x80, 0x02}, sf4 = 0x38;
+    uint32_t bits[4];
+    g = 0.0f;
+    moea2a_fp4_dequantize(q4, &sf4, MOEA2A_SF_LINEAR, &g, 1, 16, back, MOEA2A_FLOAT32, NULL);
+    memcpy(bits, back, sizeof(bits));
+    tap_ok(bits[0] == 0x7fc00000u && bits[1] == 0x7fc00000u && bits[2] == 0x7f800000u,
+           "g = 0: zero codes give the canonical NaN 0x7fc00000 (either sign), others infinity");
 }
 
 /* ---- random data, every input type and layout -------------------------------------- */

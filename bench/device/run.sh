@@ -8,7 +8,9 @@
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
 # 32 48") the load/store path at those SM budgets, GENERIC=1 the generic path next to it,
-# SANITIZE_TESTS the tests run under compute-sanitizer.
+# SANITIZE_TESTS the tests run under compute-sanitizer, PROFILE=1 builds with the
+# load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
+# phase means to stderr when destroyed).
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -31,7 +33,8 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
 {
   echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
   nvidia-smi topo -m 2>/dev/null | head -8
-  ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" \
+  prof=""; [ "${PROFILE:-0}" = 1 ] && prof=-DM2A_FAST_PROFILE
+  CPPFLAGS="$prof" NVCCFLAGS="$prof" ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" \
       >"$OUT/build.log" 2>&1 || { echo "configure failed"; tail -20 "$OUT/build.log"; exit 1; }
   tail -12 "$OUT/build.log"
   make -j16 >>"$OUT/build.log" 2>&1 || { echo "make failed"; grep -m8 -iE 'error' "$OUT/build.log"; exit 1; }
@@ -54,6 +57,14 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
         echo "== compute-sanitizer $tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$t.log" | sort | uniq -c | tr '\n' ' ')"
         grep -E '^(ok|not ok)' "$OUT/sanitizer-$tool-$t.log"
       done
+    done
+  fi
+  if [ "${PROFILE:-0}" = 1 ]; then
+    tl=${TOKENS:-128,1024,4096}
+    for t in ${tl//,/ }; do
+      echo "== load/store phase profile, ${SMS_RANKS:-4} GPUs, $t tokens, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48}"
+      timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "$t" --iters "${ITERS:-30}" \
+          --warmup 10 --check 0 2>&1 | grep -E "profile rank 0| $t "
     done
   fi
   if [ -n "${PHASES:-}" ]; then
