@@ -238,6 +238,7 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
 
 typedef struct {
     double td, tc, bd, bc; /* dispatch, combine, baseline dispatch, baseline combine (s) */
+    double tp;             /* dispatch + combine back to back, no event between them (s) */
     double bytes_d, remote_d, bytes_c, remote_c;
     long wrong;
 } row_t;
@@ -321,6 +322,16 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     for (int i = 0; i < iters; i++) r.td += perf_span(m, 2 * i, 2 * i + 1), r.tc += perf_span(m, 2 * i + 1, 2 * i + 2);
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
     r.td /= iters, r.tc /= iters;
+    /* the same pairs with no event between the calls: what an application sees (the
+     * events above add to each call's time) */
+    perf_mark(m, 0);
+    for (int i = 0; i < iters; i++) {
+        TRY(moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream));
+        TRY(moea2a_combine(moe, NULL, d_out, m->stream));
+    }
+    perf_mark(m, 1);
+    r.tp = perf_span(m, 0, 1) / iters;
+    if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
     size_t total_row = b.row + (cfg.num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
     int32_t self_rows = 0;
     if (d.device_stats) { /* the load/store path keeps its counts on the device */
@@ -349,7 +360,8 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         base_free(m, &x);
     }
     /* Slowest rank's times; bytes averaged over ranks; wrong values summed. */
-    double td, tc, bd, bc, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
+    double td, tc, tp, bd, bc, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
+    TRY(perf_reduce(comm, r.tp, 0, &tp, &tmp));
     TRY(perf_reduce(comm, r.td, r.bytes_d, &td, &bytes_d));
     TRY(perf_reduce(comm, r.tc, r.bytes_c, &tc, &bytes_c));
     TRY(perf_reduce(comm, r.bd, r.remote_d, &bd, &remote_d));
@@ -363,6 +375,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         print_row(T, "dispatch", bytes_d, remote_d, td, bd, wcol);
         print_row(T, "combine", bytes_c, remote_c, tc, bc, wcol);
         print_row(T, "roundtrip", bytes_d + bytes_c, remote_d + remote_c, td + tc, bd + bc, wcol);
+        print_row(T, "roundtrip-b2b", bytes_d + bytes_c, remote_d + remote_c, tp, bd + bc, wcol);
         if (o->baseline) {
             print_row(T, "base-dispatch", bytes_d, remote_d, bd, 0, "");
             print_row(T, "base-combine", bytes_c, remote_c, bc, 0, "");
