@@ -251,6 +251,7 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 }
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
+constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, routing is replicated */
 constexpr size_t kSeg = 2048;   /* bytes of a row a warp copies per unit: 4 vectors per lane */
 
 /* Segments (kSeg bytes) of one token's payload rows, all arrays: the copy units. */
@@ -261,14 +262,42 @@ __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
     return n;
 }
 
-/* The payload array of a token's segment seg; seg becomes the segment in that row. */
-__device__ int unit_array(const m2a_kparams_t &p, uint32_t *seg)
+/* Copies unit u (token u / per_token, one kSeg segment of one array's row) to the
+ * token's nd destinations, kDst at a time; dest(d, &rank, &row) gives destination
+ * d's rank and receive row. One warp, warp-uniform arguments. */
+template <typename Dest>
+__device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
+                          int nd, Dest dest)
 {
-    for (int a = 0;; a++) {
+    const m2a_kparams_t &p = f.p;
+    const int t = (int)(u / per_token);
+    uint32_t seg = (uint32_t)(u % per_token);
+    int a = 0;
+    for (;; a++) { /* the array whose row holds the segment */
         const uint32_t na = (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
-        if (*seg < na) return a;
-        *seg -= na;
+        if (seg < na) break;
+        seg -= na;
     }
+    const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
+    const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
+    for (int d0 = 0; d0 < nd; d0 += kDst) {
+        unsigned char *dst[kDst];
+        const int m = nd - d0 < kDst ? nd - d0 : kDst;
+        for (int d = 0; d < m; d++) {
+            int rank;
+            size_t row;
+            dest(d0 + d, &rank, &row);
+            dst[d] = f.peer[rank] + p.ws_off[a] + row * width + off;
+        }
+        copy_row(src, dst, m, len, threadIdx.x & 31);
+    }
+}
+
+/* The first of this warp's share of total units, split evenly over every warp of the
+ * grid (the next warp's first ends the share). */
+__device__ long long warp_share(long long total, long long gw)
+{
+    return total * gw / ((long long)gridDim.x * kWarps);
 }
 
 /* The payload rows, in units of (token, 2 KB segment of one array's row) that warps
@@ -290,8 +319,6 @@ __device__ bool copy_payloads(const m2a_fast_t &f, const Ctl &c, const m2a_kpayl
         u = __shfl_sync(0xffffffffu, u, 0);
         if (u >= units) return true;
         const int t = (int)(u / per_token);
-        uint32_t seg = (uint32_t)(u % per_token);
-        const int a = unit_array(p, &seg);
         const int owner = (int)(((long long)(t + 1) * G - 1) / n); /* the block whose chunk holds t */
         if (owner != ready) {
             bool ok = true;
@@ -304,17 +331,10 @@ __device__ bool copy_payloads(const m2a_fast_t &f, const Ctl &c, const m2a_kpayl
         const int32_t *map = send_map + (size_t)t * p.k;
         const int32_t lo = lane < D ? __ldcg(map + lane) : -1, hi = lane + 32 < D ? __ldcg(map + lane + 32) : -1;
         const int nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-        const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
-        const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
-        for (int d0 = 0; d0 < nd; d0 += kDst) { /* kDst destinations at a time */
-            unsigned char *dst[kDst];
-            const int m = nd - d0 < kDst ? nd - d0 : kDst;
-            for (int d = 0; d < m; d++) {
-                int32_t cd = d0 + d < 32 ? __shfl_sync(0xffffffffu, lo, d0 + d) : __shfl_sync(0xffffffffu, hi, d0 + d - 32);
-                dst[d] = f.peer[cd / p.cap] + p.ws_off[a] + ((size_t)p.me * stride + cd % p.cap) * width + off;
-            }
-            copy_row(src, dst, m, len, lane);
-        }
+        copy_unit(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
+            const int32_t cd = d < 32 ? __shfl_sync(0xffffffffu, lo, d) : __shfl_sync(0xffffffffu, hi, d - 32);
+            *rank = cd / p.cap, *row = (size_t)p.me * stride + cd % p.cap;
+        });
     }
 }
 
@@ -348,16 +368,14 @@ __device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int firs
  * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
  * send map, and their invalid and merged entries counted into *inv, *merged. */
 __device__ void route_piece(const m2a_fast_t &f, Shared &s, const int32_t *ids, int first, int ntok, int stride,
-                            int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged, bool cached,
-                            unsigned long long cached_mask)
+                            int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged)
 {
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, tid = threadIdx.x, lane = tid & 31, warp = tid / 32, D = p.k < ep ? p.k : ep;
     const int t = first + tid;
     const bool own = tid < ntok && t >= own_lo && t < own_hi;
     int dummy = 0;
-    unsigned long long m = cached ? cached_mask
-                                  : tid < ntok ? token_mask(p, ids, t, own ? inv : &dummy, own ? merged : &dummy) : 0;
+    unsigned long long m = tid < ntok ? token_mask(p, ids, t, own ? inv : &dummy, own ? merged : &dummy) : 0;
     for (int r = 0; r < ep; r++) {
         unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
         if (lane == 0) s.warp_count[warp][r] = __popc(bal);
@@ -404,38 +422,25 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const int32_t *ids, 
 __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayloads_t &pay, long long u0, long long u1,
                            uint32_t per_token, int first)
 {
-    const m2a_kparams_t &p = f.p;
-    const int lane = threadIdx.x & 31, D = p.k < p.ep ? p.k : p.ep;
+    const int D = f.p.k < f.p.ep ? f.p.k : f.p.ep;
     for (long long u = u0; u < u1; u++) {
-        const int t = (int)(u / per_token), tl = t - first;
-        uint32_t seg = (uint32_t)(u % per_token);
-        const int a = unit_array(p, &seg);
-        const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
-        const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
-        const int nd = s.nd[tl];
-        for (int d0 = 0; d0 < nd; d0 += kDst) {
-            unsigned char *dst[kDst];
-            const int m = nd - d0 < kDst ? nd - d0 : kDst;
-            for (int d = 0; d < m; d++) {
-                const int slot = tl * D + d0 + d;
-                dst[d] = f.peer[s.rank[slot]] + p.ws_off[a] + (size_t)s.row[slot] * width + off;
-            }
-            copy_row(src, dst, m, len, lane);
-        }
+        const int tl = (int)(u / per_token) - first;
+        copy_unit(f, pay, (unsigned long long)u, per_token, s.nd[tl], [&](int d, int *rank, size_t *row) {
+            *rank = s.rank[tl * D + d], *row = (size_t)s.row[tl * D + d];
+        });
     }
 }
 
 /* Two ways to the same slots and the same bytes (a rank picks by its own n; the
  * receiving side cannot tell them apart):
- *  - few tokens (n <= small_max): every block counts the tokens before its own range
+ *  - few tokens (up to kSmallPerBlock per block): every block counts the tokens before its own range
  *    itself (replicated, no wait on other blocks), routes its range and copies its
  *    share of (token, segment) units, split evenly over all warps of the grid: rows
  *    start moving a few microseconds into the kernel;
  *  - many tokens: chunk counts published with a look-back, a send map per chunk, and
  *    the units handed out by a counter (balance across SMs that the links serve
  *    unevenly matters more than the set-up then). */
-__global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, int small_max,
-                                                        m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
+__global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights)
 {
     __shared__ Shared s;
@@ -451,15 +456,14 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     const uint32_t e = s.epoch;
     PROF_START(0);
     if (status) n = 0;
-    const bool small = n <= small_max;
+    const bool small = n <= kSmallPerBlock * G;
     const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
     int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
     const uint32_t per_token = segments_per_token(p), S = per_token ? per_token : 1;
     int lo, hi, own_lo, own_hi; /* tokens this block routes; those it owns (map, ids, stats) */
     long long bu0 = 0, bu1 = 0;  /* small: this block's units */
-    if (small) {
-        const long long U = (long long)n * S, W = (long long)G * kWarps;
-        bu0 = U * (b * kWarps) / W, bu1 = U * ((b + 1) * kWarps) / W;
+    if (small) { /* the shares of this block's first warp and of the next block's */
+        bu0 = warp_share((long long)n * S, (long long)b * kWarps), bu1 = warp_share((long long)n * S, (long long)(b + 1) * kWarps);
         lo = (int)(bu0 / S), hi = bu1 > bu0 ? (int)((bu1 - 1) / S) + 1 : lo;
         own_lo = (int)((bu0 + S - 1) / S), own_hi = (int)((bu1 + S - 1) / S);
     } else {
@@ -468,8 +472,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
 
     /* 1. the slots before this block's range, at every destination */
     int inv = 0, merged = 0;
-    const bool cached = !small && hi - lo <= piece; /* one token per thread: its mask kept from 1 to 3 */
-    unsigned long long my_mask = 0;
     if (small) { /* count tokens [0, lo) here: a warp takes 32 tokens at a time */
         int cnt_lo = 0, cnt_hi = 0, dummy = 0;
         for (int t0 = warp * 32; t0 < lo; t0 += T) {
@@ -488,8 +490,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     } else { /* this chunk's counts, published; the earlier blocks' counts added up */
         int dummy = 0;
         for (int t = lo + tid; t < hi; t += T) {
-            unsigned long long m = cached ? token_mask(p, ids, t, &inv, &merged) : token_mask(p, ids, t, &dummy, &dummy);
-            my_mask = m;
+            unsigned long long m = token_mask(p, ids, t, &dummy, &dummy);
             for (; m; m &= m - 1) atomicAdd(&s.count[__ffsll((long long)m) - 1], 1);
         }
         __syncthreads();
@@ -511,11 +512,11 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     PROF_MARK(0, 1);
 
     /* 3. route (and, small, copy) a piece of tokens at a time */
-    const long long W = (long long)G * kWarps, gw = (long long)b * kWarps + warp;
-    const long long wu0 = (long long)n * S * gw / W, wu1 = (long long)n * S * (gw + 1) / W; /* small: this warp's units */
+    const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
+    const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
     for (int first = lo; first < hi && ok; first += piece) {
         const int ntok = hi - first < piece ? hi - first : piece;
-        route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged, cached, my_mask);
+        route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged);
         if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
             __threadfence();
             atomicExch(&c.routed[b], e);
@@ -736,8 +737,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const size_t out_row = f.hidden * Val<DT>::size;
     const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
-    const long long W = (long long)G * kWarps, gw = (long long)b * kWarps + tid / 32;
-    const long long u0 = (long long)n * S * gw / W, u1 = (long long)n * S * (gw + 1) / W;
+    const long long gw = (long long)b * kWarps + tid / 32;
+    const long long u0 = warp_share((long long)n * S, gw), u1 = warp_share((long long)n * S, gw + 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
     for (long long u = u0; u < u1 && ok; u++) {
@@ -806,10 +807,9 @@ extern "C" void m2a_fast_profile_report(int rank)
 }
 #endif
 
-extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, int small_max,
-                                 m2a_kpayloads_t payloads, const int32_t *ids, const float *weights, void *stream)
+extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads, const int32_t *ids, const float *weights, void *stream)
 {
-    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, small_max, payloads, ids, weights);
+    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights);
     return (int)cudaGetLastError();
 }
 

@@ -53,9 +53,8 @@ typedef struct {
 
 /* status != 0: this rank failed its argument checks; it sends nothing and tells every
  * peer, whose kernels record that error. */
-/* small_max: the largest n routed in every block (see moe_fast.cu). */
-int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, int small_max,
-                      m2a_kpayloads_t payloads, const int32_t *ids, const float *weights, void *stream);
+int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
+                      const int32_t *ids, const float *weights, void *stream);
 /* expert_rows: NULL when the expert side wrote into the workspace's combine buffer. */
 int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
                      void *stream);

@@ -170,9 +170,8 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
     (void)cudaGetLastError(); /* an earlier call's error is not this launch's */
-    /* up to 4 tokens per block: routing replicated in every block beats the look-back */
-    int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, 4 * st->blocks, pay,
-                              status ? NULL : ids, status ? NULL : weights, stream);
+    int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
+                              status ? NULL : weights, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, (cudaError_t)e, "dispatch kernel launch");
