@@ -182,9 +182,14 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
 moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
 {
     fast_state_t *st = moe->fast;
+    const unsigned char *rows = expert_out;
+    /* The kernel sees this workspace through the window's mapping, not the allocation's:
+     * the same memory at another address. Rows the caller passes at the combine buffer
+     * (moea2a_moe_combine_buffer's pointer) must be recognized as in place there, not
+     * copied onto themselves. */
+    if (rows >= moe->ws && rows < moe->ws + st->bytes) rows = st->f.peer[moe->comm->rank] + (rows - moe->ws);
     (void)cudaGetLastError();
-    int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride,
-                             (const unsigned char *)expert_out, out, stream);
+    int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride, rows, out, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, (cudaError_t)e, "combine kernel launch");

@@ -253,25 +253,33 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
             free(gw);
         }
         /* combine: the same expert rows on both sides, through the device combine
-         * buffer (zero copy) or a caller buffer */
+         * buffer (zero copy: NULL or its pointer), a caller buffer, or the receive
+         * arrays (free once combine begins; the rows are copied out of them first) */
         size_t es;
         moea2a_datatype_size(c.cfg.combine_dtype, &es);
         size_t rowb = es * c.cfg.hidden, total = slots * c.cfg.hidden;
         unsigned char *rows = malloc(rowb * slots + 1), *hout = malloc(rowb * (size_t)c.n + 1), *dout;
         fill_rows(rows, total, c.cfg.combine_dtype, seed * 31 + (uint64_t)rank);
-        void *dbuf;
-        int zero_copy = (int)(seed % 2);
-        if (zero_copy) moea2a_moe_combine_buffer(dm, &dbuf), cudaMemcpy(dbuf, rows, rowb * slots, cudaMemcpyHostToDevice);
+        void *dbuf, *cbuf;
+        moea2a_moe_combine_buffer(dm, &cbuf);
+        unsigned char *recv0 = np ? (unsigned char *)dres.payloads[0] : (unsigned char *)dres.topk_ids;
+        int zero_copy = (int)(seed % 3) == 1, in_recv = (int)(seed % 3) == 2 && (unsigned char *)cbuf - recv0 >= (ptrdiff_t)(rowb * slots);
+        if (zero_copy || in_recv) dbuf = zero_copy ? cbuf : recv0, cudaMemcpy(dbuf, rows, rowb * slots, cudaMemcpyHostToDevice);
         else dbuf = to_device(rows, rowb * slots);
         cudaMalloc((void **)&dout, rowb * (size_t)c.n + 1);
         r = moea2a_combine(hm, rows, hout, NULL);
-        r2 = r ? r : moea2a_combine(dm, zero_copy ? NULL : dbuf, dout, s);
+        r2 = r ? r : moea2a_combine(dm, zero_copy && seed % 2 ? NULL : dbuf, dout, s);
         cudaStreamSynchronize(s);
         RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
         unsigned char *got = to_host(dout, rowb * (size_t)c.n);
-        RANK_EXPECT(fails, rank, !r && !r2 && !memcmp(got, hout, rowb * (size_t)c.n), "combine output differs (%s)",
-                    moea2a_datatype_name(c.cfg.combine_dtype));
-        if (!zero_copy) cudaFree(dbuf);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; !r && !r2 && i < rowb * (size_t)c.n; i++)
+            if (got[i] != hout[i] && !bad++) first = i;
+        RANK_EXPECT(fails, rank, !r && !r2 && !bad,
+                    "combine output differs (%s, rows %s): %zu bytes, first at token %zu byte %zu (0x%02x, want 0x%02x)",
+                    moea2a_datatype_name(c.cfg.combine_dtype), zero_copy ? "in place" : in_recv ? "in the receive arrays" : "copied",
+                    bad, first / rowb, first % rowb, bad ? got[first] : 0, bad ? hout[first] : 0);
+        if (!zero_copy && !in_recv) cudaFree(dbuf);
         cudaFree(dout), free(rows), free(hout), free(got), free(counts), free(ids), free(src);
     }
     if (fails)

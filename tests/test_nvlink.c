@@ -252,8 +252,14 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
     int n = upload_inputs(&c, seed, -1); /* the token count the graph keeps */
     const void *pays[1] = {c.d_pay};
     moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    const size_t recv_bytes = sizeof(uint16_t) * (size_t)n_ranks * CAP * HID;
+    uint16_t *d_seen = NULL;
+    cudaMalloc((void **)&d_seen, recv_bytes);
     cudaStreamBeginCapture(c.s, cudaStreamCaptureModeGlobal);
+    /* the expert side's reading of the received rows, captured with them: the receive
+     * arrays are the caller's only until combine begins (moea2a_moe(3)) */
     moea2a_result_t r = moea2a_dispatch(c.moe, n, c.d_ids, NULL, pays, 0, &d, c.s);
+    if (!r) cudaMemcpyAsync(d_seen, d.payloads[0], recv_bytes, cudaMemcpyDeviceToDevice, c.s);
     moea2a_result_t r2 = r ? r : moea2a_combine(c.moe, NULL, c.d_out, c.s);
     cudaError_t ce = cudaStreamEndCapture(c.s, &graph);
     if (ce == cudaSuccess) ce = cudaGraphInstantiate(&exec, graph, 0);
@@ -279,7 +285,7 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         int32_t counts[64];
         cudaMemcpy(counts, d.recv_counts, sizeof(int32_t) * (size_t)n_ranks, cudaMemcpyDeviceToHost);
         static uint16_t got[64 * CAP * HID];
-        cudaMemcpy(got, d.payloads[0], sizeof(uint16_t) * (size_t)n_ranks * CAP * HID, cudaMemcpyDeviceToHost);
+        cudaMemcpy(got, d_seen, recv_bytes, cudaMemcpyDeviceToHost);
         long w = 0;
         for (int q = 0; q < n_ranks; q++) {
             w += counts[q] != c.want_counts[q];
@@ -300,6 +306,7 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
     }
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
+    cudaFree(d_seen);
     teardown(&c);
     moea2a_comm_destroy(comm);
     return fails;
