@@ -80,6 +80,17 @@ static int space_of(const void *const *ptrs, int n)
                                     ((uintptr_t)(scales) & 3) == 0),                                       \
                   "%s: device buffers must be 16-byte aligned (scales 4-byte aligned)", fn)
 
+/* The checks quantize and dequantize share: the type of the bf16/fp16/fp32 side
+ * (named tname), whole 16-value blocks, a known scale layout. */
+static moea2a_result_t check_shape(const char *fn, const char *tname, moea2a_datatype_t t, size_t k,
+                                   moea2a_sf_layout_t layout)
+{
+    M2A_CHECK_ARG(NULL, float_type(t), "%s: %s must be bf16, fp16 or fp32", fn, tname);
+    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
+    M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t moea2a_fp4_sf_bytes(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *bytes)
 {
     M2A_CHECK_ARG(NULL, bytes && layout_ok(layout) && k % 16 == 0,
@@ -112,9 +123,7 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
 {
     static const char fn[] = "moea2a_fp4_quantize";
     M2A_CHECK_ARG(NULL, (x && q && sf && g) || m == 0, "%s: x, g, q and sf must not be NULL", fn);
-    M2A_CHECK_ARG(NULL, float_type(xtype), "%s: xtype must be bf16, fp16 or fp32", fn);
-    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
-    M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
+    M2A_TRY(check_shape(fn, "xtype", xtype, k, layout));
     const void *p[4] = {x, g, q, sf};
     int cuda = space_of(p, 4);
     CHECK_SPACE(cuda, fn);
@@ -138,9 +147,7 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
 {
     static const char fn[] = "moea2a_fp4_dequantize";
     M2A_CHECK_ARG(NULL, (q && sf && g && out) || m == 0, "%s: q, sf, g and out must not be NULL", fn);
-    M2A_CHECK_ARG(NULL, float_type(otype), "%s: otype must be bf16, fp16 or fp32", fn);
-    M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
-    M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
+    M2A_TRY(check_shape(fn, "otype", otype, k, layout));
     const void *p[4] = {q, sf, g, out};
     int cuda = space_of(p, 4);
     CHECK_SPACE(cuda, fn);

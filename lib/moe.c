@@ -380,6 +380,17 @@ moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer)
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
+/* A per-call token count (what) over the context's capacity: MOEA2A_ERR_CAPACITY
+ * with the capacity that would do. */
+static moea2a_result_t within_cap(moea2a_comm_t comm, const char *fn, const char *what, int v, int cap)
+{
+    if (v <= cap) return MOEA2A_SUCCESS;
+    return m2a_error(comm, MOEA2A_ERR_CAPACITY,
+                     "%s: %s=%d exceeds max_tokens_per_rank=%d: raise max_tokens_per_rank to at least %d at "
+                     "moea2a_moe_create",
+                     fn, what, v, cap, v);
+}
+
 static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
                                            const void *const *payloads, int runtime_max,
                                            const moea2a_dispatch_result_t *result)
@@ -390,17 +401,9 @@ static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, int n, const int32_
     M2A_CHECK_ARG(comm, result && result->size >= sizeof(*result),
                   "%s: result is NULL or its size is not set (use MOEA2A_DISPATCH_RESULT_INITIALIZER)", fn);
     M2A_CHECK_ARG(comm, runtime_max >= 0, "%s: runtime_max_tokens_per_rank=%d is negative", fn, runtime_max);
-    if (runtime_max > c->max_tokens_per_rank)
-        return m2a_error(comm, MOEA2A_ERR_CAPACITY,
-                         "%s: runtime_max_tokens_per_rank=%d exceeds max_tokens_per_rank=%d: raise "
-                         "max_tokens_per_rank to at least %d at moea2a_moe_create",
-                         fn, runtime_max, c->max_tokens_per_rank, runtime_max);
+    M2A_TRY(within_cap(comm, fn, "runtime_max_tokens_per_rank", runtime_max, c->max_tokens_per_rank));
     M2A_CHECK_ARG(comm, n >= 0, "%s: num_tokens=%d is negative", fn, n);
-    if (n > c->max_tokens_per_rank)
-        return m2a_error(comm, MOEA2A_ERR_CAPACITY,
-                         "%s: num_tokens=%d exceeds max_tokens_per_rank=%d: raise max_tokens_per_rank to at least %d "
-                         "at moea2a_moe_create",
-                         fn, n, c->max_tokens_per_rank, n);
+    M2A_TRY(within_cap(comm, fn, "num_tokens", n, c->max_tokens_per_rank));
     if (runtime_max && n > runtime_max)
         return m2a_error(comm, MOEA2A_ERR_CAPACITY,
                          "%s: num_tokens=%d exceeds runtime_max_tokens_per_rank=%d of this call: pass at least %d",

@@ -263,8 +263,10 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
         void *dbuf, *cbuf;
         moea2a_moe_combine_buffer(dm, &cbuf);
         unsigned char *recv0 = np ? (unsigned char *)dres.payloads[0] : (unsigned char *)dres.topk_ids;
-        int zero_copy = (int)(seed % 3) == 1, in_recv = (int)(seed % 3) == 2 && (unsigned char *)cbuf - recv0 >= (ptrdiff_t)(rowb * slots);
-        if (zero_copy || in_recv) dbuf = zero_copy ? cbuf : recv0, cudaMemcpy(dbuf, rows, rowb * slots, cudaMemcpyHostToDevice);
+        const int zero_copy = seed % 3 == 1;
+        const int in_recv = seed % 3 == 2 && (unsigned char *)cbuf - recv0 >= (ptrdiff_t)(rowb * slots); /* fits before */
+        dbuf = zero_copy ? cbuf : in_recv ? recv0 : NULL;
+        if (dbuf) cudaMemcpy(dbuf, rows, rowb * slots, cudaMemcpyHostToDevice);
         else dbuf = to_device(rows, rowb * slots);
         cudaMalloc((void **)&dout, rowb * (size_t)c.n + 1);
         r = moea2a_combine(hm, rows, hout, NULL);
