@@ -8,9 +8,9 @@
  * workspace, so a CUDA graph replays correctly.
  *
  *  dispatch, many tokens (over 4 per block; blocks split them into contiguous chunks):
- *   1. count the chunk's tokens per destination; publish the counts (block scratch);
- *      add up the counts of the blocks before this one: the chunk's first slot at
- *      every destination. Slot order is token order, whatever the timing.
+ *   1. count the tokens before the chunk per destination (every block for itself,
+ *      no waiting on other blocks): the chunk's first slot at every destination.
+ *      Slot order is token order, whatever the timing.
  *   2. wait until every peer's previous combine began (it no longer reads the
  *      receive arrays it got from the previous dispatch);
  *   3. route the chunk in pieces: each token's slot at every destination into the
@@ -20,14 +20,14 @@
  *      warp of any block, so that the links stay busy until the end;
  *   5. the last block writes each destination's count and this call's stride and
  *      status; every block signals every destination;
- *   6. wait for every source; check strides and statuses; sanitize padding slots.
+ *   6. wait for every source; check strides and statuses; sanitize padding slots;
+ *      add the block's invalid and merged entries to the stats.
  *  dispatch, few tokens: the (token, segment) units are split evenly over all warps;
- *   each block counts every token before its range itself (no waiting on other
- *   blocks), then 2, 3 for its range with its warps copying their units, 5, 6.
+ *   1, 2, then 3 for the block's range with its warps copying their units, 5, 6.
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
- *   2. (token, 1 KB segment) units split evenly over all warps: each token's rows,
+ *   2. (token, 1 KB segment) units taken from a counter: each token's rows,
  *      read over NVLink in ascending rank order and summed in fp32 from 0.0f,
  *      rounded once: the host reference's arithmetic. */
 #include <cuda_runtime.h>
@@ -76,7 +76,7 @@ constexpr int kMarks = 8, kLaunches = 512;
 /* per launch: [0] first block start, [1] last block end, [2 + i] sum over blocks of
  * mark i (from the block's start), [2 + kMarks + i] its maximum over blocks */
 __device__ unsigned long long g_rec[2][kLaunches][2 + 2 * kMarks];
-__device__ unsigned int g_launch[2], g_blocks[2];
+__device__ unsigned int g_launch[2], g_blocks[2], g_done[2];
 #define PROF_START(k)                                                                          \
     unsigned long long prof_t0 = 0, *prof_r = nullptr;                                         \
     if (threadIdx.x == 0) {                                                                    \
@@ -89,11 +89,14 @@ __device__ unsigned int g_launch[2], g_blocks[2];
         unsigned long long d_ = now_ns() - prof_t0;                                               \
         atomicAdd(&prof_r[2 + (i)], d_), atomicMax(&prof_r[2 + kMarks + (i)], d_);                \
     }
-#define PROF_LAST(k) prof_r[1] = now_ns(), g_launch[k]++
+#define PROF_END(k, i)                                                                             \
+    PROF_MARK(k, i);                                                                               \
+    if (threadIdx.x == 0 && atomicAdd(&g_done[k], 1u) == gridDim.x - 1)                             \
+        prof_r[1] = now_ns(), g_done[k] = 0, g_launch[k]++;
 #else
 #define PROF_START(k)
 #define PROF_MARK(k, i)
-#define PROF_LAST(k)
+#define PROF_END(k, i)
 #endif
 
 /* ---- the workspace's control regions --------------------------------------------- */
@@ -101,13 +104,13 @@ __device__ unsigned int g_launch[2], g_blocks[2];
 struct Ctl {
     uint32_t *arrive, *carrive; /* [ep], written by peers */
     int32_t *hdr;               /* [ep][2]: stride, status of each source's dispatch */
-    int32_t *agg;               /* [MAX_BLOCKS][ep] chunk counts */
-    uint32_t *aggflag;          /* [MAX_BLOCKS] epoch of agg */
-    long long *part;            /* [MAX_BLOCKS][2] invalid, merged entries */
     uint32_t *routed;           /* [MAX_BLOCKS] epoch of the block's send map */
-    uint32_t *epoch_d, *epoch_c, *done_d, *done_c;
-    unsigned long long *next_unit; /* dispatch's copy units handed out so far */
+    uint32_t *epoch_d, *epoch_c;
     long long *stats; /* [4] total_recv, invalid, sent_rows, merged */
+    /* units handed out so far, one counter per epoch parity: a launch uses [e & 1]
+     * and zeroes [(e + 1) & 1], which the previous launch used and the next one
+     * will (launches on one stream never overlap), so no block has to be the last */
+    unsigned long long *next_unit, *next_cunit; /* dispatch's copy units, combine's reduce units */
 };
 
 __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
@@ -117,19 +120,16 @@ __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
     c.arrive = reinterpret_cast<uint32_t *>(ws + f.sig);
     c.carrive = c.arrive + ep;
     c.hdr = reinterpret_cast<int32_t *>(c.carrive + ep);
-    c.agg = reinterpret_cast<int32_t *>(ws + f.blocks);
-    c.aggflag = reinterpret_cast<uint32_t *>(ws + f.blocks + (size_t)4 * ep * M2A_FAST_MAX_BLOCKS);
-    c.part = reinterpret_cast<long long *>(ws + f.blocks + (size_t)4 * ep * M2A_FAST_MAX_BLOCKS + 4 * M2A_FAST_MAX_BLOCKS);
-    c.routed = reinterpret_cast<uint32_t *>(c.part + 2 * M2A_FAST_MAX_BLOCKS);
+    c.routed = reinterpret_cast<uint32_t *>(ws + f.blocks);
     uint32_t *w = reinterpret_cast<uint32_t *>(ws + f.ctl);
-    c.epoch_d = w, c.epoch_c = w + 1, c.done_d = w + 2, c.done_c = w + 3;
-    c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 4 * 8);
+    c.epoch_d = w, c.epoch_c = w + 1;
     c.stats = reinterpret_cast<long long *>(ws + f.ctl + M2A_FAST_CTL_STATS);
+    c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 4 * 8);
+    c.next_cunit = c.next_unit + 2;
     return c;
 }
-static_assert(4 * M2A_FAST_MAX_BLOCKS <= 1024 && (4 + 16 + 4) * M2A_FAST_MAX_BLOCKS <= 8192,
-              "block scratch outgrew M2A_FAST_BLOCK_BYTES"); /* 4 ep + 4 + 16 + 4 bytes per block */
-static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
+static_assert(4 * M2A_FAST_MAX_BLOCKS <= M2A_FAST_BLOCK_BYTES, "block scratch outgrew M2A_FAST_BLOCK_BYTES");
+static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 4 * 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
 
 /* Records the first error (device record, then the host's copy) and returns false. */
 __device__ bool fail(const m2a_fast_t &f, int code, int peer, int what)
@@ -204,7 +204,6 @@ template <typename V> __device__ V block_sum(V v, V *scratch)
 
 struct Shared {
     int base[M2A_FAST_MAX_PEERS];  /* next slot at each destination */
-    int count[M2A_FAST_MAX_PEERS]; /* this chunk's tokens per destination */
     int warp_count[kWarps][M2A_FAST_MAX_PEERS];
     int nd[T];                     /* destinations of each token of the piece */
     unsigned char rank[kPieceSlots];
@@ -251,7 +250,7 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 }
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
-constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, routing is replicated */
+constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, units are split evenly */
 constexpr size_t kSeg = 2048;   /* bytes of a row a warp copies per unit: 4 vectors per lane */
 
 /* Segments (kSeg bytes) of one token's payload rows, all arrays: the copy units. */
@@ -305,8 +304,8 @@ __device__ long long warp_share(long long total, long long gw)
  * blocks end at about the same time (a static split left the links idle while the
  * slowest blocks finished), and a few tokens still spread over every SM. A token's
  * slots come from its send map, written by the block that routed it. */
-__device__ bool copy_payloads(const m2a_fast_t &f, const Ctl &c, const m2a_kpayloads_t &pay, int n, int stride,
-                              const int32_t *send_map, uint32_t e, int G)
+__device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, const Ctl &c, const m2a_kpayloads_t &pay,
+                              int n, int stride, const int32_t *send_map, uint32_t e, int G)
 {
     const m2a_kparams_t &p = f.p;
     const int lane = threadIdx.x & 31, D = p.k < p.ep ? p.k : p.ep;
@@ -315,7 +314,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, const Ctl &c, const m2a_kpayl
     int ready = -1; /* the last block whose send map this warp saw complete */
     for (;;) {
         unsigned long long u = 0;
-        if (lane == 0) u = atomicAdd(c.next_unit, 1ull);
+        if (lane == 0) u = atomicAdd(next, 1ull);
         u = __shfl_sync(0xffffffffu, u, 0);
         if (u >= units) return true;
         const int t = (int)(u / per_token);
@@ -432,14 +431,14 @@ __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayl
 }
 
 /* Two ways to the same slots and the same bytes (a rank picks by its own n; the
- * receiving side cannot tell them apart):
- *  - few tokens (up to kSmallPerBlock per block): every block counts the tokens before its own range
- *    itself (replicated, no wait on other blocks), routes its range and copies its
- *    share of (token, segment) units, split evenly over all warps of the grid: rows
- *    start moving a few microseconds into the kernel;
- *  - many tokens: chunk counts published with a look-back, a send map per chunk, and
- *    the units handed out by a counter (balance across SMs that the links serve
- *    unevenly matters more than the set-up then). */
+ * receiving side cannot tell them apart). Both begin alike: every block counts the
+ * tokens before its own range itself (replicated, no wait on other blocks).
+ *  - few tokens (up to kSmallPerBlock per block): each block routes its range and
+ *    copies its share of (token, segment) units, split evenly over all warps of the
+ *    grid: rows start moving a few microseconds into the kernel;
+ *  - many tokens: a send map per chunk, and the units handed out by a counter
+ *    (balance across SMs that the links serve unevenly matters more than the set-up
+ *    then). */
 __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights)
 {
@@ -451,10 +450,14 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     /* ok: this block may go on; made uniform by __syncthreads_and at each step */
     bool ok = !failed(f);
     if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_d) + 1;
-    if (tid < ep) s.count[tid] = 0, s.base[tid] = 0;
+    if (tid < ep) s.base[tid] = 0;
     __syncthreads();
     const uint32_t e = s.epoch;
     PROF_START(0);
+    if (b == 0 && tid == 0) { /* before this block's signal, which every block waits for */
+        c.next_unit[(e + 1) & 1] = 0;
+        c.stats[1] = c.stats[3] = 0;
+    }
     if (status) n = 0;
     const bool small = n <= kSmallPerBlock * G;
     const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
@@ -470,9 +473,12 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         lo = own_lo = (int)((long long)n * b / G), hi = own_hi = (int)((long long)n * (b + 1) / G);
     }
 
-    /* 1. the slots before this block's range, at every destination */
+    /* 1. the slots before this block's range, at every destination: every block counts
+     * the tokens [0, lo) itself (a warp takes 32 at a time). Replicated, but no block
+     * waits for another, and the copies take tokens in order: the first chunks, whose
+     * counting is shortest, are needed first. */
     int inv = 0, merged = 0;
-    if (small) { /* count tokens [0, lo) here: a warp takes 32 tokens at a time */
+    {
         int cnt_lo = 0, cnt_hi = 0, dummy = 0;
         for (int t0 = warp * 32; t0 < lo; t0 += T) {
             const unsigned long long m = t0 + lane < lo ? token_mask(p, ids, t0 + lane, &dummy, &dummy) : 0;
@@ -487,24 +493,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         if (tid < ep)
             for (int w = 0; w < kWarps; w++) s.base[tid] += s.warp_count[w][tid];
         PROF_MARK(0, 0);
-    } else { /* this chunk's counts, published; the earlier blocks' counts added up */
-        int dummy = 0;
-        for (int t = lo + tid; t < hi; t += T) {
-            unsigned long long m = token_mask(p, ids, t, &dummy, &dummy);
-            for (; m; m &= m - 1) atomicAdd(&s.count[__ffsll((long long)m) - 1], 1);
-        }
-        __syncthreads();
-        if (tid < ep) c.agg[(size_t)b * ep + tid] = s.count[tid];
-        __syncthreads();
-        if (tid == 0) {
-            __threadfence();
-            atomicExch(&c.aggflag[b], e);
-        }
-        PROF_MARK(0, 0);
-        if (tid < b && ok) {
-            ok = wait_for(f, &c.aggflag[tid], e, me, M2A_FAST_AT_PREFIX);
-            for (int r = 0; r < ep; r++) atomicAdd(&s.base[r], *reinterpret_cast<volatile int32_t *>(&c.agg[(size_t)tid * ep + r]));
-        }
     }
     /* 2. every destination's previous combine began */
     if (tid < ep && e > 1 && ok) ok = wait_for(f, &c.carrive[tid], (e - 1) * (uint32_t)G, tid, M2A_FAST_AT_GATE);
@@ -532,12 +520,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     if (!small) { /* any warp may now copy the rows of tokens whose chunk is routed */
         if (tid == 0 && ok && lo == hi) atomicExch(&c.routed[b], e); /* an empty chunk */
         PROF_MARK(0, 2);
-        if (ok) ok = copy_payloads(f, c, pay, n, stride, send_map, e, G);
+        if (ok) ok = copy_payloads(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
     }
-    {
-        const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
-        if (tid == 0) c.part[2 * b] = inv_sum, c.part[2 * b + 1] = merged_sum;
-    }
+    const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
     ok = __syncthreads_and(ok);
     PROF_MARK(0, 3);
     /* 5. counts and headers (last block: its bases are the totals), then the signal */
@@ -582,26 +567,19 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             for (int j = 0; j < p.k; j++) rids[slot * p.k + j] = p.invalid_id;
     }
 
-    /* the last block to finish: stats, then the epoch moves on */
-    __syncthreads();
-    PROF_MARK(0, 6);
-    if (tid == 0) {
-        __threadfence();
-        if (atomicAdd(c.done_d, 1u) == (uint32_t)G - 1) {
-            __threadfence();
-            long long invalid = 0, mg = 0, recv = 0;
-            for (int j = 0; j < G; j++) {
-                invalid += *reinterpret_cast<volatile long long *>(&c.part[2 * j]);
-                mg += *reinterpret_cast<volatile long long *>(&c.part[2 * j + 1]);
-            }
-            for (int r = 0; r < ep; r++) recv += *reinterpret_cast<const volatile int32_t *>(&counts[r]);
-            c.stats[0] = recv, c.stats[1] = invalid, c.stats[3] = mg;
-            *c.done_d = 0, *c.next_unit = 0;
-            *c.epoch_d = e;
-            PROF_LAST(0);
-            __threadfence();
-        }
+    /* stats, and the epoch moves on: every block of this launch signalled, so each
+     * read the epoch already, and block 0 zeroed the sums before its own signal */
+    if (tid == 0 && ok) {
+        atomicAdd(reinterpret_cast<unsigned long long *>(&c.stats[1]), (unsigned long long)inv_sum);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&c.stats[3]), (unsigned long long)merged_sum);
     }
+    if (b == 0 && tid == 0) {
+        long long recv = 0;
+        for (int r = 0; r < ep; r++) recv += *reinterpret_cast<const volatile int32_t *>(&counts[r]);
+        c.stats[0] = recv;
+        *c.epoch_d = e;
+    }
+    PROF_END(0, 6);
 }
 
 /* ---- combine ---------------------------------------------------------------------------- */
@@ -703,6 +681,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     __syncthreads();
     const uint32_t e = s_epoch;
     PROF_START(1);
+    if (b == 0 && tid == 0) c.next_cunit[(e + 1) & 1] = 0;
 
     /* 1. caller rows into the combine buffer (valid slots only), then the signal; rows
      * the caller wrote there itself were written by earlier kernels, complete and
@@ -728,20 +707,26 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).carrive[me], 1);
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     ok = __syncthreads_and(ok);
+    if (b == 0 && tid == 0) *c.epoch_c = e; /* every block of this launch signalled: each read it */
     PROF_MARK(1, 1);
 
-    /* 2. (token, segment) units, split evenly over every warp of the grid: a few
-     * tokens still keep all SMs reading */
+    /* 2. (token, segment) units taken from a counter by any warp: SMs that the links
+     * serve faster take more, so all end together; a few tokens still spread over
+     * every SM */
     const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t out_row = f.hidden * Val<DT>::size;
     const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
-    const long long gw = (long long)b * kWarps + tid / 32;
-    const long long u0 = warp_share((long long)n * S, gw), u1 = warp_share((long long)n * S, gw + 1);
+    const unsigned long long units = (unsigned long long)n * S;
+    unsigned long long *next = c.next_cunit + (e & 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
-    for (long long u = u0; u < u1 && ok; u++) {
+    while (ok) {
+        unsigned long long u = 0;
+        if (lane == 0) u = atomicAdd(next, 1ull);
+        u = __shfl_sync(0xffffffffu, u, 0);
+        if (u >= units) break;
         const int t = (int)(u / S);
         if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
             const int32_t *map = send_map + (size_t)t * p.k;
@@ -754,18 +739,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
         const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
         reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
     }
-    ok = __syncthreads_and(ok);
-
-    PROF_MARK(1, 2);
-    if (tid == 0) {
-        __threadfence();
-        if (atomicAdd(c.done_c, 1u) == (uint32_t)G - 1) {
-            *c.done_c = 0;
-            *c.epoch_c = e;
-            PROF_LAST(1);
-            __threadfence();
-        }
-    }
+    PROF_END(1, 2);
 }
 
 } // namespace

@@ -20,13 +20,12 @@ extern "C" {
 
 /* The control regions in the workspace (the layout's formula uses these sizes):
  * signals peers write: arrivals, combine arrivals, [stride, status] per source; block
- * scratch: chunk counts [blocks][ep], their epochs [blocks], partial stats
- * [blocks][2] (int64), send-map epochs [blocks]; counters: epochs and done counts
- * (4 x u32), the stats [4] (int64) that dispatch results point to, then the copy
- * units handed out (u64). */
+ * scratch: send-map epochs [blocks]; counters: the dispatch and combine epochs
+ * (2 x u32, then 8 bytes unused), the stats [4] (int64) that dispatch results point
+ * to, then the units handed out (u64): dispatch's two, combine's two. */
 #define M2A_FAST_SIG_BYTES(ep) (16 * (size_t)(ep))
-#define M2A_FAST_BLOCK_BYTES(ep) (1024 * (size_t)(ep) + 8192)
-#define M2A_FAST_CTL_BYTES 64
+#define M2A_FAST_BLOCK_BYTES (4 * (size_t)M2A_FAST_MAX_BLOCKS)
+#define M2A_FAST_CTL_BYTES 128
 #define M2A_FAST_CTL_STATS 16 /* offset of the stats in the counters */
 
 /* The device error record (first error wins): code is a moea2a_result_t, peer the rank

@@ -104,7 +104,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, int lsa, m
     if (lsa) { /* load/store path: signals peers write, block scratch, counters */
         l->lsa = 1;
         l->fast_sig = take(&at, M2A_FAST_SIG_BYTES(n));
-        l->fast_blocks = take(&at, M2A_FAST_BLOCK_BYTES(n));
+        l->fast_blocks = take(&at, M2A_FAST_BLOCK_BYTES);
         l->fast_ctl = take(&at, M2A_FAST_CTL_BYTES);
     }
     l->aux_end = at;

@@ -10,7 +10,8 @@
 # 32 48") the load/store path at those SM budgets, GENERIC=1 the generic path next to it,
 # SANITIZE_TESTS the tests run under compute-sanitizer, PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
-# phase means to stderr when destroyed).
+# phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
+# with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B).
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -65,6 +66,16 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
       echo "== load/store phase profile, ${SMS_RANKS:-4} GPUs, $t tokens, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48}"
       timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "$t" --iters "${ITERS:-30}" \
           --warmup 10 --check 0 2>&1 | grep -E "profile rank 0| $t "
+    done
+  fi
+  if [ -n "${VARIANTS:-}" ]; then # developers: the load/store kernels rebuilt with each flag set
+    IFS=';' read -ra vs <<<"$VARIANTS"
+    for v in "${vs[@]}"; do
+      echo "== variant NVCCFLAGS='$v', ${SMS_RANKS:-4} GPUs"
+      touch kernels/moe_fast.cu
+      make -j16 NVCCFLAGS="$prof $v" >>"$OUT/build.log" 2>&1 || { echo "make failed"; continue; }
+      timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "${TOKENS:-128,1024,4096}" \
+          --iters "${ITERS:-30}" --warmup 10 2>&1 | grep -E "profile rank 0|dispatch|combine|b2b|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
     done
   fi
   if [ -n "${PHASES:-}" ]; then
