@@ -722,22 +722,31 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     unsigned long long *next = c.next_cunit + (e & 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
+    /* A warp takes `take` consecutive units at a time, mostly one token's, so its map
+     * is read once for them, and asks for its next grab before reducing this one.
+     * Fewer SMs keep fewer reads in flight and lose more to the counter's round trip
+     * and those reads (best at 4096 tokens on 4 x H200: 2 units at 48 SMs, 4 at 24,
+     * 6-7 at 16); more blocks balance better with 1. */
+    const unsigned take = G >= 96 ? 1u : 96u / (unsigned)G < 8u ? 96u / (unsigned)G : 8u;
+    const unsigned long long grabs = (units + take - 1) / take;
+    unsigned long long taken = lane == 0 ? atomicAdd(next, 1ull) : 0;
     while (ok) {
-        unsigned long long u = 0;
-        if (lane == 0) u = atomicAdd(next, 1ull);
-        u = __shfl_sync(0xffffffffu, u, 0);
-        if (u >= units) break;
-        const int t = (int)(u / S);
-        if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
-            const int32_t *map = send_map + (size_t)t * p.k;
-            const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
-            nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-            if (lo >= 0) row_lo = f.peer[lo / p.cap] + f.combine + ((size_t)me * stride + lo % p.cap) * row;
-            if (hi >= 0) row_hi = f.peer[hi / p.cap] + f.combine + ((size_t)me * stride + hi % p.cap) * row;
-            t_prev = t;
+        const unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
+        if (g >= grabs) break;
+        if (lane == 0) taken = atomicAdd(next, 1ull);
+        for (unsigned long long u = g * take; u < (g + 1) * take && u < units; u++) {
+            const int t = (int)(u / S);
+            if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
+                const int32_t *map = send_map + (size_t)t * p.k;
+                const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
+                nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
+                if (lo >= 0) row_lo = f.peer[lo / p.cap] + f.combine + ((size_t)me * stride + lo % p.cap) * row;
+                if (hi >= 0) row_hi = f.peer[hi / p.cap] + f.combine + ((size_t)me * stride + hi % p.cap) * row;
+                t_prev = t;
+            }
+            const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+            reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
         }
-        const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
-        reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
     }
     PROF_END(1, 2);
 }
