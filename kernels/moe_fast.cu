@@ -726,8 +726,11 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * is read once for them, and asks for its next grab before reducing this one.
      * Fewer SMs keep fewer reads in flight and lose more to the counter's round trip
      * and those reads (best at 4096 tokens on 4 x H200: 2 units at 48 SMs, 4 at 24,
-     * 6-7 at 16); more blocks balance better with 1. */
-    const unsigned take = G >= 96 ? 1u : 96u / (unsigned)G < 8u ? 96u / (unsigned)G : 8u;
+     * 6-7 at 16); more blocks balance better with 1, and few tokens need every warp
+     * busy: at least two grabs per warp. */
+    const unsigned long long per_warp = units / (2ull * G * kWarps);
+    unsigned take = G >= 96 ? 1u : 96u / (unsigned)G < 8u ? 96u / (unsigned)G : 8u;
+    if (take > per_warp) take = per_warp > 1 ? (unsigned)per_warp : 1u;
     const unsigned long long grabs = (units + take - 1) / take;
     unsigned long long taken = lane == 0 ? atomicAdd(next, 1ull) : 0;
     while (ok) {
