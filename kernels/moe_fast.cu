@@ -568,7 +568,8 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     }
 
     /* stats, and the epoch moves on: every block of this launch signalled, so each
-     * read the epoch already, and block 0 zeroed the sums before its own signal */
+     * read the epoch already, and block 0 zeroed the sums before its own signal (after
+     * a failure nothing is waited for, but the context is then poisoned for good) */
     if (tid == 0 && ok) {
         atomicAdd(reinterpret_cast<unsigned long long *>(&c.stats[1]), (unsigned long long)inv_sum);
         atomicAdd(reinterpret_cast<unsigned long long *>(&c.stats[3]), (unsigned long long)merged_sum);
@@ -707,7 +708,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).carrive[me], 1);
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     ok = __syncthreads_and(ok);
-    if (b == 0 && tid == 0) *c.epoch_c = e; /* every block of this launch signalled: each read it */
+    if (b == 0 && tid == 0) *c.epoch_c = e; /* every block of this launch signalled: each read it (or it failed) */
     PROF_MARK(1, 1);
 
     /* 2. (token, segment) units taken from a counter by any warp: SMs that the links
