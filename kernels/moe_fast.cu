@@ -666,6 +666,20 @@ __device__ void reduce_unit(const unsigned char *row_lo, const unsigned char *ro
     }
 }
 
+/* Consecutive units a warp takes per grab of the combine's counter, mostly one
+ * token's, so that the token's map is read once for them. Fewer SMs keep fewer reads
+ * in flight and lose more to the counter's round trip and those reads (best at 4096
+ * tokens on 4 x H200: 2 units at 48 SMs, 4 at 24, 6-7 at 16); more blocks balance
+ * better with 1, and few tokens need every warp busy: at least two grabs per warp. */
+__device__ unsigned units_per_grab(unsigned long long units, int G)
+{
+    const unsigned long long per_warp = units / (2ull * G * kWarps);
+    unsigned take = 96u / (unsigned)G;
+    if (take > 8u) take = 8u;
+    if (take > per_warp) take = (unsigned)per_warp;
+    return take ? take : 1u;
+}
+
 template <moea2a_datatype_t DT>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
@@ -723,15 +737,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     unsigned long long *next = c.next_cunit + (e & 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
-    /* A warp takes `take` consecutive units at a time, mostly one token's, so its map
-     * is read once for them, and asks for its next grab before reducing this one.
-     * Fewer SMs keep fewer reads in flight and lose more to the counter's round trip
-     * and those reads (best at 4096 tokens on 4 x H200: 2 units at 48 SMs, 4 at 24,
-     * 6-7 at 16); more blocks balance better with 1, and few tokens need every warp
-     * busy: at least two grabs per warp. */
-    const unsigned long long per_warp = units / (2ull * G * kWarps);
-    unsigned take = G >= 96 ? 1u : 96u / (unsigned)G < 8u ? 96u / (unsigned)G : 8u;
-    if (take > per_warp) take = per_warp > 1 ? (unsigned)per_warp : 1u;
+    /* a warp asks for its next grab before reducing this one */
+    const unsigned take = units_per_grab(units, G);
     const unsigned long long grabs = (units + take - 1) / take;
     unsigned long long taken = lane == 0 ? atomicAdd(next, 1ull) : 0;
     while (ok) {
