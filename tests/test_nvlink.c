@@ -318,13 +318,13 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 {
     int fails = 0;
     moea2a_comm_t comm;
-    if (start_rank(rank, n_ranks, id, *(int *)arg, "3", &comm)) return 1;
+    if (start_rank(rank, n_ranks, id, *(int *)arg, "3", &comm)) return printf("# rank %d: init failed\n", rank), 1;
     static ctx_t c;
     c.rank = rank, c.ep = n_ranks;
     const void *pays[1];
     moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     /* 1. rank 1 never dispatches: rank 0's kernel gives up after the timeout */
-    if (setup(&c, comm)) return 1;
+    if (setup(&c, comm)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), 1;
     pays[0] = c.d_pay;
     int n = upload_inputs(&c, 7, 3);
     if (rank == 0) {
@@ -342,12 +342,16 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         RANK_EXPECT(fails, rank, moea2a_combine(c.moe, NULL, c.d_out, c.s) == MOEA2A_ERR_TIMEOUT,
                     "the context stays failed after a device timeout");
     } else {
-        sleep(1); /* never dispatches; meets rank 0 again in the collective destroy */
+        /* never dispatches; meets rank 0 again in the collective destroy, which waits
+         * MOEA2A_TIMEOUT_S (3 s) at most: rank 0 gets there about 3 s after its dispatch
+         * (its kernel's timeout) plus however late that kernel started, which other
+         * tests' kernels on the same GPU can make a second or more, so wait as long */
+        sleep(3);
     }
     teardown(&c);
     /* 2. strides that differ, then 3. a peer whose checks fail */
     for (int round = 0; round < 2; round++) {
-        if (setup(&c, comm)) return fails + 1;
+        if (setup(&c, comm)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), fails + 1;
         pays[0] = c.d_pay;
         n = upload_inputs(&c, 11, round);
         int rt = round == 0 ? (rank == 0 ? CAP : CAP - 1) : 0, nn = round == 1 && rank == 1 ? CAP + 1 : n;

@@ -8,10 +8,13 @@
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
 # 32 48") the load/store path at those SM budgets, GENERIC=1 the generic path next to it,
-# SANITIZE_TESTS the tests run under compute-sanitizer, PROFILE=1 builds with the
+# SANITIZE_TESTS the tests run under compute-sanitizer (SANITIZE_TOOLS, SANITIZE_TIMEOUT), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
-# with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B).
+# with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B),
+# FLOORS="sms:MiB:chunk:issuers ..." first measures the floors under the benchmark's
+# numbers (NVLink ceilings, an event-timed empty kernel: bench/device/floors.cu) with
+# each of those settings, e.g. FLOORS="48:64:14336:3".
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,6 +43,10 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
   tail -12 "$OUT/build.log"
   make -j16 >>"$OUT/build.log" 2>&1 || { echo "make failed"; grep -m8 -iE 'error' "$OUT/build.log"; exit 1; }
   echo "== built"
+  if [ -n "${FLOORS:-}" ]; then
+    nvcc -O3 -arch=sm_"${ARCH:-90}" -o floors bench/device/floors.cu >>"$OUT/build.log" 2>&1 || echo "floors: build failed"
+    for c in $FLOORS; do IFS=: read -r sm mib chunk iss <<<"$c"; timeout 60 ./floors "$sm" "$mib" "$chunk" "$iss"; done
+  fi
   if [ "${CHECK:-1}" != 0 ]; then
     MOEA2A_TEST_EXPECT_NVLINK=1 timeout "${CHECK_TIMEOUT:-1500}" make -j8 check ${CHECK_TESTS:+TESTS="$CHECK_TESTS"} >"$OUT/check.log" 2>&1
     echo "== make check rc=$?"
@@ -47,9 +54,12 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     for t in test_gpu test_nvlink; do
       [ -f tests/$t.log ] && { grep -E '^(ok|not ok)' tests/$t.log; grep '^# ' tests/$t.log | head -20; }
     done
+    for l in tests/*.log; do # a failed test's whole log comes back
+      grep -qE '^(not ok|Bail out)' "$l" 2>/dev/null && cp "$l" "$OUT/" && echo "== $l:" && grep -vE '^ok ' "$l" | tail -25
+    done
   fi
   if [ "${SANITIZE:-1}" != 0 ]; then
-    for tool in memcheck racecheck; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
       # moea2a's kernels only: NCCL's own kernels and its start-up probes of kernel
       # images for other GPUs are NCCL's business (and reported as hazards/errors).
       for t in ${SANITIZE_TESTS:-test_gpu test_nvlink}; do

@@ -1,0 +1,387 @@
+/* The floors under moea2a_perf's numbers on this machine (developers' tool;
+ * bench/device/run.sh FLOORS="..." builds and runs it):
+ *  - NVLink ceilings, every GPU to all its peers at once: 16-byte stores and loads
+ *    from SMs (what the kernels do), the same with a flag raised per chunk after a
+ *    system-scope fence (what a pushed combine needs so rows can be reduced while
+ *    others are in flight), and each SM's bulk copy engine (cp.async.bulk). One
+ *    process drives every GPU through peer access; all kernels meet at a barrier
+ *    in GPU 0's memory, then each GPU times itself (globaltimer).
+ *  - what an event-timed call costs with nothing to do: an empty kernel between two
+ *    events, and back to back, with the launches queued behind a busy GPU.
+ *   floors [sms] [MiB per peer] [chunk bytes] [warps issuing bulk copies] */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+enum { ST16, LD16, ST16_SIG, BULK_ST, BULK_LD, BULK_PATH, BULK_PATH_SIG, MODES };
+static const char *mode_name[MODES] = {"st16 (SM stores)", "ld16 (SM loads)", "st16 + fence, flag per chunk",
+                                       "bulk store smem->peer", "bulk load peer->smem", "bulk local->smem->peers",
+                                       "bulk path + flag per chunk"};
+
+struct Args {
+    unsigned char *mine;        /* this GPU's buffer: [ngpu][per_peer] */
+    unsigned char *peer[8];     /* every GPU's buffer as this one reaches it */
+    unsigned int *bar;          /* GPU 0's barrier counter */
+    unsigned int bar_target;
+    unsigned long long *times;  /* this GPU: [0] start, [1] end (max over blocks) */
+    int me, ngpu;
+    size_t per_peer, chunk;
+    int issuers;                /* warps that issue bulk copies */
+    unsigned int *flags[8];     /* every GPU's landing flags, as this one reaches them */
+    unsigned long long *sink;
+};
+
+__device__ __forceinline__ unsigned long long now_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ void meet(const Args &a)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(a.bar) : "memory");
+        unsigned int v;
+        do {
+            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(a.bar) : "memory");
+        } while ((int)(v - a.bar_target) < 0);
+        if (blockIdx.x == 0) a.times[0] = now_ns();
+    }
+    __syncthreads();
+}
+
+__device__ void done(const Args &a)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) atomicMax(&a.times[1], now_ns());
+}
+
+/* chunk j of this GPU's work: destination (or source) peer and offset there */
+__device__ __forceinline__ void chunk_at(const Args &a, size_t j, int *peer, size_t *off)
+{
+    const int others = a.ngpu - 1;
+    *peer = (a.me + 1 + (int)(j % others)) % a.ngpu;
+    *off = (size_t)a.me * a.per_peer + (j / others) * a.chunk;
+}
+
+__global__ void sm_kernel(Args a, int load)
+{
+    meet(a);
+    const size_t chunks = a.per_peer / a.chunk * (a.ngpu - 1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, W = blockDim.x / 32;
+    int4 acc = make_int4(0, 0, 0, 0);
+    for (size_t j = blockIdx.x; j < chunks; j += gridDim.x) {
+        int q;
+        size_t off;
+        chunk_at(a, j, &q, &off);
+        const size_t vecs = a.chunk / 16;
+        int4 *remote = reinterpret_cast<int4 *>(a.peer[q] + off);
+        const int4 *local = reinterpret_cast<const int4 *>(a.mine + off);
+        constexpr int U = 4;
+        for (size_t i0 = (size_t)warp * 32 * U + lane; i0 < vecs; i0 += (size_t)W * 32 * U) {
+            int4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + 32 * u < vecs) v[u] = load ? remote[i0 + 32 * u] : __ldg(local + i0 + 32 * u);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + 32 * u < vecs) {
+                    if (load) acc.x ^= v[u].x, acc.y ^= v[u].y, acc.z ^= v[u].z, acc.w ^= v[u].w;
+                    else remote[i0 + 32 * u] = v[u];
+                }
+        }
+    }
+    if (acc.x == 0x12345678 && acc.y == 1) *a.sink = 1; /* keeps the loads */
+    done(a);
+}
+
+/* Each warp copies whole chunks (local load, peer store), then makes them visible
+ * (system-scope fence) and raises the peer's flag: what a pushed combine must do
+ * for its rows to be reduced while others are still in flight. */
+__global__ void sm_signal_kernel(Args a)
+{
+    meet(a);
+    const size_t chunks = a.per_peer / a.chunk * (a.ngpu - 1);
+    const int lane = threadIdx.x & 31, W = blockDim.x / 32;
+    for (size_t j = (size_t)blockIdx.x * W + threadIdx.x / 32; j < chunks; j += (size_t)gridDim.x * W) {
+        int q;
+        size_t off;
+        chunk_at(a, j, &q, &off);
+        const size_t vecs = a.chunk / 16;
+        int4 *remote = reinterpret_cast<int4 *>(a.peer[q] + off);
+        const int4 *local = reinterpret_cast<const int4 *>(a.mine + off);
+        constexpr int U = 4;
+        for (size_t i0 = lane; i0 < vecs; i0 += 32 * U) {
+            int4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + 32 * u < vecs) v[u] = __ldg(local + i0 + 32 * u);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + 32 * u < vecs) remote[i0 + 32 * u] = v[u];
+        }
+        __syncwarp();
+        if (lane == 0) {
+            __threadfence_system();
+            asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(a.flags[q] + a.me) : "memory");
+        }
+    }
+    done(a);
+}
+
+/* ---- the bulk copy engine ------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void bulk_wait()
+{
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+__device__ __forceinline__ void bar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+constexpr int kStages = 4;
+
+/* Each issuing warp (lane 0) streams its chunks with kStages in flight. mode:
+ * BULK_ST stores a fixed shared buffer into peers; BULK_LD loads peers' chunks into
+ * shared memory; BULK_PATH loads the chunk from this GPU's memory, then stores it to
+ * the peer (what a dispatch through shared memory would do); BULK_PATH_SIG also
+ * raises the peer's flag once each chunk's store is complete (a pushed combine). */
+__global__ void bulk_kernel(Args a, int mode)
+{
+    extern __shared__ __align__(128) unsigned char sm[];
+    __shared__ uint64_t bars[32][kStages];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (lane == 0 && warp < a.issuers)
+        for (int s = 0; s < kStages; s++) bar_init(&bars[warp][s]);
+    meet(a);
+    if (warp < a.issuers && lane == 0) {
+        unsigned char *buf = sm + (size_t)warp * kStages * a.chunk;
+        const size_t chunks = a.per_peer / a.chunk * (a.ngpu - 1);
+        const size_t stride = (size_t)gridDim.x * a.issuers;
+        uint32_t phase[kStages] = {0, 0, 0, 0};
+        size_t it = 0;
+        for (size_t j = (size_t)blockIdx.x * a.issuers + warp; j < chunks; j += stride, it++) {
+            int q;
+            size_t off;
+            chunk_at(a, j, &q, &off);
+            const int s = (int)(it % kStages);
+            unsigned char *st = buf + (size_t)s * a.chunk;
+            if (mode == BULK_ST) {
+                bulk_store(a.peer[q] + off, st, (uint32_t)a.chunk);
+                bulk_wait_read<kStages - 1>();
+            } else if (mode == BULK_LD) {
+                if (it >= kStages) bar_wait(&bars[warp][s], phase[s]), phase[s] ^= 1;
+                bulk_load(st, a.peer[q] + off, (uint32_t)a.chunk, &bars[warp][s]);
+            } else { /* load local, wait, store to the peer; stage reuse waits for the store */
+                if (mode == BULK_PATH_SIG) {
+                    bulk_wait<kStages - 1>(); /* the store kStages ago is complete: flag it */
+                    if (it >= kStages) {
+                        int q0;
+                        size_t off0;
+                        chunk_at(a, j - kStages * stride, &q0, &off0);
+                        asm volatile("fence.proxy.async.global;" ::: "memory");
+                        asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(a.flags[q0] + a.me) : "memory");
+                    }
+                } else {
+                    bulk_wait_read<kStages - 1>();
+                }
+                bulk_load(st, a.mine + off, (uint32_t)a.chunk, &bars[warp][s]);
+                bar_wait(&bars[warp][s], phase[s]), phase[s] ^= 1;
+                bulk_store(a.peer[q] + off, st, (uint32_t)a.chunk);
+            }
+        }
+        if (mode == BULK_LD)
+            for (size_t i = it > kStages ? it - kStages : 0; i < it; i++) {
+                const int s = (int)(i % kStages);
+                bar_wait(&bars[warp][s], phase[s]), phase[s] ^= 1;
+            }
+        bulk_wait_all();
+    }
+    done(a);
+}
+
+/* ---- the cost of an event-timed call ------------------------------------------------- */
+
+__global__ void spin(unsigned long long ns)
+{
+    const unsigned long long t0 = now_ns();
+    while (now_ns() - t0 < ns) {
+    }
+}
+
+__global__ void empty_kernel(unsigned long long *sink, int never)
+{
+    if (never == 12345 && threadIdx.x == 0) *sink = blockIdx.x;
+}
+
+/* GPU 0: the launches are queued behind a 20 ms spin, so the host's launch rate does
+ * not count; 48 blocks of 512 threads, as moea2a's kernels. */
+static void launch_floor(unsigned long long *sink)
+{
+    const int N = 200;
+    cudaEvent_t ev[N + 1];
+    cudaStream_t s;
+    CK(cudaSetDevice(0));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int i = 0; i <= N; i++) CK(cudaEventCreate(&ev[i]));
+    double between = 0, b2b = 0;
+    float ms;
+    spin<<<1, 1, 0, s>>>(20000000ull);
+    for (int i = 0; i < N; i++) {
+        CK(cudaEventRecord(ev[i], s));
+        empty_kernel<<<48, 512, 0, s>>>(sink, 0);
+    }
+    CK(cudaEventRecord(ev[N], s));
+    CK(cudaStreamSynchronize(s));
+    for (int i = 0; i < N; i++) {
+        CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+        between += ms;
+    }
+    spin<<<1, 1, 0, s>>>(20000000ull);
+    CK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < N; i++) empty_kernel<<<48, 512, 0, s>>>(sink, 0);
+    CK(cudaEventRecord(ev[1], s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    b2b = ms;
+    printf("# an empty kernel (48 x 512 threads): %.2f us between two events, %.2f us back to back\n", between / N * 1e3,
+           b2b / N * 1e3);
+    for (int i = 0; i <= N; i++) CK(cudaEventDestroy(ev[i]));
+    CK(cudaStreamDestroy(s));
+}
+
+int main(int argc, char **argv)
+{
+    int ngpu = 0;
+    if (cudaGetDeviceCount(&ngpu) != cudaSuccess) ngpu = 0;
+    if (ngpu < 2) {
+        printf("floors: needs 2 or more GPUs, found %d\n", ngpu);
+        return 0;
+    }
+    if (ngpu > 8) ngpu = 8;
+    const int sms = argc > 1 ? atoi(argv[1]) : 48;
+    const size_t chunk = argc > 3 ? atol(argv[3]) : 16384;
+    const size_t per_peer = ((argc > 2 ? atol(argv[2]) : 64) << 20) / (chunk ? chunk : 1) * chunk; /* whole chunks */
+    const int issuers = argc > 4 ? atoi(argv[4]) : 4;
+    const int threads = 512, reps = 5;
+    if (!chunk || chunk % 16 || issuers < 1 || issuers > 16) {
+        fprintf(stderr, "floors: the chunk must be a multiple of 16 bytes; 1-16 issuers\n");
+        return 2;
+    }
+    Args a[8];
+    cudaStream_t st[8];
+    unsigned int *bar = NULL;
+    for (int g = 0; g < ngpu; g++) {
+        CK(cudaSetDevice(g));
+        for (int h = 0; h < ngpu; h++)
+            if (h != g) {
+                int can = 0;
+                CK(cudaDeviceCanAccessPeer(&can, g, h));
+                if (!can) {
+                    printf("floors: GPU %d cannot reach GPU %d by load/store\n", g, h);
+                    return 0;
+                }
+                CK(cudaDeviceEnablePeerAccess(h, 0));
+            }
+        CK(cudaStreamCreateWithFlags(&st[g], cudaStreamNonBlocking));
+        a[g].me = g, a[g].ngpu = ngpu, a[g].per_peer = per_peer, a[g].chunk = chunk, a[g].issuers = issuers;
+        CK(cudaMalloc(&a[g].mine, per_peer * ngpu));
+        CK(cudaMemset(a[g].mine, g + 1, per_peer * ngpu));
+        CK(cudaMalloc(&a[g].times, 2 * sizeof(unsigned long long)));
+        CK(cudaMalloc(&a[g].sink, sizeof(unsigned long long)));
+        CK(cudaMalloc(&a[g].flags[g], 8 * sizeof(unsigned int)));
+        CK(cudaMemset(a[g].flags[g], 0, 8 * sizeof(unsigned int)));
+        if (g == 0) {
+            CK(cudaMalloc(&bar, sizeof(unsigned int)));
+            CK(cudaMemset(bar, 0, sizeof(unsigned int)));
+        }
+        CK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    }
+    for (int g = 0; g < ngpu; g++) {
+        a[g].bar = bar;
+        for (int h = 0; h < ngpu; h++) a[g].peer[h] = a[h].mine, a[g].flags[h] = a[h].flags[h];
+    }
+    const size_t smem = (size_t)issuers * kStages * chunk;
+    if (smem > 200 * 1024) {
+        fprintf(stderr, "floors: %d issuers x %d stages x %zu bytes is over 200 KiB of shared memory\n", issuers, kStages, chunk);
+        return 2;
+    }
+    printf("# floors: %d GPUs, %d SMs each, %.1f MiB to each peer, %zu-byte chunks, %d bulk issuers per SM, %d reps\n", ngpu,
+           sms, per_peer / 1048576.0, chunk, issuers, reps);
+    printf("# %-26s %12s %12s   (GB/s per GPU to/from all peers: min over GPUs, mean)\n", "mode", "min", "mean");
+    unsigned int target = 0;
+    for (int mode = 0; mode < MODES; mode++) {
+        double best_min = 0, best_mean = 0;
+        for (int r = 0; r < reps; r++) {
+            target += (unsigned int)(ngpu * sms);
+            for (int g = 0; g < ngpu; g++) {
+                CK(cudaSetDevice(g));
+                CK(cudaMemsetAsync(a[g].times, 0, 2 * sizeof(unsigned long long), st[g]));
+                a[g].bar_target = target;
+                if (mode == ST16 || mode == LD16) sm_kernel<<<sms, threads, 0, st[g]>>>(a[g], mode == LD16);
+                else if (mode == ST16_SIG) sm_signal_kernel<<<sms, threads, 0, st[g]>>>(a[g]);
+                else bulk_kernel<<<sms, threads, smem, st[g]>>>(a[g], mode);
+                CK(cudaGetLastError());
+            }
+            double mn = 1e30, sum = 0;
+            for (int g = 0; g < ngpu; g++) {
+                CK(cudaSetDevice(g));
+                CK(cudaStreamSynchronize(st[g]));
+                unsigned long long t[2];
+                CK(cudaMemcpy(t, a[g].times, sizeof(t), cudaMemcpyDeviceToHost));
+                const double gbs = (double)per_peer * (ngpu - 1) / (double)(t[1] - t[0]);
+                mn = gbs < mn ? gbs : mn, sum += gbs;
+            }
+            if (mn > best_min) best_min = mn, best_mean = sum / ngpu;
+        }
+        printf("  %-26s %12.1f %12.1f\n", mode_name[mode], best_min, best_mean);
+    }
+    launch_floor(a[0].sink);
+    return 0;
+}
