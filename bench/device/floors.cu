@@ -76,34 +76,45 @@ __device__ __forceinline__ void chunk_at(const Args &a, size_t j, int *peer, siz
     *off = (size_t)a.me * a.per_peer + (j / others) * a.chunk;
 }
 
+constexpr int kU = 4; /* 16-byte vectors per lane in flight */
+
+/* Chunk j's vectors first, first + step, ... (kU per lane at a time): loaded from the
+ * peer (load) or copied from here to the peer. Returns the loaded bits folded, so
+ * that the loads are kept. */
+__device__ int move_chunk(const Args &a, size_t j, size_t first, size_t step, bool load)
+{
+    int q;
+    size_t off;
+    chunk_at(a, j, &q, &off);
+    const size_t vecs = a.chunk / 16;
+    int4 *remote = reinterpret_cast<int4 *>(a.peer[q] + off);
+    const int4 *local = reinterpret_cast<const int4 *>(a.mine + off);
+    constexpr int U = kU;
+    int acc = 0;
+    for (size_t i0 = first; i0 < vecs; i0 += step * U) {
+        int4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + 32 * u < vecs) v[u] = load ? remote[i0 + 32 * u] : __ldg(local + i0 + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + 32 * u < vecs) {
+                if (load) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+                else remote[i0 + 32 * u] = v[u];
+            }
+    }
+    return acc;
+}
+
+/* Every warp of a block on the same chunk. */
 __global__ void sm_kernel(Args a, int load)
 {
     meet(a);
     const size_t chunks = a.per_peer / a.chunk * (a.ngpu - 1);
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, W = blockDim.x / 32;
-    int4 acc = make_int4(0, 0, 0, 0);
-    for (size_t j = blockIdx.x; j < chunks; j += gridDim.x) {
-        int q;
-        size_t off;
-        chunk_at(a, j, &q, &off);
-        const size_t vecs = a.chunk / 16;
-        int4 *remote = reinterpret_cast<int4 *>(a.peer[q] + off);
-        const int4 *local = reinterpret_cast<const int4 *>(a.mine + off);
-        constexpr int U = 4;
-        for (size_t i0 = (size_t)warp * 32 * U + lane; i0 < vecs; i0 += (size_t)W * 32 * U) {
-            int4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (i0 + 32 * u < vecs) v[u] = load ? remote[i0 + 32 * u] : __ldg(local + i0 + 32 * u);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (i0 + 32 * u < vecs) {
-                    if (load) acc.x ^= v[u].x, acc.y ^= v[u].y, acc.z ^= v[u].z, acc.w ^= v[u].w;
-                    else remote[i0 + 32 * u] = v[u];
-                }
-        }
-    }
-    if (acc.x == 0x12345678 && acc.y == 1) *a.sink = 1; /* keeps the loads */
+    int acc = 0;
+    for (size_t j = blockIdx.x; j < chunks; j += gridDim.x) acc ^= move_chunk(a, j, (size_t)warp * 32 * kU + lane, (size_t)W * 32, load);
+    if (acc == 0x12345678) *a.sink = 1; /* keeps the loads */
     done(a);
 }
 
@@ -116,24 +127,12 @@ __global__ void sm_signal_kernel(Args a)
     const size_t chunks = a.per_peer / a.chunk * (a.ngpu - 1);
     const int lane = threadIdx.x & 31, W = blockDim.x / 32;
     for (size_t j = (size_t)blockIdx.x * W + threadIdx.x / 32; j < chunks; j += (size_t)gridDim.x * W) {
-        int q;
-        size_t off;
-        chunk_at(a, j, &q, &off);
-        const size_t vecs = a.chunk / 16;
-        int4 *remote = reinterpret_cast<int4 *>(a.peer[q] + off);
-        const int4 *local = reinterpret_cast<const int4 *>(a.mine + off);
-        constexpr int U = 4;
-        for (size_t i0 = lane; i0 < vecs; i0 += 32 * U) {
-            int4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (i0 + 32 * u < vecs) v[u] = __ldg(local + i0 + 32 * u);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (i0 + 32 * u < vecs) remote[i0 + 32 * u] = v[u];
-        }
+        move_chunk(a, j, lane, 32, false);
         __syncwarp();
         if (lane == 0) {
+            int q;
+            size_t off;
+            chunk_at(a, j, &q, &off);
             __threadfence_system();
             asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(a.flags[q] + a.me) : "memory");
         }
