@@ -343,9 +343,10 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
                     "the context stays failed after a device timeout");
     } else {
         /* never dispatches; meets rank 0 again in the collective destroy, which waits
-         * MOEA2A_TIMEOUT_S (3 s) at most: rank 0 gets there about 3 s after its dispatch
-         * (its kernel's timeout) plus however late that kernel started, which other
-         * tests' kernels on the same GPU can make a second or more, so wait as long */
+         * MOEA2A_TIMEOUT_S (3 s) at most. Rank 0 gets there 3 s (its kernel's timeout)
+         * after its dispatch, plus however late that kernel started, which other tests'
+         * kernels on the same GPU can make a second or more: waiting 3 s here keeps the
+         * two arrivals that close, not that plus 2 s apart */
         sleep(3);
     }
     teardown(&c);

@@ -8,7 +8,8 @@
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
 # 32 48") the load/store path at those SM budgets, GENERIC=1 the generic path next to it,
-# SANITIZE_TESTS the tests run under compute-sanitizer (SANITIZE_TOOLS, SANITIZE_TIMEOUT), PROFILE=1 builds with the
+# SANITIZE_TESTS the tests run under compute-sanitizer (with SANITIZE_TOOLS, default
+# "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
 # with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B),
@@ -54,8 +55,8 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     for t in test_gpu test_nvlink; do
       [ -f tests/$t.log ] && { grep -E '^(ok|not ok)' tests/$t.log; grep '^# ' tests/$t.log | head -20; }
     done
-    for l in tests/*.log; do # a failed test's whole log comes back
-      grep -qE '^(not ok|Bail out)' "$l" 2>/dev/null && cp "$l" "$OUT/" && echo "== $l:" && grep -vE '^ok ' "$l" | tail -25
+    for r in $(grep -lE '^:global-test-result: (FAIL|ERROR)' tests/*.trs 2>/dev/null); do # failed tests' logs come back
+      l=${r%.trs}.log; cp "$l" "$OUT/"; echo "== $l:"; grep -vE '^ok ' "$l" | tail -25
     done
   fi
   if [ "${SANITIZE:-1}" != 0 ]; then
