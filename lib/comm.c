@@ -251,16 +251,18 @@ moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn)
     if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
     if (comm->broken != MOEA2A_SUCCESS)
         return m2a_error(comm, MOEA2A_ERR_ABORTED,
-                         "%s: the communicator is unusable after an earlier failure (%s); destroy it", fn,
-                         moea2a_strerror(comm->broken));
+                         "%s: the communicator is unusable after an earlier failure (%s: %s); destroy it", fn,
+                         moea2a_strerror(comm->broken), comm->broken_why);
     return MOEA2A_SUCCESS;
 }
 
 moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
 {
     if (r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TRANSPORT ||
-        r == MOEA2A_ERR_MISMATCH || r == MOEA2A_ERR_INTERNAL)
+        r == MOEA2A_ERR_MISMATCH || r == MOEA2A_ERR_INTERNAL) {
+        if (comm->broken == MOEA2A_SUCCESS) memcpy(comm->broken_why, comm->last_error, sizeof(comm->broken_why));
         comm->broken = r;
+    }
     return r;
 }
 
@@ -282,6 +284,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
 moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm)
 {
     if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_abort: comm is NULL");
+    if (comm->broken == MOEA2A_SUCCESS) snprintf(comm->broken_why, sizeof(comm->broken_why), "aborted by the application");
     comm->broken = MOEA2A_ERR_ABORTED;
     M2A_INFO(M2A_SUBSYS_INIT, "communicator aborted by the application");
     return MOEA2A_SUCCESS;

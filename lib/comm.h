@@ -29,6 +29,7 @@ struct moea2a_comm {
     /* != MOEA2A_SUCCESS after a failure that leaves peers out of step (timeout,
      * dead peer, abort): every later call returns MOEA2A_ERR_ABORTED. */
     moea2a_result_t broken;
+    char broken_why[M2A_ERRMSG_LEN]; /* the message of the failure that broke it */
     char last_error[M2A_ERRMSG_LEN];
 };
 

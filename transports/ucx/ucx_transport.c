@@ -18,14 +18,25 @@
 
 enum { OP_ALLTOALLV = 1, OP_ALLGATHER, OP_BCAST, OP_BARRIER };
 
+typedef struct ucx_comm ucx_comm_t;
+
+/* What UCX's error callback gets: the rank behind the endpoint. */
 typedef struct {
+    ucx_comm_t *c;
+    int rank;
+} peer_ref_t;
+
+struct ucx_comm {
     const moea2a_core_v1_t *core;
     int rank, nranks;
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_ep_h *eps;
+    peer_ref_t *refs;       /* [nranks], the error callback's argument per endpoint */
+    ucs_status_t *failed;   /* [nranks]: UCS_OK, or why UCX gave up on that rank */
+    int first_failed;       /* the first rank UCX reported dead, -1 while none */
     uint32_t seq;
-} ucx_comm_t;
+};
 
 typedef struct {
     void *req;          /* UCX request; NULL once complete */
@@ -63,6 +74,7 @@ static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **add
     c->core = core;
     c->rank = core->rank;
     c->nranks = core->nranks;
+    c->first_failed = -1;
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) {
@@ -70,6 +82,21 @@ static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **add
         free(c);
         return r;
     }
+    /* UCX probes idle peers every 20 s by default, longer than a typical
+     * MOEA2A_TIMEOUT_S: probe often enough that a dead peer is named before the
+     * core's timeout expires, unless the user chose an interval. */
+    if (!getenv("UCX_KEEPALIVE_INTERVAL")) {
+        char iv[32];
+        double t = core->timeout_s / 4 < 1.0 ? core->timeout_s / 4 : 1.0;
+        snprintf(iv, sizeof(iv), "%.0fms", t < 0.05 ? 50.0 : t * 1000.0);
+        ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", iv);
+    }
+    /* Shared memory takes part in peer-failure handling only when asked (UCX keeps
+     * it off by default); without this, peer error mode would move intra-node
+     * traffic to TCP. */
+    if (!getenv("UCX_MM_ERROR_HANDLING") && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING"))
+        if (ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y") != UCS_OK)
+            log_msg(c, 1, "ucx: this UCX cannot enable shared-memory error handling; peers on this node may use TCP");
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                       .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
     st = ucp_init(&p, cfg, &c->ctx);
@@ -103,18 +130,39 @@ static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **add
     return *addr ? MOEA2A_SUCCESS : MOEA2A_ERR_NO_MEMORY;
 }
 
+/* UCX calls this from ucp_worker_progress when it gives up on a peer. Without it
+ * (the default error mode) a peer that dies in the middle of a shared-memory copy
+ * makes UCX abort the survivors. */
+static void peer_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    peer_ref_t *ref = arg;
+    ucx_comm_t *c = ref->c;
+    (void)ep;
+    if (c->failed[ref->rank] != UCS_OK) return;
+    c->failed[ref->rank] = status;
+    if (c->first_failed < 0) c->first_failed = ref->rank;
+    log_msg(c, 1, "ucx: rank %d is unreachable: %s", ref->rank, ucs_status_string(status));
+}
+
 static int ucx_connect(void *tcomm, const void *const *addrs, const size_t *lens)
 {
     ucx_comm_t *c = tcomm;
     c->eps = calloc((size_t)c->nranks, sizeof(*c->eps));
-    if (!c->eps) return MOEA2A_ERR_NO_MEMORY;
-    /* Plain error mode: asking UCX for peer-failure detection would exclude the
-     * shared-memory transports (they cannot detect failures) and move intra-node
-     * traffic to TCP. Dead peers are caught by the core's timeout instead. */
+    c->refs = calloc((size_t)c->nranks, sizeof(*c->refs));
+    c->failed = calloc((size_t)c->nranks, sizeof(*c->failed));
+    if (!c->eps || !c->refs || !c->failed) return MOEA2A_ERR_NO_MEMORY;
     (void)lens;
     for (int r = 0; r < c->nranks; r++) {
+        c->refs[r] = (peer_ref_t){c, r};
+        /* Peer error mode on every endpoint but our own (a process cannot outlive
+         * itself, and UCX's loopback transport has no failure handling). */
         ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                               .address = (const ucp_address_t *)addrs[r]};
+        if (r != c->rank) {
+            ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+            ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+            ep.err_handler = (ucp_err_handler_t){.cb = peer_failed, .arg = &c->refs[r]};
+        }
         ucs_status_t st = ucp_ep_create(c->worker, &ep, &c->eps[r]);
         if (st != UCS_OK) {
             c->eps[r] = NULL;
@@ -131,8 +179,10 @@ static void ucx_finalize(void *tcomm, int force)
         double deadline = m2a_now() + (force ? 1.0 : c->core->timeout_s);
         for (int r = 0; r < c->nranks; r++) {
             if (!c->eps[r]) continue;
+            /* A peer UCX reported dead cannot take part in a graceful close. */
+            int hard = force || (c->failed && c->failed[r] != UCS_OK);
             ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                     .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+                                     .flags = hard ? UCP_EP_CLOSE_FLAG_FORCE : 0};
             void *req = ucp_ep_close_nbx(c->eps[r], &p);
             if (UCS_PTR_IS_PTR(req)) {
                 while (ucp_request_check_status(req) == UCS_INPROGRESS && m2a_now() < deadline)
@@ -144,6 +194,8 @@ static void ucx_finalize(void *tcomm, int force)
     if (c->worker) ucp_worker_destroy(c->worker);
     if (c->ctx) ucp_cleanup(c->ctx);
     free(c->eps);
+    free(c->refs);
+    free(c->failed);
     free(c);
 }
 
@@ -159,6 +211,8 @@ static ucx_op_t *op_new(int n)
     return op;
 }
 
+static int status_error(ucx_comm_t *c, const slot_t *s, ucs_status_t st);
+
 static int post_send(ucx_comm_t *c, ucx_op_t *op, int peer, const void *buf, size_t len, ucp_tag_t tag, unsigned mem)
 {
     slot_t *s = &op->slots[op->n++];
@@ -166,9 +220,7 @@ static int post_send(ucx_comm_t *c, ucx_op_t *op, int peer, const void *buf, siz
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
                              .memory_type = mem == MOEA2A_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
     void *req = ucp_tag_send_nbx(c->eps[peer], buf, len, tag, &p);
-    if (UCS_PTR_IS_ERR(req))
-        return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: send to rank %d failed: %s", peer,
-                    ucs_status_string(UCS_PTR_STATUS(req)));
+    if (UCS_PTR_IS_ERR(req)) return status_error(c, s, UCS_PTR_STATUS(req));
     s->req = req;
     if (req) op->pending++;
     return MOEA2A_SUCCESS;
@@ -185,9 +237,7 @@ static int post_recv(ucx_comm_t *c, ucx_op_t *op, int peer, void *buf, size_t le
                              .memory_type = mem == MOEA2A_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
                              .recv_info.tag_info = &s->info};
     void *req = ucp_tag_recv_nbx(c->worker, buf, len, tag, (ucp_tag_t)-1, &p);
-    if (UCS_PTR_IS_ERR(req))
-        return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: receive from rank %d failed: %s", peer,
-                    ucs_status_string(UCS_PTR_STATUS(req)));
+    if (UCS_PTR_IS_ERR(req)) return status_error(c, s, UCS_PTR_STATUS(req));
     s->req = req;
     if (req) op->pending++;
     else if (s->info.length != len)
@@ -299,18 +349,13 @@ static int ucx_barrier(void *tcomm, void **out)
 static int status_error(ucx_comm_t *c, const slot_t *s, ucs_status_t st)
 {
     const char *dir = s->is_recv ? "receive from" : "send to";
-    switch (st) {
-    case UCS_ERR_MESSAGE_TRUNCATED:
+    if (st == UCS_ERR_MESSAGE_TRUNCATED)
         return fail(c, MOEA2A_ERR_MISMATCH, "rank %d sent more than the %zu bytes this rank expected", s->peer, s->expect);
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_UNREACHABLE:
-    case UCS_ERR_CANCELED:
-        return fail(c, MOEA2A_ERR_PEER_FAILED, "ucx: %s rank %d failed: %s (peer died?)", dir, s->peer,
-                    ucs_status_string(st));
-    default:
-        return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: %s rank %d failed: %s", dir, s->peer, ucs_status_string(st));
-    }
+    if (c->failed[s->peer] != UCS_OK || st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT ||
+        st == UCS_ERR_UNREACHABLE || st == UCS_ERR_CANCELED || st == UCS_ERR_NOT_CONNECTED)
+        return fail(c, MOEA2A_ERR_PEER_FAILED, "ucx: %s rank %d failed: rank %d died or became unreachable (%s)", dir,
+                    s->peer, s->peer, ucs_status_string(c->failed[s->peer] != UCS_OK ? c->failed[s->peer] : st));
+    return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: %s rank %d failed: %s", dir, s->peer, ucs_status_string(st));
 }
 
 static int ucx_test(void *tcomm, void *opaque, int *done)
@@ -322,6 +367,12 @@ static int ucx_test(void *tcomm, void *opaque, int *done)
         slot_t *s = &op->slots[i];
         if (!s->req) continue;
         ucs_status_t st = ucp_request_check_status(s->req);
+        /* A receive is posted on the worker, not on the endpoint, so UCX never fails
+         * it when the sender dies: the error callback's verdict ends it. */
+        if (st == UCS_INPROGRESS && c->failed[s->peer] != UCS_OK) {
+            op->pending--;
+            return status_error(c, s, c->failed[s->peer]);
+        }
         if (st == UCS_INPROGRESS) continue;
         if (st == UCS_OK && s->is_recv) ucp_tag_recv_request_test(s->req, &s->info);
         ucp_request_free(s->req);

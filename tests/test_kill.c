@@ -1,0 +1,183 @@
+/* Dead peers at random moments: every rank loops over MoE dispatch + combine or over
+ * alltoallv (host memory, UCX) while one rank is killed with SIGKILL by a thread of
+ * its own after a random delay, so the death lands anywhere in a call. Each
+ * survivor must
+ *   - not die itself (UCX used to abort survivors from its shared-memory transport),
+ *   - return MOEA2A_ERR_PEER_FAILED naming the dead rank, or MOEA2A_ERR_TIMEOUT,
+ *     within MOEA2A_TIMEOUT_S + 1 s of the kill,
+ *   - then destroy its communicator within a second.
+ * MOEA2A_KILL_RUNS (default 20) sets the number of kills; runs alternate 2 and 4
+ * ranks, MoE and alltoallv, UCX_TLS=self,sm and UCX's default transports. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "local_ranks.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#define TIMEOUT_S 2.0
+#define BOUND_S (TIMEOUT_S + 1.0)
+#define MAX_RANKS 4
+
+/* Shared between the forked ranks and the parent (MAP_SHARED before the fork). */
+typedef struct {
+    volatile double kill_time; /* CLOCK_MONOTONIC, system-wide */
+    volatile int verdicts;     /* survivors that have their error */
+    struct {
+        int result, named, iters;
+        double after_kill, destroy_s;
+    } rank[MAX_RANKS];
+} board_t;
+
+typedef struct {
+    board_t *board;
+    int victim, moe;
+    unsigned delay_us;
+} run_t;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *killer(void *arg)
+{
+    run_t *run = arg;
+    usleep(run->delay_us);
+    run->board->kill_time = now();
+    __sync_synchronize();
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+typedef struct {
+    moea2a_moe_t moe;
+    int32_t ids[8 * 2];
+    uint16_t x[8 * 16], y[8 * 16], expert_out[MAX_RANKS * 8 * 16];
+    int64_t c[MAX_RANKS], d[MAX_RANKS];
+    int32_t s[MAX_RANKS * 64], r[MAX_RANKS * 64];
+} work_t;
+
+static moea2a_result_t one_step(moea2a_comm_t comm, int n, int rank, int moe, work_t *w, int it)
+{
+    if (!moe) return moea2a_alltoallv(w->s, w->c, w->d, w->r, w->c, w->d, MOEA2A_INT32, comm, NULL);
+    for (int t = 0; t < 8; t++) w->ids[2 * t] = (t + it + rank) % 16, w->ids[2 * t + 1] = (t * 3 + it) % 16;
+    const void *payloads[1] = {w->x};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t r = moea2a_dispatch(w->moe, 8, w->ids, NULL, payloads, 0, &res, NULL);
+    if (r != MOEA2A_SUCCESS) return r;
+    (void)n;
+    return moea2a_combine(w->moe, w->expert_out, w->y, NULL);
+}
+
+static int looping_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    run_t *run = arg;
+    board_t *b = run->board;
+    int fails = 0;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) {
+        printf("# rank %d: init: %s\n", rank, moea2a_last_error(NULL));
+        return 1;
+    }
+    static work_t w;
+    for (int p = 0; p < n; p++) w.c[p] = 64, w.d[p] = 64 * p;
+    if (run->moe) {
+        moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+        mc.num_experts = 16, mc.top_k = 2, mc.max_tokens_per_rank = 8, mc.hidden = 16;
+        mc.memory = MOEA2A_MEMORY_HOST, mc.num_payloads = 1;
+        mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 16};
+        if (moea2a_moe_create(&w.moe, comm, &mc)) {
+            printf("# rank %d: moe_create: %s\n", rank, moea2a_last_error(comm));
+            return 1;
+        }
+    }
+    /* Every rank starts its loop together, so the kill lands inside the loop. */
+    if (moea2a_barrier(comm)) return 1;
+    if (rank == run->victim) {
+        pthread_t t;
+        pthread_create(&t, NULL, killer, run);
+    }
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    int it = 0;
+    while (r == MOEA2A_SUCCESS && it < 1000000) r = one_step(comm, n, rank, run->moe, &w, it++);
+    double t_err = now();
+    if (rank == run->victim) pause(); /* the killer thread ends this process */
+    char want[32];
+    snprintf(want, sizeof(want), "rank %d", run->victim);
+    const char *msg = moea2a_last_error(comm);
+    b->rank[rank].result = r;
+    b->rank[rank].iters = it;
+    b->rank[rank].named = r == MOEA2A_ERR_PEER_FAILED && strstr(msg, want) != NULL;
+    b->rank[rank].after_kill = b->kill_time > 0 ? t_err - b->kill_time : -1;
+    RANK_EXPECT(fails, rank, r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TIMEOUT,
+                "expected PEER_FAILED or TIMEOUT, got %s: %s", moea2a_strerror(r), msg);
+    RANK_EXPECT(fails, rank, r != MOEA2A_ERR_PEER_FAILED || b->rank[rank].named,
+                "PEER_FAILED does not name the dead rank %d: %s", run->victim, msg);
+    RANK_EXPECT(fails, rank, b->kill_time > 0 && t_err - b->kill_time <= BOUND_S,
+                "error %.2f s after the kill (bound %.1f s)", t_err - b->kill_time, BOUND_S);
+    /* Hold the communicator until every survivor has its verdict: a survivor that
+     * tears down first would be reported as a second failure by the others. */
+    __sync_fetch_and_add(&b->verdicts, 1);
+    for (double t0 = now(); b->verdicts < n - 1 && now() - t0 < BOUND_S + 1;) usleep(1000);
+    double t0 = now();
+    if (run->moe) moea2a_moe_destroy(w.moe);
+    moea2a_comm_destroy(comm);
+    b->rank[rank].destroy_s = now() - t0;
+    RANK_EXPECT(fails, rank, now() - t0 < 1.0, "destroy after the failure took %.2f s", now() - t0);
+    return fails;
+}
+
+int main(void)
+{
+    int runs = getenv("MOEA2A_KILL_RUNS") ? atoi(getenv("MOEA2A_KILL_RUNS")) : 20;
+    char tv[16];
+    snprintf(tv, sizeof(tv), "%g", TIMEOUT_S);
+    setenv("MOEA2A_TIMEOUT_S", tv, 1);
+    const char *tls0 = getenv("UCX_TLS");
+    char tls_saved[128];
+    snprintf(tls_saved, sizeof(tls_saved), "%s", tls0 ? tls0 : "");
+    board_t *b = mmap(NULL, sizeof(board_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return 1;
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    int survivors = 0, named = 0, timeouts = 0, signalled = 0;
+    double worst = 0, sum_named = 0;
+    for (int i = 0; i < runs; i++) {
+        int n = i % 2 ? 4 : 2, moe = (i / 2) % 2, default_tls = (i / 4) % 2;
+        if (default_tls) unsetenv("UCX_TLS");
+        else setenv("UCX_TLS", "self,sm", 1);
+        memset(b, 0, sizeof(*b));
+        run_t run = {b, rand() % n, moe, (unsigned)(rand() % 40000)};
+        local_ranks_result_t res;
+        local_ranks_run(n, looping_rank, &run, 60.0, &res);
+        int ok = res.hung == 0;
+        for (int r = 0; r < n; r++) {
+            if (r == run.victim) {
+                ok &= res.exit_codes[r] == 128 + SIGKILL;
+                continue;
+            }
+            survivors++;
+            signalled += res.exit_codes[r] >= 128;
+            ok &= res.exit_codes[r] == 0;
+            if (b->rank[r].named) named++, sum_named += b->rank[r].after_kill;
+            else if (b->rank[r].result == MOEA2A_ERR_TIMEOUT) timeouts++;
+            if (b->rank[r].after_kill > worst) worst = b->rank[r].after_kill;
+        }
+        tap_ok(ok, "kill %d: %d ranks, %s, UCX_TLS=%s, rank %d killed after %.1f ms: survivors fail cleanly in time",
+               i + 1, n, moe ? "dispatch/combine" : "alltoallv", default_tls ? "(default)" : "self,sm", run.victim,
+               run.delay_us / 1000.0);
+    }
+    if (*tls_saved) setenv("UCX_TLS", tls_saved, 1);
+    tap_diag("%d survivors: %d killed by a signal, %d PEER_FAILED naming the dead rank (mean %.3f s after the kill), "
+             "%d TIMEOUT; slowest %.2f s (bound %.1f s)",
+             survivors, signalled, named, named ? sum_named / named : 0.0, timeouts, worst, BOUND_S);
+    return tap_done();
+}
