@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "moea2a.h"
 
 #define M2A_ID_MAGIC 0x6d6f65613261ULL /* "moea2a" */
@@ -14,8 +15,9 @@
 /* What a moea2a_unique_id_t holds. */
 typedef struct {
     uint64_t magic;
-    uint64_t nonce; /* random per id, so a stale or foreign connection is rejected */
+    uint64_t tag; /* random per id (public): names the rendezvous, so a stale id is told apart */
     struct sockaddr_in root;
+    uint8_t key[M2A_KEY_BYTES]; /* secret: proves a rank holds the id; never sent */
 } m2a_id_t;
 
 typedef struct {
@@ -26,16 +28,37 @@ typedef struct {
 typedef struct m2a_bootstrap {
     int rank, nranks;
     int listen_fd, next_fd, prev_fd;
-    uint64_t nonce;
+    uint64_t tag;
+    uint8_t key[M2A_KEY_BYTES];
     uint32_t seq;
     double timeout_s;
     m2a_peer_info_t *peers; /* [nranks]: address and host name of every rank */
 } m2a_bootstrap_t;
 
-/* Starts a rendezvous service (a detached thread) listening on *root (port 0 picks
- * one) and fills id. The service ends once every rank joined, or at the timeout. */
-moea2a_result_t m2a_bootstrap_serve(m2a_id_t *id, const struct sockaddr_in *root, uint64_t nonce,
-                                    double timeout_s);
+/* rendezvous.c: starts the rendezvous service of id (a detached thread) listening
+ * on id->root (port 0 picks one, written back). It admits ranks that prove they hold
+ * id->key, and ends once every rank joined, or at the timeout. */
+moea2a_result_t m2a_bootstrap_serve(m2a_id_t *id, double timeout_s);
+
+/* The rendezvous messages, shared by the service and the joining ranks. */
+typedef struct { /* rank -> root, after the root's challenge */
+    uint64_t magic, tag;
+    int32_t rank, nranks;
+    uint8_t challenge[16]; /* the rank's, for the root's reply */
+    m2a_peer_info_t self;
+    uint8_t mac[M2A_MAC_BYTES];
+} m2a_hello_t;
+
+typedef struct { /* root -> rank; on success followed by nranks m2a_peer_info_t */
+    int32_t result;
+    int32_t nranks;
+    char msg[512];
+    uint8_t mac[M2A_MAC_BYTES]; /* over the reply before it and the peer table after it */
+} m2a_reply_t;
+
+/* The MAC of a reply (and its peer table, NULL when it has none) to hello h. */
+void m2a_reply_mac(const uint8_t *key, const m2a_hello_t *h, const m2a_reply_t *rep, const m2a_peer_info_t *peers,
+                   uint8_t out[M2A_MAC_BYTES]);
 /* Joins the rendezvous of id as rank of nranks, then links the ring. */
 moea2a_result_t m2a_bootstrap_join(moea2a_comm_t comm, const m2a_id_t *id, int rank, int nranks,
                                    double timeout_s, m2a_bootstrap_t **out);

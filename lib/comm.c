@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
+#include "auth.h"
 #include "clock.h"
 #include "comm.h"
 #include "log.h"
@@ -53,13 +53,13 @@ moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
     char why[128];
     if (m2a_sock_pick_addr(&addr, why, sizeof(why)))
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: %s", why);
-    uint64_t nonce = 0;
-    if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce) || nonce == 0)
-        nonce = (uint64_t)(uintptr_t)&nonce ^ (uint64_t)(m2a_now() * 1e9) ^ 1;
-    m2a_id_t id;
-    M2A_TRY(m2a_bootstrap_serve(&id, &addr, nonce, timeout));
+    m2a_id_t id = {.magic = M2A_ID_MAGIC, .root = addr};
+    M2A_TRY(m2a_random(&id.tag, sizeof(id.tag)));
+    M2A_TRY(m2a_random(id.key, sizeof(id.key)));
+    M2A_TRY(m2a_bootstrap_serve(&id, timeout));
     memset(uid, 0, sizeof(*uid));
     memcpy(uid->internal, &id, sizeof(id));
+    memset(id.key, 0, sizeof(id.key));
     return MOEA2A_SUCCESS;
 }
 
@@ -185,18 +185,27 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
                          "moea2a_comm_init_env: set MOEA2A_ROOT_ADDR=host:port (an address of the node that "
                          "runs rank 0, and a free port)");
     }
+    /* The tag only names the rendezvous; what admits a rank is the key, which comes
+     * from the launcher (MOEA2A_KEY, MOEA2A_KEY_FILE) and never from public values. */
     m2a_id_t id = {.magic = M2A_ID_MAGIC};
-    char nonce_text[600];
-    snprintf(nonce_text, sizeof(nonce_text), "%s|%s|%ld", root_text, jid, nranks);
-    id.nonce = fnv1a(nonce_text);
+    char tag_text[600];
+    snprintf(tag_text, sizeof(tag_text), "%s|%s|%ld", root_text, jid, nranks);
+    id.tag = fnv1a(tag_text);
+    int have_key;
+    M2A_TRY(m2a_env_key(id.key, &have_key));
+    if (!have_key) {
+        static int warned;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            M2A_WARN(M2A_SUBSYS_INIT, "moea2a_comm_init_env: the rendezvous is unauthenticated: any process that "
+                     "can reach %s can join as a rank; set MOEA2A_KEY or MOEA2A_KEY_FILE on every rank", root_text);
+        m2a_sha256(tag_text, strlen(tag_text), id.key);
+    }
     if (m2a_sock_parse_addr(root_text, &id.root) || id.root.sin_port == 0)
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
                          "moea2a_comm_init_env: MOEA2A_ROOT_ADDR='%s' is not host:port", root_text);
-    if (rank == 0) {
-        moea2a_config_t cfg;
-        M2A_TRY(read_config(config, &cfg));
-        M2A_TRY(m2a_bootstrap_serve(&id, &id.root, id.nonce, cfg.timeout_s));
-    }
+    moea2a_config_t cfg;
+    M2A_TRY(read_config(config, &cfg));
+    if (rank == 0) M2A_TRY(m2a_bootstrap_serve(&id, cfg.timeout_s));
     M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
              root_text);
     return comm_init(comm, (int)nranks, &id, (int)rank, config, NULL);

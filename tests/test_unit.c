@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "bootstrap.h"
 #include "error.h"
 #include "log.h"
@@ -167,11 +168,43 @@ static void *ring_rank(void *p)
     return NULL;
 }
 
+static int hex_is(const uint8_t *d, const char *hex)
+{
+    char buf[65];
+    for (int i = 0; i < 32; i++) snprintf(buf + 2 * i, 3, "%02x", d[i]);
+    return !strcmp(buf, hex);
+}
+
+/* FIPS 180-4 examples and RFC 4231 cases 1 and 2 (HMAC pads a short key with zeros
+ * to the block size, so the 20- and 4-byte keys are the same keys zero-padded to 32). */
+static void test_auth(void)
+{
+    uint8_t d[32], key[32] = {0};
+    m2a_sha256("abc", 3, d);
+    tap_ok(hex_is(d, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"), "SHA-256 of 'abc'");
+    static const char two[] = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    m2a_sha256(two, strlen(two), d);
+    tap_ok(hex_is(d, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"), "SHA-256, two blocks");
+    memset(key, 0x0b, 20);
+    m2a_part_t p1[2] = {{"Hi ", 3}, {"There", 5}};
+    m2a_hmac(key, p1, 2, d);
+    tap_ok(hex_is(d, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"), "HMAC-SHA256, RFC 4231 case 1");
+    memset(key, 0, sizeof(key));
+    memcpy(key, "Jefe", 4);
+    m2a_part_t p2[1] = {{"what do ya want for nothing?", 28}};
+    m2a_hmac(key, p2, 1, d);
+    tap_ok(hex_is(d, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"), "HMAC-SHA256, RFC 4231 case 2");
+    uint8_t a[32] = {0}, b[32] = {0};
+    b[31] = 1;
+    tap_ok(m2a_equal_ct(a, a, 32) && !m2a_equal_ct(a, b, 32), "constant-time comparison");
+}
+
 static void test_bootstrap_ring(void)
 {
-    struct sockaddr_in root = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    m2a_id_t id;
-    tap_ok(m2a_bootstrap_serve(&id, &root, 0x1234, 20.0) == MOEA2A_SUCCESS, "rendezvous service starts");
+    m2a_id_t id = {.magic = M2A_ID_MAGIC, .tag = 0x1234,
+                   .root = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)}};
+    memset(id.key, 0x5a, sizeof(id.key));
+    tap_ok(m2a_bootstrap_serve(&id, 20.0) == MOEA2A_SUCCESS, "rendezvous service starts");
     pthread_t t[RING_N];
     ring_arg_t a[RING_N];
     for (int r = 0; r < RING_N; r++) {
@@ -191,6 +224,7 @@ int main(void)
     test_datatypes();
     test_params();
     test_addresses();
+    test_auth();
     test_bootstrap_ring();
     return tap_done();
 }

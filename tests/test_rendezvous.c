@@ -1,0 +1,179 @@
+/* The rendezvous under attack, from processes on the same host:
+ *   - a forged join (no key, or a wrong key) gets no byte of the answer and no place;
+ *   - moea2a_comm_init_env with MOEA2A_KEY: an impostor that starts first as rank 1
+ *     is refused, and the real ranks still form the communicator;
+ *   - 200 idle and 20 garbage connections at the root do not delay a 4-rank init
+ *     (each would have cost up to 5 s when the root served connections one by one). */
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#define IDLE 200
+#define GARBAGE 20
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int connect_to(const struct sockaddr_in *a)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (const struct sockaddr *)a, sizeof(*a))) close(fd), fd = -1;
+    return fd;
+}
+
+/* Forks nranks processes that init on id, allgather their ranks and destroy; the
+ * number of ranks that failed. */
+static int run_ranks(int nranks, moea2a_unique_id_t id)
+{
+    pid_t pids[8];
+    for (int r = 0; r < nranks; r++) {
+        if ((pids[r] = fork()) != 0) continue;
+        moea2a_comm_t comm;
+        int32_t me = r, all[8] = {0}, bad = 0;
+        if (moea2a_comm_init_rank(&comm, nranks, id, r, NULL)) {
+            printf("# rank %d: %s\n", r, moea2a_last_error(NULL));
+            fflush(stdout);
+            _exit(1);
+        }
+        bad = moea2a_allgather(&me, all, 1, MOEA2A_INT32, comm, NULL) != MOEA2A_SUCCESS;
+        for (int q = 0; q < nranks; q++) bad |= all[q] != q;
+        bad |= moea2a_comm_destroy(comm) != MOEA2A_SUCCESS;
+        _exit(bad);
+    }
+    int failed = 0;
+    for (int r = 0; r < nranks; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        failed += !WIFEXITED(st) || WEXITSTATUS(st);
+    }
+    return failed;
+}
+
+static double timed_init(int nranks, int junk)
+{
+    moea2a_unique_id_t uid;
+    if (moea2a_get_unique_id(&uid)) return -1;
+    m2a_id_t id;
+    memcpy(&id, uid.internal, sizeof(id));
+    int fds[IDLE + GARBAGE], nfd = 0;
+    for (int i = 0; junk && i < IDLE + GARBAGE; i++) {
+        int fd = connect_to(&id.root);
+        if (fd < 0) continue;
+        fds[nfd++] = fd;
+        if (i >= IDLE) { /* garbage: junk of every length, some of a hello's size */
+            unsigned char junkbuf[sizeof(m2a_hello_t)];
+            for (size_t b = 0; b < sizeof(junkbuf); b++) junkbuf[b] = (unsigned char)rand();
+            size_t len = i % 2 ? sizeof(junkbuf) : (size_t)(rand() % (int)sizeof(junkbuf));
+            send(fd, junkbuf, len, MSG_NOSIGNAL);
+        }
+    }
+    if (junk && nfd != IDLE + GARBAGE) tap_diag("only %d of %d junk connections were made", nfd, IDLE + GARBAGE);
+    double t0 = now();
+    int failed = run_ranks(nranks, uid);
+    double dt = now() - t0;
+    for (int i = 0; i < nfd; i++) close(fds[i]);
+    return failed ? -1 : dt;
+}
+
+/* A raw client that speaks the protocol without the key. */
+static void forged_join(void)
+{
+    moea2a_unique_id_t uid;
+    if (moea2a_get_unique_id(&uid)) {
+        tap_ok(0, "a forged join is dropped: %s", moea2a_last_error(NULL));
+        return;
+    }
+    m2a_id_t id;
+    memcpy(&id, uid.internal, sizeof(id));
+    int fd = connect_to(&id.root);
+    unsigned char challenge[32];
+    m2a_hello_t h = {.magic = M2A_ID_MAGIC, .tag = id.tag, .rank = 1, .nranks = 2};
+    memset(h.mac, 0xab, sizeof(h.mac));
+    int got_challenge = fd >= 0 && recv(fd, challenge, sizeof(challenge), MSG_WAITALL) == (ssize_t)sizeof(challenge);
+    send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[64];
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    tap_ok(got_challenge && n == 0, "a join with a forged MAC (id tag known, key not) is closed with no byte of answer "
+           "(got %zd bytes)", n);
+    close(fd);
+    /* The rendezvous is intact: the real ranks still form their communicator. */
+    tap_ok(run_ranks(2, uid) == 0, "the real ranks form the communicator after the forged join");
+}
+
+/* init_env with MOEA2A_KEY: an impostor (a wrong key, or none) that comes first as
+ * rank 1 is refused; the real ranks form the communicator. */
+static void env_impostor(void)
+{
+    int port = 20000 + (int)(getpid() % 10000);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    pid_t pids[3];
+    for (int p = 0; p < 3; p++) {
+        if ((pids[p] = fork()) != 0) continue;
+        int rank = p == 0 ? 1 : p - 1; /* process 0: the impostor */
+        char rs[8];
+        snprintf(rs, sizeof(rs), "%d", rank);
+        setenv("MOEA2A_RANK", rs, 1);
+        setenv("MOEA2A_NRANKS", "2", 1);
+        setenv("MOEA2A_ROOT_ADDR", addr, 1);
+        if (p == 0) unsetenv("MOEA2A_KEY"); /* derives the public key, as an attacker can */
+        else setenv("MOEA2A_KEY", "the job's secret", 1);
+        moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+        cfg.timeout_s = p == 0 ? 2.0 : 10.0;
+        if (p == 2) usleep(300000); /* the real rank 1 comes last */
+        moea2a_comm_t comm;
+        moea2a_result_t r = moea2a_comm_init_env(&comm, &cfg);
+        if (p == 0) {
+            if (r == MOEA2A_SUCCESS) moea2a_comm_destroy(comm);
+            printf("# impostor: %s: %s\n", moea2a_strerror(r), moea2a_last_error(NULL));
+            fflush(stdout);
+            _exit(r == MOEA2A_SUCCESS ? 1 : 0);
+        }
+        if (r != MOEA2A_SUCCESS) {
+            printf("# rank %d: %s\n", rank, moea2a_last_error(NULL));
+            _exit(1);
+        }
+        int32_t me = rank, all[2] = {-1, -1};
+        int bad = moea2a_allgather(&me, all, 1, MOEA2A_INT32, comm, NULL) || all[0] != 0 || all[1] != 1;
+        bad |= moea2a_comm_destroy(comm) != MOEA2A_SUCCESS;
+        _exit(bad);
+    }
+    int codes[3];
+    for (int p = 0; p < 3; p++) {
+        int st;
+        waitpid(pids[p], &st, 0);
+        codes[p] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    tap_ok(codes[0] == 0, "init_env with MOEA2A_KEY: an impostor without the key is refused as rank 1");
+    tap_ok(codes[1] == 0 && codes[2] == 0, "init_env with MOEA2A_KEY: the real ranks 0 and 1 form the communicator");
+}
+
+int main(void)
+{
+    setenv("MOEA2A_TIMEOUT_S", "20", 1);
+    srand((unsigned)getpid());
+    forged_join();
+    env_impostor();
+    double base = timed_init(4, 0), attacked = timed_init(4, 1);
+    tap_diag("4-rank init: %.3f s alone, %.3f s with %d idle and %d garbage connections at the root", base, attacked,
+             IDLE, GARBAGE);
+    tap_ok(base >= 0 && attacked >= 0 && attacked - base < 1.0,
+           "%d idle and %d garbage connections delay a 4-rank init by %.3f s (< 1 s)", IDLE, GARBAGE, attacked - base);
+    return tap_done();
+}
