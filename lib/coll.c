@@ -1,10 +1,12 @@
 /* Generic collectives: argument checks, memory-type routing to a transport, and the
  * request life cycle (start, test, wait) with the communicator's timeout. */
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "clock.h"
 #include "comm.h"
 #include "log.h"
@@ -177,11 +179,23 @@ moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts
     m2a_transport_t *t = req->t;
     size_t *b = req->bytes = malloc(sizeof(size_t) * 4 * (size_t)n);
     if (!b) return started(req, m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn), request);
+    const int64_t *v[4] = {sendcounts, sdispls, recvcounts, rdispls};
+    static const char *const names[4] = {"sendcounts", "sdispls", "recvcounts", "rdispls"};
+    for (int a = 0; a < 4; a++)
+        for (int i = 0; i < n; i++)
+            if (!m2a_mul_ok((size_t)v[a][i], es, &b[a * n + i]))
+                return started(req, m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                                              "%s: %s[%d]=%lld elements of %zu bytes overflow a size", fn, names[a], i,
+                                              (long long)v[a][i], es), request);
+    /* No object extends past PTRDIFF_MAX bytes or past the end of the address space. */
     for (int i = 0; i < n; i++) {
-        b[i] = (size_t)sendcounts[i] * es;
-        b[n + i] = (size_t)sdispls[i] * es;
-        b[2 * n + i] = (size_t)recvcounts[i] * es;
-        b[3 * n + i] = (size_t)rdispls[i] * es;
+        size_t send_end, recv_end;
+        if (!m2a_add_ok(b[n + i], b[i], &send_end) || !m2a_add_ok(b[3 * n + i], b[2 * n + i], &recv_end) ||
+            send_end > PTRDIFF_MAX || recv_end > PTRDIFF_MAX || (uintptr_t)sendbuf > UINTPTR_MAX - send_end ||
+            (uintptr_t)recvbuf > UINTPTR_MAX - recv_end)
+            return started(req, m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                                          "%s: displacement + count for rank %d lies past any possible buffer", fn, i),
+                           request);
     }
     int rc = t->ops->alltoallv(t->tc, sendbuf, b, b + n, recvbuf, b + 2 * n, b + 3 * n, mem, stream, &req->op);
     return started(req, rc, request);
@@ -203,6 +217,28 @@ moea2a_result_t moea2a_iallgather(const void *sendbuf, void *recvbuf, size_t cou
     return started(req, t->ops->allgather(t->tc, sendbuf, recvbuf, count * es, mem, stream, &req->op), request);
 }
 
+/* A broadcast whose ranks name different roots would have two roots that only send
+ * and return success with nothing received: every rank compares (root, bytes) over
+ * the bootstrap first, so all get the same MISMATCH before any data moves, and the
+ * communicator stays usable. */
+static moea2a_result_t agree_on_root(moea2a_comm_t comm, const char *fn, int root, size_t bytes)
+{
+    int n = comm->nranks;
+    if (n == 1) return MOEA2A_SUCCESS;
+    uint64_t(*all)[2] = calloc((size_t)n, sizeof(*all));
+    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    all[comm->rank][0] = (uint64_t)root, all[comm->rank][1] = bytes;
+    moea2a_result_t r = m2a_comm_fail(comm, m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(*all)));
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++)
+        if (all[q][0] != all[0][0] || all[q][1] != all[0][1])
+            r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
+                          "%s: ranks disagree: rank 0 passed root %llu and %llu bytes, rank %d root %llu and %llu bytes",
+                          fn, (unsigned long long)all[0][0], (unsigned long long)all[0][1], q,
+                          (unsigned long long)all[q][0], (unsigned long long)all[q][1]);
+    free(all);
+    return r;
+}
+
 moea2a_result_t moea2a_ibcast(void *buf, size_t count, moea2a_datatype_t dtype, int root, moea2a_comm_t comm,
                               void *stream, moea2a_request_t *request)
 {
@@ -212,6 +248,7 @@ moea2a_result_t moea2a_ibcast(void *buf, size_t count, moea2a_datatype_t dtype, 
     M2A_CHECK_ARG(comm, root >= 0 && root < comm->nranks, "%s: root=%d is out of range 0..%d", fn, root, comm->nranks - 1);
     M2A_CHECK_ARG(comm, buf || count == 0, "%s: buf is NULL", fn);
     M2A_CHECK_ARG(comm, count <= SIZE_MAX / es, "%s: count=%zu overflows", fn, count);
+    M2A_TRY(agree_on_root(comm, fn, root, count * es));
     const void *bufs[1] = {buf};
     moea2a_request_t req;
     unsigned mem;

@@ -1,5 +1,6 @@
 /* Communicator life cycle: unique ids, init (by id, from the environment), destroy. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -40,7 +41,10 @@ static moea2a_result_t read_config(const moea2a_config_t *in, moea2a_config_t *o
         M2A_INFO(M2A_SUBSYS_INIT, "config from a newer header (version %u, %zu bytes): unknown fields ignored",
                  in->version, in->size);
     out->size = sizeof(*out);
-    if (out->timeout_s == 0) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "config.timeout_s must not be 0");
+    if (out->timeout_s == 0 || !isfinite(out->timeout_s))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "config.timeout_s=%g must be a positive number of seconds (or negative for MOEA2A_TIMEOUT_S)",
+                         out->timeout_s);
     return out->timeout_s < 0 ? default_timeout(&out->timeout_s) : MOEA2A_SUCCESS;
 }
 

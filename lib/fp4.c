@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "checked.h"
 #include "error.h"
 #include "fp4_math.h"
 
@@ -82,12 +83,24 @@ static int space_of(const void *const *ptrs, int n)
 
 /* The checks quantize and dequantize share: the type of the bf16/fp16/fp32 side
  * (named tname), whole 16-value blocks, a known scale layout. */
-static moea2a_result_t check_shape(const char *fn, const char *tname, moea2a_datatype_t t, size_t k,
+/* The scale buffer's size, or 0 when an m x k tensor (fp32, the widest input) or its
+ * tiled scales would not fit in a size_t: then every size derived below is exact. */
+static int shape_fits(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *sf_bytes)
+{
+    size_t elems, x_bytes, rows = m, kb4 = (k / 16 + 3) / 4 * 4, tile = layout == MOEA2A_SF_128X4 ? 128 : 8;
+    if (!m2a_mul_ok(m, k, &elems) || !m2a_mul_ok(elems, 4, &x_bytes)) return 0;
+    if (layout != MOEA2A_SF_LINEAR && !m2a_add_ok(m, tile - 1, &rows)) return 0;
+    return m2a_mul_ok(rows, kb4, sf_bytes) && (*sf_bytes = m2a_sf_bytes((int)layout, m, k / 16), 1);
+}
+
+static moea2a_result_t check_shape(const char *fn, const char *tname, moea2a_datatype_t t, size_t m, size_t k,
                                    moea2a_sf_layout_t layout)
 {
+    size_t sf;
     M2A_CHECK_ARG(NULL, float_type(t), "%s: %s must be bf16, fp16 or fp32", fn, tname);
     M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
     M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
+    M2A_CHECK_ARG(NULL, shape_fits(layout, m, k, &sf), "%s: m=%zu x k=%zu overflows a size", fn, m, k);
     return MOEA2A_SUCCESS;
 }
 
@@ -95,7 +108,7 @@ moea2a_result_t moea2a_fp4_sf_bytes(moea2a_sf_layout_t layout, size_t m, size_t 
 {
     M2A_CHECK_ARG(NULL, bytes && layout_ok(layout) && k % 16 == 0,
                   "moea2a_fp4_sf_bytes: bytes must not be NULL, the layout known, k a multiple of 16 (k=%zu)", k);
-    *bytes = m2a_sf_bytes((int)layout, m, k / 16);
+    M2A_CHECK_ARG(NULL, shape_fits(layout, m, k, bytes), "moea2a_fp4_sf_bytes: m=%zu x k=%zu overflows a size", m, k);
     return MOEA2A_SUCCESS;
 }
 
@@ -104,6 +117,8 @@ moea2a_result_t moea2a_fp4_global_scale(const void *x, moea2a_datatype_t xtype, 
     static const char fn[] = "moea2a_fp4_global_scale";
     M2A_CHECK_ARG(NULL, g && (x || count == 0), "%s: x and g must not be NULL", fn);
     M2A_CHECK_ARG(NULL, float_type(xtype), "%s: xtype must be bf16, fp16 or fp32", fn);
+    size_t bytes;
+    M2A_CHECK_ARG(NULL, m2a_mul_ok(count, 4, &bytes), "%s: count=%zu overflows a size", fn, count);
     const void *p[2] = {x, g};
     int cuda = space_of(p, 2);
     CHECK_SPACE(cuda, fn);
@@ -123,7 +138,7 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
 {
     static const char fn[] = "moea2a_fp4_quantize";
     M2A_CHECK_ARG(NULL, (x && q && sf && g) || m == 0, "%s: x, g, q and sf must not be NULL", fn);
-    M2A_TRY(check_shape(fn, "xtype", xtype, k, layout));
+    M2A_TRY(check_shape(fn, "xtype", xtype, m, k, layout));
     const void *p[4] = {x, g, q, sf};
     int cuda = space_of(p, 4);
     CHECK_SPACE(cuda, fn);
@@ -147,7 +162,7 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
 {
     static const char fn[] = "moea2a_fp4_dequantize";
     M2A_CHECK_ARG(NULL, (q && sf && g && out) || m == 0, "%s: q, sf, g and out must not be NULL", fn);
-    M2A_TRY(check_shape(fn, "otype", otype, k, layout));
+    M2A_TRY(check_shape(fn, "otype", otype, m, k, layout));
     const void *p[4] = {q, sf, g, out};
     int cuda = space_of(p, 4);
     CHECK_SPACE(cuda, fn);
@@ -188,6 +203,9 @@ moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_la
     M2A_CHECK_ARG(NULL, (src && dst) || m == 0, "%s: src and dst must not be NULL", fn);
     M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16", fn, k);
     M2A_CHECK_ARG(NULL, layout_ok(src_layout) && layout_ok(dst_layout), "%s: unknown scale layout", fn);
+    size_t sf;
+    M2A_CHECK_ARG(NULL, shape_fits(src_layout, m, k, &sf) && shape_fits(dst_layout, m, k, &sf),
+                  "%s: m=%zu x k=%zu overflows a size", fn, m, k);
     M2A_CHECK_ARG(NULL, src != dst || src_layout == dst_layout, "%s: cannot convert in place", fn);
     const void *p[2] = {src, dst};
     int cuda = space_of(p, 2);
@@ -206,10 +224,11 @@ moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *dst, moea2a_
     M2A_CHECK_ARG(NULL, ep >= 1 && stride >= 1, "%s: ep=%d and stride=%d must be >= 1", fn, ep, stride);
     M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16", fn, k);
     M2A_CHECK_ARG(NULL, layout_ok(dst_layout), "%s: unknown scale layout", fn);
+    size_t m = (size_t)ep * (size_t)stride, sf;
+    M2A_CHECK_ARG(NULL, shape_fits(dst_layout, m, k, &sf), "%s: ep x stride x k overflows a size", fn);
     const void *p[3] = {src, dst, recv_counts};
     int cuda = space_of(p, 3);
     CHECK_SPACE(cuda, fn);
-    size_t m = (size_t)ep * (size_t)stride;
     if (cuda) CUDA_OR(m2a_cuda_fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
     convert_host(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k / 16, recv_counts, stride);
     return MOEA2A_SUCCESS;

@@ -599,7 +599,8 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     M2A_CHECK_ARG(NULL, moe, "moea2a_dispatch: moe is NULL");
     moea2a_comm_t comm = moe->comm;
     M2A_TRY(m2a_comm_check(comm, "moea2a_dispatch"));
-    if (moe->dispatched)
+    /* A dispatch-only context (hidden = 0) has no combine: each dispatch replaces the last. */
+    if (moe->dispatched && moe->cfg.hidden)
         return m2a_error(comm, MOEA2A_ERR_STATE,
                          "moea2a_dispatch: the previous dispatch was not combined yet; call moea2a_combine first "
                          "(its results stay valid until then)");
@@ -660,15 +661,17 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     M2A_CHECK_ARG(NULL, moe, "moea2a_combine: moe is NULL");
     moea2a_comm_t comm = moe->comm;
     M2A_TRY(m2a_comm_check(comm, "moea2a_combine"));
+    /* Every rank has the same config, so this needs no agreement. */
+    if (!moe->cfg.hidden)
+        return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_combine: the context was created with hidden=0 (dispatch only): it has no combine");
     if (!moe->dispatched)
         return m2a_error(comm, MOEA2A_ERR_STATE, "moea2a_combine: there is no dispatch to combine (call moea2a_dispatch first)");
     int ep = comm->nranks, n = moe->num_tokens;
     const m2a_moe_layout_t *l = &moe->l;
     unsigned want = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
     moea2a_result_t mine = MOEA2A_SUCCESS;
-    if (!moe->cfg.hidden)
-        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: the context was created with hidden=0");
-    else if (!out && n > 0)
+    if (!out && n > 0)
         mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: out is NULL with %d tokens", n);
     else if ((expert_out && m2a_memtype(expert_out) != want) || (out && m2a_memtype(out) != want))
         mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: buffers must be in %s memory, like the context",

@@ -4,12 +4,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "error.h"
 #include "moe_fast.h"
 #include "moe_layout.h"
 #include "params.h"
 
 #define CONFIG_MIN_SIZE (offsetof(moea2a_moe_config_t, version) + sizeof(unsigned int))
+
+/* Whether every term of the workspace formula, staging for every peer included, and
+ * their sum stay below 2^63 bytes, so the layout below computes exact sizes. */
+static int workspace_fits(const moea2a_moe_config_t *c, int ep)
+{
+    size_t slots = (size_t)ep * (size_t)c->max_tokens_per_rank, es, row, term, total = (size_t)1 << 20; /* aux */
+    size_t record = (size_t)c->top_k * 8 + 4;
+    for (int i = 0; i < c->num_payloads; i++) {
+        moea2a_datatype_size(c->payloads[i].dtype, &es);
+        if (!m2a_mul_ok(es, c->payloads[i].elems_per_token, &row) || !m2a_add_ok(record, row, &record) ||
+            !m2a_mul_ok(slots, row, &term) || !m2a_add_ok(total, term, &total))
+            return 0;
+    }
+    es = 4;
+    if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
+    /* combine rows and their staging; then ids, weights and the staged records */
+    if (!m2a_mul3_ok(slots, c->hidden, es, &term) || !m2a_add_ok(total, term, &total) || !m2a_add_ok(total, term, &total))
+        return 0;
+    if (!m2a_mul_ok(slots, record, &term) || !m2a_add_ok(total, term, &total) || !m2a_add_ok(total, term, &total))
+        return 0;
+    return total < ((size_t)1 << 63);
+}
 
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out)
@@ -65,6 +88,9 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
                   "%s: num_sms (or MOEA2A_NUM_SMS=%ld) must be in 1..256", fn, sms);
     M2A_CHECK_ARG(comm, c->memory == MOEA2A_MEMORY_AUTO || c->memory == MOEA2A_MEMORY_HOST || c->memory == MOEA2A_MEMORY_CUDA,
                   "%s: memory=%d is unknown", fn, (int)c->memory);
+    M2A_CHECK_ARG(comm, workspace_fits(c, ep),
+                  "%s: the workspace for ep %d x max_tokens_per_rank %d of these rows exceeds 2^63 bytes", fn, ep,
+                  c->max_tokens_per_rank);
     return MOEA2A_SUCCESS;
 }
 
