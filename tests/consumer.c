@@ -23,11 +23,21 @@ int main(void)
     int major, minor, patch, status, failed = 0;
     moea2a_get_version(&major, &minor, &patch);
     if (major != MOEA2A_VERSION_MAJOR || minor != MOEA2A_VERSION_MINOR) return 1;
+    /* Fork first, then make the id (it starts a thread) and pipe it to the child:
+     * moea2a(7) says to fork before moea2a starts threads. */
+    int fd[2];
     moea2a_unique_id_t id;
-    if (moea2a_get_unique_id(&id) != MOEA2A_SUCCESS) return 1;
     fflush(stdout);
+    if (pipe(fd)) return 1;
     pid_t child = fork();
-    if (child == 0) _exit(rank_main(1, id));
+    if (child == 0) {
+        close(fd[1]);
+        _exit(read(fd[0], &id, sizeof(id)) == (ssize_t)sizeof(id) ? rank_main(1, id) : 1);
+    }
+    close(fd[0]);
+    if (moea2a_get_unique_id(&id) != MOEA2A_SUCCESS) return 1;
+    if (write(fd[1], &id, sizeof(id)) != (ssize_t)sizeof(id)) return 1;
+    close(fd[1]);
     failed |= rank_main(0, id);
     waitpid(child, &status, 0);
     failed |= !WIFEXITED(status) || WEXITSTATUS(status);
