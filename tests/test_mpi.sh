@@ -12,7 +12,8 @@ if ! timeout 60 $run -np 1 true >/dev/null 2>&1; then
     echo "ok 1 # SKIP mpirun cannot start processes here"; echo "ok 2 # SKIP mpirun cannot start processes here"; exit 0
 fi
 exe=./tests/mpi_init_prog
-$MPICC -I"$top_srcdir/include" -I"$top_builddir/include" "$top_srcdir/tests/mpi_init.c" -o $exe \
+# The library's own flags too, so a sanitizer build links the program the same way.
+$MPICC $BUILD_CFLAGS $BUILD_LDFLAGS -I"$top_srcdir/include" -I"$top_builddir/include" "$top_srcdir/tests/mpi_init.c" -o $exe \
     -L"$top_builddir/lib/.libs" -lmoea2a -Wl,-rpath,"$top_builddir/lib/.libs" || { echo "not ok 1 - mpicc build"; exit 1; }
 i=0; rc=0
 for np in 2 3; do

@@ -351,8 +351,11 @@ static int status_error(ucx_comm_t *c, const slot_t *s, ucs_status_t st)
     const char *dir = s->is_recv ? "receive from" : "send to";
     if (st == UCS_ERR_MESSAGE_TRUNCATED)
         return fail(c, MOEA2A_ERR_MISMATCH, "rank %d sent more than the %zu bytes this rank expected", s->peer, s->expect);
+    /* Errors of the path to the peer (a dead process's shared memory segment, a reset
+     * socket), reported before or instead of the endpoint's error callback. */
     if (c->failed[s->peer] != UCS_OK || st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT ||
-        st == UCS_ERR_UNREACHABLE || st == UCS_ERR_CANCELED || st == UCS_ERR_NOT_CONNECTED)
+        st == UCS_ERR_UNREACHABLE || st == UCS_ERR_CANCELED || st == UCS_ERR_NOT_CONNECTED ||
+        st == UCS_ERR_SHMEM_SEGMENT || st == UCS_ERR_IO_ERROR || st == UCS_ERR_REJECTED || st == UCS_ERR_TIMED_OUT)
         return fail(c, MOEA2A_ERR_PEER_FAILED, "ucx: %s rank %d failed: rank %d died or became unreachable (%s)", dir,
                     s->peer, s->peer, ucs_status_string(c->failed[s->peer] != UCS_OK ? c->failed[s->peer] : st));
     return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: %s rank %d failed: %s", dir, s->peer, ucs_status_string(st));
