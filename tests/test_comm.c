@@ -222,12 +222,13 @@ static void test_abort(void)
 
 int main(void)
 {
-    test_bad_arguments();
     test_init_sizes();
     test_mismatched_nranks();
     test_transport_selection();
     test_init_env();
-    /* In-process communicators last (see test_stray_and_stale). */
+    /* What starts threads in this process last: an id's rendezvous thread, in-process
+     * communicators (see test_stray_and_stale). Nothing forks after them. */
+    test_bad_arguments();
     test_stray_and_stale();
     test_abort();
     return tap_done();

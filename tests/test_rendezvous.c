@@ -35,28 +35,41 @@ static int connect_to(const struct sockaddr_in *a)
     return fd;
 }
 
-/* Forks nranks processes, then lets prepare() make the id (and attack its root)
- * before the ranks get it: the id's rendezvous thread starts after the fork, so no
- * child inherits a lock that thread held. The ranks init, allgather their ranks and
- * destroy. Returns how many failed, and the seconds from handing out the id. */
-static int run_ranks(int nranks, int (*prepare)(moea2a_unique_id_t *, void *), void *ctx, double *seconds)
+/* What a maker process reports: the id, and what its attack saw. */
+typedef struct {
+    moea2a_unique_id_t id;
+    int ok;
+    ssize_t answered;
+} made_t;
+
+/* A maker process makes the id (and, with prepare, attacks its root) and holds it
+ * until killed, so this process never has a thread when it forks ranks (moea2a(7)).
+ * The ranks init, allgather their ranks and destroy. Returns how many failed, the
+ * seconds from handing out the id to the last exit, and what the maker saw. */
+static int run_ranks(int nranks, void (*prepare)(made_t *), double *seconds, made_t *made)
 {
-    pid_t pids[8];
-    int pipes[8];
-    for (int r = 0; r < nranks; r++) {
-        int fd[2];
-        if (pipe(fd)) return nranks;
-        if ((pids[r] = fork()) != 0) {
-            close(fd[0]);
-            pipes[r] = fd[1];
-            continue;
-        }
-        close(fd[1]);
-        moea2a_unique_id_t id;
-        if (read(fd[0], &id, sizeof(id)) != (ssize_t)sizeof(id)) _exit(1);
+    int fd[2];
+    memset(made, 0, sizeof(*made));
+    fflush(stdout);
+    if (pipe(fd)) return nranks;
+    pid_t maker = fork(), pids[8];
+    if (maker == 0) {
+        close(fd[0]);
+        made_t m = {.ok = moea2a_get_unique_id(&m.id) == MOEA2A_SUCCESS};
+        if (m.ok && prepare) prepare(&m);
+        if (write(fd[1], &m, sizeof(m)) != (ssize_t)sizeof(m)) _exit(1);
+        for (;;) pause();
+    }
+    close(fd[1]);
+    int ok = maker > 0 && read(fd[0], made, sizeof(*made)) == (ssize_t)sizeof(*made) && made->ok;
+    close(fd[0]);
+    double t0 = now();
+    int failed = 0;
+    for (int r = 0; ok && r < nranks; r++) {
+        if ((pids[r] = fork()) != 0) continue;
         moea2a_comm_t comm;
         int32_t me = r, all[8] = {0}, bad = 0;
-        if (moea2a_comm_init_rank(&comm, nranks, id, r, NULL)) {
+        if (moea2a_comm_init_rank(&comm, nranks, made->id, r, NULL)) {
             printf("# rank %d: %s\n", r, moea2a_last_error(NULL));
             fflush(stdout);
             _exit(1);
@@ -66,38 +79,26 @@ static int run_ranks(int nranks, int (*prepare)(moea2a_unique_id_t *, void *), v
         bad |= moea2a_comm_destroy(comm) != MOEA2A_SUCCESS;
         _exit(bad);
     }
-    moea2a_unique_id_t uid;
-    int ok = prepare(&uid, ctx) == 0;
-    double t0 = now();
-    for (int r = 0; r < nranks; r++) {
-        if (ok && write(pipes[r], &uid, sizeof(uid)) != (ssize_t)sizeof(uid)) ok = 0;
-        close(pipes[r]);
-    }
-    int failed = ok ? 0 : nranks;
-    for (int r = 0; r < nranks; r++) {
+    for (int r = 0; ok && r < nranks; r++) {
         int st;
         waitpid(pids[r], &st, 0);
-        failed += ok && (!WIFEXITED(st) || WEXITSTATUS(st));
+        failed += !WIFEXITED(st) || WEXITSTATUS(st);
     }
     if (seconds) *seconds = now() - t0;
-    return failed;
+    if (maker > 0) kill(maker, SIGKILL), waitpid(maker, NULL, 0);
+    return ok ? failed : nranks;
 }
 
-typedef struct {
-    int junk, fds[IDLE + GARBAGE], nfd;
-} junk_t;
-
-/* Makes an id and, with junk, opens 200 idle and 20 garbage connections to its root. */
-static int id_with_junk(moea2a_unique_id_t *uid, void *ctx)
+/* In the maker: 200 idle and 20 garbage connections to the root, held open. */
+static void junk(made_t *m)
 {
-    junk_t *j = ctx;
-    if (moea2a_get_unique_id(uid)) return -1;
     m2a_id_t id;
-    memcpy(&id, uid->internal, sizeof(id));
-    for (int i = 0; j->junk && i < IDLE + GARBAGE; i++) {
+    memcpy(&id, m->id.internal, sizeof(id));
+    int made = 0;
+    for (int i = 0; i < IDLE + GARBAGE; i++) {
         int fd = connect_to(&id.root);
         if (fd < 0) continue;
-        j->fds[j->nfd++] = fd;
+        made++;
         if (i >= IDLE) { /* garbage: junk of every length, some of a hello's size */
             unsigned char junkbuf[sizeof(m2a_hello_t)];
             for (size_t b = 0; b < sizeof(junkbuf); b++) junkbuf[b] = (unsigned char)rand();
@@ -105,47 +106,45 @@ static int id_with_junk(moea2a_unique_id_t *uid, void *ctx)
             send(fd, junkbuf, len, MSG_NOSIGNAL);
         }
     }
-    if (j->junk && j->nfd != IDLE + GARBAGE) tap_diag("only %d of %d junk connections were made", j->nfd, IDLE + GARBAGE);
-    return 0;
+    m->answered = made;
 }
 
-static double timed_init(int nranks, int junk)
+static double timed_init(int nranks, int with_junk)
 {
-    junk_t j = {.junk = junk};
+    made_t m;
     double dt;
-    int failed = run_ranks(nranks, id_with_junk, &j, &dt);
-    for (int i = 0; i < j.nfd; i++) close(j.fds[i]);
+    int failed = run_ranks(nranks, with_junk ? junk : NULL, &dt, &m);
+    if (with_junk && m.answered != IDLE + GARBAGE)
+        tap_diag("only %zd of %d junk connections were made", m.answered, IDLE + GARBAGE);
     return failed ? -1 : dt;
 }
 
-/* Makes an id, then joins its rendezvous as a raw client that speaks the protocol
- * without the key: it must be closed with no byte of answer. */
-static int id_after_forgery(moea2a_unique_id_t *uid, void *ctx)
+/* In the maker: join the rendezvous as a raw client that speaks the protocol without
+ * the key; it must be closed with no byte of answer. */
+static void forge(made_t *m)
 {
-    ssize_t *answered = ctx;
-    if (moea2a_get_unique_id(uid)) return -1;
     m2a_id_t id;
-    memcpy(&id, uid->internal, sizeof(id));
+    memcpy(&id, m->id.internal, sizeof(id));
     int fd = connect_to(&id.root);
     unsigned char challenge[32];
     m2a_hello_t h = {.magic = M2A_ID_MAGIC, .tag = id.tag, .rank = 1, .nranks = 2};
     memset(h.mac, 0xab, sizeof(h.mac));
-    if (fd < 0 || recv(fd, challenge, sizeof(challenge), MSG_WAITALL) != (ssize_t)sizeof(challenge)) return -1;
+    m->answered = -2;
+    if (fd < 0 || recv(fd, challenge, sizeof(challenge), MSG_WAITALL) != (ssize_t)sizeof(challenge)) return;
     send(fd, &h, sizeof(h), MSG_NOSIGNAL);
     struct timeval tv = {3, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     char buf[64];
-    *answered = recv(fd, buf, sizeof(buf), 0);
+    m->answered = recv(fd, buf, sizeof(buf), 0);
     close(fd);
-    return 0;
 }
 
 static void forged_join(void)
 {
-    ssize_t answered = -2;
-    int failed = run_ranks(2, id_after_forgery, &answered, NULL);
-    tap_ok(answered == 0, "a join with a forged MAC (id tag known, key not) is closed with no byte of answer (got %zd)",
-           answered);
+    made_t m;
+    int failed = run_ranks(2, forge, NULL, &m);
+    tap_ok(m.answered == 0, "a join with a forged MAC (id tag known, key not) is closed with no byte of answer (got %zd)",
+           m.answered);
     tap_ok(failed == 0, "the real ranks form the communicator after the forged join");
 }
 
@@ -201,7 +200,7 @@ int main(void)
 {
     setenv("MOEA2A_TIMEOUT_S", "20", 1);
     srand((unsigned)getpid());
-    env_impostor(); /* first: it forks while this process has no thread */
+    env_impostor();
     forged_join();
     double base = timed_init(4, 0), attacked = timed_init(4, 1);
     tap_diag("4-rank init: %.3f s alone, %.3f s with %d idle and %d garbage connections at the root", base, attacked,

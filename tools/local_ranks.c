@@ -15,53 +15,61 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The id is made after the fork and sent down a pipe: making it starts the
- * rendezvous thread, and a process that forks while another of its threads runs
- * hands its children whatever locks that thread held (malloc's, a sanitizer's). */
+/* A child process makes the id and serves its rendezvous, so this process never
+ * starts a thread: a process that forks while another of its threads runs hands its
+ * children whatever locks that thread held (malloc's, a sanitizer's), and they hang.
+ * Returns the maker's pid, or -1 with a zeroed id. */
+static pid_t id_maker(moea2a_unique_id_t *id)
+{
+    int fd[2];
+    memset(id, 0, sizeof(*id));
+    if (pipe(fd)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        moea2a_unique_id_t made;
+        if (moea2a_get_unique_id(&made) != MOEA2A_SUCCESS) {
+            fprintf(stderr, "moea2a_get_unique_id: %s\n", moea2a_last_error(NULL));
+            _exit(1);
+        }
+        if (write(fd[1], &made, sizeof(made)) != (ssize_t)sizeof(made)) _exit(1);
+        close(fd[1]);
+        for (;;) pause(); /* until the ranks are done: the parent kills it */
+    }
+    close(fd[1]);
+    if (pid > 0 && read(fd[0], id, sizeof(*id)) != (ssize_t)sizeof(*id)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        pid = -1;
+    }
+    close(fd[0]);
+    return pid;
+}
+
 int local_ranks_run(int nranks, local_rank_fn fn, void *arg, double watchdog_s, local_ranks_result_t *res)
 {
     memset(res, 0, sizeof(*res));
+    fflush(NULL);
+    moea2a_unique_id_t id;
+    pid_t maker = id_maker(&id);
     pid_t *pids = calloc((size_t)nranks, sizeof(*pids));
-    int *pipes = calloc((size_t)nranks, sizeof(*pipes));
-    if (!pids || !pipes) {
-        free(pids), free(pipes);
+    if (maker < 0 || !pids) {
+        if (maker > 0) kill(maker, SIGKILL), waitpid(maker, NULL, 0);
+        free(pids);
         return res->failed = nranks;
     }
-    fflush(NULL);
     for (int r = 0; r < nranks; r++) {
-        int fd[2];
-        if (pipe(fd)) {
-            perror("pipe");
-            pids[r] = -1;
-            res->failed++;
-            continue;
-        }
         pids[r] = fork();
         if (pids[r] == 0) {
-            close(fd[1]);
-            moea2a_unique_id_t id;
-            if (read(fd[0], &id, sizeof(id)) != (ssize_t)sizeof(id)) _exit(100); /* the parent could not make one */
-            close(fd[0]);
             int rc = fn(r, nranks, id, arg);
             fflush(NULL);
             _exit(rc);
         }
-        close(fd[0]);
-        pipes[r] = fd[1];
         if (pids[r] < 0) {
             perror("fork");
-            close(fd[1]);
             res->failed++;
         }
     }
-    moea2a_unique_id_t id;
-    int made = moea2a_get_unique_id(&id) == MOEA2A_SUCCESS;
-    if (!made) fprintf(stderr, "moea2a_get_unique_id: %s\n", moea2a_last_error(NULL));
-    for (int r = 0; r < nranks; r++) {
-        if (pids[r] > 0 && made && write(pipes[r], &id, sizeof(id)) != (ssize_t)sizeof(id)) perror("write");
-        if (pids[r] > 0) close(pipes[r]);
-    }
-    free(pipes);
     double deadline = now() + watchdog_s;
     int left = nranks - res->failed;
     while (left > 0) {
@@ -93,5 +101,7 @@ int local_ranks_run(int nranks, local_rank_fn fn, void *arg, double watchdog_s, 
         usleep(2000);
     }
     free(pids);
+    kill(maker, SIGKILL);
+    waitpid(maker, NULL, 0);
     return res->failed;
 }

@@ -16,7 +16,8 @@ typedef struct {
     int exit_codes[64];
 } local_ranks_result_t;
 
-/* 0 when every rank exited 0. Ranks are forked before this process makes the id or
- * touches any transport, so each starts from a clean, single-threaded state. */
+/* 0 when every rank exited 0. The id is made, and its rendezvous served, by a child
+ * process, so this process never starts a thread or touches a transport: every
+ * rank is forked from a clean, single-threaded state (moea2a(7), THREAD SAFETY). */
 int local_ranks_run(int nranks, local_rank_fn fn, void *arg, double watchdog_s, local_ranks_result_t *res);
 #endif
