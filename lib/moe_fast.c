@@ -58,6 +58,17 @@ moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
     moea2a_result_t r = st->t && st->t->ops->mem_register && ep <= M2A_FAST_MAX_PEERS
                             ? MOEA2A_SUCCESS
                             : m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "the CUDA transport has no symmetric memory");
+    /* 0. every rank reaches every other by load/store as the transport sees it (NCCL
+     * with its network transport on one host does not): agreed before anything
+     * collective touches the device API */
+    int reach = 1;
+    if (r == MOEA2A_SUCCESS && st->t->ops->lsa_reachable)
+        r = (moea2a_result_t)st->t->ops->lsa_reachable(st->t->tc, &reach);
+    r = m2a_moe_agree(comm, r, &reach);
+    if (r == MOEA2A_SUCCESS && !reach)
+        r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                      "some rank does not reach every other by load/store (the %s transport's load/store team is "
+                      "smaller than the communicator)", st->t->name);
     /* 1. local: symmetric workspace (granularity-sized), SM budget */
     st->bytes = (moe->l.workspace + 4095) / 4096 * 4096;
     void *ws = NULL;

@@ -100,5 +100,11 @@ typedef struct moea2a_transport_v1 {
     void (*mem_free)(void *tcomm, void *ptr);
     int (*mem_register)(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle);
     void (*mem_deregister)(void *tcomm, void *handle);
+    /* Local, no communication, optional: *reachable = 1 when this rank reaches every
+     * rank by load/store as the transport sees it (NCCL: its LSA team holds all
+     * ranks). The core agrees on the answer across ranks before it calls
+     * mem_register, so no rank starts a device communicator that would fail and
+     * leave an error on the communicator the generic path then uses. */
+    int (*lsa_reachable)(void *tcomm, int *reachable);
 } moea2a_transport_v1_t;
 #endif

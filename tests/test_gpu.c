@@ -9,7 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpu_util.h"
@@ -22,6 +26,13 @@
 #include <nccl.h>
 
 #define WATCHDOG 600.0
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int urand(uint64_t *s, int lo, int hi) { return lo + (int)((*s = mix(*s)) % (uint64_t)(hi - lo + 1)); }
 
@@ -310,7 +321,9 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     if (use_device(rank, a->ndev)) return 1;
     setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
     const char *want = getenv("MOEA2A_TEST_EXPECT_NVLINK");
-    expect_nvlink = !a->nvlink ? 0 : want && *want == '1' ? 1 : -1;
+    /* MOEA2A_TEST_EXPECT_NVLINK: 1 the load/store path must be taken, 0 the generic
+     * path must be (NCCL forced onto its network transport), unset either */
+    expect_nvlink = !a->nvlink ? 0 : want && (*want == '1' || *want == '0') ? *want - '0' : -1;
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % a->ndev;
@@ -433,6 +446,77 @@ static int fp4_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* ---- a dead peer on CUDA memory ---------------------------------------------------- */
+
+typedef struct {
+    int ndev, nvlink;
+    volatile double *kill_time; /* shared with the parent (MAP_SHARED) */
+} kill_arg_t;
+
+static void *kill_later(void *arg)
+{
+    kill_arg_t *a = arg;
+    usleep(200000);
+    *a->kill_time = now_s();
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+/* Rank 1 dies (SIGKILL) in the middle of a loop of dispatch and combine on CUDA
+ * memory; rank 0 must get an error within the timeout and a few seconds (a device
+ * wait that ends the kernel, or the bounded host wait that aborts the NCCL
+ * communicator), never hang, and destroy cleanly. */
+static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    kill_arg_t *a = arg;
+    int fails = 0;
+    if (use_device(rank, a->ndev)) return 1;
+    setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.timeout_s = 3.0, cfg.cuda_device = rank % a->ndev;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+    mc.num_experts = 16, mc.top_k = 4, mc.max_tokens_per_rank = 64, mc.hidden = 256, mc.memory = MOEA2A_MEMORY_CUDA;
+    mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 256};
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &mc)) {
+        printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm));
+        return 1;
+    }
+    int32_t ids[64 * 4];
+    for (int i = 0; i < 64 * 4; i++) ids[i] = (i * 7 + rank) % 16;
+    void *d_ids = to_device(ids, sizeof(ids)), *x = NULL, *y = NULL;
+    cudaMalloc(&x, 64 * 256 * 2), cudaMalloc(&y, 64 * 256 * 2);
+    cudaMemset(x, 0, 64 * 256 * 2);
+    if (moea2a_barrier(comm)) return 1;
+    pthread_t t;
+    if (rank == 1) pthread_create(&t, NULL, kill_later, a);
+    const void *pl[1] = {x};
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int it = 0; r == MOEA2A_SUCCESS && it < 2000000; it++) {
+        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        r = moea2a_dispatch(moe, 64, d_ids, NULL, pl, 0, &res, NULL);
+        if (r == MOEA2A_SUCCESS) r = moea2a_combine(moe, NULL, y, NULL);
+        if (r == MOEA2A_SUCCESS && it % 64 == 0) {
+            cudaDeviceSynchronize(); /* the load/store path reports device errors on its next call */
+            r = moea2a_moe_status(moe);
+        }
+    }
+    if (rank == 1) pause();
+    double after = now_s() - *a->kill_time;
+    RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS && *a->kill_time > 0 && after < cfg.timeout_s + 5.0,
+                "expected an error within %.0f s of the kill, got %s after %.2f s", cfg.timeout_s + 5.0,
+                moea2a_strerror(r), after);
+    printf("# rank %d (%s path): %s %.2f s after the kill: %s\n", rank, a->nvlink ? "default" : "generic",
+           moea2a_strerror(r), after, moea2a_last_error(comm));
+    double t0 = now_s();
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    RANK_EXPECT(fails, rank, now_s() - t0 < 10.0, "destroy after the failure took %.1f s", now_s() - t0);
+    return fails;
+}
+
 int main(void)
 {
     int ndev = gpu_count();
@@ -469,6 +553,21 @@ int main(void)
     int n = ndev >= 2 ? 2 : 1;
     local_ranks_run(n, adopt_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "moea2a_comm_init_nccl adopts a caller's NCCL communicator (%d GPU(s))", n);
+    volatile double *kill_time = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    for (int nvlink = 1; nvlink >= 0; nvlink--) {
+        if (ndev < 2 || quick || kill_time == MAP_FAILED) {
+            tap_skip(ndev < 2 ? "not enough GPUs" : "quick mode", "a dead peer on CUDA memory (%s path)",
+                     nvlink ? "default" : "generic");
+            continue;
+        }
+        *kill_time = 0;
+        kill_arg_t ka = {ndev, nvlink, kill_time};
+        local_ranks_run(2, killed_peer_rank, &ka, 120.0, &res);
+        tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
+               "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time and "
+               "destroys cleanly (exits %d, %d)", nvlink ? "default" : "generic NCCL", res.exit_codes[0],
+               res.exit_codes[1]);
+    }
     return tap_done();
 }
 

@@ -15,7 +15,10 @@
 # with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B),
 # FLOORS="sms:MiB:chunk:issuers ..." first measures the floors under the benchmark's
 # numbers (NVLink ceilings, an event-timed empty kernel: bench/device/floors.cu) with
-# each of those settings, e.g. FLOORS="48:64:14336:3".
+# each of those settings, e.g. FLOORS="48:64:14336:3". NETWORK=0 skips the run with
+# NCCL forced onto its network transport (as ranks on two nodes see each other): the
+# GPU test and moea2a_perf --check 1 on the default path, which must fall back to the
+# generic path (done in every run unless turned off).
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -57,6 +60,23 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     done
     for r in $(grep -lE '^:global-test-result: (FAIL|ERROR)' tests/*.trs 2>/dev/null); do # failed tests' logs come back
       l=${r%.trs}.log; cp "$l" "$OUT/"; echo "== $l:"; grep -vE '^ok ' "$l" | tail -25
+    done
+  fi
+  if [ "${NETWORK:-1}" != 0 ]; then
+    net="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
+    ngpu=$(nvidia-smi -L | wc -l)
+    echo "== NCCL on its network transport ($net): make check's GPU test, default path"
+    env $net MOEA2A_TEST_EXPECT_NVLINK=0 timeout "${CHECK_TIMEOUT:-1500}" make check TESTS=tests/test_gpu \
+        >"$OUT/check-net.log" 2>&1
+    echo "== make check (network) rc=$?"
+    grep -E '^(ok|not ok)' tests/test_gpu.log; grep '^# ' tests/test_gpu.log | head -12
+    grep -q '^not ok' tests/test_gpu.log && cp tests/test_gpu.log "$OUT/test_gpu-net.log"
+    for n in 2 4; do
+      [ "$n" -le "$ngpu" ] || continue
+      echo "== moea2a_perf --mem cuda --ranks $n --check 1, NCCL on its network transport, default path"
+      env $net MOEA2A_DEBUG=INFO MOEA2A_DEBUG_SUBSYS=MOE timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" \
+          --tokens 128,1024 --iters 5 --warmup 2 --check 1 2>&1 | grep -E "unavailable|wrong|dispatch|combine|rror|rank [0-9]+:" | head -12
+      echo "rc=${PIPESTATUS[0]}"
     done
   fi
   if [ "${SANITIZE:-1}" != 0 ]; then

@@ -19,6 +19,11 @@ extern "C" ncclResult_t m2a_nccl_devcomm_create(ncclComm_t nc, void **devcomm)
     return ncclDevCommCreate(nc, &reqs, dc);
 }
 
+extern "C" int m2a_nccl_lsa_team_size(ncclComm_t nc)
+{
+    return ncclTeamLsa(nc).nRanks;
+}
+
 extern "C" int m2a_nccl_devcomm_lsa_size(const void *devcomm)
 {
     return static_cast<const ncclDevComm *>(devcomm)->lsaSize;

@@ -32,11 +32,15 @@ void m2a_nccl_mem_free(void *tcomm, void *ptr);
 int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle);
 void m2a_nccl_mem_deregister(void *tcomm, void *handle);
 void m2a_nccl_sym_finalize(nccl_comm_t *c);
+int m2a_nccl_lsa_reachable(void *tcomm, int *reachable);
 
 /* nccl_device_api.cu: the parts that need NCCL's device API (C++). */
 /* Starts creating a device communicator with no extra resources (collective; may
  * return ncclInProgress on a non-blocking communicator: settle it, then read). */
 ncclResult_t m2a_nccl_devcomm_create(ncclComm_t nc, void **devcomm);
+/* The size of NCCL's load/store team of nc, from the host, before any device
+ * communicator exists. */
+int m2a_nccl_lsa_team_size(ncclComm_t nc);
 /* The load/store team of a created device communicator: its size. */
 int m2a_nccl_devcomm_lsa_size(const void *devcomm);
 void m2a_nccl_devcomm_destroy(ncclComm_t nc, void *devcomm);

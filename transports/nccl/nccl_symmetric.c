@@ -44,6 +44,18 @@ static int probe_lsa(nccl_comm_t *c)
     return MOEA2A_SUCCESS;
 }
 
+int m2a_nccl_lsa_reachable(void *tcomm, int *reachable)
+{
+    nccl_comm_t *c = tcomm;
+    if (c->failed) return fail(c, MOEA2A_ERR_ABORTED, "nccl: the communicator was aborted after an earlier failure");
+    int team = m2a_nccl_lsa_team_size(c->nc);
+    *reachable = team == c->nranks;
+    if (!*reachable) {
+        c->lsa = -1;
+    }
+    return MOEA2A_SUCCESS;
+}
+
 int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle)
 {
     nccl_comm_t *c = tcomm;

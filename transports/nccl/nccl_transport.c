@@ -290,4 +290,5 @@ __attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transp
     .mem_free = m2a_nccl_mem_free,
     .mem_register = m2a_nccl_mem_register,
     .mem_deregister = m2a_nccl_mem_deregister,
+    .lsa_reachable = m2a_nccl_lsa_reachable,
 };
