@@ -273,7 +273,14 @@ moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
 {
     if (r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TRANSPORT ||
         r == MOEA2A_ERR_MISMATCH || r == MOEA2A_ERR_INTERNAL) {
-        if (comm->broken == MOEA2A_SUCCESS) memcpy(comm->broken_why, comm->last_error, sizeof(comm->broken_why));
+        if (comm->broken == MOEA2A_SUCCESS) {
+            memcpy(comm->broken_why, comm->last_error, sizeof(comm->broken_why));
+            /* Device work of earlier calls may wait on the peer that failed (NCCL
+             * kernels have no timeout of their own): abort what can be aborted, so
+             * no later CUDA call, the frees of destroy included, waits on it forever. */
+            for (int i = 0; i < comm->ntr; i++)
+                if (comm->tr[i].ops->abort) comm->tr[i].ops->abort(comm->tr[i].tc);
+        }
         comm->broken = r;
     }
     return r;

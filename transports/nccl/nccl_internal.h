@@ -11,7 +11,7 @@ extern "C" {
 
 typedef struct {
     const moea2a_core_v1_t *core;
-    ncclComm_t nc;
+    ncclComm_t nc; /* NULL once aborted */
     int owned;  /* created here (else the caller's, never destroyed here) */
     int failed; /* aborted after a timeout or error */
     int rank, nranks;
@@ -25,6 +25,8 @@ typedef struct {
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded by the
  * core's timeout; on expiry aborts the communicator. */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what);
+/* Aborts the NCCL communicator (once; it is gone afterwards) and marks c failed. */
+void m2a_nccl_abort_once(nccl_comm_t *c);
 
 /* nccl_symmetric.c */
 int m2a_nccl_mem_alloc(void *tcomm, size_t bytes, void **ptr);

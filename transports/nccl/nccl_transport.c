@@ -18,6 +18,15 @@
 #include "transport_api.h"
 #include "nccl_internal.h"
 
+/* Aborts c's NCCL communicator once: ncclCommAbort frees it, so a second abort (at
+ * finalize, after a timeout had aborted it) would touch freed memory. */
+void m2a_nccl_abort_once(nccl_comm_t *c)
+{
+    if (c->nc) ncclCommAbort(c->nc);
+    c->nc = NULL;
+    c->failed = 1;
+}
+
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded. */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
 {
@@ -31,14 +40,13 @@ int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
             break;
         }
         if (m2a_now() > deadline) {
-            ncclCommAbort(c->nc);
-            c->failed = 1;
+            m2a_nccl_abort_once(c);
             return fail(c, MOEA2A_ERR_TIMEOUT, "nccl: %s did not complete within %.1f s (MOEA2A_TIMEOUT_S); a peer may have died",
                         what, c->core->timeout_s);
         }
         sched_yield();
     }
-    const char *last = ncclGetLastError(c->nc);
+    const char *last = c->nc ? ncclGetLastError(c->nc) : NULL;
     return fail(c, rc == ncclRemoteError ? MOEA2A_ERR_PEER_FAILED : MOEA2A_ERR_TRANSPORT, "nccl: %s: %s%s%s", what,
                 ncclGetErrorString(rc), last && *last ? ": " : "", last ? last : "");
 }
@@ -179,8 +187,7 @@ static int nccl_barrier(void *tcomm, void **op)
     double deadline = m2a_now() + c->core->timeout_s;
     while (r == MOEA2A_SUCCESS && cudaStreamQuery(s) == cudaErrorNotReady) {
         if (m2a_now() > deadline) {
-            ncclCommAbort(c->nc);
-            c->failed = 1;
+            m2a_nccl_abort_once(c);
             r = fail(c, MOEA2A_ERR_TIMEOUT, "nccl barrier: not every rank arrived within %.1f s", c->core->timeout_s);
         }
         sched_yield();
@@ -227,8 +234,7 @@ static int nccl_check(void *tcomm)
 static void nccl_abort(void *tcomm)
 {
     nccl_comm_t *c = tcomm;
-    if (c->nc && !c->failed) ncclCommAbort(c->nc);
-    c->failed = 1;
+    m2a_nccl_abort_once(c);
 }
 
 static int nccl_external_rank(void *external, int *rank, int *nranks)
