@@ -617,6 +617,9 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
         if (moe->cuda) mine = m2a_moe_cuda_route(moe, n, ids, stream, &invalid, &dedup);
         else host_route(moe, n, ids, &invalid, &dedup);
     }
+    /* A failure that broke the communicator (device work stuck on a dead peer) has
+     * no headers to travel with: return it, not the ABORTED of the exchange. */
+    if (mine != MOEA2A_SUCCESS && comm->broken != MOEA2A_SUCCESS) return mine;
     if (mine != MOEA2A_SUCCESS) memset(moe->h_send_counts, 0, sizeof(int32_t) * (size_t)ep);
     for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){moe->h_send_counts[q], rt, mine, n};
     phase_mark(moe, &ph, stream, "route");

@@ -48,7 +48,32 @@ static void read_nvlink(hwloc_topology_t t, hwloc_obj_t *gpus, m2a_topo_t *topo)
     hwloc_distances_release(t, d);
 }
 
+static moea2a_result_t load(const char *xml, m2a_topo_t *topo);
+
+/* This machine's topology does not change while the process runs: loaded once
+ * (hwloc's discovery takes milliseconds, and its plugins keep a little memory per
+ * load that every context re-create would add to). */
+static pthread_once_t machine_once = PTHREAD_ONCE_INIT;
+static m2a_topo_t machine;
+static moea2a_result_t machine_result;
+static char machine_error[256];
+
+static void load_machine(void)
+{
+    machine_result = load(NULL, &machine);
+    if (machine_result != MOEA2A_SUCCESS) snprintf(machine_error, sizeof(machine_error), "%s", moea2a_last_error(NULL));
+}
+
 moea2a_result_t m2a_topo_load(const char *xml, m2a_topo_t *topo)
+{
+    if (xml) return load(xml, topo);
+    pthread_once(&machine_once, load_machine);
+    if (machine_result != MOEA2A_SUCCESS) return m2a_error(NULL, machine_result, "%s", machine_error);
+    *topo = machine;
+    return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t load(const char *xml, m2a_topo_t *topo)
 {
     memset(topo, 0, sizeof(*topo));
     hwloc_topology_t t;
