@@ -89,7 +89,8 @@ typedef struct {
 typedef struct {
     size_t size;           /* sizeof(moea2a_config_t) as compiled by the caller */
     unsigned int version;  /* MOEA2A_VERSION_CODE as compiled by the caller */
-    double timeout_s;      /* bound on every wait for a peer; < 0: MOEA2A_TIMEOUT_S */
+    double timeout_s;      /* bound on every wait for a peer, seconds; < 0: MOEA2A_TIMEOUT_S;
+                              0, NaN and infinities are MOEA2A_ERR_INVALID_ARGUMENT */
     const char *transport; /* transport list as in MOEA2A_TRANSPORT; NULL: that variable */
     int cuda_device;       /* device for CUDA work; -1: the caller's current device */
 } moea2a_config_t;
@@ -98,7 +99,8 @@ typedef struct {
     { sizeof(moea2a_config_t), MOEA2A_VERSION_CODE, -1.0, NULL, -1 }
 
 /* Makes a new unique id and starts the rendezvous service for it in this process
- * (a background thread that lives until every rank has joined or the timeout). */
+ * (a background thread that lives until every rank has joined or the timeout). The
+ * id holds a random key that admits ranks (moea2a(7), SECURITY): keep it private. */
 MOEA2A_API moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *id);
 
 /* Collective over nranks processes: each calls it with the same id and nranks and
@@ -195,7 +197,7 @@ typedef enum {
 } moea2a_placement_t;
 
 /* moea2a_moe_config_t.flags */
-#define MOEA2A_MOE_NO_SANITIZE (1u << 0)       /* leave padding rows' ids as they are */
+#define MOEA2A_MOE_NO_SANITIZE (1u << 0)       /* no rewriting of received ids (moea2a_moe(3)) */
 #define MOEA2A_MOE_REWRITE_NONLOCAL (1u << 1)  /* also set ids owned by other ranks to invalid */
 #define MOEA2A_MOE_CARRY_WEIGHTS (1u << 2)     /* dispatch delivers topk_weights too */
 #define MOEA2A_MOE_NO_NVLINK (1u << 3)         /* never the load/store (NVLink) path */
@@ -273,9 +275,10 @@ typedef struct {
     int64_t sent_rows;           /* rows this rank sent (one per token and destination rank) */
     int64_t deduplicated;        /* entries merged because their rank already got the token */
     /* The load/store path does not wait for the dispatch on the host: the four counts
-     * above are -1 there, and device_stats ([4] in the context's memory: total_recv,
+     * above are -1 there, and device_stats ([4] in device memory: total_recv,
      * invalid_entries, sent_rows, deduplicated) holds them once the stream has passed
-     * the dispatch. The generic paths fill both. */
+     * the dispatch. The generic paths (host memory, NCCL send/receive) fill the four
+     * counts and set device_stats to NULL. */
     const int64_t *device_stats;
     int nvlink;                  /* 1: this dispatch took the load/store path */
 } moea2a_dispatch_result_t;
@@ -312,16 +315,19 @@ MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *ro
  * kernels may write there and pass NULL (or this pointer) to moea2a_combine. */
 MOEA2A_API moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer);
 
-/* Collective. num_tokens in 0..cap (0: an idle rank that still takes part);
- * topk_ids [num_tokens][k] int32; topk_weights [num_tokens][k] float or NULL;
- * payloads[i] [num_tokens][row of payload i]; runtime_max_tokens_per_rank: the
- * receive stride for this call (0: cap), the same on every rank. */
+/* Collective. num_tokens in 0..cap (0: an idle rank that still takes part, and may
+ * pass NULL arrays); topk_ids [num_tokens][k] int32; topk_weights [num_tokens][k]
+ * float or NULL; payloads[i] [num_tokens][row of payload i];
+ * runtime_max_tokens_per_rank: the receive stride for this call (0: cap), the same on
+ * every rank. Negative values are MOEA2A_ERR_INVALID_ARGUMENT. A call rejected by its
+ * checks fails on every rank with one code; what it leaves behind: moea2a_moe(3). */
 MOEA2A_API moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int num_tokens, const int32_t *topk_ids,
                                            const float *topk_weights, const void *const *payloads,
                                            int runtime_max_tokens_per_rank,
                                            moea2a_dispatch_result_t *result, void *stream);
 /* Collective. expert_out: [ep][stride][hidden] of combine_dtype, one row per valid
- * slot of the last dispatch (NULL: the combine buffer). out: [num_tokens][hidden]:
+ * slot of the last dispatch (NULL: the combine buffer). A context with hidden = 0 has
+ * no combine (MOEA2A_ERR_INVALID_ARGUMENT); its dispatches replace each other. out: [num_tokens][hidden]:
  * out[t] = sum, in fp32 and in ascending rank order, of the rows of the ranks that
  * received token t; zeros for tokens sent nowhere. */
 MOEA2A_API moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);

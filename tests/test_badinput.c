@@ -256,6 +256,18 @@ static int two_ranks(int rank, int n, moea2a_unique_id_t id, void *arg)
     const void *pl[1] = {x};
     moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     EXPECT(moea2a_dispatch(moe, 2, ids, NULL, pl, rank ? 3 : 4, &res, NULL), MOEA2A_ERR_MISMATCH);
+    /* ... which consumed nothing: the context and the communicator go on (moea2a_moe(3)) */
+    EXPECT(moea2a_dispatch(moe, 2, ids, NULL, pl, 0, &res, NULL), MOEA2A_SUCCESS);
+    uint16_t y[4 * 8];
+    EXPECT(moea2a_combine(moe, NULL, y, NULL), MOEA2A_SUCCESS);
+    /* a rank whose arguments are bad: its error, with the same code on the healthy rank */
+    EXPECT(moea2a_dispatch(moe, rank ? -1 : 2, ids, NULL, pl, 0, &res, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
+    /* an idle rank may pass NULL arrays; the generic path fills the counts, no device_stats */
+    EXPECT(moea2a_dispatch(moe, rank ? 0 : 2, rank ? NULL : ids, NULL, rank ? NULL : pl, 0, &res, NULL), MOEA2A_SUCCESS);
+    if (res.device_stats != NULL || res.total_recv < 0 || res.sent_rows != (rank ? 0 : res.sent_rows))
+        printf("# rank %d: host-path counts or device_stats wrong\n", rank), fails++;
+    EXPECT(moea2a_combine(moe, NULL, rank ? NULL : y, NULL), MOEA2A_SUCCESS);
+    EXPECT(moea2a_barrier(comm), MOEA2A_SUCCESS);
     moea2a_moe_destroy(moe);
     moea2a_comm_destroy(comm);
     return fails;

@@ -3,8 +3,9 @@
  * computed independently on the source rank: each token carries small integers, the
  * expert side returns what it received, so out[t] must be the token's row times the
  * number of distinct ranks its top-k experts live on (exact in bf16). Resident memory
- * is sampled after the warm-up and at the end: growth must stay under 100 kB a rank
- * (and the heap in use is reported next to it).
+ * and the heap in use are sampled after the warm-up and at the end: resident memory
+ * must grow less than 100 kB a rank over a long run (50000 iterations or more), the
+ * heap in use less than 64 KiB in any run.
  * MOEA2A_SOAK_ITERS sets the iterations (default 10000; .ci/run runs 100000),
  * MOEA2A_SOAK_RECREATE the re-create interval (default 1000). */
 #include <malloc.h>
@@ -110,7 +111,11 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     printf("# rank %d: %ld iterations, %ld mismatching values; after the warm-up: resident memory %+ld kB, "
            "heap in use %+ld bytes\n", rank, a->iters, mismatches, growth, heap);
     RANK_EXPECT(fails, rank, mismatches == 0, "%ld mismatching values", mismatches);
-    RANK_EXPECT(fails, rank, growth < 100, "resident memory grew by %ld kB (bound 100 kB)", growth);
+    /* Resident memory settles only over a long run (UCX's pools and shared-memory
+     * pages grow to the traffic's peaks): judged from 50000 iterations on, as .ci/run
+     * runs it; the heap in use, where a leak of moea2a's would show, always. */
+    RANK_EXPECT(fails, rank, a->iters < 50000 || growth < 100, "resident memory grew by %ld kB (bound 100 kB)", growth);
+    RANK_EXPECT(fails, rank, heap < 64 * 1024, "the heap in use grew by %ld bytes (bound 64 KiB)", heap);
     if (moe) moea2a_moe_destroy(moe);
     moea2a_comm_destroy(comm);
     return fails;
