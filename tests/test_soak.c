@@ -15,26 +15,15 @@
 #include <unistd.h>
 
 #include "local_ranks.h"
+#include "moe_roundtrip.h"
 #include "moea2a.h"
 #include "tap.h"
 
 #define RANKS 4
-#define E 16
-#define K 3
-#define CAP 32
-#define H 16
 #define RECREATE_DEFAULT 1000
 /* Warm-up: the first tenth of the run (at least 2000 iterations), while UCX's pools
  * grow to the peaks this traffic reaches; memory is measured after it. */
 #define WARMUP_MIN 2000
-
-static uint16_t bf16_of_int(int v)
-{
-    float f = (float)v;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16); /* exact: small integers have no low mantissa bits */
-}
 
 static long rss_kb(void)
 {
@@ -43,12 +32,6 @@ static long rss_kb(void)
     if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
     if (f) fclose(f);
     return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
-static uint64_t next(uint64_t *s)
-{
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return *s;
 }
 
 typedef struct {
@@ -61,48 +44,24 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     int fails = 0;
     moea2a_comm_t comm;
     if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
-    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
-    mc.num_experts = E, mc.top_k = K, mc.max_tokens_per_rank = CAP, mc.hidden = H, mc.memory = MOEA2A_MEMORY_HOST;
-    mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, H};
-    moea2a_moe_t moe = NULL;
-    static int32_t ids[CAP * K];
-    static uint16_t x[CAP * H], out[CAP * H];
-    uint64_t seed = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(rank + 1) * 0x100000001b3ULL;
+    moea2a_moe_config_t mc = rt_config();
+    static rt_state_t st;
+    st.ep = n;
+    st.seed = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(rank + 1) * 0x100000001b3ULL;
     long mismatches = 0, rss_warm = 0, warmup = a->iters / 10 > WARMUP_MIN ? a->iters / 10 : WARMUP_MIN;
     size_t heap_warm = 0;
     for (long it = 0; it < a->iters && fails == 0; it++) {
         if (it % a->recreate == 0) {
-            if (moe && moea2a_moe_destroy(moe)) fails++;
-            if (moea2a_moe_create(&moe, comm, &mc)) {
+            if (st.moe && moea2a_moe_destroy(st.moe)) fails++;
+            if (moea2a_moe_create(&st.moe, comm, &mc)) {
                 printf("# rank %d: create at %ld: %s\n", rank, it, moea2a_last_error(comm));
                 return 1;
             }
         }
-        int nt = (int)(next(&seed) % (CAP + 1)); /* 0..cap, idle ranks included */
-        for (int i = 0; i < nt * K; i++) ids[i] = (int)(next(&seed) % (E + 2)) - 1; /* -1 and E are invalid */
-        for (int t = 0; t < nt; t++)
-            for (int h = 0; h < H; h++) x[t * H + h] = bf16_of_int((t + h + (int)it) % 9 + 1);
-        const void *pl[1] = {x};
-        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-        moea2a_result_t r = moea2a_dispatch(moe, nt, ids, NULL, pl, 0, &res, NULL);
-        if (r == MOEA2A_SUCCESS) r = moea2a_combine(moe, res.payloads[0], out, NULL); /* experts return what came */
-        if (r != MOEA2A_SUCCESS) {
+        if (rt_step(&st, it, &mismatches) != MOEA2A_SUCCESS) {
             printf("# rank %d: iteration %ld: %s\n", rank, it, moea2a_last_error(comm));
             fails++;
             break;
-        }
-        /* the reference: distinct owner ranks of the valid ids (contiguous placement) */
-        for (int t = 0; t < nt; t++) {
-            int seen[RANKS] = {0}, copies = 0;
-            for (int j = 0; j < K; j++) {
-                int e = ids[t * K + j];
-                if (e < 0 || e >= E) continue;
-                int owner = e / (E / RANKS);
-                copies += !seen[owner];
-                seen[owner] = 1;
-            }
-            for (int h = 0; h < H; h++)
-                mismatches += out[t * H + h] != bf16_of_int(copies * ((t + h + (int)it) % 9 + 1));
         }
         if (it == warmup) rss_warm = rss_kb(), heap_warm = mallinfo2().uordblks;
     }
@@ -116,7 +75,7 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * runs it; the heap in use, where a leak of moea2a's would show, always. */
     RANK_EXPECT(fails, rank, a->iters < 50000 || growth < 100, "resident memory grew by %ld kB (bound 100 kB)", growth);
     RANK_EXPECT(fails, rank, heap < 64 * 1024, "the heap in use grew by %ld bytes (bound 64 KiB)", heap);
-    if (moe) moea2a_moe_destroy(moe);
+    if (st.moe) moea2a_moe_destroy(st.moe);
     moea2a_comm_destroy(comm);
     return fails;
 }

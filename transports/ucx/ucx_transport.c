@@ -66,6 +66,21 @@ static ucp_tag_t make_tag(uint32_t seq, int op, int src)
     return ((ucp_tag_t)seq << 32) | ((ucp_tag_t)op << 24) | (ucp_tag_t)(src & 0xffffff);
 }
 
+/* Whether UCX_TLS lets UCX use its shared-memory transports (a setting for a
+ * transport that is not loaded makes UCX warn of an invalid configuration). */
+static int may_use_shared_memory(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (!tls || !*tls || *tls == '^') return 1;
+    static const char *const names[] = {"sm", "shm", "mm", "posix", "sysv", "all"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t n = strlen(names[i]);
+        for (const char *p = tls; (p = strstr(p, names[i])); p += n)
+            if ((p == tls || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+    }
+    return 0;
+}
+
 static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **addr, size_t *addr_len,
                           unsigned *mem_types)
 {
@@ -94,7 +109,8 @@ static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **add
     /* Shared memory takes part in peer-failure handling only when asked (UCX keeps
      * it off by default); without this, peer error mode would move intra-node
      * traffic to TCP. */
-    if (!getenv("UCX_MM_ERROR_HANDLING") && !getenv("UCX_POSIX_ERROR_HANDLING") && !getenv("UCX_SYSV_ERROR_HANDLING"))
+    if (may_use_shared_memory() && !getenv("UCX_MM_ERROR_HANDLING") && !getenv("UCX_POSIX_ERROR_HANDLING") &&
+        !getenv("UCX_SYSV_ERROR_HANDLING"))
         if (ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y") != UCS_OK)
             log_msg(c, 1, "ucx: this UCX cannot enable shared-memory error handling; peers on this node may use TCP");
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,

@@ -1,0 +1,65 @@
+/* One rank of tests/test_netns.sh, run inside its own network namespace and UTS
+ * hostname ("a host"): moea2a_comm_init_env (rank, size, root address and key from
+ * the environment), then MoE dispatch + combine on host memory, each round trip
+ * checked against the reference of tests/moe_roundtrip.h.
+ *   netns_rank ITERS     ITERS checked round trips; exit 0 when all were exact
+ *   netns_rank survive   round trips until one fails (another host is killed): prints
+ *                        the error and the seconds since the last success; exit 0 when
+ *                        it is PEER_FAILED or TIMEOUT within MOEA2A_TIMEOUT_S + 1 s */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "moe_roundtrip.h"
+#include "moea2a.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    int survive = argc > 1 && !strcmp(argv[1], "survive");
+    long iters = argc > 1 && !survive ? atol(argv[1]) : 100;
+    char host[64] = "?";
+    gethostname(host, sizeof(host) - 1);
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_env(&comm, NULL)) {
+        printf("%s: init: %s\n", host, moea2a_last_error(NULL));
+        return 1;
+    }
+    int rank, n;
+    moea2a_comm_rank(comm, &rank);
+    moea2a_comm_size(comm, &n);
+    static rt_state_t st;
+    st.ep = n;
+    st.seed = 0x5851f42d4c957f2dULL * (uint64_t)(rank + 1);
+    moea2a_moe_config_t mc = rt_config();
+    if (moea2a_moe_create(&st.moe, comm, &mc)) {
+        printf("%s: create: %s\n", host, moea2a_last_error(comm));
+        return 1;
+    }
+    long mismatches = 0, it = 0;
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    double last_ok = now();
+    for (; r == MOEA2A_SUCCESS && (survive || it < iters); it++) {
+        r = rt_step(&st, it, &mismatches);
+        if (r == MOEA2A_SUCCESS) last_ok = now();
+        if (survive && it == 50) printf("%s: rank %d looping\n", host, rank), fflush(stdout);
+    }
+    double detect = now() - last_ok;
+    const char *timeout = getenv("MOEA2A_TIMEOUT_S");
+    double bound = (timeout ? atof(timeout) : 300.0) + 1.0;
+    int ok = survive ? (r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TIMEOUT) && detect <= bound
+                     : r == MOEA2A_SUCCESS && mismatches == 0;
+    printf("%s: rank %d of %d: %ld round trips, %ld mismatching values, %s%s%s after %.2f s\n", host, rank, n, it,
+           mismatches, moea2a_strerror(r), r ? ": " : "", r ? moea2a_last_error(comm) : "", detect);
+    moea2a_moe_destroy(st.moe);
+    moea2a_comm_destroy(comm);
+    return ok ? 0 : 1;
+}
