@@ -126,7 +126,8 @@ MOEA2A_API moea2a_result_t moea2a_comm_init_nccl(moea2a_comm_t *comm, void *nccl
  * an error or abort it only releases local resources. */
 MOEA2A_API moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm);
 /* Marks the communicator broken: every pending and later call on it returns
- * MOEA2A_ERR_ABORTED; local resources are freed by moea2a_comm_destroy. */
+ * MOEA2A_ERR_ABORTED, and transports that can (NCCL) abort their device work at once
+ * (as ncclCommAbort); local resources are freed by moea2a_comm_destroy. */
 MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
 MOEA2A_API moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank);
 MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);

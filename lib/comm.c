@@ -212,7 +212,9 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
     if (rank == 0) M2A_TRY(m2a_bootstrap_serve(&id, cfg.timeout_s));
     M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
              root_text);
-    return comm_init(comm, (int)nranks, &id, (int)rank, config, NULL);
+    moea2a_result_t r = comm_init(comm, (int)nranks, &id, (int)rank, config, NULL);
+    memset(id.key, 0, sizeof(id.key));
+    return r;
 }
 
 /* ---- init from a caller's NCCL communicator ------------------------------------- */
@@ -269,17 +271,22 @@ moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn)
     return MOEA2A_SUCCESS;
 }
 
+/* Device work of earlier calls may wait on a peer that failed (NCCL kernels have no
+ * timeout of their own): abort what can be aborted, so that no later CUDA call, the
+ * frees of destroy included, waits on it forever. */
+static void abort_transports(moea2a_comm_t comm)
+{
+    for (int i = 0; i < comm->ntr; i++)
+        if (comm->tr[i].ops->abort) comm->tr[i].ops->abort(comm->tr[i].tc);
+}
+
 moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
 {
     if (r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TRANSPORT ||
         r == MOEA2A_ERR_MISMATCH || r == MOEA2A_ERR_INTERNAL) {
         if (comm->broken == MOEA2A_SUCCESS) {
             memcpy(comm->broken_why, comm->last_error, sizeof(comm->broken_why));
-            /* Device work of earlier calls may wait on the peer that failed (NCCL
-             * kernels have no timeout of their own): abort what can be aborted, so
-             * no later CUDA call, the frees of destroy included, waits on it forever. */
-            for (int i = 0; i < comm->ntr; i++)
-                if (comm->tr[i].ops->abort) comm->tr[i].ops->abort(comm->tr[i].tc);
+            abort_transports(comm);
         }
         comm->broken = r;
     }
@@ -304,7 +311,10 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
 moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm)
 {
     if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_abort: comm is NULL");
-    if (comm->broken == MOEA2A_SUCCESS) snprintf(comm->broken_why, sizeof(comm->broken_why), "aborted by the application");
+    if (comm->broken == MOEA2A_SUCCESS) {
+        snprintf(comm->broken_why, sizeof(comm->broken_why), "aborted by the application");
+        abort_transports(comm);
+    }
     comm->broken = MOEA2A_ERR_ABORTED;
     M2A_INFO(M2A_SUBSYS_INIT, "communicator aborted by the application");
     return MOEA2A_SUCCESS;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -150,7 +151,15 @@ static void forged_join(void)
 
 /* init_env with MOEA2A_KEY: an impostor (a wrong key, or none) that comes first as
  * rank 1 is refused; the real ranks form the communicator. */
-static void env_impostor(void)
+/* A key file holding text: mode 0600 (good) or 0644 (refused). */
+static void key_file(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    if (f) fputs(text, f), fclose(f);
+    chmod(path, mode);
+}
+
+static void env_impostor(const char *keyfile)
 {
     int port = 20000 + (int)(getpid() % 10000);
     char addr[32];
@@ -165,7 +174,8 @@ static void env_impostor(void)
         setenv("MOEA2A_NRANKS", "2", 1);
         setenv("MOEA2A_ROOT_ADDR", addr, 1);
         if (p == 0) unsetenv("MOEA2A_KEY"); /* derives the public key, as an attacker can */
-        else setenv("MOEA2A_KEY", "the job's secret", 1);
+        else if (p == 1) setenv("MOEA2A_KEY", "the job's secret", 1);
+        else setenv("MOEA2A_KEY_FILE", keyfile, 1); /* the same secret, from a file */
         moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
         cfg.timeout_s = p == 0 ? 2.0 : 10.0;
         if (p == 2) usleep(300000); /* the real rank 1 comes last */
@@ -193,14 +203,47 @@ static void env_impostor(void)
         codes[p] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     tap_ok(codes[0] == 0, "init_env with MOEA2A_KEY: an impostor without the key is refused as rank 1");
-    tap_ok(codes[1] == 0 && codes[2] == 0, "init_env with MOEA2A_KEY: the real ranks 0 and 1 form the communicator");
+    tap_ok(codes[1] == 0 && codes[2] == 0,
+           "init_env: the real ranks 0 (MOEA2A_KEY) and 1 (MOEA2A_KEY_FILE, the same secret) form the communicator");
+}
+
+/* Key settings that init_env must refuse before any network step. */
+static void bad_keys(const char *keyfile)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fails = 0;
+        moea2a_comm_t comm;
+        setenv("MOEA2A_RANK", "0", 1);
+        setenv("MOEA2A_NRANKS", "1", 1);
+        setenv("MOEA2A_ROOT_ADDR", "127.0.0.1:1", 1);
+        setenv("MOEA2A_KEY", "x", 1);
+        setenv("MOEA2A_KEY_FILE", keyfile, 1);
+        fails += moea2a_comm_init_env(&comm, NULL) != MOEA2A_ERR_INVALID_ARGUMENT; /* both set */
+        unsetenv("MOEA2A_KEY");
+        key_file(keyfile, "the job's secret", 0644);
+        fails += moea2a_comm_init_env(&comm, NULL) != MOEA2A_ERR_INVALID_ARGUMENT; /* others may read it */
+        setenv("MOEA2A_KEY_FILE", "/nonexistent/moea2a.key", 1);
+        fails += moea2a_comm_init_env(&comm, NULL) != MOEA2A_ERR_INVALID_ARGUMENT; /* missing */
+        _exit(fails);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    tap_ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+           "init_env refuses both MOEA2A_KEY and MOEA2A_KEY_FILE, a key file others can read, a missing one");
 }
 
 int main(void)
 {
     setenv("MOEA2A_TIMEOUT_S", "20", 1);
     srand((unsigned)getpid());
-    env_impostor();
+    char keyfile[] = "/tmp/moea2a-key-XXXXXX";
+    int kfd = mkstemp(keyfile);
+    if (kfd >= 0) close(kfd);
+    key_file(keyfile, "the job's secret", 0600);
+    env_impostor(keyfile);
+    bad_keys(keyfile);
+    unlink(keyfile);
     forged_join();
     double base = timed_init(4, 0), attacked = timed_init(4, 1);
     tap_diag("4-rank init: %.3f s alone, %.3f s with %d idle and %d garbage connections at the root", base, attacked,
