@@ -680,10 +680,181 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
     return take ? take : 1u;
 }
 
+/* ---- the combine's reduce through the bulk copy engine (sm_90+) ------------------------
+ * With few SMs, 16-byte loads cannot keep enough reads in flight to fill NVLink (154
+ * GB/s per GPU from 16 SMs on 2 x H200), while bulk copies issued by one lane reach
+ * the load ceiling from the same SMs. Each warp keeps kTmaStages units in flight: a
+ * unit's rows (one per source rank, at most kTmaRows) land in the warp's shared
+ * memory, an mbarrier counts their bytes, and the warp reduces them from there in the
+ * same order as reduce_unit (ascending rank, fp32 from 0, rounded once): the same
+ * bits. */
+constexpr int kTmaRows = 4, kTmaStages = 2;
+constexpr size_t kTmaWarpBytes = (size_t)kTmaStages * kTmaRows * kSegC;
+constexpr size_t kTmaSmem = kWarps * kTmaWarpBytes; /* dynamic shared memory of a TMA launch */
+
+/* Launches of at most this many blocks reduce through bulk copies. On 2 x H200 at 4096
+ * tokens (bf16, hidden 7168) the combine took 466 / 319 / 247 / 221 us at 16 / 24 / 32 / 48
+ * SMs this way against 515 / 360 / 285 / 211 us with loads: better up to 32 SMs, 5%
+ * worse at 48, where loads already fill the links. */
+#ifndef M2A_COMBINE_TMA_MAX_BLOCKS
+#define M2A_COMBINE_TMA_MAX_BLOCKS 32
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+#endif
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+/* Arms the barrier for bytes of bulk copies (one arrival: this lane's). */
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned phase)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred p;\n W%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W%=;\n}" ::"r"(
+                     smem_u32(bar)),
+                 "r"(phase)
+                 : "memory");
+#endif
+}
+
+/* Orders this thread's generic-proxy accesses (the acquire of the peers' signals, the
+ * reads of a stage) before its later bulk copies (async proxy). */
+__device__ __forceinline__ void fence_proxy_async()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async;" ::: "memory");
+#endif
+}
+
+/* A unit in flight: where its output goes and how many rows it waits for. */
+struct TmaUnit {
+    int t, nd;
+    unsigned off, len;
+};
+
+/* Reduces a landed stage: out bytes [off, off + len) of token t. */
+template <moea2a_datatype_t DT>
+__device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_t out_row, unsigned char *out)
+{
+    constexpr int V = 16 / Val<DT>::size, U = (int)(kSegC / 16 / 32);
+    const int lane = threadIdx.x & 31, C = (int)(u.len / 16);
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        const int i = lane + 32 * k;
+        if (i >= C) continue;
+        float acc[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[v] = 0.0f;
+        for (int d = 0; d < u.nd; d++) {
+            const int4 r = reinterpret_cast<const int4 *>(stage + (size_t)d * kSegC)[i];
+#pragma unroll
+            for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r), v);
+        }
+        int4 res;
+#pragma unroll
+        for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[v]);
+        reinterpret_cast<int4 *>(out + (size_t)u.t * out_row + u.off)[i] = res;
+    }
+}
+
+/* The reduce loop of combine_kernel through bulk copies: the same units from the same
+ * counter, kTmaStages of them in flight per warp. Needs D <= kTmaRows, 16-byte rows and
+ * kTmaSmem bytes of dynamic shared memory. */
+template <moea2a_datatype_t DT>
+__device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *send_map, int D, int stride, size_t row,
+                            size_t out_row, uint32_t S, unsigned long long units, unsigned take,
+                            unsigned long long grabs, unsigned long long *next, unsigned long long taken,
+                            unsigned char *out)
+{
+    extern __shared__ __align__(128) unsigned char dsm[];
+    __shared__ uint64_t bars[kWarps][kTmaStages];
+    const m2a_kparams_t &p = f.p;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, me = p.me;
+    unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
+    if (lane == 0)
+        for (int s = 0; s < kTmaStages; s++) mbar_init(&bars[w][s]);
+    fence_proxy_async(); /* the barriers' init and the signals' acquire before any bulk copy */
+    __syncwarp();
+    /* the warp's units in order: grab g covers units [g * take, (g + 1) * take) */
+    unsigned long long g = __shfl_sync(0xffffffffu, taken, 0), u = g * take;
+    if (lane == 0 && g < grabs) taken = atomicAdd(next, 1ull);
+    auto next_unit = [&]() -> long long {
+        if (g >= grabs) return -1;
+        if (u >= (g + 1) * take || u >= units) {
+            g = __shfl_sync(0xffffffffu, taken, 0);
+            if (g >= grabs) return -1;
+            u = g * take;
+            if (lane == 0) taken = atomicAdd(next, 1ull);
+        }
+        return (long long)u++;
+    };
+    TmaUnit inflight[kTmaStages];
+    unsigned phase = 0; /* bit s: the parity stage s waits for next */
+    /* issue: the unit's rows (ascending rank) into stage s */
+    auto issue = [&](long long unit, int s) {
+        const int t = (int)(unit / S);
+        const int32_t *map = send_map + (size_t)t * p.k;
+        const int32_t slot = lane < D ? map[lane] : -1;
+        const unsigned ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
+        const unsigned off = (unsigned)((unit % S) * kSegC);
+        const unsigned len = (unsigned)(out_row - off < kSegC ? out_row - off : kSegC);
+        TmaUnit m = {t, __popc(ok_rows), off, len};
+        inflight[s] = m;
+        if (slot >= 0) { /* the d-th valid entry in rank order lands at row d of the stage */
+            const int d = __popc(ok_rows & ((1u << lane) - 1));
+            const unsigned char *src = f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off;
+            if (d == 0) mbar_expect(&bars[w][s], (unsigned)m.nd * len);
+            __syncwarp(ok_rows);
+            bulk_load(stages + (size_t)s * kTmaRows * kSegC + (size_t)d * kSegC, src, len, &bars[w][s]);
+        } else if (m.nd == 0 && lane == 0) {
+            mbar_expect(&bars[w][s], 0); /* a token sent nowhere: zeros, nothing to load */
+        }
+    };
+    int n_in = 0;
+    for (int s = 0; s < kTmaStages; s++) {
+        const long long unit = next_unit();
+        if (unit < 0) break;
+        issue(unit, s);
+        n_in++;
+    }
+    for (int s = 0; n_in > 0; s = (s + 1) % kTmaStages) {
+        mbar_wait(&bars[w][s], (phase >> s) & 1u);
+        phase ^= 1u << s;
+        reduce_stage<DT>(stages + (size_t)s * kTmaRows * kSegC, inflight[s], out_row, out);
+        fence_proxy_async(); /* this lane's reads of the stage before the next copy into it */
+        __syncwarp();
+        const long long unit = next_unit();
+        if (unit < 0) n_in--;
+        else issue(unit, s);
+    }
+}
+
 template <moea2a_datatype_t DT>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
-                                                       unsigned char *__restrict__ out)
+                                                       unsigned char *__restrict__ out, bool tma)
 {
     __shared__ uint32_t s_epoch;
     const m2a_kparams_t &p = f.p;
@@ -741,6 +912,10 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const unsigned take = units_per_grab(units, G);
     const unsigned long long grabs = (units + take - 1) / take;
     unsigned long long taken = lane == 0 ? atomicAdd(next, 1ull) : 0;
+    if (ok && tma) {
+        combine_tma<DT>(f, c, send_map, D, stride, row, out_row, S, units, take, grabs, next, taken, out);
+        ok = false; /* done */
+    }
     while (ok) {
         const unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
         if (g >= grabs) break;
@@ -807,15 +982,42 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
     return (int)cudaGetLastError();
 }
 
+/* Whether this device runs bulk copies (sm_90+), with the combine kernels allowed the
+ * dynamic shared memory they need: checked once per device. */
+static bool tma_capable()
+{
+    static int cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (!cached[dev]) {
+        int major = 0;
+        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)kTmaSmem) == cudaSuccess &&
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)kTmaSmem) == cudaSuccess &&
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_BFLOAT16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)kTmaSmem) == cudaSuccess;
+        cudaGetLastError();
+        cached[dev] = ok ? 1 : -1;
+    }
+    return cached[dev] > 0;
+}
+
 extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows,
                                 void *out, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = static_cast<unsigned char *>(out);
+    const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
+    const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
+    const bool tma = blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() && D <= kTmaRows && out_row % 16 == 0 &&
+                     f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
+    const size_t smem = tma ? kTmaSmem : 0;
     switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, 0, s>>>(*f, n, stride, expert_rows, o); break;
-    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, 0, s>>>(*f, n, stride, expert_rows, o); break;
-    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, 0, s>>>(*f, n, stride, expert_rows, o); break;
+    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma); break;
+    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma); break;
+    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma); break;
     }
     return (int)cudaGetLastError();
 }
