@@ -391,7 +391,8 @@ MOEA2A_API moea2a_result_t moea2a_get_transports(moea2a_transport_info_t *infos,
 
 typedef struct {
     const char *name;          /* MOEA2A_... */
-    const char *type;          /* "int", "double", "string", "enum" */
+    const char *type;          /* "int", "double", "string", "enum", "secret" (a string that
+                                  tools never print) */
     const char *default_value; /* as text */
     const char *help;          /* one or two sentences */
 } moea2a_param_t;

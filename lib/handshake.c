@@ -51,18 +51,35 @@ static void drop(pending_t *p)
     p->msg = NULL;
 }
 
+/* Drops the connection that has waited longest, the one whose deadline comes first
+ * (it may connect again). */
+static void shed_oldest(pending_t *pend, int *npend)
+{
+    int o = 0;
+    for (int i = 1; i < *npend; i++)
+        if (pend[i].deadline < pend[o].deadline) o = i;
+    drop(&pend[o]);
+    pend[o] = pend[--(*npend)];
+}
+
 /* Accepts what the listener has and challenges it; 0 while the listener is healthy. */
 static int take_new(int listen_fd, const m2a_handshake_t *hs, pending_t *pend, int *npend, double deadline)
 {
     for (;;) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ||
-                            errno == EMFILE || errno == ENFILE) ? 0 : -1;
-        if (*npend == MAX_PENDING) { /* shed the oldest */
-            drop(&pend[0]);
-            memmove(pend, pend + 1, sizeof(*pend) * (MAX_PENDING - 1));
-            (*npend)--;
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            /* Out of descriptors with a connection waiting: shed the oldest pending one
+             * so the newcomer gets its turn; with none to shed, let poll's next round
+             * (after a short pause, not a spin) try again. */
+            if (*npend == 0) {
+                usleep(10000);
+                return 0;
+            }
+            shed_oldest(pend, npend);
+            continue;
         }
+        if (fd < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) ? 0 : -1;
+        if (*npend == MAX_PENDING) shed_oldest(pend, npend);
         pending_t *p = &pend[*npend];
         challenge_t c = {M2A_ID_MAGIC, hs->tag, {0}};
         p->fd = fd;

@@ -45,7 +45,7 @@ static const moea2a_param_t params[] = {
     {"MOEA2A_ROOT_ADDR", "string", "",
      "host:port where rank 0 serves the rendezvous for moea2a_comm_init_env. Optional when all "
      "ranks are on one node under mpirun or srun (a port is derived from the job id)."},
-    {"MOEA2A_KEY", "string", "",
+    {"MOEA2A_KEY", "secret", "",
      "Shared secret that authenticates the ranks of moea2a_comm_init_env to each other (never sent: "
      "challenge-response with HMAC-SHA256). Every rank sets the same value. Unset (and no "
      "MOEA2A_KEY_FILE): the rendezvous is unauthenticated and one WARN says so."},

@@ -22,5 +22,7 @@ for v in $used; do echo "$table" | grep -qx "$v" || undeclared="$undeclared $v";
 undocumented=""
 for v in $table; do grep -q "$v" "$src/man/man7/moea2a.7" || undocumented="$undocumented $v"; done
 [ -z "$undocumented" ]; check $? "every variable is documented in moea2a(7)${undocumented:+ (missing:$undocumented)}"
+shown=$(MOEA2A_KEY=do-not-print-this "$build/tools/moea2a_info" -c | grep -c do-not-print-this)
+[ "$shown" = 0 ]; check $? "moea2a_info -c never prints the value of MOEA2A_KEY"
 echo "1..$n"
 exit $failed

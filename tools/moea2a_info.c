@@ -39,6 +39,7 @@ static int print_config(void)
     printf("# %d environment variables\n", n);
     for (int i = 0; i < n; i++) {
         const char *cur = getenv(p[i].name);
+        if (cur && !strcmp(p[i].type, "secret")) cur = "(set; not shown)";
         printf("%s\n    type: %s   default: %s   current: %s\n    %s\n", p[i].name, p[i].type,
                *p[i].default_value ? p[i].default_value : "(none)", cur ? cur : "(unset)", p[i].help);
     }
