@@ -94,7 +94,7 @@ static void test_params(void)
     for (int i = 0; i < n; i++) {
         good &= !strncmp(p[i].name, "MOEA2A_", 7) && strlen(p[i].help) > 20 && p[i].default_value;
         good &= !strcmp(p[i].type, "int") || !strcmp(p[i].type, "double") || !strcmp(p[i].type, "string") ||
-                !strcmp(p[i].type, "enum");
+                !strcmp(p[i].type, "enum") || !strcmp(p[i].type, "secret");
         for (int j = 0; j < i; j++) good &= strcmp(p[i].name, p[j].name) != 0;
     }
     tap_ok(good, "every parameter has a MOEA2A_ name, a type, a default and help; names are unique");
