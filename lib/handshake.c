@@ -146,16 +146,15 @@ int m2a_handshake_serve(int listen_fd, const m2a_handshake_t *hs, double deadlin
             int st = read_some(&pend[i], hs);
             if (st == 0) continue;
             uint64_t ack = ACCEPTED_WORD;
-            if (st > 0 && authentic(&pend[i], hs) &&
-                send(pend[i].fd, &ack, sizeof(ack), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(ack) &&
-                accepted(ctx, pend[i].fd, pend[i].msg, pend[i].challenge)) {
+            const int genuine = st > 0 && authentic(&pend[i], hs);
+            if (st > 0 && !genuine && !rejected++)
+                M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "%s: dropped a connection that failed authentication (another "
+                         "job's id or key, or not a moea2a rank)", hs->label);
+            if (genuine && send(pend[i].fd, &ack, sizeof(ack), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(ack) &&
+                accepted(ctx, pend[i].fd, pend[i].msg, pend[i].challenge))
                 free(pend[i].msg); /* the fd now belongs to the caller */
-            } else {
-                if (st > 0 && !rejected++)
-                    M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "%s: dropped a connection that failed authentication (another "
-                             "job's id or key, or not a moea2a rank)", hs->label);
+            else
                 drop(&pend[i]);
-            }
             pend[i] = pend[--npend];
         }
         if ((pfd[0].revents & POLLIN) && take_new(listen_fd, hs, pend, &npend, deadline)) break;

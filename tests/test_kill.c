@@ -66,7 +66,7 @@ typedef struct {
     int32_t s[MAX_RANKS * 64], r[MAX_RANKS * 64];
 } work_t;
 
-static moea2a_result_t one_step(moea2a_comm_t comm, int n, int rank, int moe, work_t *w, int it)
+static moea2a_result_t one_step(moea2a_comm_t comm, int rank, int moe, work_t *w, int it)
 {
     if (!moe) return moea2a_alltoallv(w->s, w->c, w->d, w->r, w->c, w->d, MOEA2A_INT32, comm, NULL);
     for (int t = 0; t < 8; t++) w->ids[2 * t] = (t + it + rank) % 16, w->ids[2 * t + 1] = (t * 3 + it) % 16;
@@ -74,7 +74,6 @@ static moea2a_result_t one_step(moea2a_comm_t comm, int n, int rank, int moe, wo
     moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     moea2a_result_t r = moea2a_dispatch(w->moe, 8, w->ids, NULL, payloads, 0, &res, NULL);
     if (r != MOEA2A_SUCCESS) return r;
-    (void)n;
     return moea2a_combine(w->moe, w->expert_out, w->y, NULL);
 }
 
@@ -108,7 +107,7 @@ static int looping_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     }
     moea2a_result_t r = MOEA2A_SUCCESS;
     int it = 0;
-    while (r == MOEA2A_SUCCESS && it < 1000000) r = one_step(comm, n, rank, run->moe, &w, it++);
+    while (r == MOEA2A_SUCCESS && it < 1000000) r = one_step(comm, rank, run->moe, &w, it++);
     double t_err = now();
     if (rank == run->victim) pause(); /* the killer thread ends this process */
     char want[32];
