@@ -332,6 +332,27 @@ MOEA2A_API moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int num_tokens, con
  * out[t] = sum, in fp32 and in ascending rank order, of the rows of the ranks that
  * received token t; zeros for tokens sent nowhere. */
 MOEA2A_API moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);
+
+/* Split phases (moea2a_moe(3), "Split phases"): each call in two halves, so that the
+ * caller runs other work between them (on other streams, or on the same one).
+ *  moea2a_dispatch = moea2a_dispatch_send + moea2a_dispatch_recv,
+ *  moea2a_combine  = moea2a_combine_send  + moea2a_combine_recv,
+ * with the same arguments split between the halves, the same results and bits. A send
+ * half returns once its work is enqueued (on the load/store path: one kernel that
+ * writes this rank's rows into its peers and signals them); the receive half waits
+ * for the peers, then sanitizes (dispatch) or reduces (combine). Both halves are
+ * collective, in this order on every rank; pass the receive half the send half's
+ * stream (or one ordered after it). Both may be captured in a CUDA graph where the
+ * one-call form may. Out of order (a receive without its send, two sends, a one-call
+ * form between the halves) is MOEA2A_ERR_STATE. The receive halves check only their
+ * own arguments (result, out): a rejected receive is local and leaves the send done
+ * (call it again). */
+MOEA2A_API moea2a_result_t moea2a_dispatch_send(moea2a_moe_t moe, int num_tokens, const int32_t *topk_ids,
+                                                const float *topk_weights, const void *const *payloads,
+                                                int runtime_max_tokens_per_rank, void *stream);
+MOEA2A_API moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream);
+MOEA2A_API moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, void *stream);
+MOEA2A_API moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream);
 /* Non-blocking: MOEA2A_SUCCESS, or the error a load/store-path kernel of this context
  * recorded on the device (a peer that timed out, a peer's failed checks, mismatched
  * strides), with the details in moea2a_last_error. Such an error is final: the

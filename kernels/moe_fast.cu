@@ -106,7 +106,11 @@ struct Ctl {
     int32_t *hdr;               /* [ep][2]: stride, status of each source's dispatch */
     uint32_t *routed;           /* [MAX_BLOCKS] epoch of the block's send map */
     uint32_t *epoch_d, *epoch_c;
+    uint32_t *done_d, *done_c; /* blocks of a send-only launch that finished (the last one moves the epoch) */
     long long *stats; /* [4] total_recv, invalid, sent_rows, merged */
+    /* invalid and merged entries a dispatch's blocks add up, one pair per epoch parity
+     * (the stats get the sum once every block signalled; the same reuse as next_unit) */
+    unsigned long long *pending;
     /* units handed out so far, one counter per epoch parity: a launch uses [e & 1]
      * and zeroes [(e + 1) & 1], which the previous launch used and the next one
      * will (launches on one stream never overlap), so no block has to be the last */
@@ -122,14 +126,25 @@ __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
     c.hdr = reinterpret_cast<int32_t *>(c.carrive + ep);
     c.routed = reinterpret_cast<uint32_t *>(ws + f.blocks);
     uint32_t *w = reinterpret_cast<uint32_t *>(ws + f.ctl);
-    c.epoch_d = w, c.epoch_c = w + 1;
+    c.epoch_d = w, c.epoch_c = w + 1, c.done_d = w + 2, c.done_c = w + 3;
     c.stats = reinterpret_cast<long long *>(ws + f.ctl + M2A_FAST_CTL_STATS);
     c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 4 * 8);
     c.next_cunit = c.next_unit + 2;
+    c.pending = c.next_cunit + 2;
     return c;
 }
+
+/* A send-only launch has no wait after which one block knows that every block read
+ * the epoch: the last block to finish moves it on (the receive half reads it). */
+__device__ void send_done(uint32_t *done, uint32_t *epoch, uint32_t e)
+{
+    if (threadIdx.x == 0 && atomicAdd(done, 1u) == gridDim.x - 1) {
+        *done = 0;
+        *epoch = e;
+    }
+}
 static_assert(4 * M2A_FAST_MAX_BLOCKS <= M2A_FAST_BLOCK_BYTES, "block scratch outgrew M2A_FAST_BLOCK_BYTES");
-static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 4 * 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
+static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 4 * 8 + 4 * 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
 
 /* Records the first error (device record, then the host's copy) and returns false. */
 __device__ bool fail(const m2a_fast_t &f, int code, int peer, int what)
@@ -438,110 +453,121 @@ __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayl
  *    grid: rows start moving a few microseconds into the kernel;
  *  - many tokens: a send map per chunk, and the units handed out by a counter
  *    (balance across SMs that the links serve unevenly matters more than the set-up
- *    then). */
+ *    then).
+ * phases: M2A_FAST_SEND (steps 1-5), M2A_FAST_RECV (6) or both. A send-only launch
+ * moves the epoch on when its last block ends; the receive-only launch that follows it
+ * on the stream uses that epoch. */
 __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
-                                                        const float *__restrict__ weights)
+                                                        const float *__restrict__ weights, int phases)
 {
     __shared__ Shared s;
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, me = p.me, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
     unsigned char *ws = f.peer[me];
     const Ctl c = ctl_of(f, ws);
+    const bool send = (phases & M2A_FAST_SEND) != 0;
     /* ok: this block may go on; made uniform by __syncthreads_and at each step */
     bool ok = !failed(f);
-    if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_d) + 1;
+    if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_d) + (send ? 1 : 0);
     if (tid < ep) s.base[tid] = 0;
     __syncthreads();
     const uint32_t e = s.epoch;
     PROF_START(0);
-    if (b == 0 && tid == 0) { /* before this block's signal, which every block waits for */
-        c.next_unit[(e + 1) & 1] = 0;
-        c.stats[1] = c.stats[3] = 0;
-    }
-    if (status) n = 0;
-    const bool small = n <= kSmallPerBlock * G;
-    const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
-    int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
-    const uint32_t per_token = segments_per_token(p), S = per_token ? per_token : 1;
-    int lo, hi, own_lo, own_hi; /* tokens this block routes; those it owns (map, ids, stats) */
-    long long bu0 = 0, bu1 = 0;  /* small: this block's units */
-    if (small) { /* the shares of this block's first warp and of the next block's */
-        bu0 = warp_share((long long)n * S, (long long)b * kWarps), bu1 = warp_share((long long)n * S, (long long)(b + 1) * kWarps);
-        lo = (int)(bu0 / S), hi = bu1 > bu0 ? (int)((bu1 - 1) / S) + 1 : lo;
-        own_lo = (int)((bu0 + S - 1) / S), own_hi = (int)((bu1 + S - 1) / S);
-    } else {
-        lo = own_lo = (int)((long long)n * b / G), hi = own_hi = (int)((long long)n * (b + 1) / G);
-    }
+    if (send) {
+        if (b == 0 && tid == 0) c.next_unit[(e + 1) & 1] = 0; /* before this block's signal, which every block waits for */
+        if (status) n = 0;
+        const bool small = n <= kSmallPerBlock * G;
+        const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
+        int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
+        const uint32_t per_token = segments_per_token(p), S = per_token ? per_token : 1;
+        int lo, hi, own_lo, own_hi; /* tokens this block routes; those it owns (map, ids, stats) */
+        long long bu0 = 0, bu1 = 0;  /* small: this block's units */
+        if (small) { /* the shares of this block's first warp and of the next block's */
+            bu0 = warp_share((long long)n * S, (long long)b * kWarps), bu1 = warp_share((long long)n * S, (long long)(b + 1) * kWarps);
+            lo = (int)(bu0 / S), hi = bu1 > bu0 ? (int)((bu1 - 1) / S) + 1 : lo;
+            own_lo = (int)((bu0 + S - 1) / S), own_hi = (int)((bu1 + S - 1) / S);
+        } else {
+            lo = own_lo = (int)((long long)n * b / G), hi = own_hi = (int)((long long)n * (b + 1) / G);
+        }
 
-    /* 1. the slots before this block's range, at every destination: every block counts
-     * the tokens [0, lo) itself (a warp takes 32 at a time). Replicated, but no block
-     * waits for another, and the copies take tokens in order: the first chunks, whose
-     * counting is shortest, are needed first. */
-    int inv = 0, merged = 0;
-    {
-        int cnt_lo = 0, cnt_hi = 0, dummy = 0;
-        for (int t0 = warp * 32; t0 < lo; t0 += T) {
-            const unsigned long long m = t0 + lane < lo ? token_mask(p, ids, t0 + lane, &dummy, &dummy) : 0;
-            for (int r = 0; r < ep; r++) {
-                const int cr = __popc(__ballot_sync(0xffffffffu, (m >> r) & 1));
-                if (lane == (r & 31)) (r < 32 ? cnt_lo : cnt_hi) += cr;
+        /* 1. the slots before this block's range, at every destination: every block counts
+         * the tokens [0, lo) itself (a warp takes 32 at a time). Replicated, but no block
+         * waits for another, and the copies take tokens in order: the first chunks, whose
+         * counting is shortest, are needed first. */
+        int inv = 0, merged = 0;
+        {
+            int cnt_lo = 0, cnt_hi = 0, dummy = 0;
+            for (int t0 = warp * 32; t0 < lo; t0 += T) {
+                const unsigned long long m = t0 + lane < lo ? token_mask(p, ids, t0 + lane, &dummy, &dummy) : 0;
+                for (int r = 0; r < ep; r++) {
+                    const int cr = __popc(__ballot_sync(0xffffffffu, (m >> r) & 1));
+                    if (lane == (r & 31)) (r < 32 ? cnt_lo : cnt_hi) += cr;
+                }
             }
+            if (lane < ep) s.warp_count[warp][lane] = cnt_lo;
+            if (lane + 32 < ep) s.warp_count[warp][lane + 32] = cnt_hi;
+            __syncthreads();
+            if (tid < ep)
+                for (int w = 0; w < kWarps; w++) s.base[tid] += s.warp_count[w][tid];
+            PROF_MARK(0, 0);
         }
-        if (lane < ep) s.warp_count[warp][lane] = cnt_lo;
-        if (lane + 32 < ep) s.warp_count[warp][lane + 32] = cnt_hi;
-        __syncthreads();
-        if (tid < ep)
-            for (int w = 0; w < kWarps; w++) s.base[tid] += s.warp_count[w][tid];
-        PROF_MARK(0, 0);
-    }
-    /* 2. every destination's previous combine began */
-    if (tid < ep && e > 1 && ok) ok = wait_for(f, &c.carrive[tid], (e - 1) * (uint32_t)G, tid, M2A_FAST_AT_GATE);
-    ok = __syncthreads_and(ok);
-    PROF_MARK(0, 1);
+        /* 2. every destination's previous combine began */
+        if (tid < ep && e > 1 && ok) ok = wait_for(f, &c.carrive[tid], (e - 1) * (uint32_t)G, tid, M2A_FAST_AT_GATE);
+        ok = __syncthreads_and(ok);
+        PROF_MARK(0, 1);
 
-    /* 3. route (and, small, copy) a piece of tokens at a time */
-    const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
-    const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
-    for (int first = lo; first < hi && ok; first += piece) {
-        const int ntok = hi - first < piece ? hi - first : piece;
-        route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged);
-        if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
-            __threadfence();
-            atomicExch(&c.routed[b], e);
+        /* 3. route (and, small, copy) a piece of tokens at a time */
+        const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
+        const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
+        for (int first = lo; first < hi && ok; first += piece) {
+            const int ntok = hi - first < piece ? hi - first : piece;
+            route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged);
+            if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
+                __threadfence();
+                atomicExch(&c.routed[b], e);
+            }
+            const int c0 = first > own_lo ? first : own_lo, c1 = first + ntok < own_hi ? first + ntok : own_hi;
+            if (c1 > c0) copy_small(f, s, D, first, c0 - first, c1 - first, ids, weights);
+            if (small && per_token) {
+                const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
+                copy_units(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
+            }
+            __syncthreads();
         }
-        const int c0 = first > own_lo ? first : own_lo, c1 = first + ntok < own_hi ? first + ntok : own_hi;
-        if (c1 > c0) copy_small(f, s, D, first, c0 - first, c1 - first, ids, weights);
-        if (small && per_token) {
-            const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
-            copy_units(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
+        if (!small) { /* any warp may now copy the rows of tokens whose chunk is routed */
+            if (tid == 0 && ok && lo == hi) atomicExch(&c.routed[b], e); /* an empty chunk */
+            PROF_MARK(0, 2);
+            if (ok) ok = copy_payloads(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
+        }
+        const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
+        if (tid == 0 && ok) { /* before the signal: the stats take the sum once every block signalled */
+            atomicAdd(&c.pending[2 * (e & 1)], (unsigned long long)inv_sum);
+            atomicAdd(&c.pending[2 * (e & 1) + 1], (unsigned long long)merged_sum);
+        }
+        ok = __syncthreads_and(ok);
+        PROF_MARK(0, 3);
+        /* 5. counts and headers (last block: its bases are the totals), then the signal */
+        if (b == G - 1 && tid < ep) {
+            unsigned char *peer = f.peer[tid];
+            const Ctl pc = ctl_of(f, peer);
+            reinterpret_cast<int32_t *>(peer + f.recv_counts)[me] = ok ? s.base[tid] : 0;
+            pc.hdr[2 * me] = stride, pc.hdr[2 * me + 1] = status;
+        }
+        if (b == G - 1 && tid == 0) {
+            long long sent = 0;
+            for (int r = 0; r < ep; r++) sent += s.base[r];
+            c.stats[2] = sent;
         }
         __syncthreads();
+        if (tid == 0) __threadfence_system();
+        __syncthreads();
+        if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1); /* a failed block stays silent */
+        PROF_MARK(0, 4);
     }
-    if (!small) { /* any warp may now copy the rows of tokens whose chunk is routed */
-        if (tid == 0 && ok && lo == hi) atomicExch(&c.routed[b], e); /* an empty chunk */
-        PROF_MARK(0, 2);
-        if (ok) ok = copy_payloads(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
+    if (!(phases & M2A_FAST_RECV)) {
+        send_done(c.done_d, c.epoch_d, e);
+        return;
     }
-    const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
-    ok = __syncthreads_and(ok);
-    PROF_MARK(0, 3);
-    /* 5. counts and headers (last block: its bases are the totals), then the signal */
-    if (b == G - 1 && tid < ep) {
-        unsigned char *peer = f.peer[tid];
-        const Ctl pc = ctl_of(f, peer);
-        reinterpret_cast<int32_t *>(peer + f.recv_counts)[me] = ok ? s.base[tid] : 0;
-        pc.hdr[2 * me] = stride, pc.hdr[2 * me + 1] = status;
-    }
-    if (b == G - 1 && tid == 0) {
-        long long sent = 0;
-        for (int r = 0; r < ep; r++) sent += s.base[r];
-        c.stats[2] = sent;
-    }
-    __syncthreads();
-    if (tid == 0) __threadfence_system();
-    __syncthreads();
-    if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1); /* a failed block stays silent */
-    PROF_MARK(0, 4);
 
     /* 6. every source's rows arrived: check its header, then sanitize padding */
     if (tid < ep && ok) {
@@ -567,18 +593,18 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             for (int j = 0; j < p.k; j++) rids[slot * p.k + j] = p.invalid_id;
     }
 
-    /* stats, and the epoch moves on: every block of this launch signalled, so each
-     * read the epoch already, and block 0 zeroed the sums before its own signal (after
-     * a failure nothing is waited for, but the context is then poisoned for good) */
-    if (tid == 0 && ok) {
-        atomicAdd(reinterpret_cast<unsigned long long *>(&c.stats[1]), (unsigned long long)inv_sum);
-        atomicAdd(reinterpret_cast<unsigned long long *>(&c.stats[3]), (unsigned long long)merged_sum);
-    }
+    /* stats, and the epoch moves on: every block of this rank signalled (block 0 waited
+     * for them), so each read the epoch and added its sums already; the other parity's
+     * sums start over for the next dispatch (after a failure nothing is waited for,
+     * but the context is then poisoned for good) */
     if (b == 0 && tid == 0) {
         long long recv = 0;
         for (int r = 0; r < ep; r++) recv += *reinterpret_cast<const volatile int32_t *>(&counts[r]);
         c.stats[0] = recv;
-        *c.epoch_d = e;
+        c.stats[1] = (long long)*reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1)]);
+        c.stats[3] = (long long)*reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + 1]);
+        c.pending[2 * ((e + 1) & 1)] = c.pending[2 * ((e + 1) & 1) + 1] = 0;
+        if (send) *c.epoch_d = e;
     }
     PROF_END(0, 6);
 }
@@ -851,10 +877,12 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     }
 }
 
+/* phases as dispatch_kernel's: M2A_FAST_SEND is step 1 and the signal, M2A_FAST_RECV
+ * the wait and step 2. */
 template <moea2a_datatype_t DT>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
-                                                       unsigned char *__restrict__ out, bool tma)
+                                                       unsigned char *__restrict__ out, bool tma, int phases)
 {
     __shared__ uint32_t s_epoch;
     const m2a_kparams_t &p = f.p;
@@ -862,17 +890,18 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     unsigned char *ws = f.peer[me];
     const Ctl c = ctl_of(f, ws);
     const size_t row = f.combine_row;
+    const bool send = (phases & M2A_FAST_SEND) != 0;
     bool ok = !failed(f);
-    if (tid == 0) s_epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_c) + 1;
+    if (tid == 0) s_epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_c) + (send ? 1 : 0);
     __syncthreads();
     const uint32_t e = s_epoch;
     PROF_START(1);
-    if (b == 0 && tid == 0) c.next_cunit[(e + 1) & 1] = 0;
+    if (send && b == 0 && tid == 0) c.next_cunit[(e + 1) & 1] = 0;
 
     /* 1. caller rows into the combine buffer (valid slots only), then the signal; rows
      * the caller wrote there itself were written by earlier kernels, complete and
      * visible to the peers before this one started */
-    const bool copy_in = expert_rows && expert_rows != ws + f.combine;
+    const bool copy_in = send && expert_rows && expert_rows != ws + f.combine;
     if (copy_in) {
         const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
         const bool vec = (row % 16 == 0) && (uintptr_t)expert_rows % 16 == 0;
@@ -890,10 +919,15 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     }
     ok = __syncthreads_and(ok);
     PROF_MARK(1, 0);
-    if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).carrive[me], 1);
+    if (send && tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).carrive[me], 1);
+    if (!(phases & M2A_FAST_RECV)) {
+        send_done(c.done_c, c.epoch_c, e);
+        return;
+    }
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     ok = __syncthreads_and(ok);
-    if (b == 0 && tid == 0) *c.epoch_c = e; /* every block of this launch signalled: each read it (or it failed) */
+    /* every block of this launch signalled: each read it (or it failed) */
+    if (send && b == 0 && tid == 0) *c.epoch_c = e;
     PROF_MARK(1, 1);
 
     /* 2. (token, segment) units taken from a counter by any warp: SMs that the links
@@ -976,9 +1010,10 @@ extern "C" void m2a_fast_profile_report(int rank)
 }
 #endif
 
-extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads, const int32_t *ids, const float *weights, void *stream)
+extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
+                                 const int32_t *ids, const float *weights, int phases, void *stream)
 {
-    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights);
+    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     return (int)cudaGetLastError();
 }
 
@@ -1005,19 +1040,19 @@ static bool tma_capable()
 }
 
 extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows,
-                                void *out, void *stream)
+                                void *out, int phases, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = static_cast<unsigned char *>(out);
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
     const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
-    const bool tma = blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() && D <= kTmaRows && out_row % 16 == 0 &&
+    const bool tma = (phases & M2A_FAST_RECV) && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() && D <= kTmaRows && out_row % 16 == 0 &&
                      f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const size_t smem = tma ? kTmaSmem : 0;
     switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma); break;
-    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma); break;
-    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma); break;
+    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, phases); break;
+    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, phases); break;
+    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, phases); break;
     }
     return (int)cudaGetLastError();
 }

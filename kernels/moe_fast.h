@@ -21,8 +21,9 @@ extern "C" {
 /* The control regions in the workspace (the layout's formula uses these sizes):
  * signals peers write: arrivals, combine arrivals, [stride, status] per source; block
  * scratch: send-map epochs [blocks]; counters: the dispatch and combine epochs
- * (2 x u32, then 8 bytes unused), the stats [4] (int64) that dispatch results point
- * to, then the units handed out (u64): dispatch's two, combine's two. */
+ * (2 x u32), the blocks of a send-only launch done (2 x u32), the stats [4] (int64)
+ * that dispatch results point to, the units handed out (u64): dispatch's two,
+ * combine's two, then the invalid and merged sums of the two epoch parities (u64). */
 #define M2A_FAST_SIG_BYTES(ep) (16 * (size_t)(ep))
 #define M2A_FAST_BLOCK_BYTES (4 * (size_t)M2A_FAST_MAX_BLOCKS)
 #define M2A_FAST_CTL_BYTES 128
@@ -50,13 +51,18 @@ typedef struct {
     m2a_fast_error_t *host_err; /* mapped pinned memory: the copy the host reads */
 } m2a_fast_t;
 
+/* What a launch does: the send half (route, write into the peers, signal), the
+ * receive half (wait, check, sanitize / reduce), or both in one kernel. A receive-only
+ * launch must follow its send-only launch on the stream. */
+enum { M2A_FAST_SEND = 1, M2A_FAST_RECV = 2, M2A_FAST_BOTH = 3 };
+
 /* status != 0: this rank failed its argument checks; it sends nothing and tells every
  * peer, whose kernels record that error. */
 int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
-                      const int32_t *ids, const float *weights, void *stream);
+                      const int32_t *ids, const float *weights, int phases, void *stream);
 /* expert_rows: NULL when the expert side wrote into the workspace's combine buffer. */
 int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
-                     void *stream);
+                     int phases, void *stream);
 #ifdef M2A_FAST_PROFILE
 void m2a_fast_profile_report(int rank); /* prints the phase means to stderr, then resets */
 #endif

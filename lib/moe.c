@@ -391,15 +391,18 @@ static moea2a_result_t within_cap(moea2a_comm_t comm, const char *fn, const char
                      fn, what, v, cap, v);
 }
 
-static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                           const void *const *payloads, int runtime_max,
-                                           const moea2a_dispatch_result_t *result)
+static moea2a_result_t check_result_arg(moea2a_comm_t comm, const char *fn, const moea2a_dispatch_result_t *result)
+{
+    M2A_CHECK_ARG(comm, result && result->size >= sizeof(*result),
+                  "%s: result is NULL or its size is not set (use MOEA2A_DISPATCH_RESULT_INITIALIZER)", fn);
+    return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int n, const int32_t *ids,
+                                           const float *weights, const void *const *payloads, int runtime_max)
 {
     moea2a_comm_t comm = moe->comm;
     const moea2a_moe_config_t *c = &moe->cfg;
-    static const char fn[] = "moea2a_dispatch";
-    M2A_CHECK_ARG(comm, result && result->size >= sizeof(*result),
-                  "%s: result is NULL or its size is not set (use MOEA2A_DISPATCH_RESULT_INITIALIZER)", fn);
     M2A_CHECK_ARG(comm, runtime_max >= 0, "%s: runtime_max_tokens_per_rank=%d is negative", fn, runtime_max);
     M2A_TRY(within_cap(comm, fn, "runtime_max_tokens_per_rank", runtime_max, c->max_tokens_per_rank));
     M2A_CHECK_ARG(comm, n >= 0, "%s: num_tokens=%d is negative", fn, n);
@@ -571,47 +574,66 @@ static void fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedup
     result->deduplicated = dedup;
 }
 
-/* The load/store path: the checks travel to the peers inside the one kernel launch
- * (a rank whose checks fail sends its status instead of rows). */
-static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                     const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
-                                     void *stream)
+
+/* The state a call needs, or MOEA2A_ERR_STATE naming the call that comes next. */
+static moea2a_result_t expect_step(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want)
+{
+    /* A dispatch-only context (hidden = 0) has no combine: each dispatch replaces the last. */
+    if (want == M2A_MOE_IDLE && moe->step == M2A_MOE_DISPATCHED && !moe->cfg.hidden) return MOEA2A_SUCCESS;
+    if (moe->step == want) return MOEA2A_SUCCESS;
+    static const char *const next[] = {
+        "no dispatch is pending: call moea2a_dispatch (or moea2a_dispatch_send) first",
+        "a split dispatch is pending: call moea2a_dispatch_recv next",
+        "the previous dispatch was not combined yet: call moea2a_combine (or moea2a_combine_send) first; its results "
+        "stay valid until then",
+        "a split combine is pending: call moea2a_combine_recv next",
+    };
+    if (want == M2A_MOE_DISPATCHED && moe->step == M2A_MOE_IDLE)
+        return m2a_error(moe->comm, MOEA2A_ERR_STATE, "%s: there is no dispatch to combine (call moea2a_dispatch first)", fn);
+    return m2a_error(moe->comm, MOEA2A_ERR_STATE, "%s: %s", fn, next[moe->step]);
+}
+
+/* The checks every dispatch and combine entry point makes first. */
+static moea2a_result_t enter(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want)
+{
+    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_TRY(m2a_comm_check(moe->comm, fn));
+    return expect_step(moe, fn, want);
+}
+
+/* The send half on the load/store path (phases SEND), or the whole dispatch (BOTH):
+ * the checks travel to the peers inside the kernel launch (a rank whose checks fail
+ * sends its status instead of rows). */
+static moea2a_result_t fast_dispatch_send(moea2a_moe_t moe, moea2a_result_t mine, int n, const int32_t *ids,
+                                          const float *weights, const void *const *payloads, int runtime_max,
+                                          int phases, void *stream)
 {
     int rt = runtime_max ? runtime_max : moe->cfg.max_tokens_per_rank;
     M2A_TRY(m2a_moe_fast_status(moe));
-    moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
     if (mine != MOEA2A_SUCCESS) rt = moe->cfg.max_tokens_per_rank; /* a stride every slot fits */
-    moea2a_result_t r = m2a_moe_fast_dispatch(moe, n, ids, weights, payloads, rt, mine, stream);
+    moea2a_result_t r = m2a_moe_fast_dispatch(moe, n, ids, weights, payloads, rt, mine, phases, stream);
     if (mine != MOEA2A_SUCCESS) {
         m2a_moe_fast_poison(moe, mine);
         return mine;
     }
     M2A_TRY(r);
-    fill_result(moe, rt, 0, 0, result);
-    moe->dispatched = 1, moe->num_tokens = n, moe->stride = rt;
+    moe->num_tokens = n, moe->stride = rt;
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
-                                void *stream)
+/* The send half on the generic paths: route locally, exchange headers (counts, stride
+ * and every rank's verdict), pack and move every array. */
+static moea2a_result_t generic_dispatch_send(moea2a_moe_t moe, moea2a_result_t mine, int n, const int32_t *ids,
+                                             const float *weights, const void *const *payloads, int runtime_max,
+                                             void *stream)
 {
-    M2A_CHECK_ARG(NULL, moe, "moea2a_dispatch: moe is NULL");
     moea2a_comm_t comm = moe->comm;
-    M2A_TRY(m2a_comm_check(comm, "moea2a_dispatch"));
-    /* A dispatch-only context (hidden = 0) has no combine: each dispatch replaces the last. */
-    if (moe->dispatched && moe->cfg.hidden)
-        return m2a_error(comm, MOEA2A_ERR_STATE,
-                         "moea2a_dispatch: the previous dispatch was not combined yet; call moea2a_combine first "
-                         "(its results stay valid until then)");
-    if (moe->fast) return fast_dispatch(moe, n, ids, weights, payloads, runtime_max, result, stream);
     int ep = comm->nranks, cap = moe->cfg.max_tokens_per_rank, rt = runtime_max ? runtime_max : cap;
     m2a_moe_header_t *hs = moe->h_hdr_send, *hr = moe->h_hdr_recv;
 
     phase_t ph;
     phase_start(moe, &ph, stream);
-    /* 1. Check and route locally; the outcome travels with the headers. */
-    moea2a_result_t mine = check_dispatch_args(moe, n, ids, weights, payloads, runtime_max, result);
+    /* 1. Route locally; the outcome of the checks travels with the headers. */
     int64_t invalid = 0, dedup = 0;
     if (mine == MOEA2A_SUCCESS) {
         if (moe->cuda) mine = m2a_moe_cuda_route(moe, n, ids, stream, &invalid, &dedup);
@@ -624,7 +646,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){moe->h_send_counts[q], rt, mine, n};
     phase_mark(moe, &ph, stream, "route");
 
-    /* 2. Headers: counts, stride and every rank's verdict. */
+    /* 2. Headers. */
     int64_t hc[512], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
     if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
     for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
@@ -635,13 +657,25 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     for (int q = 0; q < ep; q++) moe->h_recv_counts[q] = hr[q].count;
     phase_mark(moe, &ph, stream, "headers");
 
-    /* 3. Pack, move every array, sanitize. */
+    /* 3. Pack and move every array. */
     if (moe->cuda) r = m2a_moe_cuda_pack(moe, n, rt, payloads, ids, weights, stream);
     else host_pack(moe, n, rt, payloads, ids, weights);
     phase_mark(moe, &ph, stream, "pack");
     if (r == MOEA2A_SUCCESS) r = exchange_arrays(moe, rt, stream);
     if (r != MOEA2A_SUCCESS) return r;
     phase_mark(moe, &ph, stream, "exchange");
+    phase_report(&ph, "dispatch send");
+    moe->num_tokens = n, moe->stride = rt;
+    moe->pending_invalid = invalid, moe->pending_dedup = dedup;
+    return MOEA2A_SUCCESS;
+}
+
+/* The receive half on the generic paths: sanitize the padding slots. */
+static moea2a_result_t generic_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream)
+{
+    int rt = moe->stride;
+    phase_t ph;
+    phase_start(moe, &ph, stream);
     if (moe->cuda) {
         M2A_TRY(m2a_moe_cuda_sanitize(moe, rt, stream));
     } else {
@@ -649,51 +683,108 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
                           (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, moe->ws);
     }
     phase_mark(moe, &ph, stream, "sanitize");
-    phase_report(&ph, "dispatch");
-    fill_result(moe, rt, invalid, dedup, result);
-    moe->dispatched = 1, moe->num_tokens = n, moe->stride = rt;
-    M2A_TRACE(M2A_SUBSYS_MOE, "dispatch: %d tokens, sent %lld rows, received %lld, %lld invalid entries", n,
-              (long long)result->sent_rows, (long long)result->total_recv, (long long)invalid);
+    phase_report(&ph, "dispatch receive");
+    fill_result(moe, rt, moe->pending_invalid, moe->pending_dedup, result);
+    M2A_TRACE(M2A_SUBSYS_MOE, "dispatch: %d tokens, sent %lld rows, received %lld, %lld invalid entries",
+              moe->num_tokens, (long long)result->sent_rows, (long long)result->total_recv,
+              (long long)moe->pending_invalid);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                const void *const *payloads, int runtime_max, moea2a_dispatch_result_t *result,
+                                void *stream)
+{
+    static const char fn[] = "moea2a_dispatch";
+    M2A_TRY(enter(moe, fn, M2A_MOE_IDLE));
+    /* Every check, result's included, travels to the peers: a rejected call fails everywhere. */
+    moea2a_result_t mine = check_result_arg(moe->comm, fn, result);
+    if (mine == MOEA2A_SUCCESS) mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
+    if (moe->fast) { /* one kernel: both halves */
+        M2A_TRY(fast_dispatch_send(moe, mine, n, ids, weights, payloads, runtime_max, M2A_MOE_BOTH, stream));
+        fill_result(moe, moe->stride, 0, 0, result);
+    } else {
+        M2A_TRY(generic_dispatch_send(moe, mine, n, ids, weights, payloads, runtime_max, stream));
+        M2A_TRY(generic_dispatch_recv(moe, result, stream));
+    }
+    moe->step = M2A_MOE_DISPATCHED;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_dispatch_send(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                     const void *const *payloads, int runtime_max, void *stream)
+{
+    static const char fn[] = "moea2a_dispatch_send";
+    M2A_TRY(enter(moe, fn, M2A_MOE_IDLE));
+    moea2a_result_t mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
+    if (moe->fast)
+        M2A_TRY(fast_dispatch_send(moe, mine, n, ids, weights, payloads, runtime_max, M2A_MOE_SEND, stream));
+    else
+        M2A_TRY(generic_dispatch_send(moe, mine, n, ids, weights, payloads, runtime_max, stream));
+    moe->step = M2A_MOE_DISPATCH_SENT;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream)
+{
+    static const char fn[] = "moea2a_dispatch_recv";
+    M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCH_SENT));
+    /* local: a rejected receive leaves the dispatch pending (call it again) */
+    M2A_TRY(check_result_arg(moe->comm, fn, result));
+    if (moe->fast) {
+        M2A_TRY(m2a_moe_fast_status(moe));
+        M2A_TRY(m2a_moe_fast_dispatch(moe, moe->num_tokens, NULL, NULL, NULL, moe->stride, MOEA2A_SUCCESS,
+                                      M2A_MOE_RECV, stream));
+        fill_result(moe, moe->stride, 0, 0, result);
+    } else {
+        M2A_TRY(generic_dispatch_recv(moe, result, stream));
+    }
+    moe->step = M2A_MOE_DISPATCHED;
     return MOEA2A_SUCCESS;
 }
 
 /* ---- combine ------------------------------------------------------------------- */
 
-moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+static moea2a_result_t check_combine_in(moea2a_moe_t moe, const char *fn, const void *expert_out)
 {
-    M2A_CHECK_ARG(NULL, moe, "moea2a_combine: moe is NULL");
-    moea2a_comm_t comm = moe->comm;
-    M2A_TRY(m2a_comm_check(comm, "moea2a_combine"));
-    /* Every rank has the same config, so this needs no agreement. */
-    if (!moe->cfg.hidden)
-        return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
-                         "moea2a_combine: the context was created with hidden=0 (dispatch only): it has no combine");
-    if (!moe->dispatched)
-        return m2a_error(comm, MOEA2A_ERR_STATE, "moea2a_combine: there is no dispatch to combine (call moea2a_dispatch first)");
-    int ep = comm->nranks, n = moe->num_tokens;
-    const m2a_moe_layout_t *l = &moe->l;
     unsigned want = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
-    moea2a_result_t mine = MOEA2A_SUCCESS;
-    if (!out && n > 0)
-        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: out is NULL with %d tokens", n);
-    else if ((expert_out && m2a_memtype(expert_out) != want) || (out && m2a_memtype(out) != want))
-        mine = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_combine: buffers must be in %s memory, like the context",
-                         moe->cuda ? "CUDA" : "host");
+    if (expert_out && m2a_memtype(expert_out) != want)
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "%s: expert_out must be in %s memory, like the context", fn, moe->cuda ? "CUDA" : "host");
+    return MOEA2A_SUCCESS;
+}
 
-    if (moe->fast) { /* the load/store path: one kernel, the peers wait on the device */
-        M2A_TRY(m2a_moe_fast_status(moe));
-        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, out, stream);
-        else m2a_moe_fast_combine(moe, NULL, NULL, stream); /* still signal the peers */
-        if (mine != MOEA2A_SUCCESS) {
-            m2a_moe_fast_poison(moe, mine);
-            return mine;
-        }
-        moe->dispatched = 0;
-        return MOEA2A_SUCCESS;
-    }
-    phase_t ph;
-    phase_start(moe, &ph, stream);
-    /* Everyone learns whether everyone can go on. */
+static moea2a_result_t check_combine_out(moea2a_moe_t moe, const char *fn, const void *out)
+{
+    unsigned want = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
+    if (!out && moe->num_tokens > 0)
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: out is NULL with %d tokens", fn, moe->num_tokens);
+    if (out && m2a_memtype(out) != want)
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: out must be in %s memory, like the context", fn,
+                         moe->cuda ? "CUDA" : "host");
+    return MOEA2A_SUCCESS;
+}
+
+/* The checks of every combine entry point; every rank has the same config, so the
+ * hidden = 0 check needs no agreement. */
+static moea2a_result_t enter_combine(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want)
+{
+    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_TRY(m2a_comm_check(moe->comm, fn));
+    if (!moe->cfg.hidden)
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "%s: the context was created with hidden=0 (dispatch only): it has no combine", fn);
+    return expect_step(moe, fn, want);
+}
+
+/* The send half on the generic paths: everyone learns whether everyone can go on,
+ * then the expert side sends back each source's rows from [src][stride][hidden]; the
+ * token side lands them per staged peer. */
+static moea2a_result_t generic_combine_send(moea2a_moe_t moe, moea2a_result_t mine, const void *expert_out, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    int ep = comm->nranks;
     int32_t *st = calloc((size_t)ep, sizeof(int32_t));
     if (!st) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     int32_t me = mine;
@@ -705,12 +796,9 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
                                                    moea2a_strerror((moea2a_result_t)st[q]));
     free(st);
     if (r != MOEA2A_SUCCESS) return r;
-    phase_mark(moe, &ph, stream, "status");
 
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
     size_t row = l->combine_row;
-    /* The expert side sends back each source's rows from [src][stride][hidden]; the
-     * token side lands them per staged peer. */
     int64_t *v = vectors(ep, 1);
     if (!v) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     exchange_t x = {v, v + ep, v + 2 * ep, v + 3 * ep};
@@ -719,17 +807,87 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
     r = moea2a_alltoallv(in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, stream);
     free(v);
-    phase_mark(moe, &ph, stream, "exchange");
-    if (r == MOEA2A_SUCCESS && moe->cuda) {
-        r = m2a_moe_cuda_combine(moe, in, out, stream);
-    } else if (r == MOEA2A_SUCCESS &&
-               m2a_host_combine_reduce(&moe->route, n, (const int32_t *)(moe->ws + l->send_map), moe->cfg.combine_dtype,
-                                       moe->cfg.hidden, in + (size_t)comm->rank * (size_t)moe->stride * row, landing,
-                                       moe->stage_index, out)) {
-        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    if (r == MOEA2A_SUCCESS) moe->combine_in = in;
+    return r;
+}
+
+/* The receive half on the generic paths: the sum in ascending rank order. */
+static moea2a_result_t generic_combine_recv(moea2a_moe_t moe, void *out, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    const unsigned char *in = moe->combine_in;
+    if (moe->cuda) return m2a_moe_cuda_combine(moe, in, out, stream);
+    const unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
+    if (m2a_host_combine_reduce(&moe->route, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
+                                moe->cfg.combine_dtype, moe->cfg.hidden,
+                                in + (size_t)comm->rank * (size_t)moe->stride * l->combine_row, landing,
+                                moe->stage_index, out))
+        return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+{
+    static const char fn[] = "moea2a_combine";
+    M2A_TRY(enter_combine(moe, fn, M2A_MOE_DISPATCHED));
+    moea2a_result_t mine = check_combine_out(moe, fn, out);
+    if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
+    if (moe->fast) { /* the load/store path: one kernel, the peers wait on the device */
+        M2A_TRY(m2a_moe_fast_status(moe));
+        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, out, M2A_MOE_BOTH, stream);
+        else m2a_moe_fast_combine(moe, NULL, NULL, M2A_MOE_BOTH, stream); /* still signal the peers */
+        if (mine != MOEA2A_SUCCESS) {
+            m2a_moe_fast_poison(moe, mine);
+            return mine;
+        }
+        moe->step = M2A_MOE_IDLE;
+        return MOEA2A_SUCCESS;
     }
+    phase_t ph;
+    phase_start(moe, &ph, stream);
+    moea2a_result_t r = generic_combine_send(moe, mine, expert_out, stream);
+    phase_mark(moe, &ph, stream, "exchange");
+    if (r == MOEA2A_SUCCESS) r = generic_combine_recv(moe, out, stream);
     phase_mark(moe, &ph, stream, "reduce");
     phase_report(&ph, "combine");
-    if (r == MOEA2A_SUCCESS) moe->dispatched = 0;
+    if (r == MOEA2A_SUCCESS) moe->step = M2A_MOE_IDLE;
     return r;
+}
+
+moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, void *stream)
+{
+    static const char fn[] = "moea2a_combine_send";
+    M2A_TRY(enter_combine(moe, fn, M2A_MOE_DISPATCHED));
+    moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
+    if (moe->fast) {
+        M2A_TRY(m2a_moe_fast_status(moe));
+        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, NULL, M2A_MOE_SEND, stream);
+        else m2a_moe_fast_combine(moe, NULL, NULL, M2A_MOE_SEND, stream); /* still signal the peers */
+        if (mine != MOEA2A_SUCCESS) {
+            m2a_moe_fast_poison(moe, mine);
+            return mine;
+        }
+    } else {
+        M2A_TRY(generic_combine_send(moe, mine, expert_out, stream));
+    }
+    moe->step = M2A_MOE_COMBINE_SENT;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
+{
+    static const char fn[] = "moea2a_combine_recv";
+    M2A_TRY(enter_combine(moe, fn, M2A_MOE_COMBINE_SENT));
+    /* local: a rejected receive leaves the combine pending (call it again); the peers'
+     * rows it reads stay put until this rank's next dispatch */
+    M2A_TRY(check_combine_out(moe, fn, out));
+    if (moe->fast) {
+        M2A_TRY(m2a_moe_fast_status(moe));
+        M2A_TRY(m2a_moe_fast_combine(moe, NULL, out, M2A_MOE_RECV, stream));
+    } else {
+        M2A_TRY(generic_combine_recv(moe, out, stream));
+    }
+    moe->step = M2A_MOE_IDLE;
+    return MOEA2A_SUCCESS;
 }

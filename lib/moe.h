@@ -8,6 +8,18 @@
 #include "moe_host.h"
 #include "moe_layout.h"
 
+/* The cycle of a context: dispatch (send, receive) then combine (send, receive). The
+ * one-call forms take two steps at once. */
+typedef enum {
+    M2A_MOE_IDLE = 0,       /* ready for a dispatch */
+    M2A_MOE_DISPATCH_SENT,  /* moea2a_dispatch_send done: moea2a_dispatch_recv next */
+    M2A_MOE_DISPATCHED,     /* results delivered: a combine next */
+    M2A_MOE_COMBINE_SENT    /* moea2a_combine_send done: moea2a_combine_recv next */
+} m2a_moe_step_t;
+
+/* Which halves one launch or call performs (the kernels' M2A_FAST_* have these values). */
+enum { M2A_MOE_SEND = 1, M2A_MOE_RECV = 2, M2A_MOE_BOTH = 3 };
+
 struct moea2a_moe {
     moea2a_comm_t comm;
     moea2a_moe_config_t cfg;
@@ -23,8 +35,12 @@ struct moea2a_moe {
     int *stage_index;           /* [ep] host copy: staging slot of each peer, -1 direct */
     void *kparams;              /* CUDA: kernel parameters (m2a_kparams_t) */
     int numa;
-    /* the last dispatch, which combine answers */
-    int dispatched, num_tokens, stride;
+    /* where the context is in its cycle (a split call's halves are separate steps),
+     * and the last dispatch, which combine answers */
+    m2a_moe_step_t step;
+    int num_tokens, stride;
+    int64_t pending_invalid, pending_dedup; /* generic paths: counts between dispatch's halves */
+    const unsigned char *combine_in;        /* generic paths: the rows combine's send half sent */
     void *fast; /* the load/store path's state (moe_fast.c), NULL on the generic paths */
 };
 
@@ -57,8 +73,9 @@ void m2a_moe_fast_release(moea2a_moe_t moe);
 /* Launches one dispatch; status != MOEA2A_SUCCESS: this rank's checks failed, it
  * tells its peers and sends nothing. */
 moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                      const void *const *payloads, int stride, moea2a_result_t status, void *stream);
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream);
+                                      const void *const *payloads, int stride, moea2a_result_t status, int phases,
+                                      void *stream);
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, int phases, void *stream);
 /* The context's state: an earlier failure, or an error a kernel recorded. */
 moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe);
 /* After a failure the context is unusable; every later call returns r. */

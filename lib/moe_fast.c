@@ -16,6 +16,10 @@
 
 #include "moe_fast.h"
 
+_Static_assert((int)M2A_FAST_SEND == (int)M2A_MOE_SEND && (int)M2A_FAST_RECV == (int)M2A_MOE_RECV &&
+                   (int)M2A_FAST_BOTH == (int)M2A_MOE_BOTH,
+               "the kernels' phases and the MoE layer's differ");
+
 typedef struct {
     m2a_fast_t f;
     int blocks;
@@ -174,7 +178,8 @@ moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe)
 }
 
 moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                      const void *const *payloads, int stride, moea2a_result_t status, void *stream)
+                                      const void *const *payloads, int stride, moea2a_result_t status, int phases,
+                                      void *stream)
 {
     fast_state_t *st = moe->fast;
     m2a_kpayloads_t pay;
@@ -182,7 +187,7 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
     (void)cudaGetLastError(); /* an earlier call's error is not this launch's */
     int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
-                              status ? NULL : weights, stream);
+                              status ? NULL : weights, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, (cudaError_t)e, "dispatch kernel launch");
@@ -190,7 +195,7 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, int phases, void *stream)
 {
     fast_state_t *st = moe->fast;
     const unsigned char *rows = expert_out;
@@ -200,7 +205,7 @@ moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, v
      * copied onto themselves. */
     if (rows >= moe->ws && rows < moe->ws + st->bytes) rows = st->f.peer[moe->comm->rank] + (rows - moe->ws);
     (void)cudaGetLastError();
-    int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride, rows, out, stream);
+    int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride, rows, out, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, (cudaError_t)e, "combine kernel launch");
@@ -221,14 +226,15 @@ moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
 }
 void m2a_moe_fast_release(moea2a_moe_t moe) { (void)moe; }
 moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                      const void *const *payloads, int stride, moea2a_result_t status, void *stream)
+                                      const void *const *payloads, int stride, moea2a_result_t status, int phases,
+                                      void *stream)
 {
-    (void)n, (void)ids, (void)weights, (void)payloads, (void)stride, (void)status, (void)stream;
+    (void)n, (void)ids, (void)weights, (void)payloads, (void)stride, (void)status, (void)phases, (void)stream;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, int phases, void *stream)
 {
-    (void)expert_out, (void)out, (void)stream;
+    (void)expert_out, (void)out, (void)phases, (void)stream;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
 moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe) { (void)moe; return MOEA2A_SUCCESS; }

@@ -195,6 +195,40 @@ static void fill_rows(unsigned char *rows, size_t count, moea2a_datatype_t dt, u
  * MOEA2A_TEST_EXPECT_NVLINK=1 says the machine has it). */
 static int expect_nvlink = -1;
 
+/* The four halves of a round trip captured in one CUDA graph and replayed: every
+ * replay is a new dispatch and combine of the same tokens and expert rows (din: the
+ * combine buffer or a caller's rows, which no replay changes), so out must equal the
+ * host reference every time. */
+static int graph_replays(moea2a_moe_t dm, int rank, const moe_case_t *c, const int32_t *dids, const float *dw,
+                         const void *const *dp, const void *din, unsigned char *dout, const unsigned char *hout,
+                         size_t rowb, cudaStream_t s)
+{
+    int fails = 0;
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    moea2a_result_t r = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ? MOEA2A_ERR_CUDA : MOEA2A_SUCCESS;
+    r = r ? r : moea2a_dispatch_send(dm, c->n, dids, dw, dp, c->rt, s);
+    r = r ? r : moea2a_dispatch_recv(dm, &res, s);
+    r = r ? r : moea2a_combine_send(dm, din, s);
+    r = r ? r : moea2a_combine_recv(dm, dout, s);
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess && !r) r = MOEA2A_ERR_CUDA;
+    if (!r && cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) r = MOEA2A_ERR_CUDA;
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "capturing the split halves: %s", moea2a_strerror(r));
+    for (int rep = 0; !r && rep < 3 && !fails; rep++) {
+        cudaMemsetAsync(dout, 0xee, rowb * (size_t)c->n, s);
+        cudaGraphLaunch(ge, s);
+        RANK_EXPECT(fails, rank, cudaStreamSynchronize(s) == cudaSuccess && moea2a_moe_status(dm) == MOEA2A_SUCCESS,
+                    "graph replay %d: %s", rep, moea2a_last_error(NULL));
+        unsigned char *got = to_host(dout, rowb * (size_t)c->n);
+        RANK_EXPECT(fails, rank, !memcmp(got, hout, rowb * (size_t)c->n), "graph replay %d of the split halves differs", rep);
+        free(got);
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return fails;
+}
+
 static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
 {
     int fails = 0;
@@ -223,8 +257,24 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     cudaStream_t s;
     cudaStreamCreate(&s);
     moea2a_dispatch_result_t hres = MOEA2A_DISPATCH_RESULT_INITIALIZER, dres = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    /* a quarter of the cases through the split halves, after a one-call round trip (the
+     * epochs of both forms interleave), with other work on the stream between them */
+    const int split = seed % 4 == 3;
+    void *busy = NULL;
     r = moea2a_dispatch(hm, c.n, c.ids, c.w, hp, c.rt, &hres, NULL);
-    r2 = r ? r : moea2a_dispatch(dm, c.n, dids, dw, dp, c.rt, &dres, s);
+    if (split) {
+        void *warm = NULL;
+        cudaMalloc(&busy, 1 << 20), cudaMalloc(&warm, 16 + 4 * (size_t)c.cfg.hidden * (size_t)c.n);
+        r2 = r ? r : moea2a_dispatch(dm, c.n, dids, dw, dp, c.rt, &dres, s);
+        r2 = r2 ? r2 : moea2a_combine(dm, NULL, warm, s);
+        r2 = r2 ? r2 : moea2a_dispatch_send(dm, c.n, dids, dw, dp, c.rt, s);
+        cudaMemsetAsync(busy, 0x5a, 1 << 20, s);
+        r2 = r2 ? r2 : moea2a_dispatch_recv(dm, &dres, s);
+        cudaStreamSynchronize(s);
+        cudaFree(warm);
+    } else {
+        r2 = r ? r : moea2a_dispatch(dm, c.n, dids, dw, dp, c.rt, &dres, s);
+    }
     cudaStreamSynchronize(s);
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "dispatch (seed %llu): %s",
                 (unsigned long long)seed, moea2a_last_error(comm));
@@ -285,9 +335,17 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
         else dbuf = to_device(rows, rowb * slots);
         cudaMalloc((void **)&dout, rowb * (size_t)c.n + 1);
         r = moea2a_combine(hm, rows, hout, NULL);
-        r2 = r ? r : moea2a_combine(dm, zero_copy && seed % 2 ? NULL : dbuf, dout, s);
+        const void *din = zero_copy && seed % 2 ? NULL : dbuf;
+        if (split) {
+            r2 = r ? r : moea2a_combine_send(dm, din, s);
+            cudaMemsetAsync(busy, 0xa5, 1 << 20, s);
+            r2 = r2 ? r2 : moea2a_combine_recv(dm, dout, s);
+        } else {
+            r2 = r ? r : moea2a_combine(dm, din, dout, s);
+        }
         cudaStreamSynchronize(s);
-        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "combine%s: %s", split ? " (split)" : "",
+                    moea2a_last_error(comm));
         unsigned char *got = to_host(dout, rowb * (size_t)c.n);
         size_t bad = 0, first = 0;
         for (size_t i = 0; !r && !r2 && i < rowb * (size_t)c.n; i++)
@@ -296,6 +354,7 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
                     "combine output differs (%s, rows %s): %zu bytes, first at token %zu byte %zu (0x%02x, want 0x%02x)",
                     moea2a_datatype_name(c.cfg.combine_dtype), zero_copy ? "in place" : in_recv ? "in the receive arrays" : "copied",
                     bad, first / rowb, first % rowb, bad ? got[first] : 0, bad ? hout[first] : 0);
+        if (split && !in_recv && !r && !r2 && dres.nvlink) fails += graph_replays(dm, rank, &c, dids, dw, dp, din, dout, hout, rowb, s);
         if (!zero_copy && !in_recv) cudaFree(dbuf);
         cudaFree(dout), free(rows), free(hout), free(got), free(counts), free(ids), free(src);
     }
@@ -306,6 +365,7 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     for (int i = 0; i < np; i++) cudaFree((void *)dp[i]);
     cudaFree(dids), cudaFree(dw);
     cudaStreamDestroy(s);
+    cudaFree(busy);
     moea2a_moe_destroy(hm);
     moea2a_moe_destroy(dm);
     free_case(&c);

@@ -283,7 +283,7 @@ static int check_dispatch(const cfg_t *c, uint64_t seed, int me, int stride, con
 
 /* Expert side: one row per valid slot; token side: checks out[t] bit for bit. */
 static int check_combine(const cfg_t *c, uint64_t seed, int me, moea2a_moe_t moe, const moea2a_dispatch_result_t *res,
-                         int n_me, int zero_copy)
+                         int n_me, int zero_copy, int split)
 {
     int fails = 0, stride = res->stride;
     size_t es = dsize(c->cdt), row = es * c->hidden;
@@ -299,8 +299,14 @@ static int check_combine(const cfg_t *c, uint64_t seed, int me, moea2a_moe_t moe
         }
     unsigned char *out = malloc(row * (size_t)n_me + 1);
     memset(out, POISON, row * (size_t)n_me + 1);
-    moea2a_result_t r = moea2a_combine(moe, zero_copy ? NULL : expert, out, NULL);
-    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(NULL));
+    moea2a_result_t r;
+    if (split) {
+        r = moea2a_combine_send(moe, zero_copy ? NULL : expert, NULL);
+        if (r == MOEA2A_SUCCESS) r = moea2a_combine_recv(moe, out, NULL);
+    } else {
+        r = moea2a_combine(moe, zero_copy ? NULL : expert, out, NULL);
+    }
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "combine%s: %s", split ? " (split)" : "", moea2a_last_error(NULL));
     for (int t = 0; r == MOEA2A_SUCCESS && t < n_me && fails < 5; t++)
         for (size_t h = 0; h < c->hidden; h++) {
             float acc = 0.0f;
@@ -319,7 +325,7 @@ static int check_combine(const cfg_t *c, uint64_t seed, int me, moea2a_moe_t moe
 static int run_config(moea2a_comm_t comm, int me, int ep, uint64_t seed)
 {
     cfg_t c = make_cfg(seed, ep);
-    int fails = 0, max_n = 0;
+    int fails = 0, max_n = 0, split = seed % 3 == 1; /* a third of the configurations through the split halves */
     for (int r = 0; r < ep; r++) max_n = tokens_of(&c, seed, r) > max_n ? tokens_of(&c, seed, r) : max_n;
     if (c.rt) c.rt = max_n + (c.cap - max_n) / 2; /* a runtime stride between the largest n and cap */
     moea2a_moe_config_t mc = moe_config(&c);
@@ -350,12 +356,18 @@ static int run_config(moea2a_comm_t comm, int me, int ep, uint64_t seed)
         }
         for (int p = 0; r == MOEA2A_SUCCESS && p < c.np; p++)
             memset(res.payloads[p], POISON, res.payload_row_bytes[p] * (size_t)ep * (size_t)c.cap);
-        r = r ? r : moea2a_dispatch(moe, in.n, in.ids, in.w, (const void *const *)pays, c.rt, &res, NULL);
-        RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "second dispatch: %s", moea2a_last_error(comm));
+        if (split) { /* the two halves, against the same oracle */
+            r = r ? r : moea2a_dispatch_send(moe, in.n, in.ids, in.w, (const void *const *)pays, c.rt, NULL);
+            r = r ? r : moea2a_dispatch_recv(moe, &res, NULL);
+        } else {
+            r = r ? r : moea2a_dispatch(moe, in.n, in.ids, in.w, (const void *const *)pays, c.rt, &res, NULL);
+        }
+        RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "second dispatch%s: %s", split ? " (split)" : "",
+                    moea2a_last_error(comm));
     }
     int64_t inv;
     if (r == MOEA2A_SUCCESS) fails += check_dispatch(&c, seed, me, c.rt ? c.rt : c.cap, &res, in.n, &inv);
-    if (r == MOEA2A_SUCCESS && c.hidden) fails += check_combine(&c, seed, me, moe, &res, in.n, (int)(seed % 2));
+    if (r == MOEA2A_SUCCESS && c.hidden) fails += check_combine(&c, seed, me, moe, &res, in.n, (int)(seed % 2), split);
     free_inputs(&c, &in);
     moea2a_moe_destroy(moe);
     if (fails) printf("# rank %d: seed %llu: E %d k %d cap %d np %d hidden %zu flags 0x%x rt %d skew %d map %d\n", me,
@@ -420,6 +432,56 @@ static moea2a_moe_config_t small_config(int E, int k, int cap)
     m.combine_dtype = MOEA2A_FLOAT32;
     m.memory = MOEA2A_MEMORY_HOST;
     return m;
+}
+
+/* The split halves' order rules, and that they give the one-call form's bits
+ * (out2: that form's result for the same dispatch and rows). */
+static int split_order(moea2a_comm_t comm, int me, int ep, moea2a_moe_t moe, const int32_t *ids,
+                       const void *const *pays, const float *out2)
+{
+    int fails = 0;
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    float out[64 * 8];
+    RANK_EXPECT(fails, me, moea2a_dispatch_recv(moe, &res, NULL) == MOEA2A_ERR_STATE &&
+                               strstr(moea2a_last_error(comm), "dispatch_send"),
+                "receive without send: %s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, moea2a_combine_send(moe, NULL, NULL) == MOEA2A_ERR_STATE, "combine_send without dispatch");
+    RANK_EXPECT(fails, me, moea2a_combine_recv(moe, out, NULL) == MOEA2A_ERR_STATE, "combine_recv without send");
+    /* rejected on one rank: every rank fails, nothing pending */
+    moea2a_result_t r = moea2a_dispatch_send(moe, 4, me == 0 ? NULL : ids, NULL, pays, 0, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "dispatch_send with NULL ids on rank 0: %s",
+                moea2a_strerror(r));
+    RANK_EXPECT(fails, me, moea2a_dispatch_send(moe, 4, ids, NULL, pays, 0, NULL) == MOEA2A_SUCCESS,
+                "dispatch_send: %s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, moea2a_dispatch_send(moe, 4, ids, NULL, pays, 0, NULL) == MOEA2A_ERR_STATE &&
+                               strstr(moea2a_last_error(comm), "dispatch_recv"),
+                "two sends: %s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, moea2a_dispatch(moe, 4, ids, NULL, pays, 0, &res, NULL) == MOEA2A_ERR_STATE,
+                "one-call dispatch between the halves");
+    RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, out, NULL) == MOEA2A_ERR_STATE, "combine between the halves");
+    /* a rejected receive is local and can be repeated */
+    RANK_EXPECT(fails, me, moea2a_dispatch_recv(moe, me == 0 ? NULL : &res, NULL) == (me == 0 ? MOEA2A_ERR_INVALID_ARGUMENT : MOEA2A_SUCCESS),
+                "dispatch_recv with a NULL result on rank 0 only");
+    if (me == 0)
+        RANK_EXPECT(fails, me, moea2a_dispatch_recv(moe, &res, NULL) == MOEA2A_SUCCESS, "dispatch_recv again: %s",
+                    moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, res.total_recv >= 0 && res.stride == 16, "split dispatch results (stride %d)", res.stride);
+    float *buf;
+    moea2a_moe_combine_buffer(moe, (void **)&buf);
+    for (int i = 0; i < ep * 16 * 8; i++) buf[i] = 1.0f / (float)(i % 13 + 1) + (float)(i % 7) * 1e-3f;
+    RANK_EXPECT(fails, me, moea2a_combine_send(moe, NULL, NULL) == MOEA2A_SUCCESS, "combine_send: %s",
+                moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, moea2a_combine_send(moe, NULL, NULL) == MOEA2A_ERR_STATE, "two combine sends");
+    RANK_EXPECT(fails, me, moea2a_dispatch_send(moe, 4, ids, NULL, pays, 0, NULL) == MOEA2A_ERR_STATE &&
+                               strstr(moea2a_last_error(comm), "combine_recv"),
+                "dispatch between the combine's halves: %s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, moea2a_combine_recv(moe, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT, "combine_recv: NULL out");
+    memset(out, 0xA5, sizeof(out));
+    RANK_EXPECT(fails, me, moea2a_combine_recv(moe, out, NULL) == MOEA2A_SUCCESS, "combine_recv: %s",
+                moea2a_last_error(comm));
+    RANK_EXPECT(fails, me, !memcmp(out, out2, sizeof(float) * 4 * 8), "split combine gives the one-call bits");
+    RANK_EXPECT(fails, me, moea2a_combine_recv(moe, out, NULL) == MOEA2A_ERR_STATE, "two combine receives");
+    return fails;
 }
 
 static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
@@ -491,6 +553,7 @@ static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     RANK_EXPECT(fails, me, moea2a_combine(moe, rows, out2, NULL) == MOEA2A_SUCCESS, "combine 2");
     RANK_EXPECT(fails, me, !memcmp(out, out2, sizeof(float) * 4 * 8), "combine is bit-identical across runs");
     RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, out, NULL) == MOEA2A_ERR_STATE, "combine twice");
+    fails += split_order(comm, me, ep, moe, ids, pays, out2);
     moea2a_moe_destroy(moe);
 
     /* A config that differs on one rank is MOEA2A_ERR_MISMATCH everywhere. */
@@ -547,7 +610,7 @@ int main(void)
     for (size_t i = 0; i < sizeof(rule_sizes) / sizeof(rule_sizes[0]); i++) {
         local_ranks_result_t res;
         local_ranks_run(rule_sizes[i], rules_rank, NULL, WATCHDOG, &res);
-        tap_ok(res.failed == 0, "capacity, runtime_max agreement, call order, determinism, config mismatch, "
+        tap_ok(res.failed == 0, "capacity, runtime_max agreement, call order (one call and split halves), determinism, config mismatch, "
                                 "memory fail-fast, idle ranks on %d ranks", rule_sizes[i]);
     }
     return tap_done();

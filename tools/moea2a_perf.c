@@ -101,14 +101,17 @@ static int parse_dtype(const char *s, moea2a_datatype_t *d)
     return -1;
 }
 
-static int parse_tokens(char *s, perf_opts_t *o)
+/* A comma-separated list of at most PERF_MAX_TOKEN_SIZES integers >= min. */
+static int parse_list(char *s, int *v, int *n, int min)
 {
-    o->ntokens = 0;
+    *n = 0;
     for (char *save, *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (o->ntokens == PERF_MAX_TOKEN_SIZES || atoi(t) < 0) return -1;
-        o->tokens[o->ntokens++] = atoi(t);
+        char *end;
+        long x = strtol(t, &end, 10);
+        if (*n == PERF_MAX_TOKEN_SIZES || *end || x < min || x > 1 << 30) return -1;
+        v[(*n)++] = (int)x;
     }
-    return o->ntokens ? 0 : -1;
+    return *n ? 0 : -1;
 }
 
 static void usage(FILE *f)
@@ -139,6 +142,10 @@ static void usage(FILE *f)
             "  -W, --weights        carry router weights\n"
             "  -B, --baseline       also time the path without moea2a: pack rows per destination, then\n"
             "                       an all-to-all of the packed rows (and back, then sum)\n"
+            "  -S, --sms LIST       SM budgets (num_sms) to run every size at, comma-separated\n"
+            "                       (default: the context's default)\n"
+            "  -P, --split          also time the split halves, and their overlap with a cuBLAS bf16\n"
+            "                       GEMM on a second stream sized to take as long as the exchange\n"
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
@@ -158,9 +165,10 @@ int main(int argc, char **argv)
         {"experts", required_argument, 0, 'E'},    {"skew", required_argument, 0, 's'},
         {"weights", no_argument, 0, 'W'},          {"baseline", no_argument, 0, 'B'},
         {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
+        {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:P", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
         case 'o':
@@ -180,7 +188,9 @@ int main(int argc, char **argv)
         case 'm': o.mem = optarg; break;
         case 'c': o.check = atoi(optarg); break;
         case 'M': o.op = OP_MOE; break;
-        case 't': if (parse_tokens(optarg, &o)) { usage(stderr); return 2; } break;
+        case 't': if (parse_list(optarg, o.tokens, &o.ntokens, 0)) { usage(stderr); return 2; } break;
+        case 'S': if (parse_list(optarg, o.sms, &o.nsms, 1)) { usage(stderr); return 2; } break;
+        case 'P': o.split = 1; break;
         case 'H': o.hidden = atoi(optarg); break;
         case 'k': o.topk = atoi(optarg); break;
         case 'E': o.experts = atoi(optarg); break;

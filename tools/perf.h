@@ -22,6 +22,8 @@ typedef struct {
     int hidden, topk, experts, baseline, weights;
     double skew; /* probability that an expert is drawn from rank 0's experts */
     int fp4_rows; /* --op fp4: M (K is --hidden) */
+    int sms[PERF_MAX_TOKEN_SIZES], nsms; /* --sms: SM budgets (num_sms) to run each size at */
+    int split;                          /* --split: the split halves, and their overlap with a GEMM */
 } perf_opts_t;
 
 double perf_now(void);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "perf.h"
+#include "perf_gpu.h"
 #include "perf_mem.h"
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); return 1; } while (0)
@@ -239,6 +240,10 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
 typedef struct {
     double td, tc, bd, bc; /* dispatch, combine, baseline dispatch, baseline combine (s) */
     double tp;             /* dispatch + combine back to back, no event between them (s) */
+    double tg;             /* one round trip of a CUDA graph of iters round trips (s); 0: none */
+    double sd, sc;         /* --split: each call as its two halves, back to back (s) */
+    double gemm, ovl;      /* --split: the GEMM alone; a round trip overlapped with two GEMMs (s) */
+    int gemm_m;            /* the GEMM's M (N = K = 4096); 0: none */
     double bytes_d, remote_d, bytes_c, remote_c;
     long wrong;
 } row_t;
@@ -251,13 +256,109 @@ static void print_row(int T, const char *op, double bytes, double remote, double
            wrong, ratio);
 }
 
-static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int ti, double *busbw,
+/* iters round trips captured in one CUDA graph (load/store path: nothing waits on the
+ * host), launched once untimed, then timed: the kernels back to back, without a
+ * launch gap between calls, as peers' benchmarks report them. 0 when capture fails. */
+static double graph_time(moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const int32_t *ids, const float *w,
+                         const void *const *pays, void *out)
+{
+    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    if (perf_graph_begin(m->stream)) return 0;
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int i = 0; i < iters && !r; i++) {
+        r = moea2a_dispatch(moe, T, ids, w, pays, 0, &d, m->stream);
+        if (!r) r = moea2a_combine(moe, NULL, out, m->stream);
+    }
+    void *g = perf_graph_end(m->stream);
+    double t = 0;
+    if (g && !r && !perf_graph_launch(g, m->stream) && !perf_sync(m)) {
+        perf_mark(m, 0);
+        perf_graph_launch(g, m->stream);
+        perf_mark(m, 1);
+        t = perf_span(m, 0, 1) / iters;
+    }
+    perf_graph_free(g);
+    return perf_sync(m) || moea2a_moe_status(moe) ? 0 : t;
+}
+
+/* One round trip through the split halves; with gemm, a GEMM on the second stream
+ * runs during each call's halves (started with the send half, joined before the next
+ * call), as the other micro-batch's expert GEMM of a two-batch overlap would. */
+static moea2a_result_t split_round(moea2a_moe_t moe, perf_mem_t *m, int T, const int32_t *ids, const float *w,
+                                   const void *const *pays, void *out, perf_gemm_t *gemm, void *s2, int mark)
+{
+    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    if (gemm) perf_stream_after(s2, m->stream);
+    moea2a_result_t r = moea2a_dispatch_send(moe, T, ids, w, pays, 0, m->stream);
+    if (gemm) perf_gemm_run(gemm);
+    if (!r) r = moea2a_dispatch_recv(moe, &d, m->stream);
+    if (gemm) perf_stream_after(m->stream, s2), perf_stream_after(s2, m->stream);
+    if (mark >= 0) perf_mark(m, mark);
+    if (!r) r = moea2a_combine_send(moe, NULL, m->stream);
+    if (gemm) perf_gemm_run(gemm);
+    if (!r) r = moea2a_combine_recv(moe, out, m->stream);
+    if (gemm) perf_stream_after(m->stream, s2);
+    return r;
+}
+
+/* --split: the halves back to back (r->sd, r->sc), then a GEMM sized to half the
+ * exchange and the round trip overlapped with two of them (r->gemm, r->ovl). */
+static int split_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const int32_t *ids,
+                       const float *w, const void *const *pays, void *out, row_t *r)
+{
+    int rank;
+    moea2a_comm_rank(comm, &rank);
+    for (int i = 0; i < iters; i++) {
+        perf_mark(m, 3 * i);
+        TRY(split_round(moe, m, T, ids, w, pays, out, NULL, NULL, 3 * i + 1));
+        perf_mark(m, 3 * i + 2);
+    }
+    for (int i = 0; i < iters; i++) r->sd += perf_span(m, 3 * i, 3 * i + 1), r->sc += perf_span(m, 3 * i + 1, 3 * i + 2);
+    r->sd /= iters, r->sc /= iters;
+    if (!m->cuda) return 0;
+    void *s2 = perf_stream_new();
+    char why[128] = "";
+    int M = 4096;
+    perf_gemm_t *g = s2 ? perf_gemm_open(s2, M, 4096, 4096, why, sizeof(why)) : NULL;
+    for (int pass = 0; g && pass < 2; pass++) { /* time it; resize it once to half the exchange */
+        for (int i = 0; i < 3; i++) perf_gemm_run(g);
+        perf_stream_after(m->stream, s2);
+        perf_mark(m, 0);
+        for (int i = 0; i < 10; i++) perf_stream_after(s2, m->stream), perf_gemm_run(g), perf_stream_after(m->stream, s2);
+        perf_mark(m, 1);
+        r->gemm = perf_span(m, 0, 1) / 10;
+        if (pass) break;
+        int want = (int)((double)M * (r->sd + r->sc) / 2 / r->gemm / 64 + 0.5) * 64;
+        perf_gemm_close(g);
+        M = want < 64 ? 64 : want;
+        g = perf_gemm_open(s2, M, 4096, 4096, why, sizeof(why));
+    }
+    if (!g) {
+        if (rank == 0) printf("#   overlap: not measured: %s\n", s2 ? why : "no second stream");
+        perf_stream_free(s2);
+        r->gemm = 0;
+        return 0;
+    }
+    for (int i = 0; i < 3; i++) TRY(split_round(moe, m, T, ids, w, pays, out, g, s2, -1));
+    perf_mark(m, 0);
+    for (int i = 0; i < iters; i++) TRY(split_round(moe, m, T, ids, w, pays, out, g, s2, -1));
+    perf_mark(m, 1);
+    r->ovl = perf_span(m, 0, 1) / iters;
+    r->gemm_m = M;
+    perf_gemm_close(g);
+    perf_stream_free(s2);
+    if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
+    return 0;
+}
+
+static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int ti, int sms, double *busbw,
                       int *any_wrong)
 {
     int rank, ep, T = o->tokens[ti];
     moea2a_comm_rank(comm, &rank);
     moea2a_comm_size(comm, &ep);
     moea2a_moe_config_t cfg = config_of(o, T, m->cuda);
+    cfg.num_sms = sms;
     moea2a_moe_t moe;
     TRY(moea2a_moe_create(&moe, comm, &cfg));
     bench_t b = {rank, ep, T, o->topk, o->experts, 0, (size_t)o->hidden * 2, (size_t)o->hidden, NULL, NULL, NULL};
@@ -332,6 +433,10 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     perf_mark(m, 1);
     r.tp = perf_span(m, 0, 1) / iters;
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
+    if (m->cuda && d.nvlink) r.tg = graph_time(moe, m, iters, T, d_ids, d_w, pays, d_out);
+    if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, d_ids, d_w, pays,
+                                d_out, &r))
+        return 1;
     size_t total_row = b.row + (cfg.num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
     int32_t self_rows = 0;
     if (d.device_stats) { /* the load/store path keeps its counts on the device */
@@ -360,8 +465,13 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         base_free(m, &x);
     }
     /* Slowest rank's times; bytes averaged over ranks; wrong values summed. */
-    double td, tc, tp, bd, bc, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
+    double td, tc, tp, tg, sd, sc, gemm, ovl, bd, bc, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
     TRY(perf_reduce(comm, r.tp, 0, &tp, &tmp));
+    TRY(perf_reduce(comm, r.tg, 0, &tg, &tmp));
+    TRY(perf_reduce(comm, r.sd, 0, &sd, &tmp));
+    TRY(perf_reduce(comm, r.sc, 0, &sc, &tmp));
+    TRY(perf_reduce(comm, r.gemm, 0, &gemm, &tmp));
+    TRY(perf_reduce(comm, r.ovl, 0, &ovl, &tmp));
     TRY(perf_reduce(comm, r.td, r.bytes_d, &td, &bytes_d));
     TRY(perf_reduce(comm, r.tc, r.bytes_c, &tc, &bytes_c));
     TRY(perf_reduce(comm, r.bd, r.remote_d, &bd, &remote_d));
@@ -370,12 +480,23 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     bytes_d /= ep, remote_d /= ep, bytes_c /= ep, remote_c /= ep;
     if (rank == 0) {
         char wcol[24] = "N/A";
+        if (ti == 0 && sms) printf("#   num_sms: %d\n", sms);
         if (ti == 0) printf("#   path: %s\n", d.nvlink ? "load/store (NVLink), fused kernels" : "generic");
         if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", wrong);
         print_row(T, "dispatch", bytes_d, remote_d, td, bd, wcol);
         print_row(T, "combine", bytes_c, remote_c, tc, bc, wcol);
         print_row(T, "roundtrip", bytes_d + bytes_c, remote_d + remote_c, td + tc, bd + bc, wcol);
         print_row(T, "roundtrip-b2b", bytes_d + bytes_c, remote_d + remote_c, tp, bd + bc, wcol);
+        if (tg > 0) print_row(T, "roundtrip-graph", bytes_d + bytes_c, remote_d + remote_c, tg, bd + bc, wcol);
+        if (o->split) {
+            print_row(T, "split-dispatch", bytes_d, remote_d, sd, bd, wcol);
+            print_row(T, "split-combine", bytes_c, remote_c, sc, bc, wcol);
+        }
+        if (o->split && ovl > 0) /* hidden = (T_sequential - T_overlapped) / T_exchange */
+            printf("#   overlap %d tokens: exchange %.1f us (split halves), GEMM %.1f us x 2 (%d x 4096 x 4096 bf16), "
+                   "sequential %.1f us, overlapped %.1f us: %.0f%% of the exchange hidden\n",
+                   T, (sd + sc) * 1e6, gemm * 1e6, r.gemm_m, (sd + sc + 2 * gemm) * 1e6, ovl * 1e6,
+                   100.0 * (sd + sc + 2 * gemm - ovl) / (sd + sc));
         if (o->baseline) {
             print_row(T, "base-dispatch", bytes_d, remote_d, bd, 0, "");
             print_row(T, "base-combine", bytes_c, remote_c, bc, 0, "");
@@ -407,12 +528,13 @@ int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
                "busbw(GB/s)", "#wrong", "vs base");
     }
     double busbw_sum = 0;
-    int any_wrong = 0;
-    for (int ti = 0; ti < o->ntokens; ti++)
-        if (run_tokens(comm, m, o, ti, &busbw_sum, &any_wrong)) return 1;
+    int any_wrong = 0, nsms = o->nsms ? o->nsms : 1;
+    for (int si = 0; si < nsms; si++)
+        for (int ti = 0; ti < o->ntokens; ti++)
+            if (run_tokens(comm, m, o, ti, o->nsms ? o->sms[si] : 0, &busbw_sum, &any_wrong)) return 1;
     if (rank == 0) {
         printf("# Out of bounds values : %d %s\n", any_wrong, any_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %.4f\n", o->ntokens ? busbw_sum / o->ntokens : 0.0);
+        printf("# Avg bus bandwidth    : %.4f\n", o->ntokens ? busbw_sum / (o->ntokens * nsms) : 0.0);
     }
     return any_wrong ? 3 : 0;
 }

@@ -7,7 +7,8 @@
 # Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
-# 32 48") the load/store path at those SM budgets, GENERIC=1 the generic path next to it,
+# 32 48") the load/store path at those SM budgets in one run (moea2a_perf --sms; SPLIT=1
+# adds --split: the split halves and their overlap with a GEMM), GENERIC=1 the generic path next to it,
 # SANITIZE_TESTS the tests run under compute-sanitizer (with SANITIZE_TOOLS, default
 # "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
@@ -33,7 +34,9 @@ for f in "$K"/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" "$D/ucx"; done
 for l in "$D"/ucx/usr/lib/x86_64-linux-gnu/lib*.so; do
   n=$(basename "$l"); [ -e "/usr/lib/x86_64-linux-gnu/$n.0" ] && ln -sf "/usr/lib/x86_64-linux-gnu/$n.0" "$l"
 done
-export LD_LIBRARY_PATH="$D/nccl/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS (moea2a_perf --split loads it at run time): the toolkit's, else PyTorch's wheel
+CB=$(python3 -c 'import importlib.util as u; print(list(u.find_spec("nvidia.cublas").submodule_search_locations)[0])' 2>/dev/null)
+export LD_LIBRARY_PATH="$D/nccl/lib:/usr/local/cuda/lib64${CB:+:$CB/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/usr/local/cuda/bin:$PATH"
 tar -C "$B" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
 cd "$B"
@@ -127,11 +130,12 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \
         --iters "${ITERS:-30}" --warmup 10 --baseline; echo "rc=$?"
   done
-  for sms in ${SMS_CURVE:-}; do
-    echo "== load/store path, MOEA2A_NUM_SMS=$sms, ${SMS_RANKS:-4} GPUs"
-    MOEA2A_NUM_SMS=$sms timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" \
-        --tokens "${TOKENS:-128,1024,4096}" --iters "${ITERS:-30}" --warmup 10 | grep -E "dispatch|combine|path"
-  done
+  if [ -n "${SMS_CURVE:-}" ]; then
+    echo "== load/store path, SM budgets ${SMS_CURVE}, ${SMS_RANKS:-4} GPUs${SPLIT:+, split halves and overlap}"
+    timeout 500 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --sms "$(echo $SMS_CURVE | tr ' ' ,)" \
+        ${SPLIT:+--split} --tokens "${TOKENS:-128,1024,4096}" --iters "${ITERS:-30}" --warmup 10 |
+      grep -E "dispatch|combine|roundtrip-|path|num_sms|overlap|Out of"
+  fi
   if [ -n "${GENERIC:-}" ]; then
     echo "== generic NCCL path (MOEA2A_NVLINK=0), ${SMS_RANKS:-4} GPUs"
     MOEA2A_NVLINK=0 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" \

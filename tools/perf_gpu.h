@@ -1,0 +1,24 @@
+/* moea2a_perf's GPU-only helpers (perf_gpu.c): streams, graphs, a cuBLAS GEMM. */
+#ifndef MOEA2A_PERF_GPU_H
+#define MOEA2A_PERF_GPU_H
+#include <stddef.h>
+
+void *perf_stream_new(void); /* a non-blocking stream; NULL on failure */
+void perf_stream_free(void *s);
+/* Work enqueued on waiter from now on starts after what signaller has so far. */
+int perf_stream_after(void *waiter, void *signaller);
+
+/* Captures what is enqueued on stream between begin and end into a graph (NULL on
+ * failure, the capture ended either way). */
+int perf_graph_begin(void *stream);
+void *perf_graph_end(void *stream);
+int perf_graph_launch(void *graph, void *stream);
+void perf_graph_free(void *graph);
+
+/* C[m][n] = A[m][k] B[k][n], bf16 in and out, fp32 accumulation, on stream. NULL with
+ * the reason in why when cuBLAS cannot be loaded. */
+typedef struct perf_gemm perf_gemm_t;
+perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, char *why, size_t why_len);
+int perf_gemm_run(perf_gemm_t *g);
+void perf_gemm_close(perf_gemm_t *g);
+#endif
