@@ -17,7 +17,9 @@
 void *perf_stream_new(void)
 {
     cudaStream_t s = NULL;
-    return cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess ? s : NULL;
+    int least = 0, greatest = 0;
+    cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    return cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least) == cudaSuccess ? s : NULL;
 }
 
 void perf_stream_free(void *s)

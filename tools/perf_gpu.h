@@ -3,7 +3,7 @@
 #define MOEA2A_PERF_GPU_H
 #include <stddef.h>
 
-void *perf_stream_new(void); /* a non-blocking stream; NULL on failure */
+void *perf_stream_new(void); /* a non-blocking stream of the least priority; NULL on failure */
 void perf_stream_free(void *s);
 /* Work enqueued on waiter from now on starts after what signaller has so far. */
 int perf_stream_after(void *waiter, void *signaller);
