@@ -709,14 +709,30 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
 /* ---- the combine's reduce through the bulk copy engine (sm_90+) ------------------------
  * With few SMs, 16-byte loads cannot keep enough reads in flight to fill NVLink (154
  * GB/s per GPU from 16 SMs on 2 x H200), while bulk copies issued by one lane reach
- * the load ceiling from the same SMs. Each warp keeps kTmaStages units in flight: a
- * unit's rows (one per source rank, at most kTmaRows) land in the warp's shared
- * memory, an mbarrier counts their bytes, and the warp reduces them from there in the
- * same order as reduce_unit (ascending rank, fp32 from 0, rounded once): the same
- * bits. */
-constexpr int kTmaRows = 4, kTmaStages = 2;
-constexpr size_t kTmaWarpBytes = (size_t)kTmaStages * kTmaRows * kSegC;
+ * the load ceiling from the same SMs. A unit is kTmaSeg bytes of a token's output
+ * row; its rows (one per source rank, D <= kTmaRows of them) land in a stage of the
+ * warp's shared memory, an mbarrier counts their bytes, and the warp reduces them from
+ * there in the same order as reduce_unit (ascending rank, fp32 from 0, rounded once):
+ * the same bits. Each warp keeps as many stages in flight as kTmaWarpBytes holds (at
+ * most kTmaMaxStages), and loads the next unit's map while it waits for a stage:
+ * the combine is bound by the latency of that chain, not by bytes, at few SMs. */
+#ifndef M2A_TMA_SEG
+#define M2A_TMA_SEG 1024
+#endif
+#ifndef M2A_TMA_WARP_BYTES
+#define M2A_TMA_WARP_BYTES 8192
+#endif
+constexpr int kTmaRows = 4, kTmaMaxStages = 8;
+constexpr size_t kTmaSeg = M2A_TMA_SEG, kTmaWarpBytes = M2A_TMA_WARP_BYTES;
 constexpr size_t kTmaSmem = kWarps * kTmaWarpBytes; /* dynamic shared memory of a TMA launch */
+static_assert(kTmaSeg % 512 == 0 && kTmaWarpBytes >= 2 * kTmaSeg, "a TMA warp needs two stages of one row");
+
+/* Stages a warp keeps in flight for D rows per unit; below 2 the loads path is used. */
+__host__ __device__ constexpr int tma_stages(int D)
+{
+    return (int)(kTmaWarpBytes / ((size_t)D * kTmaSeg)) < kTmaMaxStages ? (int)(kTmaWarpBytes / ((size_t)D * kTmaSeg))
+                                                                        : kTmaMaxStages;
+}
 
 /* Launches of at most this many blocks reduce through bulk copies. On 2 x H200 at 4096
  * tokens (bf16, hidden 7168) the combine took 466 / 319 / 247 / 221 us at 16 / 24 / 32 / 48
@@ -784,7 +800,7 @@ struct TmaUnit {
 template <moea2a_datatype_t DT>
 __device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_t out_row, unsigned char *out)
 {
-    constexpr int V = 16 / Val<DT>::size, U = (int)(kSegC / 16 / 32);
+    constexpr int V = 16 / Val<DT>::size, U = (int)(kTmaSeg / 16 / 32);
     const int lane = threadIdx.x & 31, C = (int)(u.len / 16);
 #pragma unroll
     for (int k = 0; k < U; k++) {
@@ -794,7 +810,7 @@ __device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_
 #pragma unroll
         for (int v = 0; v < V; v++) acc[v] = 0.0f;
         for (int d = 0; d < u.nd; d++) {
-            const int4 r = reinterpret_cast<const int4 *>(stage + (size_t)d * kSegC)[i];
+            const int4 r = reinterpret_cast<const int4 *>(stage + (size_t)d * kTmaSeg)[i];
 #pragma unroll
             for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r), v);
         }
@@ -805,9 +821,9 @@ __device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_
     }
 }
 
-/* The reduce loop of combine_kernel through bulk copies: the same units from the same
- * counter, kTmaStages of them in flight per warp. Needs D <= kTmaRows, 16-byte rows and
- * kTmaSmem bytes of dynamic shared memory. */
+/* The reduce loop of combine_kernel through bulk copies: units of kTmaSeg bytes from the
+ * same counter, tma_stages(D) of them in flight per warp. Needs tma_stages(D) >= 2,
+ * 16-byte rows and kTmaSmem bytes of dynamic shared memory. */
 template <moea2a_datatype_t DT>
 __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *send_map, int D, int stride, size_t row,
                             size_t out_row, uint32_t S, unsigned long long units, unsigned take,
@@ -815,12 +831,13 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
                             unsigned char *out)
 {
     extern __shared__ __align__(128) unsigned char dsm[];
-    __shared__ uint64_t bars[kWarps][kTmaStages];
+    __shared__ uint64_t bars[kWarps][kTmaMaxStages];
     const m2a_kparams_t &p = f.p;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, me = p.me;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, me = p.me, NS = tma_stages(D);
+    const size_t stage_bytes = (size_t)D * kTmaSeg;
     unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
     if (lane == 0)
-        for (int s = 0; s < kTmaStages; s++) mbar_init(&bars[w][s]);
+        for (int s = 0; s < NS; s++) mbar_init(&bars[w][s]);
     fence_proxy_async(); /* the barriers' init and the signals' acquire before any bulk copy */
     __syncwarp();
     /* the warp's units in order: grab g covers units [g * take, (g + 1) * take) */
@@ -836,16 +853,22 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
         }
         return (long long)u++;
     };
-    TmaUnit inflight[kTmaStages];
+    TmaUnit inflight[kTmaMaxStages];
     unsigned phase = 0; /* bit s: the parity stage s waits for next */
-    /* issue: the unit's rows (ascending rank) into stage s */
-    auto issue = [&](long long unit, int s) {
+    /* the next unit and its map entry (lane d: the token's d-th (rank, slot) code),
+     * loaded ahead so that the load's latency passes while the warp waits */
+    long long pend = next_unit();
+    int32_t pend_slot = pend >= 0 && lane < D ? __ldcg(send_map + (size_t)(pend / S) * p.k + lane) : -1;
+    /* issue: the pending unit's rows (ascending rank) into stage s, then the next one's map */
+    auto issue = [&](int s) {
+        const long long unit = pend;
+        const int32_t slot = pend_slot;
+        pend = next_unit();
+        pend_slot = pend >= 0 && lane < D ? __ldcg(send_map + (size_t)(pend / S) * p.k + lane) : -1;
         const int t = (int)(unit / S);
-        const int32_t *map = send_map + (size_t)t * p.k;
-        const int32_t slot = lane < D ? map[lane] : -1;
         const unsigned ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
-        const unsigned off = (unsigned)((unit % S) * kSegC);
-        const unsigned len = (unsigned)(out_row - off < kSegC ? out_row - off : kSegC);
+        const unsigned off = (unsigned)((unit % S) * kTmaSeg);
+        const unsigned len = (unsigned)(out_row - off < kTmaSeg ? out_row - off : kTmaSeg);
         TmaUnit m = {t, __popc(ok_rows), off, len};
         inflight[s] = m;
         if (slot >= 0) { /* the d-th valid entry in rank order lands at row d of the stage */
@@ -853,27 +876,24 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
             const unsigned char *src = f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off;
             if (d == 0) mbar_expect(&bars[w][s], (unsigned)m.nd * len);
             __syncwarp(ok_rows);
-            bulk_load(stages + (size_t)s * kTmaRows * kSegC + (size_t)d * kSegC, src, len, &bars[w][s]);
+            bulk_load(stages + (size_t)s * stage_bytes + (size_t)d * kTmaSeg, src, len, &bars[w][s]);
         } else if (m.nd == 0 && lane == 0) {
             mbar_expect(&bars[w][s], 0); /* a token sent nowhere: zeros, nothing to load */
         }
     };
     int n_in = 0;
-    for (int s = 0; s < kTmaStages; s++) {
-        const long long unit = next_unit();
-        if (unit < 0) break;
-        issue(unit, s);
+    for (int s = 0; s < NS && pend >= 0; s++) {
+        issue(s);
         n_in++;
     }
-    for (int s = 0; n_in > 0; s = (s + 1) % kTmaStages) {
+    for (int s = 0; n_in > 0; s = s + 1 == NS ? 0 : s + 1) {
         mbar_wait(&bars[w][s], (phase >> s) & 1u);
         phase ^= 1u << s;
-        reduce_stage<DT>(stages + (size_t)s * kTmaRows * kSegC, inflight[s], out_row, out);
+        reduce_stage<DT>(stages + (size_t)s * stage_bytes, inflight[s], out_row, out);
         fence_proxy_async(); /* this lane's reads of the stage before the next copy into it */
         __syncwarp();
-        const long long unit = next_unit();
-        if (unit < 0) n_in--;
-        else issue(unit, s);
+        if (pend < 0) n_in--;
+        else issue(s);
     }
 }
 
@@ -936,7 +956,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t out_row = f.hidden * Val<DT>::size;
-    const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
+    const size_t seg = tma ? kTmaSeg : kSegC;
+    const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const unsigned long long units = (unsigned long long)n * S;
     unsigned long long *next = c.next_cunit + (e & 1);
@@ -1046,7 +1067,8 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     unsigned char *o = static_cast<unsigned char *>(out);
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
     const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
-    const bool tma = (phases & M2A_FAST_RECV) && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() && D <= kTmaRows && out_row % 16 == 0 &&
+    const bool tma = (phases & M2A_FAST_RECV) && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() && D <= kTmaRows &&
+                     tma_stages(D) >= 2 && out_row % 16 == 0 &&
                      f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const size_t smem = tma ? kTmaSmem : 0;
     switch (f->combine_dtype) {

@@ -73,6 +73,7 @@ enum { OP_N = 0, R_16BF = 14, COMPUTE_32F = 68, GEMM_DEFAULT = -1 };
 typedef int (*create_fn)(void **);
 typedef int (*destroy_fn)(void *);
 typedef int (*stream_fn)(void *, void *);
+typedef int (*sms_fn)(void *, int);
 typedef int (*gemm_fn)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *, int, int,
                        const void *, void *, int, int, int, int);
 
@@ -83,7 +84,15 @@ struct perf_gemm {
     gemm_fn gemm;
 };
 
-perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, char *why, size_t why_len)
+int perf_device_sms(void)
+{
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return sms;
+}
+
+perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, int sms, char *why, size_t why_len)
 {
     static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
     perf_gemm_t *g = calloc(1, sizeof(*g));
@@ -98,8 +107,12 @@ perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, char *why, size_t
         perf_gemm_close(g);
         return NULL;
     }
+    /* cuBLAS's Hopper kernels are persistent (one block per SM for the whole GEMM): on
+     * its own it takes every SM and the collective waits for it to end */
+    sms_fn set_sms = (sms_fn)dlsym(g->lib, "cublasSetSmCountTarget");
     g->m = m, g->n = n, g->k = k;
     int ok = create(&g->handle) == 0 && set_stream(g->handle, stream) == 0 &&
+             (sms <= 0 || (set_sms && set_sms(g->handle, sms) == 0)) &&
              cudaMalloc(&g->a, 2 * (size_t)m * (size_t)k) == cudaSuccess &&
              cudaMalloc(&g->b, 2 * (size_t)k * (size_t)n) == cudaSuccess &&
              cudaMalloc(&g->c, 2 * (size_t)m * (size_t)n) == cudaSuccess;
@@ -141,9 +154,10 @@ int perf_graph_begin(void *stream) { (void)stream; return -1; }
 void *perf_graph_end(void *stream) { (void)stream; return NULL; }
 int perf_graph_launch(void *graph, void *stream) { (void)graph, (void)stream; return -1; }
 void perf_graph_free(void *graph) { (void)graph; }
-perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, char *why, size_t why_len)
+int perf_device_sms(void) { return 0; }
+perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, int sms, char *why, size_t why_len)
 {
-    (void)stream, (void)m, (void)n, (void)k;
+    (void)stream, (void)m, (void)n, (void)k, (void)sms;
     snprintf(why, why_len, "this build has no CUDA");
     return NULL;
 }

@@ -15,10 +15,13 @@ void *perf_graph_end(void *stream);
 int perf_graph_launch(void *graph, void *stream);
 void perf_graph_free(void *graph);
 
-/* C[m][n] = A[m][k] B[k][n], bf16 in and out, fp32 accumulation, on stream. NULL with
- * the reason in why when cuBLAS cannot be loaded. */
+int perf_device_sms(void); /* SMs of the current device; 0 without CUDA */
+
+/* C[m][n] = A[m][k] B[k][n], bf16 in and out, fp32 accumulation, on stream, on sms SMs
+ * (cublasSetSmCountTarget; 0: all). NULL with the reason in why when cuBLAS cannot be
+ * loaded. */
 typedef struct perf_gemm perf_gemm_t;
-perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, char *why, size_t why_len);
+perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, int sms, char *why, size_t why_len);
 int perf_gemm_run(perf_gemm_t *g);
 void perf_gemm_close(perf_gemm_t *g);
 #endif

@@ -244,7 +244,7 @@ typedef struct {
     double sd, sc;         /* --split: each call as its two halves, back to back (s) */
     double gemm, ovl[2];   /* --split: the GEMM alone; a round trip overlapped with two GEMMs launched
                               between the halves / after them (s) */
-    int gemm_m;            /* the GEMM's M (N = K = 4096); 0: none */
+    int gemm_m, gemm_sms;  /* the GEMM's M (N = K = 4096; 0: none) and its SM target */
     double bytes_d, remote_d, bytes_c, remote_c;
     long wrong;
 } row_t;
@@ -309,7 +309,7 @@ static moea2a_result_t split_round(moea2a_moe_t moe, perf_mem_t *m, int T, const
 /* --split: the halves back to back (r->sd, r->sc), then a GEMM sized to half the
  * exchange and the round trip overlapped with two of them (r->gemm, r->ovl). */
 static int split_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const int32_t *ids,
-                       const float *w, const void *const *pays, void *out, row_t *r)
+                       const float *w, const void *const *pays, void *out, int sms, row_t *r)
 {
     int rank;
     moea2a_comm_rank(comm, &rank);
@@ -324,7 +324,11 @@ static int split_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int 
     void *s2 = perf_stream_new();
     char why[128] = "";
     int M = 4096;
-    perf_gemm_t *g = s2 ? perf_gemm_open(s2, M, 4096, 4096, why, sizeof(why)) : NULL;
+    /* the GEMM gets the SMs the collective does not hold (num_sms; its default 48) */
+    const char *env = getenv("MOEA2A_NUM_SMS");
+    int held = sms ? sms : env && atoi(env) > 0 ? atoi(env) : 48, free_sms = perf_device_sms() - held;
+    r->gemm_sms = free_sms > 0 ? free_sms : 0;
+    perf_gemm_t *g = s2 ? perf_gemm_open(s2, M, 4096, 4096, r->gemm_sms, why, sizeof(why)) : NULL;
     for (int pass = 0; g && pass < 2; pass++) { /* time it; resize it once to half the exchange */
         for (int i = 0; i < 3; i++) perf_gemm_run(g);
         perf_stream_after(m->stream, s2);
@@ -336,7 +340,7 @@ static int split_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int 
         int want = (int)((double)M * (r->sd + r->sc) / 2 / r->gemm / 64 + 0.5) * 64;
         perf_gemm_close(g);
         M = want < 64 ? 64 : want;
-        g = perf_gemm_open(s2, M, 4096, 4096, why, sizeof(why));
+        g = perf_gemm_open(s2, M, 4096, 4096, r->gemm_sms, why, sizeof(why));
     }
     if (!g) {
         if (rank == 0) printf("#   overlap: not measured: %s\n", s2 ? why : "no second stream");
@@ -442,7 +446,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
     if (m->cuda && d.nvlink) r.tg = graph_time(moe, m, iters, T, d_ids, d_w, pays, d_out);
     if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, d_ids, d_w, pays,
-                                d_out, &r))
+                                d_out, sms, &r))
         return 1;
     size_t total_row = b.row + (cfg.num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
     int32_t self_rows = 0;
@@ -502,8 +506,9 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         }
         for (int c = 0; o->split && c < 2 && ovl[c] > 0; c++) /* hidden = (T_sequential - T_overlapped) / T_exchange */
             printf("#   overlap %d tokens, GEMM launched %s: exchange %.1f us (split halves), GEMM %.1f us x 2 "
-                   "(%d x 4096 x 4096 bf16), sequential %.1f us, overlapped %.1f us: %.0f%% of the exchange hidden\n",
-                   T, c ? "after both halves" : "between the halves", (sd + sc) * 1e6, gemm * 1e6, r.gemm_m,
+                   "(%d x 4096 x 4096 bf16 on %d SMs), sequential %.1f us, overlapped %.1f us: %.0f%% of the exchange "
+                   "hidden\n",
+                   T, c ? "after both halves" : "between the halves", (sd + sc) * 1e6, gemm * 1e6, r.gemm_m, r.gemm_sms,
                    (sd + sc + 2 * gemm) * 1e6, ovl[c] * 1e6, 100.0 * (sd + sc + 2 * gemm - ovl[c]) / (sd + sc));
         if (o->baseline) {
             print_row(T, "base-dispatch", bytes_d, remote_d, bd, 0, "");

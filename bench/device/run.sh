@@ -13,7 +13,8 @@
 # "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
-# with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B),
+# with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B; at
+# the SM budgets VARIANT_SMS="16,24" when set),
 # FLOORS="sms:MiB:chunk:issuers ..." first measures the floors under the benchmark's
 # numbers (NVLink ceilings, an event-timed empty kernel: bench/device/floors.cu) with
 # each of those settings, e.g. FLOORS="48:64:14336:3". NETWORK=0 skips the run with
@@ -109,7 +110,8 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
       touch kernels/moe_fast.cu
       make -j16 NVCCFLAGS="$prof $v" >>"$OUT/build.log" 2>&1 || { echo "make failed"; continue; }
       timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "${TOKENS:-128,1024,4096}" \
-          --iters "${ITERS:-30}" --warmup 10 2>&1 | grep -E "profile rank 0|dispatch|combine|b2b|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
+          ${VARIANT_SMS:+--sms "$VARIANT_SMS"} --iters "${ITERS:-30}" --warmup 10 2>&1 |
+        grep -E "profile rank 0|num_sms|dispatch|combine|b2b|graph|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
     done
   fi
   if [ -n "${PHASES:-}" ]; then
