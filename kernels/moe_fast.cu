@@ -714,19 +714,13 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
  * warp's shared memory, an mbarrier counts their bytes, and the warp reduces them from
  * there in the same order as reduce_unit (ascending rank, fp32 from 0, rounded once):
  * the same bits. Each warp keeps as many stages in flight as kTmaWarpBytes holds (at
- * most kTmaMaxStages; more than 4 were slower on 2 x H200), and loads the next unit's
- * map while it waits for a stage. A row in this rank's own memory is copied by the
- * warp's lanes (cp.async, the load/store unit) instead of the bulk copy engine, whose
- * throughput per SM (about 20 GB/s for 1-2 KB copies) bounds the combine at few SMs:
- * the engine then carries only the rows that cross NVLink. */
+ * most kTmaMaxStages), and loads the next unit's map while it waits for a stage:
+ * the combine is bound by the latency of that chain, not by bytes, at few SMs. */
 #ifndef M2A_TMA_SEG
 #define M2A_TMA_SEG 1024
 #endif
 #ifndef M2A_TMA_WARP_BYTES
 #define M2A_TMA_WARP_BYTES 8192
-#endif
-#ifndef M2A_TMA_LOCAL_LSU
-#define M2A_TMA_LOCAL_LSU 1
 #endif
 constexpr int kTmaRows = 4, kTmaMaxStages = 8;
 constexpr size_t kTmaSeg = M2A_TMA_SEG, kTmaWarpBytes = M2A_TMA_WARP_BYTES;
@@ -784,23 +778,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned phase)
                      smem_u32(bar)),
                  "r"(phase)
                  : "memory");
-#endif
-}
-
-/* 16 bytes global -> shared through the load/store unit (not the bulk copy engine). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-#endif
-}
-
-/* The barrier's phase waits for this thread's earlier cp_async16 copies too (the
- * pending count goes up now and down when they land: no arrival of its own). */
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.mbarrier.arrive.shared.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 #endif
 }
 
@@ -894,24 +871,15 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
         const unsigned len = (unsigned)(out_row - off < kTmaSeg ? out_row - off : kTmaSeg);
         TmaUnit m = {t, __popc(ok_rows), off, len};
         inflight[s] = m;
-        /* the d-th valid entry in rank order lands at row d of the stage */
-        const int d = __popc(ok_rows & ((1u << lane) - 1));
-        unsigned char *dst = stages + (size_t)s * stage_bytes + (size_t)d * kTmaSeg;
-        const unsigned char *src =
-            slot >= 0 ? f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off : nullptr;
-        const unsigned local = M2A_TMA_LOCAL_LSU ? __ballot_sync(0xffffffffu, slot >= 0 && slot / p.cap == me) : 0u;
-        if (local) { /* this rank's row (at most one): every lane copies 16-byte pieces */
-            const int ll = __ffs(local) - 1;
-            unsigned char *ldst = reinterpret_cast<unsigned char *>(__shfl_sync(0xffffffffu, (unsigned long long)dst, ll));
-            const unsigned char *lsrc =
-                reinterpret_cast<const unsigned char *>(__shfl_sync(0xffffffffu, (unsigned long long)src, ll));
-            for (unsigned i = 16u * lane; i < len; i += 16u * 32u) cp_async16(ldst + i, lsrc + i);
-            cp_async_mbar_arrive(&bars[w][s]);
+        if (slot >= 0) { /* the d-th valid entry in rank order lands at row d of the stage */
+            const int d = __popc(ok_rows & ((1u << lane) - 1));
+            const unsigned char *src = f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off;
+            if (d == 0) mbar_expect(&bars[w][s], (unsigned)m.nd * len);
+            __syncwarp(ok_rows);
+            bulk_load(stages + (size_t)s * stage_bytes + (size_t)d * kTmaSeg, src, len, &bars[w][s]);
+        } else if (m.nd == 0 && lane == 0) {
+            mbar_expect(&bars[w][s], 0); /* a token sent nowhere: zeros, nothing to load */
         }
-        __syncwarp(); /* the lanes' pending copies count before the barrier can complete */
-        if (lane == 0) mbar_expect(&bars[w][s], (unsigned)(m.nd - __popc(local)) * len); /* 0: nothing to load */
-        __syncwarp();
-        if (slot >= 0 && !((local >> lane) & 1u)) bulk_load(dst, src, len, &bars[w][s]);
     };
     int n_in = 0;
     for (int s = 0; s < NS && pend >= 0; s++) {
