@@ -28,7 +28,9 @@ static const moea2a_param_t params[] = {
      "NCCL send/receive path."},
     {"MOEA2A_NUM_SMS", "int", "48",
      "SMs (thread blocks) each fused dispatch or combine kernel of the load/store path uses, 1..256, "
-     "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same."},
+     "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same. "
+     "48 is the smallest budget within 5% of the best time from 128 to 4096 tokens on 2 x H200 "
+     "(moea2a_perf --sms; at 4096 tokens 24 SMs cost 3% on dispatch and 19% on combine)."},
     {"MOEA2A_TRANSPORT", "string", "",
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},
