@@ -709,32 +709,43 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
 /* ---- the combine's reduce through the bulk copy engine (sm_90+) ------------------------
  * With few SMs, 16-byte loads cannot keep enough reads in flight to fill NVLink (154
  * GB/s per GPU from 16 SMs on 2 x H200), while bulk copies issued by one lane reach
- * the load ceiling from the same SMs. A unit is kTmaSeg bytes of a token's output
+ * the load ceiling from the same SMs. A unit is tma_seg(D) bytes of a token's output
  * row; its rows (one per source rank, D <= kTmaRows of them) land in a stage of the
  * warp's shared memory, an mbarrier counts their bytes, and the warp reduces them from
  * there in the same order as reduce_unit (ascending rank, fp32 from 0, rounded once):
  * the same bits. Each warp keeps as many stages in flight as kTmaWarpBytes holds, at
- * most kTmaMaxStages, and loads the next unit's map while it waits for a stage. On
- * 2 x H200 at 4096 tokens (2 rows per unit) 4 stages of 1 KB took 365 / 252 us at
- * 16 / 24 SMs against 465 / 319 with 2; 3 stages of 2 KB the same as 4 of 1 KB; 6 of
- * 1 KB 516 / 355; copying this rank's own row with the lanes (cp.async) instead of the
- * bulk engine was slower too. */
+ * most kTmaMaxStages, and loads the next unit's map while it waits for a stage.
+ * What a unit costs apart from its bytes (the counter, the map, the barrier) decides
+ * the time at few SMs, so units are as large as two stages allow. On 2 x H200 at 4096
+ * tokens (2 rows per unit; 16 / 24 SMs): 3 stages of 2 KB 365 / 252 us; 2 of 1 KB
+ * 465 / 319; 4 of 1 KB 474 / 325; 6 of 1 KB 516 / 355; 16-byte loads 513 / 359;
+ * copying this rank's own row with the lanes (cp.async) instead of the bulk engine,
+ * 4 of 1 KB, 525 / 360. */
 #ifndef M2A_TMA_SEG
-#define M2A_TMA_SEG 1024
+#define M2A_TMA_SEG 2048
 #endif
 #ifndef M2A_TMA_WARP_BYTES
-#define M2A_TMA_WARP_BYTES 8192
+#define M2A_TMA_WARP_BYTES 12288
 #endif
 constexpr int kTmaRows = 4, kTmaMaxStages = 4;
 constexpr size_t kTmaSeg = M2A_TMA_SEG, kTmaWarpBytes = M2A_TMA_WARP_BYTES;
 constexpr size_t kTmaSmem = kWarps * kTmaWarpBytes; /* dynamic shared memory of a TMA launch */
-static_assert(kTmaSeg % 512 == 0 && kTmaWarpBytes >= 2 * kTmaSeg, "a TMA warp needs two stages of one row");
+static_assert(kTmaSeg % 1024 == 0 && kTmaWarpBytes >= kTmaSeg, "TMA units are whole KB, a stage fits a warp");
+
+/* Bytes per unit for D rows: kTmaSeg, halved (down to 1 KB) until two stages fit. */
+__host__ __device__ constexpr size_t tma_seg(int D)
+{
+    size_t seg = kTmaSeg;
+    while (seg > 1024 && 2 * (size_t)D * seg > kTmaWarpBytes) seg /= 2;
+    return seg;
+}
 
 /* Stages a warp keeps in flight for D rows per unit; below 2 the loads path is used. */
 __host__ __device__ constexpr int tma_stages(int D)
 {
-    return (int)(kTmaWarpBytes / ((size_t)D * kTmaSeg)) < kTmaMaxStages ? (int)(kTmaWarpBytes / ((size_t)D * kTmaSeg))
-                                                                        : kTmaMaxStages;
+    return (int)(kTmaWarpBytes / ((size_t)D * tma_seg(D))) < kTmaMaxStages
+               ? (int)(kTmaWarpBytes / ((size_t)D * tma_seg(D)))
+               : kTmaMaxStages;
 }
 
 /* Launches of at most this many blocks reduce through bulk copies. On 2 x H200 at 4096
@@ -801,9 +812,10 @@ struct TmaUnit {
 
 /* Reduces a landed stage: out bytes [off, off + len) of token t. */
 template <moea2a_datatype_t DT>
-__device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_t out_row, unsigned char *out)
+__device__ void reduce_stage(const unsigned char *stage, size_t seg, const TmaUnit &u, size_t out_row,
+                             unsigned char *out)
 {
-    constexpr int V = 16 / Val<DT>::size, U = (int)(kTmaSeg / 16 / 32);
+    constexpr int V = 16 / Val<DT>::size, U = (int)(kTmaSeg / 16 / 32); /* the largest unit */
     const int lane = threadIdx.x & 31, C = (int)(u.len / 16);
 #pragma unroll
     for (int k = 0; k < U; k++) {
@@ -813,7 +825,7 @@ __device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_
 #pragma unroll
         for (int v = 0; v < V; v++) acc[v] = 0.0f;
         for (int d = 0; d < u.nd; d++) {
-            const int4 r = reinterpret_cast<const int4 *>(stage + (size_t)d * kTmaSeg)[i];
+            const int4 r = reinterpret_cast<const int4 *>(stage + (size_t)d * seg)[i];
 #pragma unroll
             for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r), v);
         }
@@ -824,7 +836,7 @@ __device__ void reduce_stage(const unsigned char *stage, const TmaUnit &u, size_
     }
 }
 
-/* The reduce loop of combine_kernel through bulk copies: units of kTmaSeg bytes from the
+/* The reduce loop of combine_kernel through bulk copies: units of tma_seg(D) bytes from the
  * same counter, tma_stages(D) of them in flight per warp. Needs tma_stages(D) >= 2,
  * 16-byte rows and kTmaSmem bytes of dynamic shared memory. */
 template <moea2a_datatype_t DT>
@@ -837,7 +849,7 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     __shared__ uint64_t bars[kWarps][kTmaMaxStages];
     const m2a_kparams_t &p = f.p;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, me = p.me, NS = tma_stages(D);
-    const size_t stage_bytes = (size_t)D * kTmaSeg;
+    const size_t seg = tma_seg(D), stage_bytes = (size_t)D * seg;
     unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
     if (lane == 0)
         for (int s = 0; s < NS; s++) mbar_init(&bars[w][s]);
@@ -870,8 +882,8 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
         pend_slot = pend >= 0 && lane < D ? __ldcg(send_map + (size_t)(pend / S) * p.k + lane) : -1;
         const int t = (int)(unit / S);
         const unsigned ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
-        const unsigned off = (unsigned)((unit % S) * kTmaSeg);
-        const unsigned len = (unsigned)(out_row - off < kTmaSeg ? out_row - off : kTmaSeg);
+        const unsigned off = (unsigned)((unit % S) * seg);
+        const unsigned len = (unsigned)(out_row - off < seg ? out_row - off : seg);
         TmaUnit m = {t, __popc(ok_rows), off, len};
         inflight[s] = m;
         if (slot >= 0) { /* the d-th valid entry in rank order lands at row d of the stage */
@@ -879,7 +891,7 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
             const unsigned char *src = f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off;
             if (d == 0) mbar_expect(&bars[w][s], (unsigned)m.nd * len);
             __syncwarp(ok_rows);
-            bulk_load(stages + (size_t)s * stage_bytes + (size_t)d * kTmaSeg, src, len, &bars[w][s]);
+            bulk_load(stages + (size_t)s * stage_bytes + (size_t)d * seg, src, len, &bars[w][s]);
         } else if (m.nd == 0 && lane == 0) {
             mbar_expect(&bars[w][s], 0); /* a token sent nowhere: zeros, nothing to load */
         }
@@ -892,7 +904,7 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     for (int s = 0; n_in > 0; s = s + 1 == NS ? 0 : s + 1) {
         mbar_wait(&bars[w][s], (phase >> s) & 1u);
         phase ^= 1u << s;
-        reduce_stage<DT>(stages + (size_t)s * stage_bytes, inflight[s], out_row, out);
+        reduce_stage<DT>(stages + (size_t)s * stage_bytes, seg, inflight[s], out_row, out);
         fence_proxy_async(); /* this lane's reads of the stage before the next copy into it */
         __syncwarp();
         if (pend < 0) n_in--;
@@ -959,7 +971,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t out_row = f.hidden * Val<DT>::size;
-    const size_t seg = tma ? kTmaSeg : kSegC;
+    const size_t seg = tma ? tma_seg(D) : kSegC;
     const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const unsigned long long units = (unsigned long long)n * S;

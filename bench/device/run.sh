@@ -103,17 +103,6 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
           --warmup 10 --check 0 2>&1 | grep -E "profile rank 0| $t "
     done
   fi
-  if [ -n "${VARIANTS:-}" ]; then # developers: the load/store kernels rebuilt with each flag set
-    IFS=';' read -ra vs <<<"$VARIANTS"
-    for v in "${vs[@]}"; do
-      echo "== variant NVCCFLAGS='$v', ${SMS_RANKS:-4} GPUs"
-      touch kernels/moe_fast.cu
-      make -j16 NVCCFLAGS="$prof $v" >>"$OUT/build.log" 2>&1 || { echo "make failed"; continue; }
-      timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "${TOKENS:-128,1024,4096}" \
-          ${VARIANT_SMS:+--sms "$VARIANT_SMS"} --iters "${ITERS:-30}" --warmup 10 2>&1 |
-        grep -E "profile rank 0|num_sms|dispatch|combine|b2b|graph|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
-    done
-  fi
   if [ -n "${PHASES:-}" ]; then
     echo "== dispatch/combine phases (MOEA2A_DEBUG=TRACE, stream synchronized at each phase)"
     MOEA2A_DEBUG=TRACE MOEA2A_DEBUG_SUBSYS=MOE timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "$PHASES" \
@@ -142,5 +131,17 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
     echo "== generic NCCL path (MOEA2A_NVLINK=0), ${SMS_RANKS:-4} GPUs"
     MOEA2A_NVLINK=0 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" \
         --tokens "${TOKENS:-128,1024,4096}" --iters "${ITERS:-30}" --warmup 10 | grep -E "dispatch|combine|path"
+  fi
+  if [ -n "${VARIANTS:-}" ]; then # developers: the load/store kernels rebuilt with each flag set (last: the build
+    # stays a variant's)
+    IFS=';' read -ra vs <<<"$VARIANTS"
+    for v in "${vs[@]}"; do
+      echo "== variant NVCCFLAGS='$v', ${SMS_RANKS:-4} GPUs"
+      touch kernels/moe_fast.cu
+      make -j16 NVCCFLAGS="$prof $v" >>"$OUT/build.log" 2>&1 || { echo "make failed"; continue; }
+      timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "${TOKENS:-128,1024,4096}" \
+          ${VARIANT_SMS:+--sms "$VARIANT_SMS"} --iters "${ITERS:-30}" --warmup 10 2>&1 |
+        grep -E "profile rank 0|num_sms|dispatch|combine|b2b|graph|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
+    done
   fi
 } 2>&1 | tee "$OUT/summary.log"
