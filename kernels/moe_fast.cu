@@ -217,6 +217,12 @@ template <typename V> __device__ V block_sum(V v, V *scratch)
 
 /* ---- copies --------------------------------------------------------------------------- */
 
+#ifndef M2A_DISPATCH_SEG
+#define M2A_DISPATCH_SEG 2048
+#endif
+constexpr size_t kSeg = M2A_DISPATCH_SEG; /* bytes of a row a warp copies per unit: 4 vectors per lane at 2 KB */
+static_assert(kSeg % 512 == 0, "a dispatch unit is whole vectors of every lane");
+
 struct Shared {
     int base[M2A_FAST_MAX_PEERS];  /* next slot at each destination */
     int warp_count[kWarps][M2A_FAST_MAX_PEERS];
@@ -235,7 +241,7 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
     bool vec = ((uintptr_t)src | len) % 16 == 0;
     for (int d = 0; d < nd; d++) vec = vec && (uintptr_t)dst[d] % 16 == 0;
     if (vec) {
-        constexpr int U = 4;
+        constexpr int U = (int)(kSeg / 16 / 32); /* the unit's vectors per lane, all in flight */
         const int C = (int)(len / 16);
         const int4 *s4 = reinterpret_cast<const int4 *>(src);
         for (int i0 = lane; i0 < C; i0 += 32 * U) {
@@ -266,7 +272,6 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
 constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, units are split evenly */
-constexpr size_t kSeg = 2048;   /* bytes of a row a warp copies per unit: 4 vectors per lane */
 
 /* Segments (kSeg bytes) of one token's payload rows, all arrays: the copy units. */
 __device__ uint32_t segments_per_token(const m2a_kparams_t &p)

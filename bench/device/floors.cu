@@ -3,7 +3,8 @@
  *  - NVLink ceilings, every GPU to all its peers at once: 16-byte stores and loads
  *    from SMs (what the kernels do), the same with a flag raised per chunk after a
  *    system-scope fence (what a pushed combine needs so rows can be reduced while
- *    others are in flight), and each SM's bulk copy engine (cp.async.bulk). One
+ *    others are in flight), each SM's bulk copy engine (cp.async.bulk), and the DMA
+ *    copy engines (cudaMemcpyPeerAsync, no SM). One
  *    process drives every GPU through peer access; all kernels meet at a barrier
  *    in GPU 0's memory, then each GPU times itself (globaltimer).
  *  - what an event-timed call costs with nothing to do: an empty kernel between two
@@ -381,6 +382,35 @@ int main(int argc, char **argv)
         }
         printf("  %-26s %12.1f %12.1f\n", mode_name[mode], best_min, best_mean);
     }
+    /* the DMA copy engines: every GPU pushes its block to every peer at once with
+     * cudaMemcpyPeerAsync (no SM involved), timed by events on its own stream */
+    double ce_min = 0, ce_mean = 0;
+    cudaEvent_t ev[8][2];
+    for (int g = 0; g < ngpu; g++) {
+        CK(cudaSetDevice(g));
+        CK(cudaEventCreate(&ev[g][0]));
+        CK(cudaEventCreate(&ev[g][1]));
+    }
+    for (int r = 0; r < reps; r++) {
+        for (int g = 0; g < ngpu; g++) {
+            CK(cudaSetDevice(g));
+            CK(cudaEventRecord(ev[g][0], st[g]));
+            for (int h = 0; h < ngpu; h++)
+                if (h != g) CK(cudaMemcpyPeerAsync(a[h].mine + g * per_peer, h, a[g].mine + h * per_peer, g, per_peer, st[g]));
+            CK(cudaEventRecord(ev[g][1], st[g]));
+        }
+        double mn = 1e30, sum = 0;
+        for (int g = 0; g < ngpu; g++) {
+            CK(cudaSetDevice(g));
+            CK(cudaEventSynchronize(ev[g][1]));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, ev[g][0], ev[g][1]));
+            const double gbs = (double)per_peer * (ngpu - 1) / (ms * 1e6);
+            mn = gbs < mn ? gbs : mn, sum += gbs;
+        }
+        if (mn > ce_min) ce_min = mn, ce_mean = sum / ngpu;
+    }
+    printf("  %-26s %12.1f %12.1f\n", "copy engines (memcpy peer)", ce_min, ce_mean);
     launch_floor(a[0].sink);
     return 0;
 }
