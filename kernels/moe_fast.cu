@@ -758,9 +758,10 @@ __host__ __device__ constexpr int tma_stages(int D)
 }
 
 /* Launches of at most this many blocks reduce through bulk copies. On 2 x H200 at 4096
- * tokens (bf16, hidden 7168) the combine took 466 / 319 / 247 / 221 us at 16 / 24 / 32 / 48
- * SMs this way against 515 / 360 / 285 / 211 us with loads: better up to 32 SMs, 5%
- * worse at 48, where loads already fill the links. */
+ * tokens (bf16, hidden 7168) the combine took 371 / 256 / 213 us at 16 / 24 / 32 SMs this
+ * way against 513 / 359 / 284 us with loads. At 48 SMs bulk copies took 200 us against
+ * 211, but the round trip gained nothing (the next dispatch waited the difference) and
+ * 128 tokens lost 13%: loads stay there. */
 #ifndef M2A_COMBINE_TMA_MAX_BLOCKS
 #define M2A_COMBINE_TMA_MAX_BLOCKS 32
 #endif
