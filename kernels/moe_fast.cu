@@ -927,7 +927,8 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
 template <moea2a_datatype_t DT>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
-                                                       unsigned char *__restrict__ out, bool tma, int phases)
+                                                       unsigned char *__restrict__ out, bool tma, int status,
+                                                       int phases)
 {
     __shared__ uint32_t s_epoch;
     const m2a_kparams_t &p = f.p;
@@ -964,12 +965,20 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     }
     ok = __syncthreads_and(ok);
     PROF_MARK(1, 0);
-    if (send && tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).carrive[me], 1);
+    if (send && tid < ep && ok) { /* a failed rank's status goes out with its signal (the same thread) */
+        const Ctl pc = ctl_of(f, f.peer[tid]);
+        if (status) pc.hdr[2 * me + 1] = status;
+        add_release(&pc.carrive[me], 1);
+    }
     if (!(phases & M2A_FAST_RECV)) {
         send_done(c.done_c, c.epoch_c, e);
         return;
     }
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
+    if (tid < ep && ok) { /* 0 since that rank's last dispatch, unless its combine failed its checks (final) */
+        const int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);
+        if (st) ok = fail(f, st, tid, M2A_FAST_AT_COMBINE_HEADER);
+    }
     ok = __syncthreads_and(ok);
     /* every block of this launch signalled: each read it (or it failed) */
     if (send && b == 0 && tid == 0) *c.epoch_c = e;
@@ -1086,7 +1095,7 @@ static bool tma_capable()
 }
 
 extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows,
-                                void *out, int phases, void *stream)
+                                void *out, int status, int phases, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = static_cast<unsigned char *>(out);
@@ -1097,9 +1106,9 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
                      f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const size_t smem = tma ? kTmaSmem : 0;
     switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, phases); break;
-    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, phases); break;
-    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, phases); break;
+    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
     }
     return (int)cudaGetLastError();
 }

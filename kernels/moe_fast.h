@@ -35,7 +35,14 @@ typedef struct {
     int32_t code, peer, what, pad;
 } m2a_fast_error_t;
 
-enum { M2A_FAST_AT_GATE = 1, M2A_FAST_AT_ARRIVE, M2A_FAST_AT_HEADER, M2A_FAST_AT_COMBINE, M2A_FAST_AT_PREFIX };
+enum {
+    M2A_FAST_AT_GATE = 1,
+    M2A_FAST_AT_ARRIVE,
+    M2A_FAST_AT_HEADER,
+    M2A_FAST_AT_COMBINE,
+    M2A_FAST_AT_PREFIX,
+    M2A_FAST_AT_COMBINE_HEADER
+};
 
 typedef struct {
     m2a_kparams_t p;
@@ -60,9 +67,11 @@ enum { M2A_FAST_SEND = 1, M2A_FAST_RECV = 2, M2A_FAST_BOTH = 3 };
  * peer, whose kernels record that error. */
 int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                       const int32_t *ids, const float *weights, int phases, void *stream);
-/* expert_rows: NULL when the expert side wrote into the workspace's combine buffer. */
+/* expert_rows: NULL when the expert side wrote into the workspace's combine buffer.
+ * status != 0 (send half): this rank's combine failed its checks; the peers' receive
+ * halves record that error instead of reading its rows. */
 int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
-                     int phases, void *stream);
+                     int status, int phases, void *stream);
 #ifdef M2A_FAST_PROFILE
 void m2a_fast_profile_report(int rank); /* prints the phase means to stderr, then resets */
 #endif

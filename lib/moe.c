@@ -835,8 +835,8 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
     if (moe->fast) { /* the load/store path: one kernel, the peers wait on the device */
         M2A_TRY(m2a_moe_fast_status(moe));
-        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, out, M2A_MOE_BOTH, stream);
-        else m2a_moe_fast_combine(moe, NULL, NULL, M2A_MOE_BOTH, stream); /* still signal the peers */
+        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, out, mine, M2A_MOE_BOTH, stream);
+        else m2a_moe_fast_combine(moe, NULL, NULL, mine, M2A_MOE_BOTH, stream); /* the peers learn it on the device */
         if (mine != MOEA2A_SUCCESS) {
             m2a_moe_fast_poison(moe, mine);
             return mine;
@@ -862,8 +862,8 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
     moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
     if (moe->fast) {
         M2A_TRY(m2a_moe_fast_status(moe));
-        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, NULL, M2A_MOE_SEND, stream);
-        else m2a_moe_fast_combine(moe, NULL, NULL, M2A_MOE_SEND, stream); /* still signal the peers */
+        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, NULL, mine, M2A_MOE_SEND, stream);
+        else m2a_moe_fast_combine(moe, NULL, NULL, mine, M2A_MOE_SEND, stream); /* the peers learn it on the device */
         if (mine != MOEA2A_SUCCESS) {
             m2a_moe_fast_poison(moe, mine);
             return mine;
@@ -884,7 +884,7 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
     M2A_TRY(check_combine_out(moe, fn, out));
     if (moe->fast) {
         M2A_TRY(m2a_moe_fast_status(moe));
-        M2A_TRY(m2a_moe_fast_combine(moe, NULL, out, M2A_MOE_RECV, stream));
+        M2A_TRY(m2a_moe_fast_combine(moe, NULL, out, MOEA2A_SUCCESS, M2A_MOE_RECV, stream));
     } else {
         M2A_TRY(generic_combine_recv(moe, out, stream));
     }

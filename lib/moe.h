@@ -75,7 +75,10 @@ void m2a_moe_fast_release(moea2a_moe_t moe);
 moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
                                       const void *const *payloads, int stride, moea2a_result_t status, int phases,
                                       void *stream);
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, int phases, void *stream);
+/* status != MOEA2A_SUCCESS: this rank's checks failed; its peers' kernels record that
+ * error instead of reading its rows. */
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, moea2a_result_t status,
+                                     int phases, void *stream);
 /* The context's state: an earlier failure, or an error a kernel recorded. */
 moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe);
 /* After a failure the context is unusable; every later call returns r. */

@@ -150,6 +150,7 @@ static const char *step_name(int what)
     case M2A_FAST_AT_ARRIVE: return "waiting for rank %d's dispatched rows";
     case M2A_FAST_AT_HEADER: return "in the header of rank %d's dispatch";
     case M2A_FAST_AT_COMBINE: return "waiting for rank %d's combine rows";
+    case M2A_FAST_AT_COMBINE_HEADER: return "in the combine of rank %d";
     default: return "waiting for this rank's own blocks (rank %d)";
     }
 }
@@ -195,7 +196,8 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, int phases, void *stream)
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, moea2a_result_t status,
+                                     int phases, void *stream)
 {
     fast_state_t *st = moe->fast;
     const unsigned char *rows = expert_out;
@@ -205,7 +207,8 @@ moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, v
      * copied onto themselves. */
     if (rows >= moe->ws && rows < moe->ws + st->bytes) rows = st->f.peer[moe->comm->rank] + (rows - moe->ws);
     (void)cudaGetLastError();
-    int e = m2a_fast_combine(&st->f, st->blocks, out ? moe->num_tokens : 0, moe->stride, rows, out, phases, stream);
+    int e = m2a_fast_combine(&st->f, st->blocks, out && !status ? moe->num_tokens : 0, moe->stride, status ? NULL : rows,
+                             status ? NULL : out, (int)status, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, (cudaError_t)e, "combine kernel launch");
@@ -232,9 +235,10 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     (void)n, (void)ids, (void)weights, (void)payloads, (void)stride, (void)status, (void)phases, (void)stream;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, int phases, void *stream)
+moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, moea2a_result_t status,
+                                     int phases, void *stream)
 {
-    (void)expert_out, (void)out, (void)phases, (void)stream;
+    (void)expert_out, (void)out, (void)status, (void)phases, (void)stream;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
 moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe) { (void)moe; return MOEA2A_SUCCESS; }

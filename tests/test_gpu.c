@@ -410,6 +410,26 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     } else {
         RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));
     }
+    /* a combine refused on rank 0 alone (host memory for out) fails every rank: at once
+     * on the generic path, through the device record on the load/store path; never a
+     * sum of rows rank 0 did not provide */
+    m.hidden = 8;
+    if (n > 1 && moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
+        int32_t ids[8] = {0, 7, 1, 6, 2, 5, 3, 4}, *d_ids = to_device(ids, sizeof(ids));
+        void *d_out = NULL, *h_out = malloc(4 * 8 * 2);
+        cudaMalloc(&d_out, 4 * 8 * 2);
+        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        moea2a_result_t r = moea2a_dispatch(moe, 4, d_ids, NULL, NULL, 0, &res, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(comm));
+        if (r == MOEA2A_SUCCESS) r = moea2a_combine(moe, NULL, rank == 0 ? h_out : d_out, NULL);
+        cudaDeviceSynchronize();
+        if (r == MOEA2A_SUCCESS) r = moea2a_moe_status(moe);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_INVALID_ARGUMENT && (rank == 0 || strstr(moea2a_last_error(comm), "rank 0")),
+                    "combine refused on rank 0 (%s path): %s: %s", res.nvlink ? "load/store" : "generic",
+                    moea2a_strerror(r), moea2a_last_error(comm));
+        cudaFree(d_ids), cudaFree(d_out), free(h_out);
+        moea2a_moe_destroy(moe);
+    }
     moea2a_comm_destroy(comm);
     return fails > 100 ? 100 : fails;
 }
