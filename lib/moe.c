@@ -827,6 +827,19 @@ static moea2a_result_t generic_combine_recv(moea2a_moe_t moe, void *out, void *s
     return MOEA2A_SUCCESS;
 }
 
+/* The load/store path's combine launch (phases SEND, or BOTH): a rank whose checks
+ * failed (mine) launches too, so that its peers' kernels record the failure instead of
+ * reading its rows; its context is poisoned. */
+static moea2a_result_t fast_combine_send(moea2a_moe_t moe, moea2a_result_t mine, const void *expert_out, void *out,
+                                         int phases, void *stream)
+{
+    M2A_TRY(m2a_moe_fast_status(moe));
+    moea2a_result_t r = m2a_moe_fast_combine(moe, expert_out, out, mine, phases, stream);
+    if (mine == MOEA2A_SUCCESS) mine = r;
+    if (mine != MOEA2A_SUCCESS) m2a_moe_fast_poison(moe, mine);
+    return mine;
+}
+
 moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
 {
     static const char fn[] = "moea2a_combine";
@@ -834,13 +847,7 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     moea2a_result_t mine = check_combine_out(moe, fn, out);
     if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
     if (moe->fast) { /* the load/store path: one kernel, the peers wait on the device */
-        M2A_TRY(m2a_moe_fast_status(moe));
-        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, out, mine, M2A_MOE_BOTH, stream);
-        else m2a_moe_fast_combine(moe, NULL, NULL, mine, M2A_MOE_BOTH, stream); /* the peers learn it on the device */
-        if (mine != MOEA2A_SUCCESS) {
-            m2a_moe_fast_poison(moe, mine);
-            return mine;
-        }
+        M2A_TRY(fast_combine_send(moe, mine, expert_out, out, M2A_MOE_BOTH, stream));
         moe->step = M2A_MOE_IDLE;
         return MOEA2A_SUCCESS;
     }
@@ -861,13 +868,7 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
     M2A_TRY(enter_combine(moe, fn, M2A_MOE_DISPATCHED));
     moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
     if (moe->fast) {
-        M2A_TRY(m2a_moe_fast_status(moe));
-        if (mine == MOEA2A_SUCCESS) mine = m2a_moe_fast_combine(moe, expert_out, NULL, mine, M2A_MOE_SEND, stream);
-        else m2a_moe_fast_combine(moe, NULL, NULL, mine, M2A_MOE_SEND, stream); /* the peers learn it on the device */
-        if (mine != MOEA2A_SUCCESS) {
-            m2a_moe_fast_poison(moe, mine);
-            return mine;
-        }
+        M2A_TRY(fast_combine_send(moe, mine, expert_out, NULL, M2A_MOE_SEND, stream));
     } else {
         M2A_TRY(generic_combine_send(moe, mine, expert_out, stream));
     }
