@@ -1,6 +1,6 @@
-/* The CUDA half of the MoE path: device memory, the pinned mirror, kernel launches,
- * and the one host synchronization of a dispatch on the generic (NCCL) path, which
- * reads the per-peer counts NCCL needs on the host. */
+/* The CUDA pieces of the MoE backends (moe_cuda.h): device memory, the pinned mirror,
+ * kernel launches, and the one host synchronization of a dispatch on the generic
+ * (NCCL) path, which reads the per-peer counts NCCL needs on the host. */
 #include "config.h"
 
 #include <sched.h>
@@ -9,7 +9,7 @@
 
 #include "clock.h"
 #include "log.h"
-#include "moe.h"
+#include "moe_cuda.h"
 
 #ifdef MOEA2A_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -54,17 +54,21 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
 }
 
-moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe)
+moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe)
+{
+    moea2a_comm_t comm = moe->comm;
+    M2A_TRY(set_device(comm));
+    CU(comm, cudaGetDevice(&moe->device));
+    /* mapped: the load/store kernels write their error record there */
+    CU(comm, cudaHostAlloc((void **)&moe->pinned, moe->l.pinned, cudaHostAllocMapped | cudaHostAllocPortable));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     int ep = comm->nranks;
-    M2A_TRY(set_device(comm));
-    CU(comm, cudaGetDevice(&moe->device));
-    /* mapped: the load/store kernels write their error record there */
-    CU(comm, cudaHostAlloc((void **)&moe->pinned, l->pinned, cudaHostAllocMapped | cudaHostAllocPortable));
-    if (l->lsa) M2A_TRY(m2a_moe_fast_alloc(moe)); /* the workspace as symmetric memory */
-    else CU(comm, cudaMalloc((void **)&moe->ws, l->workspace));
     if (l->staging) CU(comm, cudaMalloc((void **)&moe->stage, l->staging));
     /* the mirror: send counts, receive counts, headers out and in, stats */
     size_t a4 = m2a_align(4 * (size_t)ep), a16 = m2a_align(sizeof(m2a_moe_header_t) * (size_t)ep);
@@ -83,18 +87,27 @@ moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe)
     CU(comm, (cudaError_t)m2a_cuda_sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
                                             (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));
     CU(comm, cudaDeviceSynchronize());
-    if (moe->fast) m2a_moe_fast_params(moe);
     return MOEA2A_SUCCESS;
 }
 
-void m2a_moe_cuda_release(moea2a_moe_t moe)
+moea2a_result_t m2a_moe_cuda_alloc_workspace(moea2a_moe_t moe)
 {
-    if (moe->fast) m2a_moe_fast_release(moe); /* frees the symmetric workspace */
+    CU(moe->comm, cudaMalloc((void **)&moe->ws, moe->l.workspace));
+    return MOEA2A_SUCCESS;
+}
+
+void m2a_moe_cuda_free_workspace(moea2a_moe_t moe)
+{
     if (moe->ws) cudaFree(moe->ws);
+    moe->ws = NULL;
+}
+
+void m2a_moe_cuda_end(moea2a_moe_t moe)
+{
     if (moe->stage) cudaFree(moe->stage);
     if (moe->pinned) cudaFreeHost(moe->pinned);
     free(moe->kparams);
-    moe->ws = moe->stage = moe->pinned = NULL, moe->kparams = NULL;
+    moe->stage = moe->pinned = NULL, moe->kparams = NULL;
 }
 
 /* Waits for the stream, bounded by the timeout. Expiry means device work is stuck
@@ -139,19 +152,19 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const void *const *payloads,
-                                  const int32_t *ids, const float *weights, void *stream)
+moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     cudaStream_t s = (cudaStream_t)stream;
     m2a_kpayloads_t pay;
     memset(&pay, 0, sizeof(pay));
-    for (int i = 0; i < moe->cfg.num_payloads && payloads; i++) pay.p[i] = payloads[i];
+    for (int i = 0; i < moe->cfg.num_payloads && a->payloads; i++) pay.p[i] = a->payloads[i];
     CU(comm, cudaMemcpyAsync(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks,
                              cudaMemcpyHostToDevice, s));
-    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, n, stride, pay, ids, weights, (const int32_t *)(moe->ws + l->send_map),
-                                        moe->ws, moe->stage ? moe->stage + l->stage_send : NULL, s));
+    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
+                                        (const int32_t *)(moe->ws + l->send_map), moe->ws,
+                                        moe->stage ? moe->stage + l->stage_send : NULL, s));
     return MOEA2A_SUCCESS;
 }
 
@@ -178,9 +191,8 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
     return MOEA2A_SUCCESS;
 }
 
-void m2a_moe_cuda_wait(moea2a_moe_t moe, void *stream)
+void m2a_moe_cuda_wait(void *stream)
 {
-    (void)moe;
     cudaStreamSynchronize((cudaStream_t)stream);
 }
 
@@ -191,17 +203,19 @@ static moea2a_result_t no_cuda(moea2a_comm_t comm)
     return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA (configure --with-cuda)");
 }
 moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *f) { (void)f; return no_cuda(comm); }
-moea2a_result_t m2a_moe_cuda_alloc(moea2a_moe_t moe) { return no_cuda(moe->comm); }
-void m2a_moe_cuda_release(moea2a_moe_t moe) { (void)moe; }
+moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe) { return no_cuda(moe->comm); }
+moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe) { return no_cuda(moe->comm); }
+moea2a_result_t m2a_moe_cuda_alloc_workspace(moea2a_moe_t moe) { return no_cuda(moe->comm); }
+void m2a_moe_cuda_free_workspace(moea2a_moe_t moe) { (void)moe; }
+void m2a_moe_cuda_end(moea2a_moe_t moe) { (void)moe; }
 moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *inv, int64_t *d)
 {
     (void)n, (void)ids, (void)stream, (void)inv, (void)d;
     return no_cuda(moe->comm);
 }
-moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, int n, int stride, const void *const *p, const int32_t *ids,
-                                  const float *w, void *stream)
+moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream)
 {
-    (void)n, (void)stride, (void)p, (void)ids, (void)w, (void)stream;
+    (void)a, (void)stream;
     return no_cuda(moe->comm);
 }
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream)
@@ -214,5 +228,5 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
     (void)in, (void)out, (void)stream;
     return no_cuda(moe->comm);
 }
-void m2a_moe_cuda_wait(moea2a_moe_t moe, void *stream) { (void)moe, (void)stream; }
+void m2a_moe_cuda_wait(void *stream) { (void)stream; }
 #endif

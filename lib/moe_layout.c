@@ -6,7 +6,6 @@
 
 #include "checked.h"
 #include "error.h"
-#include "moe_fast.h"
 #include "moe_layout.h"
 #include "params.h"
 
@@ -102,7 +101,8 @@ static size_t take(size_t *at, size_t bytes)
     return off;
 }
 
-void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, int lsa, m2a_moe_layout_t *l)
+void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t backend_ctl, size_t backend_pinned,
+                    m2a_moe_layout_t *l)
 {
     memset(l, 0, sizeof(*l));
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k, at = 0;
@@ -127,12 +127,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, int lsa, m
     l->owner = take(&at, 4 * (size_t)c->num_experts); /* expert -> rank */
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
     l->stats = take(&at, 16);                          /* invalid and merged entries */
-    if (lsa) { /* load/store path: signals peers write, block scratch, counters */
-        l->lsa = 1;
-        l->fast_sig = take(&at, M2A_FAST_SIG_BYTES(n));
-        l->fast_blocks = take(&at, M2A_FAST_BLOCK_BYTES);
-        l->fast_ctl = take(&at, M2A_FAST_CTL_BYTES);
-    }
+    l->backend_ctl = take(&at, backend_ctl); /* e.g. the load/store path's signals and counters */
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
         l->bytes_payload[i] = m2a_align(n * cap * l->row_bytes[i]);
@@ -162,7 +157,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, int lsa, m
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2 + m2a_align(16);
-    if (lsa) l->pinned_err = l->pinned, l->pinned += m2a_align(16); /* the device error record's host copy */
+    l->pinned_backend = l->pinned, l->pinned += m2a_align(backend_pinned); /* e.g. a device error record's copy */
 }
 
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
@@ -216,42 +211,4 @@ moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe
     s->gpu = place.gpu;
     if (place.nic >= 0) snprintf(s->nic, sizeof(s->nic), "%s", topo->nic_name[place.nic]);
     return MOEA2A_SUCCESS;
-}
-
-moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layout, const moea2a_moe_config_t *config,
-                                                 moea2a_moe_workspace_sizes_t *sizes)
-{
-    static const char fn[] = "moea2a_moe_workspace_size_layout";
-    M2A_CHECK_ARG(NULL, layout && sizes, "%s: layout and sizes must not be NULL", fn);
-    M2A_CHECK_ARG(NULL, layout->size >= sizeof(*layout), "%s: layout->size: start from MOEA2A_MOE_LAYOUT_INITIALIZER", fn);
-    M2A_CHECK_ARG(NULL, layout->ep >= 1 && layout->ep <= (1 << 20), "%s: ep=%d is out of range", fn, layout->ep);
-    M2A_CHECK_ARG(NULL, layout->rank >= 0 && layout->rank < layout->ep, "%s: rank=%d is out of range 0..%d", fn,
-                  layout->rank, layout->ep - 1);
-    int rpn = layout->ranks_per_node > 0 ? layout->ranks_per_node : layout->ep;
-    M2A_CHECK_ARG(NULL, rpn <= layout->ep, "%s: ranks_per_node=%d exceeds ep=%d", fn, rpn, layout->ep);
-    moea2a_moe_config_t cfg;
-    M2A_TRY(m2a_moe_read_config(NULL, config, layout->ep, &cfg));
-    m2a_topo_t *topo = calloc(1, sizeof(*topo));
-    int *node = calloc((size_t)layout->ep, sizeof(int)), *gpu = calloc((size_t)layout->ep, sizeof(int));
-    moea2a_result_t r = topo && node && gpu ? m2a_topo_load(layout->topology_xml, topo)
-                                            : m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    if (r == MOEA2A_SUCCESS) {
-        moea2a_memory_t mem = cfg.memory != MOEA2A_MEMORY_AUTO ? cfg.memory : layout->memory;
-        int cuda = mem == MOEA2A_MEMORY_CUDA || (mem == MOEA2A_MEMORY_AUTO && topo->ngpus > 0);
-        if (cuda && topo->ngpus == 0)
-            r = m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: CUDA memory asked for, but the topology has no GPU", fn);
-        for (int p = 0; p < layout->ep; p++) {
-            node[p] = p / rpn;
-            gpu[p] = m2a_topo_place(topo, p % rpn, rpn, cuda).gpu;
-        }
-        int nvlink, lsa, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda,
-                                                       m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
-        m2a_moe_layout_t l;
-        m2a_moe_layout(&cfg, layout->ep, staged, lsa, &l);
-        if (r == MOEA2A_SUCCESS)
-            r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
-                                   m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);
-    }
-    free(topo), free(node), free(gpu);
-    return r;
 }

@@ -30,14 +30,14 @@ typedef struct {
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
     size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, stats, aux_end;
-    /* the load/store path's control regions (kernels/moe_fast.cu), when lsa */
-    int lsa;
-    size_t fast_sig, fast_blocks, fast_ctl, pinned_err;
+    /* the backend's control regions in the aux part (m2a_moe_backend_t.size) */
+    size_t backend_ctl;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
     size_t workspace; /* total workspace bytes */
     /* staging: dispatch records to, and records or combine rows from, staged peers */
     size_t stage_send, stage_recv, staging;
-    size_t pinned; /* CUDA contexts: host mirror of counts and headers */
+    size_t pinned; /* CUDA contexts: host mirror of counts and headers, then the backend's share */
+    size_t pinned_backend;
     size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
     size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
     /* the arrays of a record: payloads in order, ids, [weights], source index */
@@ -49,7 +49,9 @@ typedef struct {
  * it into *out with defaults applied. */
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out);
-void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, int lsa, m2a_moe_layout_t *l);
+/* backend_ctl, backend_pinned: what the context's backend adds (m2a_moe_backend_t.size). */
+void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, size_t backend_ctl, size_t backend_pinned,
+                    m2a_moe_layout_t *l);
 
 /* Thread blocks (SMs) each load/store kernel uses unless num_sms or MOEA2A_NUM_SMS
  * says otherwise (at most the GPU's SM count). */

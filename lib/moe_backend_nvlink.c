@@ -1,7 +1,8 @@
-/* The host side of the load/store (NVLink) path: the workspace as symmetric memory
- * (every rank's reachable from every GPU), the kernels' parameters, the launches,
- * and the device error record. Dispatch and combine here launch one kernel each
- * and never wait for the device (kernels/moe_fast.cu has the protocol). */
+/* The nvlink backend: CUDA memory on ranks that all reach each other by load/store.
+ * The workspace is symmetric memory (every rank's reachable from every GPU); each half
+ * of a dispatch or combine is one kernel launch that never waits on the host; errors
+ * found on the device land in a record the host polls (kernels/moe_fast.cu has the
+ * protocol). */
 #include "config.h"
 
 #include <stdio.h>
@@ -9,12 +10,21 @@
 #include <string.h>
 
 #include "log.h"
-#include "moe.h"
+#include "moe_backend.h"
+#include "moe_core.h"
+#include "moe_cuda.h"
+#include "moe_fast.h"
+
+/* signals peers write, block scratch, counters (the formula: A(16 ep) + A(1024) + A(128)),
+ * and the device error record's host copy */
+static void nvlink_size(int ep, m2a_moe_backend_size_t *out)
+{
+    out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES);
+    out->pinned_bytes = sizeof(m2a_fast_error_t);
+}
 
 #ifdef MOEA2A_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
-#include "moe_fast.h"
 
 _Static_assert((int)M2A_FAST_SEND == (int)M2A_MOE_SEND && (int)M2A_FAST_RECV == (int)M2A_MOE_RECV &&
                    (int)M2A_FAST_BOTH == (int)M2A_MOE_BOTH,
@@ -34,13 +44,16 @@ static moea2a_result_t cuda_fail(moea2a_comm_t comm, cudaError_t e, const char *
     return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (load/store path): %s: %s", what, cudaGetErrorString(e));
 }
 
-void m2a_moe_fast_params(moea2a_moe_t moe)
+/* The kernels' parameters, once the kernel tables exist. */
+static void fast_params(moea2a_moe_t moe)
 {
     const m2a_moe_layout_t *l = &moe->l;
-    fast_state_t *st = moe->fast;
+    fast_state_t *st = moe->state;
     m2a_fast_t *f = &st->f;
     f->p = *(const m2a_kparams_t *)moe->kparams;
-    f->sig = l->fast_sig, f->blocks = l->fast_blocks, f->ctl = l->fast_ctl;
+    f->sig = l->backend_ctl; /* the regions of nvlink_size, in order */
+    f->blocks = f->sig + m2a_align(M2A_FAST_SIG_BYTES(moe->comm->nranks));
+    f->ctl = f->blocks + m2a_align(M2A_FAST_BLOCK_BYTES);
     f->recv_counts = l->recv_counts, f->send_map = l->send_map, f->combine = l->combine;
     f->combine_row = l->combine_row, f->combine_dtype = moe->cfg.combine_dtype, f->hidden = moe->cfg.hidden;
     f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
@@ -48,7 +61,10 @@ void m2a_moe_fast_params(moea2a_moe_t moe)
     f->timeout_ns = (unsigned long long)(moe->comm->timeout_s * 1e9);
 }
 
-moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
+/* Collective: the workspace as symmetric memory, the SM budget, the error record;
+ * MOEA2A_ERR_UNAVAILABLE on every rank when some rank does not reach every other by
+ * load/store. */
+static moea2a_result_t fast_alloc(moea2a_moe_t moe)
 {
     moea2a_comm_t comm = moe->comm;
     int ep = comm->nranks;
@@ -91,7 +107,7 @@ moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cudaMalloc of the error record failed");
     if (r == MOEA2A_SUCCESS) {
         cudaError_t e = cudaMemset(st->f.err, 0, sizeof(m2a_fast_error_t));
-        m2a_fast_error_t *h = (m2a_fast_error_t *)(moe->pinned + moe->l.pinned_err);
+        m2a_fast_error_t *h = (m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend);
         memset(h, 0, sizeof(*h));
         if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&st->f.host_err, h, 0);
         if (e == cudaSuccess) e = cudaMemset(ws, 0, st->bytes); /* counters and epochs start at 0 */
@@ -110,16 +126,16 @@ moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
     }
     moe->ws = ws;
     st->blocks = blocks;
-    moe->fast = st;
+    moe->state = st;
     for (int q = 0; q < ep; q++) st->f.peer[q] = peers[q];
     free(peers);
     M2A_INFO(M2A_SUBSYS_MOE, "MoE context on the load/store path: %d ranks over NVLink, %d SMs per kernel", ep, blocks);
     return MOEA2A_SUCCESS;
 }
 
-void m2a_moe_fast_release(moea2a_moe_t moe)
+static void fast_release(moea2a_moe_t moe)
 {
-    fast_state_t *st = moe->fast;
+    fast_state_t *st = moe->state;
     if (!st) return;
     moea2a_comm_t comm = moe->comm;
     /* Peers may still read this workspace: every rank's kernels end first (they are
@@ -134,12 +150,13 @@ void m2a_moe_fast_release(moea2a_moe_t moe)
     moe->ws = NULL;
     cudaFree(st->f.err);
     free(st);
-    moe->fast = NULL;
+    moe->state = NULL;
 }
 
-void m2a_moe_fast_poison(moea2a_moe_t moe, moea2a_result_t r)
+/* After a failure the context is unusable; every later call returns r. */
+static void fast_poison(moea2a_moe_t moe, moea2a_result_t r)
 {
-    fast_state_t *st = moe->fast;
+    fast_state_t *st = moe->state;
     if (st && st->poisoned == MOEA2A_SUCCESS) st->poisoned = r;
 }
 
@@ -155,14 +172,15 @@ static const char *step_name(int what)
     }
 }
 
-moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe)
+/* The context's state: an earlier failure, or an error a kernel recorded. */
+static moea2a_result_t fast_status(moea2a_moe_t moe)
 {
-    fast_state_t *st = moe->fast;
+    fast_state_t *st = moe->state;
     moea2a_comm_t comm = moe->comm;
     if (st->poisoned != MOEA2A_SUCCESS)
         return m2a_error(comm, st->poisoned, "moea2a: this MoE context failed earlier (%s) and must be destroyed",
                          moea2a_strerror(st->poisoned));
-    volatile m2a_fast_error_t *h = (volatile m2a_fast_error_t *)(moe->pinned + moe->l.pinned_err);
+    volatile m2a_fast_error_t *h = (volatile m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend);
     int code = h->code;
     if (code == 0) return MOEA2A_SUCCESS;
     __sync_synchronize();
@@ -178,11 +196,13 @@ moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe)
                      moea2a_strerror((moea2a_result_t)code), step, why, comm->timeout_s);
 }
 
-moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                      const void *const *payloads, int stride, moea2a_result_t status, int phases,
-                                      void *stream)
+/* One dispatch launch; status != MOEA2A_SUCCESS: this rank's checks failed, it tells
+ * its peers and sends nothing. */
+static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
+                                     const void *const *payloads, int stride, moea2a_result_t status, int phases,
+                                     void *stream)
 {
-    fast_state_t *st = moe->fast;
+    fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
@@ -196,10 +216,12 @@ moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *id
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, moea2a_result_t status,
-                                     int phases, void *stream)
+/* One combine launch; status != MOEA2A_SUCCESS: this rank's checks failed; its peers'
+ * kernels record that error instead of reading its rows. */
+static moea2a_result_t fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, moea2a_result_t status,
+                                    int phases, void *stream)
 {
-    fast_state_t *st = moe->fast;
+    fast_state_t *st = moe->state;
     const unsigned char *rows = expert_out;
     /* The kernel sees this workspace through the window's mapping, not the allocation's:
      * the same memory at another address. Rows the caller passes at the combine buffer
@@ -216,33 +238,86 @@ moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, v
     return MOEA2A_SUCCESS;
 }
 
-const int64_t *m2a_moe_fast_stats(moea2a_moe_t moe)
+/* [4] device stats of the last dispatch. */
+static const int64_t *fast_stats(moea2a_moe_t moe)
 {
-    return (const int64_t *)(moe->ws + moe->l.fast_ctl + M2A_FAST_CTL_STATS);
+    return (const int64_t *)(moe->ws + ((fast_state_t *)moe->state)->f.ctl + M2A_FAST_CTL_STATS);
+}
+
+/* ---- the backend's operations -------------------------------------------------------- */
+
+static void nvlink_release(moea2a_moe_t moe)
+{
+    fast_release(moe); /* frees the symmetric workspace */
+    m2a_moe_cuda_end(moe);
+}
+
+static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
+{
+    moea2a_result_t r = m2a_moe_cuda_begin(moe);
+    if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
+    if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
+    if (r == MOEA2A_SUCCESS) fast_params(moe);
+    return r;
+}
+
+/* The checks travel to the peers inside the launch (a rank whose checks failed sends
+ * its status instead of rows), so a rejection is final for the context everywhere. */
+static moea2a_result_t nvlink_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
+                                       moea2a_dispatch_result_t *result, int phases, void *stream)
+{
+    M2A_TRY(fast_status(moe));
+    if (phases & M2A_MOE_SEND) {
+        const int stride = status == MOEA2A_SUCCESS ? a->stride : moe->cfg.max_tokens_per_rank; /* every slot fits */
+        moea2a_result_t r = fast_dispatch(moe, a->n, a->ids, a->weights, a->payloads, stride, status, phases, stream);
+        if (status != MOEA2A_SUCCESS) {
+            fast_poison(moe, status);
+            return status;
+        }
+        M2A_TRY(r);
+        moe->num_tokens = a->n, moe->stride = a->stride;
+    } else {
+        M2A_TRY(fast_dispatch(moe, moe->num_tokens, NULL, NULL, NULL, moe->stride, MOEA2A_SUCCESS, phases, stream));
+    }
+    if (phases & M2A_MOE_RECV) m2a_moe_fill_result(moe, moe->stride, 0, 0, fast_stats(moe), result);
+    return MOEA2A_SUCCESS;
+}
+
+/* A rank whose checks failed launches its send half too, so that its peers' kernels
+ * record the failure instead of reading its rows; its context is poisoned. */
+static moea2a_result_t nvlink_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
+                                      int phases, void *stream)
+{
+    M2A_TRY(fast_status(moe));
+    moea2a_result_t r = fast_combine(moe, expert_out, out, status, phases, stream);
+    if (status == MOEA2A_SUCCESS) status = r;
+    if (status != MOEA2A_SUCCESS && (phases & M2A_MOE_SEND)) fast_poison(moe, status);
+    return status;
 }
 
 #else /* no CUDA: contexts never take this path */
 
-moea2a_result_t m2a_moe_fast_alloc(moea2a_moe_t moe)
+static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
 {
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
-void m2a_moe_fast_release(moea2a_moe_t moe) { (void)moe; }
-moea2a_result_t m2a_moe_fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
-                                      const void *const *payloads, int stride, moea2a_result_t status, int phases,
-                                      void *stream)
+static void nvlink_release(moea2a_moe_t moe) { (void)moe; }
+static moea2a_result_t nvlink_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
+                                       moea2a_dispatch_result_t *result, int phases, void *stream)
 {
-    (void)n, (void)ids, (void)weights, (void)payloads, (void)stride, (void)status, (void)phases, (void)stream;
+    (void)status, (void)a, (void)result, (void)phases, (void)stream;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
-moea2a_result_t m2a_moe_fast_combine(moea2a_moe_t moe, const void *expert_out, void *out, moea2a_result_t status,
-                                     int phases, void *stream)
+static moea2a_result_t nvlink_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
+                                      int phases, void *stream)
 {
-    (void)expert_out, (void)out, (void)status, (void)phases, (void)stream;
+    (void)status, (void)expert_out, (void)out, (void)phases, (void)stream;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
 }
-moea2a_result_t m2a_moe_fast_status(moea2a_moe_t moe) { (void)moe; return MOEA2A_SUCCESS; }
-void m2a_moe_fast_params(moea2a_moe_t moe) { (void)moe; }
-void m2a_moe_fast_poison(moea2a_moe_t moe, moea2a_result_t r) { (void)moe, (void)r; }
-const int64_t *m2a_moe_fast_stats(moea2a_moe_t moe) { (void)moe; return NULL; }
+static moea2a_result_t fast_status(moea2a_moe_t moe) { (void)moe; return MOEA2A_SUCCESS; }
 #endif
+
+const m2a_moe_backend_t m2a_moe_backend_nvlink = {
+    "nvlink", nvlink_size, nvlink_alloc, nvlink_release, nvlink_dispatch, nvlink_combine, fast_status,
+};
+

@@ -1,0 +1,28 @@
+/* The CUDA pieces both CUDA backends use (moe_cuda.c): the context's device set-up
+ * around its workspace, and the kernels of the generic path's local steps. Without
+ * CUDA in the build every call returns MOEA2A_ERR_UNAVAILABLE. stream: cudaStream_t. */
+#ifndef M2A_MOE_CUDA_H
+#define M2A_MOE_CUDA_H
+#include "moe.h"
+#include "moe_backend.h"
+
+moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes);
+/* Before the workspace: this rank's device, the pinned mirror (mapped). */
+moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe);
+/* After moe->ws exists: staging, the mirror's views, the kernels' parameters, the
+ * tables, and every slot as padding. */
+moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe);
+/* Frees what begin and finish made (not the workspace: its backend's). */
+void m2a_moe_cuda_end(moea2a_moe_t moe);
+/* The workspace as plain device memory (moe->ws), and back. */
+moea2a_result_t m2a_moe_cuda_alloc_workspace(moea2a_moe_t moe);
+void m2a_moe_cuda_free_workspace(moea2a_moe_t moe);
+/* The generic path's local steps (moe_generic.h), on the device. route waits once for
+ * the stream (the counts NCCL needs on the host), bounded by the timeout. */
+moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
+                                   int64_t *dedup);
+moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream);
+moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);
+moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
+void m2a_moe_cuda_wait(void *stream); /* phase timing only */
+#endif
