@@ -6,8 +6,8 @@
 #include "moe_cuda.h"
 #include "moe_generic.h"
 
-static const m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize,
-                                          m2a_moe_cuda_combine, m2a_moe_cuda_wait};
+static m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize, m2a_moe_cuda_combine,
+                                    m2a_moe_cuda_wait};
 
 static void cuda_size(int ep, m2a_moe_backend_size_t *out)
 {
@@ -23,24 +23,13 @@ static void cuda_release(moea2a_moe_t moe)
 
 static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
 {
+    moe->state = &steps;
     moea2a_result_t r = m2a_moe_cuda_begin(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_alloc_workspace(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
     return r;
 }
 
-static moea2a_result_t cuda_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
-                                     moea2a_dispatch_result_t *result, int phases, void *stream)
-{
-    return m2a_generic_dispatch(moe, &steps, status, a, result, phases, stream);
-}
-
-static moea2a_result_t cuda_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
-                                    int phases, void *stream)
-{
-    return m2a_generic_combine(moe, &steps, status, expert_out, out, phases, stream);
-}
-
 const m2a_moe_backend_t m2a_moe_backend_cuda = {
-    "cuda", cuda_size, cuda_alloc, cuda_release, cuda_dispatch, cuda_combine, NULL,
+    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
 };

@@ -60,7 +60,7 @@ static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, vo
     return MOEA2A_SUCCESS;
 }
 
-static const m2a_generic_steps_t steps = {host_route, host_pack, host_sanitize, host_reduce, NULL};
+static m2a_generic_steps_t steps = {host_route, host_pack, host_sanitize, host_reduce, NULL};
 
 static void host_size(int ep, m2a_moe_backend_size_t *out)
 {
@@ -79,6 +79,7 @@ static void host_release(moea2a_moe_t moe)
 static moea2a_result_t host_alloc(moea2a_moe_t moe)
 {
     const m2a_moe_layout_t *l = &moe->l;
+    moe->state = &steps;
     moe->ws = m2a_topo_alloc(l->workspace, moe->numa);
     moe->stage = l->staging ? m2a_topo_alloc(l->staging, moe->numa) : NULL;
     if (!moe->ws || (l->staging && !moe->stage))
@@ -93,18 +94,6 @@ static moea2a_result_t host_alloc(moea2a_moe_t moe)
     return MOEA2A_SUCCESS;
 }
 
-static moea2a_result_t host_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
-                                     moea2a_dispatch_result_t *result, int phases, void *stream)
-{
-    return m2a_generic_dispatch(moe, &steps, status, a, result, phases, stream);
-}
-
-static moea2a_result_t host_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
-                                    int phases, void *stream)
-{
-    return m2a_generic_combine(moe, &steps, status, expert_out, out, phases, stream);
-}
-
 const m2a_moe_backend_t m2a_moe_backend_host = {
-    "host", host_size, host_alloc, host_release, host_dispatch, host_combine, NULL,
+    "host", host_size, host_alloc, host_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
 };
