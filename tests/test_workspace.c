@@ -192,10 +192,61 @@ static void test_info_tool(void)
     tap_ok(status == 0, "moea2a_info --workspace with mem=80G runs (status %d)", status);
 }
 
+/* Every k-subset of E experts in lexicographic order: advances idx, 0 after the last. */
+static int next_subset(int *idx, int k, int E)
+{
+    int i = k - 1;
+    while (i >= 0 && idx[i] == E - k + i) i--;
+    if (i < 0) return 0;
+    idx[i]++;
+    for (int j = i + 1; j < k; j++) idx[j] = idx[j - 1] + 1;
+    return 1;
+}
+
+/* moea2a_info's network model against an enumeration of every routing: experts placed
+ * contiguously (uneven: E % ep != 0), nodes of rpn ranks (the last one short), the
+ * source on the second node; the expected distinct ranks and nodes on other nodes. */
+static void test_network_model(void)
+{
+    enum { E = 13, K = 3, EP = 6, RPN = 4, ME = 5 };
+    int owner[E], e = 0;
+    for (int r = 0; r < EP; r++) /* ranks 0..E%EP-1 hold one more */
+        for (int j = 0; j < E / EP + (r < E % EP); j++) owner[e++] = r;
+    double ranks = 0, nodes = 0, subsets = 0;
+    int idx[K] = {0, 1, 2};
+    do {
+        int seen_rank[EP] = {0}, seen_node[EP] = {0};
+        for (int j = 0; j < K; j++) {
+            int r = owner[idx[j]], n = r / RPN;
+            if (n == ME / RPN) continue;
+            ranks += !seen_rank[r], nodes += !seen_node[n];
+            seen_rank[r] = seen_node[n] = 1;
+        }
+        subsets++;
+    } while (next_subset(idx, K, E));
+    ranks /= subsets, nodes /= subsets;
+    const char *b = getenv("top_builddir");
+    char cmd[1024], line[1024];
+    snprintf(cmd, sizeof(cmd), "%s/tools/moea2a_info --workspace ep=%d,ranks_per_node=%d,rank=%d,experts=%d,topk=%d,"
+             "hidden=64,cap=16,memory=host 2>&1", b && *b ? b : ".", EP, RPN, ME, E, K);
+    FILE *f = popen(cmd, "r");
+    double flat = -1, aware = -1;
+    while (f && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "rows to other nodes per token: flat ");
+        if (p) sscanf(p, "rows to other nodes per token: flat %lf, node-aware %lf", &flat, &aware);
+    }
+    if (f) pclose(f);
+    tap_ok(flat > 0 && aware > 0 && (flat - ranks) * (flat - ranks) < 1e-8 && (aware - nodes) * (aware - nodes) < 1e-8,
+           "moea2a_info's network model: flat %.4f, node-aware %.4f rows per token; enumeration of %.0f routings: "
+           "%.4f, %.4f",
+           flat, aware, subsets, ranks, nodes);
+}
+
 int main(void)
 {
     test_topologies();
     test_ep_once();
     test_info_tool();
+    test_network_model();
     return tap_done();
 }

@@ -1,7 +1,10 @@
 /* moea2a_info --workspace KEY=VALUE,...: the per-rank workspace of an MoE context,
  * computed offline by moea2a_moe_workspace_size_layout (the numbers moea2a_moe_create
  * would allocate), with its breakdown and, given mem=SIZE, the largest
- * max_tokens_per_rank that fits. The last line is "total <N> bytes". */
+ * max_tokens_per_rank that fits; with ranks_per_node below ep, the rows and bytes a
+ * token sends to other nodes, flat (one row per destination rank, today's generic
+ * path) against node-aware (one row per destination node), modelled for uniform
+ * routing. The last line is "total <N> bytes". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +87,37 @@ static moea2a_moe_layout_t layout_of(const ws_args_t *a)
     return l;
 }
 
+/* P(a token's k distinct experts, uniform over E, miss m given experts) = C(E-m, k) / C(E, k). */
+static double p_miss(int E, int k, int m)
+{
+    double p = 1.0;
+    for (int i = 0; i < k; i++) p *= E - m - i <= 0 ? 0.0 : (double)(E - m - i) / (double)(E - i);
+    return p;
+}
+
+/* Experts rank q holds under contiguous placement (ranks 0..E%ep-1 one more). */
+static int experts_of(int E, int ep, int q)
+{
+    return E / ep + (q < E % ep);
+}
+
+/* Ranks on other nodes than `rank` that a token reaches (flat: one row each), and
+ * other nodes it reaches (node-aware: one row each), expected over uniform routing. */
+static void network_model(const ws_args_t *a, int rpn, double *flat, double *node_aware)
+{
+    const int me_node = a->rank / rpn, nodes = (a->ep + rpn - 1) / rpn;
+    *flat = *node_aware = 0;
+    for (int n = 0; n < nodes; n++) {
+        if (n == me_node) continue;
+        int m = 0;
+        for (int q = n * rpn; q < (n + 1) * rpn && q < a->ep; q++) {
+            *flat += 1.0 - p_miss(a->experts, a->topk, experts_of(a->experts, a->ep, q));
+            m += experts_of(a->experts, a->ep, q);
+        }
+        *node_aware += 1.0 - p_miss(a->experts, a->topk, m);
+    }
+}
+
 static void line(const char *what, size_t bytes, const char *how)
 {
     printf("  %-18s %16zu bytes %9.3f GiB  %s\n", what, bytes, (double)bytes / (1 << 30), how);
@@ -143,6 +177,17 @@ int info_workspace(const char *spec_in)
             printf("  does NOT fit in %.1f GiB: needs %.2f GiB; max_tokens_per_rank <= %d fits\n", a.mem_limit / (1 << 30),
                    (double)need / (1 << 30), lo);
         }
+    }
+    const int rpn = a.rpn > 0 ? a.rpn : a.ep;
+    if (rpn < a.ep) { /* several nodes: what crosses between them per token, modelled */
+        double flat, node_aware;
+        network_model(&a, rpn, &flat, &node_aware);
+        const double rec = (double)s.record_bytes, crow = (double)a.hidden * (a.combine == MOEA2A_FLOAT32 ? 4 : 2);
+        printf("  network (model, uniform top-%d of %d, contiguous placement, rank %d, nodes of %d ranks): rows to "
+               "other nodes per token: flat %.4f, node-aware %.4f (%.3fx); bytes per token: dispatch %.0f / %.0f, "
+               "combine %.0f / %.0f\n",
+               a.topk, a.experts, a.rank, rpn, flat, node_aware, flat > 0 ? node_aware / flat : 0.0, flat * rec,
+               node_aware * rec, flat * crow, node_aware * crow);
     }
     printf("total %zu bytes\n", s.total_bytes);
     return 0;
