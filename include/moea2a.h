@@ -131,6 +131,12 @@ MOEA2A_API moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm);
 MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
 MOEA2A_API moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank);
 MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);
+/* This rank's node: ranks on one host form a node, or with MOEA2A_NODE_SIZE=N (the
+ * same on every rank) N consecutive ranks of a host (emulated nodes). Nodes are
+ * numbered by their lowest rank; local_rank counts within the node in rank order. Any
+ * output may be NULL. */
+MOEA2A_API moea2a_result_t moea2a_comm_node(moea2a_comm_t comm, int *node, int *num_nodes, int *local_rank,
+                                            int *local_size);
 
 /* The detailed message of the last failed call on comm, or, with comm == NULL, of
  * the calling thread's last failed call (e.g. an init that made no communicator).

@@ -88,11 +88,13 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
     const char *spec = cfg.transport ? cfg.transport : m2a_param_str("MOEA2A_TRANSPORT");
     moea2a_result_t r = m2a_transports_open(comm, spec);
     if (r == MOEA2A_SUCCESS) r = m2a_bootstrap_join(comm, id, rank, nranks, timeout, &comm->bs);
+    if (r == MOEA2A_SUCCESS) r = m2a_nodemap_build(comm, &comm->nodes);
     if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
     if (r != MOEA2A_SUCCESS) {
         m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
         m2a_transports_close(comm, 1);
         m2a_bootstrap_close(comm->bs);
+        m2a_nodemap_free(&comm->nodes);
         free(comm);
         return r;
     }
@@ -304,6 +306,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
     if (r != MOEA2A_SUCCESS) m2a_error(NULL, r, "moea2a_comm_destroy: %s", comm->last_error);
     m2a_transports_close(comm, force);
     m2a_bootstrap_close(comm->bs);
+    m2a_nodemap_free(&comm->nodes);
     free(comm);
     return r;
 }
@@ -331,5 +334,17 @@ moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size)
 {
     M2A_CHECK_ARG(comm, comm && size, "moea2a_comm_size: comm and size must not be NULL");
     *size = comm->nranks;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_node(moea2a_comm_t comm, int *node, int *num_nodes, int *local_rank, int *local_size)
+{
+    M2A_CHECK_ARG(comm, comm, "moea2a_comm_node: comm is NULL");
+    const m2a_nodemap_t *m = &comm->nodes;
+    const int me = m->node[comm->rank];
+    if (node) *node = me;
+    if (num_nodes) *num_nodes = m->nnodes;
+    if (local_rank) *local_rank = m->local[comm->rank];
+    if (local_size) *local_size = m->size[me];
     return MOEA2A_SUCCESS;
 }

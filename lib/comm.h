@@ -4,6 +4,7 @@
 #include "bootstrap.h"
 #include "error.h"
 #include "moea2a.h"
+#include "nodemap.h"
 #include "transport_api.h"
 
 #define M2A_MAX_TRANSPORTS 8
@@ -23,6 +24,7 @@ struct moea2a_comm {
     double timeout_s;
     int cuda_device;
     m2a_bootstrap_t *bs;
+    m2a_nodemap_t nodes; /* which ranks share a node */
     m2a_transport_t tr[M2A_MAX_TRANSPORTS];
     int ntr;
     moea2a_core_v1_t core;

@@ -28,8 +28,10 @@ typedef struct {
     m2a_moe_layout_t l;
 } plan_t;
 
-/* Nodes from the host names the bootstrap collected: node[r] = first rank on r's host. */
-static void nodes_of(moea2a_comm_t comm, int *node, int *local, int *count)
+/* Hosts from the host names the bootstrap collected: host[r] = first rank on r's host.
+ * Placement (GPU, NUMA node, memory shared) follows the host, whatever nodes the
+ * communicator's node map emulates; whether a peer is local follows the node map. */
+static void hosts_of(moea2a_comm_t comm, int *node, int *local, int *count)
 {
     for (int r = 0; r < comm->nranks; r++) {
         node[r] = r, local[r] = 0, count[r] = 0;
@@ -74,11 +76,11 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
     if (!node || !local || !count || !gpu || !p->stage_index) {
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
     } else {
-        nodes_of(comm, node, local, count);
+        hosts_of(comm, node, local, count);
         p->rpn = count[node[comm->rank]];
         for (int q = 0; q < ep; q++) gpu[q] = m2a_topo_place(&p->topo, local[q], count[node[q]], p->cuda).gpu;
-        p->staged = m2a_moe_staged_peers(ep, comm->rank, node, gpu, &p->topo, p->cuda, m2a_moe_lsa_allowed(&p->cfg),
-                                         &p->nvlink, &p->lsa);
+        p->staged = m2a_moe_staged_peers(ep, comm->rank, comm->nodes.node, gpu, &p->topo, p->cuda,
+                                         m2a_moe_lsa_allowed(&p->cfg), &p->nvlink, &p->lsa);
         /* Staged peers take staging slots in rank order; this rank and load/store
          * peers have none. Host memory: every peer but this rank is staged. */
         for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;

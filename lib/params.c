@@ -26,6 +26,9 @@ static const moea2a_param_t params[] = {
      "1: CUDA MoE contexts whose ranks all share a node and reach each other by load/store (NVLink) "
      "dispatch and combine with fused kernels over NCCL symmetric memory; 0: always the generic "
      "NCCL send/receive path."},
+    {"MOEA2A_NODE_SIZE", "int", "0",
+     "0: a node is a host. N: the ranks of each host form nodes of N consecutive ranks (emulated nodes, "
+     "for tests and benchmarks of multi-node behaviour on one machine); 0..ranks, the same on every rank."},
     {"MOEA2A_NUM_SMS", "int", "48",
      "SMs (thread blocks) each fused dispatch or combine kernel of the load/store path uses, 1..256, "
      "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same. "

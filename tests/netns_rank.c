@@ -33,9 +33,12 @@ int main(int argc, char **argv)
         printf("%s: init: %s\n", host, moea2a_last_error(NULL));
         return 1;
     }
-    int rank, n;
+    int rank, n, node = -1, nodes = -1, local = -1, lsize = -1;
     moea2a_comm_rank(comm, &rank);
     moea2a_comm_size(comm, &n);
+    moea2a_comm_node(comm, &node, &nodes, &local, &lsize);
+    /* every rank on a host of its own: a node each, numbered by rank */
+    const int map_ok = node == rank && nodes == n && local == 0 && lsize == 1;
     static rt_state_t st;
     st.ep = n;
     st.seed = 0x5851f42d4c957f2dULL * (uint64_t)(rank + 1);
@@ -55,10 +58,11 @@ int main(int argc, char **argv)
     double detect = now() - last_ok;
     const char *timeout = getenv("MOEA2A_TIMEOUT_S");
     double bound = (timeout ? atof(timeout) : 300.0) + 1.0;
-    int ok = survive ? (r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TIMEOUT) && detect <= bound
-                     : r == MOEA2A_SUCCESS && mismatches == 0;
-    printf("%s: rank %d of %d: %ld round trips, %ld mismatching values, %s%s%s after %.2f s\n", host, rank, n, it,
-           mismatches, moea2a_strerror(r), r ? ": " : "", r ? moea2a_last_error(comm) : "", detect);
+    int ok = map_ok && (survive ? (r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TIMEOUT) && detect <= bound
+                                : r == MOEA2A_SUCCESS && mismatches == 0);
+    printf("%s: rank %d of %d (node %d of %d%s): %ld round trips, %ld mismatching values, %s%s%s after %.2f s\n", host,
+           rank, n, node, nodes, map_ok ? "" : ", WRONG node map", it, mismatches, moea2a_strerror(r), r ? ": " : "",
+           r ? moea2a_last_error(comm) : "", detect);
     moea2a_moe_destroy(st.moe);
     moea2a_comm_destroy(comm);
     return ok ? 0 : 1;

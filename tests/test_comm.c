@@ -30,6 +30,55 @@ static int init_destroy_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* The node map under MOEA2A_NODE_SIZE = *arg (all ranks on this host): nodes of that
+ * many consecutive ranks (the last one shorter), or one node for 0; a value that
+ * differs on the last rank, or is out of range, fails every rank. */
+static int node_map_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    const int size = *(const int *)arg, odd = size >= 100; /* >= 100: the last rank sets size - 100 + 1 */
+    const int want = odd ? size - 100 : size;
+    char v[16];
+    snprintf(v, sizeof(v), "%d", rank == n - 1 && odd ? want + 1 : want);
+    setenv("MOEA2A_NODE_SIZE", v, 1);
+    int fails = 0, node = -1, nodes = -1, local = -1, lsize = -1;
+    moea2a_comm_t comm;
+    moea2a_result_t res = moea2a_comm_init_rank(&comm, n, id, rank, NULL);
+    if (odd || want > n) {
+        moea2a_result_t expect = want > n ? MOEA2A_ERR_INVALID_ARGUMENT : MOEA2A_ERR_MISMATCH;
+        RANK_EXPECT(fails, rank, res == expect && strstr(moea2a_last_error(NULL), "MOEA2A_NODE_SIZE"),
+                    "MOEA2A_NODE_SIZE %s: got %s: %s", odd ? "differing on the last rank" : "out of range",
+                    moea2a_strerror(res), moea2a_last_error(NULL));
+        if (res == MOEA2A_SUCCESS) moea2a_comm_destroy(comm);
+        return fails;
+    }
+    RANK_EXPECT(fails, rank, res == MOEA2A_SUCCESS, "init: %s", moea2a_last_error(NULL));
+    if (res) return fails;
+    RANK_EXPECT(fails, rank, moea2a_comm_node(comm, &node, &nodes, &local, &lsize) == MOEA2A_SUCCESS, "comm_node");
+    const int per = size ? size : n; /* nodes of `per` consecutive ranks */
+    const int w_node = rank / per, w_nodes = (n + per - 1) / per, w_local = rank % per;
+    const int w_size = (w_node + 1) * per <= n ? per : n - w_node * per;
+    RANK_EXPECT(fails, rank, node == w_node && nodes == w_nodes && local == w_local && lsize == w_size,
+                "NODE_SIZE %d: node %d of %d, local %d of %d; expected %d of %d, %d of %d", size, node, nodes, local,
+                lsize, w_node, w_nodes, w_local, w_size);
+    RANK_EXPECT(fails, rank, moea2a_comm_node(comm, NULL, NULL, NULL, NULL) == MOEA2A_SUCCESS &&
+                                 moea2a_comm_node(NULL, &node, NULL, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
+                "comm_node: NULL outputs allowed, NULL comm refused");
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+static void test_node_map(void)
+{
+    static const int sizes[] = {0, 1, 2, 3, 5, 102, 9}; /* 102: 2, but 3 on the last rank; 9 > 5 ranks */
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        local_ranks_result_t res;
+        int size = sizes[i];
+        local_ranks_run(5, node_map_rank, &size, WATCHDOG, &res);
+        tap_ok(res.failed == 0 && res.hung == 0, "node map on 5 ranks with MOEA2A_NODE_SIZE=%d%s",
+               size >= 100 ? size - 100 : size, size >= 100 ? " (3 on the last rank)" : "");
+    }
+}
+
 /* Rank r of the group passes nranks + r: every rank after the first disagrees. */
 static int mismatch_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
@@ -223,6 +272,7 @@ static void test_abort(void)
 int main(void)
 {
     test_init_sizes();
+    test_node_map();
     test_mismatched_nranks();
     test_transport_selection();
     test_init_env();

@@ -378,6 +378,7 @@ static int run_config(moea2a_comm_t comm, int me, int ep, uint64_t seed)
 typedef struct {
     uint64_t first_seed;
     int configs;
+    int node_size; /* MOEA2A_NODE_SIZE for the run (0: hosts) */
 } sweep_t;
 
 static int sweep_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -385,6 +386,11 @@ static int sweep_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     const sweep_t *s = arg;
     moea2a_comm_t comm;
     int fails = 0;
+    if (s->node_size) {
+        char v[16];
+        snprintf(v, sizeof(v), "%d", s->node_size);
+        setenv("MOEA2A_NODE_SIZE", v, 1);
+    }
     if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
     for (int i = 0; i < s->configs && fails < 10; i++) fails += run_config(comm, rank, n, s->first_seed + (uint64_t)i);
     moea2a_comm_destroy(comm);
@@ -600,11 +606,18 @@ int main(void)
 {
     static const int sizes[] = {1, 2, 3, 4, 5, 8};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        sweep_t s = {1000u * (uint64_t)sizes[i], sizes[i] <= 4 ? 40 : 20};
+        sweep_t s = {1000u * (uint64_t)sizes[i], sizes[i] <= 4 ? 40 : 20, 0};
         local_ranks_result_t res;
         local_ranks_run(sizes[i], sweep_rank, &s, WATCHDOG, &res);
         tap_ok(res.failed == 0, "%d random configurations on %d ranks match the oracle (dispatch, sanitize, combine)",
                s.configs, sizes[i]);
+    }
+    { /* emulated nodes of 2 ranks: every rank of another node is remote; the same results */
+        sweep_t s = {77000, 20, 2};
+        local_ranks_result_t res;
+        local_ranks_run(4, sweep_rank, &s, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "%d random configurations on 4 ranks in 2 emulated nodes (MOEA2A_NODE_SIZE=2) match the "
+                                "oracle", s.configs);
     }
     static const int rule_sizes[] = {1, 2, 4};
     for (size_t i = 0; i < sizeof(rule_sizes) / sizeof(rule_sizes[0]); i++) {

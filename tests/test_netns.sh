@@ -60,7 +60,7 @@ wait_all() {
 start 200
 wait_all
 r=$?
-[ $r -eq 0 ] && echo "ok 1 - $N hosts (namespaces, own addresses and hostnames): init_env with a key, 200 MoE round trips over UCX tcp exact" ||
+[ $r -eq 0 ] && echo "ok 1 - $N hosts (namespaces, own addresses and hostnames): init_env with a key, a node per host, 200 MoE round trips over UCX tcp exact" ||
     echo "not ok 1 - $N hosts: init_env and MoE round trips over UCX tcp ($r failed)"
 hosts=$(cat "$work"/out* | sed -n 's/^\(host[0-9]*\): rank.*/\1/p' | sort -u | wc -l)
 [ "$hosts" -eq $N ] && echo "ok 2 - every rank ran on its own host name ($hosts)" ||
