@@ -288,6 +288,10 @@ typedef struct {
      * counts and set device_stats to NULL. */
     const int64_t *device_stats;
     int nvlink;                  /* 1: this dispatch took the load/store path */
+    /* Rows this rank's dispatch sent to ranks on other nodes (moea2a_comm_node), and
+     * their bytes on the wire (payload rows, ids, weights, source index); its combine
+     * brings as many rows back. 0 when every rank is on one node. */
+    int64_t internode_rows, internode_bytes;
 } moea2a_dispatch_result_t;
 
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }

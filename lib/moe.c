@@ -6,6 +6,7 @@
  * Every collective step starts with an exchange that carries each rank's argument
  * check, so bad input on one rank fails every rank at once, with the same code,
  * instead of leaving the others waiting for a rank that already returned. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,9 +296,11 @@ static moea2a_result_t within_cap(moea2a_comm_t comm, const char *fn, const char
                      fn, what, v, cap, v);
 }
 
+/* The result struct grows at its end: a caller built against a header up to the
+ * first one with internode_rows gets the fields its size covers. */
 static moea2a_result_t check_result_arg(moea2a_comm_t comm, const char *fn, const moea2a_dispatch_result_t *result)
 {
-    M2A_CHECK_ARG(comm, result && result->size >= sizeof(*result),
+    M2A_CHECK_ARG(comm, result && result->size >= offsetof(moea2a_dispatch_result_t, internode_rows),
                   "%s: result is NULL or its size is not set (use MOEA2A_DISPATCH_RESULT_INITIALIZER)", fn);
     return MOEA2A_SUCCESS;
 }

@@ -102,9 +102,14 @@ void m2a_moe_fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedu
 {
     const m2a_moe_layout_t *l = &moe->l;
     unsigned char *ws = moe->ws;
-    size_t caller_size = result->size;
-    memset(result, 0, sizeof(*result));
-    result->size = caller_size;
+    /* A caller built against an earlier header has a shorter struct: everything is
+     * filled here, then only its part is copied back. */
+    moea2a_dispatch_result_t full;
+    memset(&full, 0, sizeof(full));
+    const size_t caller_size = result->size < sizeof(full) ? result->size : sizeof(full);
+    moea2a_dispatch_result_t *caller = result;
+    result = &full;
+    result->size = caller->size;
     result->version = MOEA2A_VERSION_CODE;
     result->ep = moe->comm->nranks, result->stride = rt, result->top_k = moe->cfg.top_k;
     result->recv_counts = (const int32_t *)(ws + l->recv_counts);
@@ -115,16 +120,22 @@ void m2a_moe_fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedu
     result->topk_ids = (int32_t *)(ws + l->ids);
     result->topk_weights = (moe->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) ? (float *)(ws + l->weights) : NULL;
     result->src_token_index = (const int32_t *)(ws + l->src_index);
-    if (device_stats) { /* nothing waited for on the host: the counts are on the device */
+    if (device_stats) { /* nothing waited for on the host: the counts are on the device (one node) */
         result->total_recv = result->sent_rows = result->invalid_entries = result->deduplicated = -1;
         result->device_stats = device_stats;
         result->nvlink = 1;
+        memcpy(caller, &full, caller_size);
         return;
     }
-    for (int q = 0; q < moe->comm->nranks; q++)
+    const int *node = moe->comm->nodes.node, me = node[moe->comm->rank];
+    for (int q = 0; q < moe->comm->nranks; q++) {
         result->total_recv += moe->h_recv_counts[q], result->sent_rows += moe->h_send_counts[q];
+        if (node[q] != me) result->internode_rows += moe->h_send_counts[q];
+    }
+    result->internode_bytes = result->internode_rows * (int64_t)moe->l.record;
     result->invalid_entries = invalid;
     result->deduplicated = dedup;
+    memcpy(caller, &full, caller_size);
 }
 
 void m2a_phase_start(m2a_phase_t *ph, void (*wait)(void *stream), void *stream)

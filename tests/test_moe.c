@@ -233,6 +233,17 @@ static int check_dispatch(const cfg_t *c, uint64_t seed, int me, int stride, con
         for (int j = 0; j < k; j++) *expect_invalid += !valid(c, expert_of(c, seed, me, t, j));
     RANK_EXPECT(fails, me, res->invalid_entries == *expect_invalid, "invalid entries %lld, expected %lld",
                 (long long)res->invalid_entries, (long long)*expect_invalid);
+    /* rows to other nodes: MOEA2A_NODE_SIZE=N makes nodes of N consecutive ranks (all
+     * ranks here share a host), and a row carries every array of the record */
+    const char *ns = getenv("MOEA2A_NODE_SIZE");
+    const int per = ns && atoi(ns) > 0 ? atoi(ns) : c->ep;
+    int64_t internode = 0, record = 4 * k + ((c->flags & MOEA2A_MOE_CARRY_WEIGHTS) ? 4 * k : 0) + 4;
+    for (int p = 0; p < c->np; p++) record += (int64_t)res->payload_row_bytes[p];
+    for (int t = 0; t < n_me; t++)
+        for (int dst = 0; dst < c->ep; dst++) internode += dst / per != me / per && goes_to(c, seed, me, t, dst);
+    RANK_EXPECT(fails, me, res->internode_rows == internode && res->internode_bytes == internode * record,
+                "rows to other nodes %lld (%lld bytes), expected %lld (%lld)", (long long)res->internode_rows,
+                (long long)res->internode_bytes, (long long)internode, (long long)(internode * record));
     int sanitize = !(c->flags & MOEA2A_MOE_NO_SANITIZE);
     for (int src = 0; src < c->ep && fails < 5; src++) {
         int n_src = tokens_of(c, seed, src), i = 0;
@@ -596,6 +607,22 @@ static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
                     "all ranks idle: %s", moea2a_last_error(comm));
         RANK_EXPECT(fails, me, moea2a_combine(moe, NULL, NULL, NULL) == MOEA2A_SUCCESS, "idle combine: %s",
                     moea2a_last_error(comm));
+        /* a caller built against the header before internode_rows: its shorter result
+         * is filled, nothing past its size is written */
+        const size_t old_size = offsetof(moea2a_dispatch_result_t, internode_rows);
+        union {
+            moea2a_dispatch_result_t r;
+            unsigned char b[sizeof(moea2a_dispatch_result_t)];
+        } old;
+        memset(&old, 0xA5, sizeof(old));
+        old.r.size = old_size, old.r.version = MOEA2A_VERSION_CODE;
+        RANK_EXPECT(fails, me, moea2a_dispatch(moe, 4, ids, NULL, pays, 0, &old.r, NULL) == MOEA2A_SUCCESS,
+                    "dispatch into an older, shorter result: %s", moea2a_last_error(comm));
+        int untouched = 1;
+        for (size_t i = old_size; i < sizeof(old); i++) untouched &= old.b[i] == 0xA5;
+        RANK_EXPECT(fails, me, untouched && old.r.size == old_size && old.r.stride == 16,
+                    "a shorter result is filled up to its size only");
+        moea2a_combine(moe, NULL, out, NULL);
         moea2a_moe_destroy(moe);
     }
     RANK_EXPECT(fails, me, moea2a_comm_destroy(comm) == MOEA2A_SUCCESS, "destroy: %s", moea2a_last_error(NULL));

@@ -475,6 +475,29 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         r.bd /= o->iters, r.bc /= o->iters;
         base_free(m, &x);
     }
+    /* Across nodes: the rows this rank's routing sends to other nodes, one per
+     * destination rank (what moea2a's result says it sent) and one per destination
+     * node (what a node-aware scheme sends); a disagreement counts as wrong. */
+    double flat = 0, aware = 0, sent = (double)d.internode_rows;
+    int nodes = 1, my_node = 0;
+    moea2a_comm_node(comm, &my_node, &nodes, NULL, NULL);
+    if (nodes > 1) {
+        int32_t *node_of = malloc(sizeof(int32_t) * (size_t)ep), mine = my_node;
+        if (!node_of) FAIL("rank %d: out of memory\n", rank);
+        TRY(moea2a_allgather(&mine, node_of, 1, MOEA2A_INT32, comm, NULL));
+        for (int t = 0; t < T; t++) {
+            uint64_t seen = 0; /* remote nodes of this token (node numbers < 64: ranks <= 64) */
+            for (int i = 0; i < b.nd[t]; i++) {
+                int q = b.dests[(size_t)t * b.k + i], nq = node_of[q];
+                if (nq == my_node) continue;
+                flat++;
+                aware += !((seen >> nq) & 1);
+                seen |= 1ull << nq;
+            }
+        }
+        free(node_of);
+        if (sent != flat) r.wrong++;
+    }
     /* Slowest rank's times; bytes averaged over ranks; wrong values summed. */
     double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
     TRY(perf_reduce(comm, r.tp, 0, &tp, &tmp));
@@ -489,11 +512,19 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     TRY(perf_reduce(comm, r.bd, r.remote_d, &bd, &remote_d));
     TRY(perf_reduce(comm, r.bc, r.remote_c, &bc, &remote_c));
     TRY(perf_reduce(comm, 0, (double)r.wrong, &tmp, &wrong));
+    double flat_sum, aware_sum, sent_sum;
+    TRY(perf_reduce(comm, 0, flat, &tmp, &flat_sum));
+    TRY(perf_reduce(comm, 0, aware, &tmp, &aware_sum));
+    TRY(perf_reduce(comm, 0, sent, &tmp, &sent_sum));
     bytes_d /= ep, remote_d /= ep, bytes_c /= ep, remote_c /= ep;
     if (rank == 0) {
         char wcol[24] = "N/A";
         if (ti == 0 && sms) printf("#   num_sms: %d\n", sms);
         if (ti == 0) printf("#   path: %s\n", d.nvlink ? "load/store (NVLink), fused kernels" : "generic");
+        if (nodes > 1)
+            printf("#   network %d tokens, %d nodes: rows to other nodes per rank: %.1f sent (one per destination "
+                   "rank), %.1f node-aware (one per destination node): %.3fx\n",
+                   T, nodes, sent_sum / ep, aware_sum / ep, flat_sum > 0 ? aware_sum / flat_sum : 0.0);
         if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", wrong);
         print_row(T, "dispatch", bytes_d, remote_d, td, bd, wcol);
         print_row(T, "combine", bytes_c, remote_c, tc, bc, wcol);
