@@ -7,6 +7,18 @@
 #include "nodemap.h"
 #include "params.h"
 
+typedef struct {
+    const char *host;
+    int rank;
+} host_rank_t;
+
+static int by_host_then_rank(const void *a, const void *b)
+{
+    const host_rank_t *x = a, *y = b;
+    int c = strcmp(x->host, y->host);
+    return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
 moea2a_result_t m2a_nodemap_build(moea2a_comm_t comm, m2a_nodemap_t *map)
 {
     const int n = comm->nranks;
@@ -32,28 +44,28 @@ moea2a_result_t m2a_nodemap_build(moea2a_comm_t comm, m2a_nodemap_t *map)
     map->node = calloc((size_t)n, sizeof(int));
     map->local = calloc((size_t)n, sizeof(int));
     map->size = calloc((size_t)n, sizeof(int));
-    int *first = calloc((size_t)n, sizeof(int)), *on_host = calloc((size_t)n, sizeof(int));
-    if (!map->node || !map->local || !map->size || !first || !on_host) {
-        free(first), free(on_host), m2a_nodemap_free(map);
+    host_rank_t *by_host = calloc((size_t)n, sizeof(*by_host));
+    int *lowest = calloc((size_t)n, sizeof(int));
+    if (!map->node || !map->local || !map->size || !by_host || !lowest) {
+        free(by_host), free(lowest), m2a_nodemap_free(map);
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
     }
-    /* rank q is the on_host[q]-th rank of the host whose lowest rank is first[q]; its
-     * node is that host's (on_host[q] / want)-th slice */
-    for (int q = 0; q < n; q++) {
-        first[q] = q, on_host[q] = 0;
-        for (int p = 0; p < q; p++)
-            if (!strcmp(comm->bs->peers[p].host, comm->bs->peers[q].host)) {
-                if (first[q] == q) first[q] = p;
-                on_host[q]++;
-            }
+    /* Ranks grouped by host, ascending within a host (n log n: communicators may be
+     * large). The i-th rank of a host belongs to its slice i / want; a node is named
+     * by its lowest rank, the first of its slice. */
+    for (int q = 0; q < n; q++) by_host[q] = (host_rank_t){comm->bs->peers[q].host, q};
+    qsort(by_host, (size_t)n, sizeof(*by_host), by_host_then_rank);
+    for (int g = 0; g < n;) {
+        int end = g;
+        while (end < n && !strcmp(by_host[end].host, by_host[g].host)) end++;
+        for (int i = g; i < end; i++) lowest[by_host[i].rank] = by_host[g + (want ? (i - g) / want * want : 0)].rank;
+        g = end;
     }
-    for (int q = 0; q < n; q++) {
-        int p = 0; /* the lowest rank of q's node: same host, same slice */
-        while (p < q && !(first[p] == first[q] && (want ? on_host[p] / want == on_host[q] / want : 1))) p++;
-        map->node[q] = p == q ? map->nnodes++ : map->node[p];
+    for (int q = 0; q < n; q++) { /* nodes numbered in the order of their lowest rank */
+        map->node[q] = lowest[q] == q ? map->nnodes++ : map->node[lowest[q]];
         map->local[q] = map->size[map->node[q]]++;
     }
-    free(first), free(on_host);
+    free(by_host), free(lowest);
     M2A_INFO(M2A_SUBSYS_INIT, "node map: %d node(s)%s; rank %d is rank %d of %d on node %d", map->nnodes,
              want ? " (MOEA2A_NODE_SIZE emulation)" : "", comm->rank, map->local[comm->rank],
              map->size[map->node[comm->rank]], map->node[comm->rank]);
