@@ -10,7 +10,10 @@ rm -f man1/*.1 man3/*.3 man7/*.7
 for md in md/*.md; do
     base=$(basename "$md" .md)          # moea2a_comm.3
     name=${base%.*}; sec=${base##*.}
-    pandoc -s -f markdown -t man "$md" -o "man$sec/$base"
+    # no smart typography (it makes "--option" an en dash), and options in bold spelled
+    # with \- so that they copy and paste as the ASCII minus a shell needs
+    pandoc -s -f markdown-smart -t man "$md" |
+        sed -e 's/\\f\[B\]--/\\f[B]\\-\\-/g' -e 's/\\f\[B\]-\([A-Za-z]\)/\\f[B]\\-\1/g' > "man$sec/$base"
     # Names in the NAME section: the paragraph after "# NAME", up to " - ".
     names=$(awk '/^# NAME/{f=1;next} f&&/^#/{exit} f' "$md" | tr '\n' ' ' | sed 's/ - .*//; s/,/ /g')
     for n in $names; do

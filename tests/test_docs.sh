@@ -12,7 +12,7 @@ for f in $(grep -hoE '\bmoea2a_[a-z0-9_]+[[:space:]]*\(' "$src"/include/*.h | se
 done
 [ -z "$missing" ]; check $? "every public function has a man3 page${missing:+ (missing:$missing)}"
 
-table=$("$build/tools/moea2a_info" -c | grep -E '^MOEA2A_' | sort -u)
+table=$("$build/tools/moea2a_info" -c | grep -E '^MOEA2A_[A-Z0-9_]+=' | sed 's/=.*//' | sort -u)
 [ -n "$table" ]; check $? "moea2a_info -c lists the variables"
 used=$(grep -rhoE '(getenv|m2a_param_[a-z]+)\((NULL, |comm, )?"MOEA2A_[A-Z0-9_]+"' "$src/lib" "$src/transports" "$src/tools" 2>/dev/null |
        grep -oE 'MOEA2A_[A-Z0-9_]+' | sort -u)
@@ -22,6 +22,10 @@ for v in $used; do echo "$table" | grep -qx "$v" || undeclared="$undeclared $v";
 undocumented=""
 for v in $table; do grep -q "$v" "$src/man/man7/moea2a.7" || undocumented="$undocumented $v"; done
 [ -z "$undocumented" ]; check $? "every variable is documented in moea2a(7)${undocumented:+ (missing:$undocumented)}"
+dashes=$(grep -l -e '\\\[en\]' -e '\\f\[B\]--' -e '\\f\[B\]-[A-Za-z]' "$src"/man/man[137]/*.[137] 2>/dev/null | tr '\n' ' ')
+[ -z "$dashes" ]; check $? "options in the man pages are ASCII minus signs, not en dashes or hyphens${dashes:+ ($dashes)}"
+sourced=$(env -i PATH="$PATH" sh -c "eval \"\$(\"$build/tools/moea2a_info\" -c)\" && echo \"\$MOEA2A_DEBUG \$MOEA2A_NUM_SMS\"" 2>&1)
+[ "$sourced" = "WARN 48" ]; check $? "moea2a_info -c is NAME=value lines a shell can source (got '$sourced')"
 shown=$(MOEA2A_KEY=do-not-print-this "$build/tools/moea2a_info" -c | grep -c do-not-print-this)
 [ "$shown" = 0 ]; check $? "moea2a_info -c never prints the value of MOEA2A_KEY"
 echo "1..$n"

@@ -36,12 +36,15 @@ static int print_config(void)
     const moea2a_param_t *p;
     int n;
     if (moea2a_get_params(&p, &n)) return 1;
-    printf("# %d environment variables\n", n);
+    /* ucx_info -c style: NAME=value (the value in effect: the environment's, else the
+     * default), the help and the type as comments above it; a secret shows no value */
+    printf("# %d environment variables; the value in effect (environment, else default)\n", n);
     for (int i = 0; i < n; i++) {
-        const char *cur = getenv(p[i].name);
-        if (cur && !strcmp(p[i].type, "secret")) cur = "(set; not shown)";
-        printf("%s\n    type: %s   default: %s   current: %s\n    %s\n", p[i].name, p[i].type,
-               *p[i].default_value ? p[i].default_value : "(none)", cur ? cur : "(unset)", p[i].help);
+        const char *cur = getenv(p[i].name), *secret = !strcmp(p[i].type, "secret") ? "" : NULL;
+        printf("#\n# %s\n# (%s; default %s%s)\n%s=%s\n", p[i].help, p[i].type,
+               *p[i].default_value ? p[i].default_value : "empty",
+               secret ? (cur ? "; set, never shown" : "; unset") : cur ? "; set in the environment" : "", p[i].name,
+               secret ? secret : cur ? cur : p[i].default_value);
     }
     return 0;
 }

@@ -577,6 +577,13 @@ int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
         for (int ti = 0; ti < o->ntokens; ti++)
             if (run_tokens(comm, m, o, ti, o->nsms ? o->sms[si] : 0, &busbw_sum, &any_wrong)) return 1;
     if (rank == 0) {
+        printf("#\n# time: the slowest rank's mean per call, CUDA events between calls (host memory: the clock);\n"
+               "#   roundtrip-b2b: the pairs with no event between them; roundtrip-graph: one CUDA graph of every\n"
+               "#   iteration, per iteration; split-*: each call as its send and receive halves\n"
+               "# bytes: payload rows one rank moves (its own included); algbw = bytes / time; busbw = the bytes\n"
+               "#   that cross to other ranks / time; #wrong: elements that differed in the checked round\n"
+               "# vs base: the baseline's time over the row's (above 1: moea2a is faster); path: the\n"
+               "#   load/store (NVLink) kernels or the generic path (host transport, NCCL send/receive)\n");
         printf("# Out of bounds values : %d %s\n", any_wrong, any_wrong ? "FAILED" : "OK");
         printf("# Avg bus bandwidth    : %.4f\n", o->ntokens ? busbw_sum / (o->ntokens * nsms) : 0.0);
     }
