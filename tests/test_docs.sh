@@ -12,6 +12,18 @@ for f in $(grep -hoE '\bmoea2a_[a-z0-9_]+[[:space:]]*\(' "$src"/include/*.h | se
 done
 [ -z "$missing" ]; check $? "every public function has a man3 page${missing:+ (missing:$missing)}"
 
+# Every function the headers declare with MOEA2A_API is named in the version script, and
+# the built library exports it with a version (no wildcard lets one in unplaced).
+so=$(ls "$build"/lib/.libs/libmoea2a.so 2>/dev/null | head -1)
+api=$(grep -hoE 'MOEA2A_API [^;]*\bmoea2a_[a-z0-9_]+\(' "$src"/include/*.h | grep -oE 'moea2a_[a-z0-9_]+\($' | tr -d '(' | sort -u)
+unversioned=""
+for f in $api; do
+    grep -qE "^[[:space:]]+$f;" "$src/lib/libmoea2a.map" || unversioned="$unversioned $f(map)"
+    [ -z "$so" ] || nm -D --defined-only "$so" | grep -q " $f@@MOEA2A_" || unversioned="$unversioned $f(export)"
+done
+[ -n "$api" ] && [ -z "$unversioned" ] && ! grep -q 'moea2a_\*' "$src/lib/libmoea2a.map"
+check $? "every MOEA2A_API function is named in a version node and exported with it${unversioned:+ (missing:$unversioned)}"
+
 table=$("$build/tools/moea2a_info" -c | grep -E '^MOEA2A_[A-Z0-9_]+=' | sed 's/=.*//' | sort -u)
 [ -n "$table" ]; check $? "moea2a_info -c lists the variables"
 used=$(grep -rhoE '(getenv|m2a_param_[a-z]+)\((NULL, |comm, )?"MOEA2A_[A-Z0-9_]+"' "$src/lib" "$src/transports" "$src/tools" 2>/dev/null |
