@@ -29,22 +29,6 @@ typedef struct {
     m2a_moe_layout_t l;
 } plan_t;
 
-/* Hosts from the host names the bootstrap collected: host[r] = first rank on r's host.
- * Placement (GPU, NUMA node, memory shared) follows the host, whatever nodes the
- * communicator's node map emulates; whether a peer is local follows the node map. */
-static void hosts_of(moea2a_comm_t comm, int *node, int *local, int *count)
-{
-    for (int r = 0; r < comm->nranks; r++) {
-        node[r] = r, local[r] = 0, count[r] = 0;
-        for (int q = 0; q < r; q++)
-            if (!strcmp(comm->bs->peers[q].host, comm->bs->peers[r].host)) {
-                node[r] = node[q];
-                local[r]++;
-            }
-    }
-    for (int r = 0; r < comm->nranks; r++) count[node[r]]++;
-}
-
 /* The formula for a backend: the core's layout with the backend's additions. */
 static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const m2a_moe_backend_t *b,
                        m2a_moe_layout_t *l)
@@ -70,26 +54,28 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_moe: the MoE headers need a host-memory transport (ucx)");
     p->cuda = mem == MOEA2A_MEMORY_CUDA;
     M2A_TRY(m2a_topo_load(NULL, &p->topo));
-    int *node = calloc((size_t)ep, sizeof(int)), *local = calloc((size_t)ep, sizeof(int));
-    int *count = calloc((size_t)ep, sizeof(int)), *gpu = calloc((size_t)ep, sizeof(int));
+    /* Placement (GPU, NUMA node, memory shared) follows the real host, whatever nodes
+     * the communicator's node map emulates; whether a peer is local follows the map. */
+    const m2a_nodemap_t *m = &comm->nodes;
+    int *gpu = calloc((size_t)ep, sizeof(int));
     p->stage_index = calloc((size_t)ep, sizeof(int));
     moea2a_result_t r = MOEA2A_SUCCESS;
-    if (!node || !local || !count || !gpu || !p->stage_index) {
+    if (!gpu || !p->stage_index) {
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
     } else {
-        hosts_of(comm, node, local, count);
-        p->rpn = count[node[comm->rank]];
-        for (int q = 0; q < ep; q++) gpu[q] = m2a_topo_place(&p->topo, local[q], count[node[q]], p->cuda).gpu;
-        p->staged = m2a_moe_staged_peers(ep, comm->rank, comm->nodes.node, gpu, &p->topo, p->cuda,
-                                         m2a_moe_lsa_allowed(&p->cfg), &p->nvlink, &p->lsa);
-        /* Staged peers take staging slots in rank order; this rank and load/store
-         * peers have none. Host memory: every peer but this rank is staged. */
+        p->rpn = m->host_size[comm->rank];
+        for (int q = 0; q < ep; q++) gpu[q] = m2a_topo_place(&p->topo, m->host_local[q], m->host_size[q], p->cuda).gpu;
+        p->staged = m2a_moe_staged_peers(ep, comm->rank, m->node, gpu, &p->topo, p->cuda, m2a_moe_lsa_allowed(&p->cfg),
+                                         &p->nvlink, &p->lsa);
+        /* Every peer gets a staging slot, in rank order (used only by the paths that
+         * stage, and ready for the generic path should the load/store one fall back);
+         * this rank has none. */
         for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
-        p->place = m2a_topo_place(&p->topo, local[comm->rank], p->rpn, p->cuda);
+        p->place = m2a_topo_place(&p->topo, m->host_local[comm->rank], p->rpn, p->cuda);
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->l);
     }
-    free(node), free(local), free(count), free(gpu);
+    free(gpu);
     if (r != MOEA2A_SUCCESS) free(p->stage_index), p->stage_index = NULL;
     return r;
 }
@@ -216,8 +202,7 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
         M2A_INFO(M2A_SUBSYS_MOE, "load/store path unavailable (%s); the generic NCCL path stages every peer, "
                  "so this context is larger than moea2a_moe_workspace_size predicted", moea2a_last_error(comm));
         moe->backend->release(moe);
-        moe->backend = &m2a_moe_backend_cuda;
-        for (int q = 0, s = 0; q < ep; q++) moe->stage_index[q] = q == comm->rank ? -1 : s++;
+        moe->backend = &m2a_moe_backend_cuda; /* stage_index already gives every peer a slot */
         layout_for(&moe->cfg, ep, ep - 1, moe->backend, &moe->l);
         r = moe->backend->alloc(moe);
     }

@@ -44,9 +44,11 @@ moea2a_result_t m2a_nodemap_build(moea2a_comm_t comm, m2a_nodemap_t *map)
     map->node = calloc((size_t)n, sizeof(int));
     map->local = calloc((size_t)n, sizeof(int));
     map->size = calloc((size_t)n, sizeof(int));
+    map->host_local = calloc((size_t)n, sizeof(int));
+    map->host_size = calloc((size_t)n, sizeof(int));
     host_rank_t *by_host = calloc((size_t)n, sizeof(*by_host));
     int *lowest = calloc((size_t)n, sizeof(int));
-    if (!map->node || !map->local || !map->size || !by_host || !lowest) {
+    if (!map->node || !map->local || !map->size || !map->host_local || !map->host_size || !by_host || !lowest) {
         free(by_host), free(lowest), m2a_nodemap_free(map);
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
     }
@@ -58,7 +60,11 @@ moea2a_result_t m2a_nodemap_build(moea2a_comm_t comm, m2a_nodemap_t *map)
     for (int g = 0; g < n;) {
         int end = g;
         while (end < n && !strcmp(by_host[end].host, by_host[g].host)) end++;
-        for (int i = g; i < end; i++) lowest[by_host[i].rank] = by_host[g + (want ? (i - g) / want * want : 0)].rank;
+        for (int i = g; i < end; i++) {
+            const int q = by_host[i].rank;
+            map->host_local[q] = i - g, map->host_size[q] = end - g;
+            lowest[q] = by_host[g + (want ? (i - g) / want * want : 0)].rank;
+        }
         g = end;
     }
     for (int q = 0; q < n; q++) { /* nodes numbered in the order of their lowest rank */
@@ -74,6 +80,6 @@ moea2a_result_t m2a_nodemap_build(moea2a_comm_t comm, m2a_nodemap_t *map)
 
 void m2a_nodemap_free(m2a_nodemap_t *map)
 {
-    free(map->node), free(map->local), free(map->size);
+    free(map->node), free(map->local), free(map->size), free(map->host_local), free(map->host_size);
     memset(map, 0, sizeof(*map));
 }

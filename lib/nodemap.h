@@ -11,6 +11,9 @@ typedef struct {
     int *node;  /* [nranks]: node of each rank */
     int *local; /* [nranks]: index of each rank within its node, in rank order */
     int *size;  /* [nnodes]: ranks of each node */
+    /* the real hosts, whatever the emulation: placement (GPU, NUMA, shared memory) follows them */
+    int *host_local; /* [nranks]: index of each rank among its host's ranks, in rank order */
+    int *host_size;  /* [nranks]: ranks on each rank's host */
 } m2a_nodemap_t;
 
 /* Collective (over the bootstrap): builds comm's map, after checking that every rank
