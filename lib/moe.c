@@ -33,8 +33,8 @@ typedef struct {
 static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const m2a_moe_backend_t *b,
                        m2a_moe_layout_t *l)
 {
-    m2a_moe_backend_size_t bs;
-    b->size(ep, &bs);
+    m2a_moe_backend_size_t bs = {0, 0};
+    if (b->size) b->size(ep, &bs);
     m2a_moe_layout(cfg, ep, staged, bs.ctl_bytes, bs.pinned_bytes, l);
 }
 
@@ -290,6 +290,12 @@ static moea2a_result_t check_result_arg(moea2a_comm_t comm, const char *fn, cons
     return MOEA2A_SUCCESS;
 }
 
+/* Whether a caller's pointer is in the context's kind of memory. */
+static int in_context_memory(const moea2a_moe_t moe, const void *ptr)
+{
+    return m2a_memtype(ptr) == (moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST);
+}
+
 static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int n, const int32_t *ids,
                                            const float *weights, const void *const *payloads, int runtime_max)
 {
@@ -313,7 +319,7 @@ static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int
     const void *ptrs[2] = {ids, weights};
     for (int i = 0; i < 2 + c->num_payloads; i++) {
         const void *ptr = i < 2 ? ptrs[i] : payloads[i - 2];
-        M2A_CHECK_ARG(comm, !ptr || m2a_memtype(ptr) == (moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST),
+        M2A_CHECK_ARG(comm, !ptr || in_context_memory(moe, ptr),
                       "%s: an input is in %s memory but the context was created for %s memory", fn,
                       moe->cuda ? "host" : "CUDA", moe->cuda ? "CUDA" : "host");
     }
@@ -338,13 +344,18 @@ static moea2a_result_t expect_step(moea2a_moe_t moe, const char *fn, m2a_moe_ste
     return m2a_error(moe->comm, MOEA2A_ERR_STATE, "%s: %s", fn, next[moe->step]);
 }
 
-/* The checks every dispatch and combine entry point makes first. */
-static moea2a_result_t enter(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want)
+/* The checks every dispatch and combine entry point makes first. A combine needs a
+ * context with one (every rank has the same config: this needs no agreement). */
+static moea2a_result_t enter(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want, int combine)
 {
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_TRY(m2a_comm_check(moe->comm, fn));
+    if (combine && !moe->cfg.hidden)
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "%s: the context was created with hidden=0 (dispatch only): it has no combine", fn);
     return expect_step(moe, fn, want);
 }
+
 
 /* The dispatch's inputs for the backend: the receive stride resolved. */
 static m2a_dispatch_args_t dispatch_args(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
@@ -359,7 +370,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
                                 void *stream)
 {
     static const char fn[] = "moea2a_dispatch";
-    M2A_TRY(enter(moe, fn, M2A_MOE_IDLE));
+    M2A_TRY(enter(moe, fn, M2A_MOE_IDLE, 0));
     /* Every check, result's included, travels to the peers: a rejected call fails everywhere. */
     moea2a_result_t mine = check_result_arg(moe->comm, fn, result);
     if (mine == MOEA2A_SUCCESS) mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
@@ -373,7 +384,7 @@ moea2a_result_t moea2a_dispatch_send(moea2a_moe_t moe, int n, const int32_t *ids
                                      const void *const *payloads, int runtime_max, void *stream)
 {
     static const char fn[] = "moea2a_dispatch_send";
-    M2A_TRY(enter(moe, fn, M2A_MOE_IDLE));
+    M2A_TRY(enter(moe, fn, M2A_MOE_IDLE, 0));
     moea2a_result_t mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, NULL, M2A_MOE_SEND, stream));
@@ -384,7 +395,7 @@ moea2a_result_t moea2a_dispatch_send(moea2a_moe_t moe, int n, const int32_t *ids
 moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream)
 {
     static const char fn[] = "moea2a_dispatch_recv";
-    M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCH_SENT));
+    M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCH_SENT, 0));
     /* local: a rejected receive leaves the dispatch pending (call it again) */
     M2A_TRY(check_result_arg(moe->comm, fn, result));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));
@@ -396,8 +407,7 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
 
 static moea2a_result_t check_combine_in(moea2a_moe_t moe, const char *fn, const void *expert_out)
 {
-    unsigned want = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
-    if (expert_out && m2a_memtype(expert_out) != want)
+    if (expert_out && !in_context_memory(moe, expert_out))
         return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
                          "%s: expert_out must be in %s memory, like the context", fn, moe->cuda ? "CUDA" : "host");
     return MOEA2A_SUCCESS;
@@ -405,31 +415,18 @@ static moea2a_result_t check_combine_in(moea2a_moe_t moe, const char *fn, const 
 
 static moea2a_result_t check_combine_out(moea2a_moe_t moe, const char *fn, const void *out)
 {
-    unsigned want = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
     if (!out && moe->num_tokens > 0)
         return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: out is NULL with %d tokens", fn, moe->num_tokens);
-    if (out && m2a_memtype(out) != want)
+    if (out && !in_context_memory(moe, out))
         return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: out must be in %s memory, like the context", fn,
                          moe->cuda ? "CUDA" : "host");
     return MOEA2A_SUCCESS;
 }
 
-/* The checks of every combine entry point; every rank has the same config, so the
- * hidden = 0 check needs no agreement. */
-static moea2a_result_t enter_combine(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want)
-{
-    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
-    M2A_TRY(m2a_comm_check(moe->comm, fn));
-    if (!moe->cfg.hidden)
-        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
-                         "%s: the context was created with hidden=0 (dispatch only): it has no combine", fn);
-    return expect_step(moe, fn, want);
-}
-
 moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
 {
     static const char fn[] = "moea2a_combine";
-    M2A_TRY(enter_combine(moe, fn, M2A_MOE_DISPATCHED));
+    M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_out(moe, fn, out);
     if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, out, M2A_MOE_BOTH, stream));
@@ -440,7 +437,7 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
 moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, void *stream)
 {
     static const char fn[] = "moea2a_combine_send";
-    M2A_TRY(enter_combine(moe, fn, M2A_MOE_DISPATCHED));
+    M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, NULL, M2A_MOE_SEND, stream));
     moe->step = M2A_MOE_COMBINE_SENT;
@@ -450,7 +447,7 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
 moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
 {
     static const char fn[] = "moea2a_combine_recv";
-    M2A_TRY(enter_combine(moe, fn, M2A_MOE_COMBINE_SENT));
+    M2A_TRY(enter(moe, fn, M2A_MOE_COMBINE_SENT, 1));
     /* local: a rejected receive leaves the combine pending (call it again); the peers'
      * rows it reads stay put until this rank's next dispatch */
     M2A_TRY(check_combine_out(moe, fn, out));

@@ -35,7 +35,7 @@ typedef struct {
 
 typedef struct m2a_moe_backend {
     const char *name;
-    /* pure: its additions to the formula for ep ranks */
+    /* pure: its additions to the formula for ep ranks (NULL: none) */
     void (*size)(int ep, m2a_moe_backend_size_t *out);
     /* collective: the workspace, staging and tables of moe->l (the core's layout);
      * MOEA2A_ERR_UNAVAILABLE on every rank when it cannot serve this communicator */

@@ -9,12 +9,6 @@
 static m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize, m2a_moe_cuda_combine,
                                     m2a_moe_cuda_wait};
 
-static void cuda_size(int ep, m2a_moe_backend_size_t *out)
-{
-    (void)ep;
-    out->ctl_bytes = out->pinned_bytes = 0;
-}
-
 static void cuda_release(moea2a_moe_t moe)
 {
     m2a_moe_cuda_free_workspace(moe);
@@ -31,5 +25,5 @@ static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_cuda = {
-    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
+    "cuda", NULL, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
 };

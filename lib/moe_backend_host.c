@@ -62,12 +62,6 @@ static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, vo
 
 static m2a_generic_steps_t steps = {host_route, host_pack, host_sanitize, host_reduce, NULL};
 
-static void host_size(int ep, m2a_moe_backend_size_t *out)
-{
-    (void)ep;
-    out->ctl_bytes = out->pinned_bytes = 0;
-}
-
 static void host_release(moea2a_moe_t moe)
 {
     m2a_topo_free(moe->ws, moe->l.workspace);
@@ -95,5 +89,5 @@ static moea2a_result_t host_alloc(moea2a_moe_t moe)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_host = {
-    "host", host_size, host_alloc, host_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
+    "host", NULL, host_alloc, host_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
 };

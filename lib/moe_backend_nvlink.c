@@ -279,7 +279,7 @@ static moea2a_result_t nvlink_dispatch(moea2a_moe_t moe, moea2a_result_t status,
     } else {
         M2A_TRY(fast_dispatch(moe, moe->num_tokens, NULL, NULL, NULL, moe->stride, MOEA2A_SUCCESS, phases, stream));
     }
-    if (phases & M2A_MOE_RECV) m2a_moe_fill_result(moe, moe->stride, 0, 0, fast_stats(moe), result);
+    if (phases & M2A_MOE_RECV) m2a_moe_fill_result(moe, fast_stats(moe), result);
     return MOEA2A_SUCCESS;
 }
 

@@ -97,8 +97,7 @@ void m2a_moe_set_route(moea2a_moe_t moe)
                                moe->h_owner};
 }
 
-void m2a_moe_fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedup, const int64_t *device_stats,
-                         moea2a_dispatch_result_t *result)
+void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_dispatch_result_t *result)
 {
     const m2a_moe_layout_t *l = &moe->l;
     unsigned char *ws = moe->ws;
@@ -111,7 +110,7 @@ void m2a_moe_fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedu
     result = &full;
     result->size = caller->size;
     result->version = MOEA2A_VERSION_CODE;
-    result->ep = moe->comm->nranks, result->stride = rt, result->top_k = moe->cfg.top_k;
+    result->ep = moe->comm->nranks, result->stride = moe->stride, result->top_k = moe->cfg.top_k;
     result->recv_counts = (const int32_t *)(ws + l->recv_counts);
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         result->payloads[i] = ws + l->payload[i];
@@ -133,8 +132,8 @@ void m2a_moe_fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedu
         if (node[q] != me) result->internode_rows += moe->h_send_counts[q];
     }
     result->internode_bytes = result->internode_rows * (int64_t)moe->l.record;
-    result->invalid_entries = invalid;
-    result->deduplicated = dedup;
+    result->invalid_entries = moe->pending_invalid;
+    result->deduplicated = moe->pending_dedup;
     memcpy(caller, &full, caller_size);
 }
 

@@ -17,10 +17,10 @@ void m2a_moe_owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner);
 /* moe->route from the config and moe->h_owner. */
 void m2a_moe_set_route(moea2a_moe_t moe);
 
-/* The dispatch result for receive stride rt: the workspace's arrays, and either the
- * exact counts (device_stats NULL: the generic paths) or -1 and the device's copy. */
-void m2a_moe_fill_result(moea2a_moe_t moe, int rt, int64_t invalid, int64_t dedup, const int64_t *device_stats,
-                         moea2a_dispatch_result_t *result);
+/* The result of the last dispatch (moe->stride): the workspace's arrays, and either
+ * the exact counts (device_stats NULL: the generic paths, from the host's counts and
+ * moe->pending_*) or -1 and the device's copy. */
+void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_dispatch_result_t *result);
 
 /* ---- phase timing (TRACE only) ---------------------------------------------------
  * With MOEA2A_DEBUG=TRACE and the MOE subsystem, the host-driven paths wait for the

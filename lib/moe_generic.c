@@ -147,7 +147,7 @@ static moea2a_result_t dispatch_recv(moea2a_moe_t moe, const m2a_generic_steps_t
     M2A_TRY(st->sanitize(moe, moe->stride, stream));
     m2a_phase_mark(&ph, stream, "sanitize");
     m2a_phase_report(&ph, "dispatch receive");
-    m2a_moe_fill_result(moe, moe->stride, moe->pending_invalid, moe->pending_dedup, NULL, result);
+    m2a_moe_fill_result(moe, NULL, result);
     M2A_TRACE(M2A_SUBSYS_MOE, "dispatch: %d tokens, sent %lld rows, received %lld, %lld invalid entries",
               moe->num_tokens, (long long)result->sent_rows, (long long)result->total_recv,
               (long long)moe->pending_invalid);
