@@ -10,11 +10,7 @@
 #include "error.h"
 #include "fp4_math.h"
 
-#ifdef MOEA2A_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "fp4_kernels.h"
-#endif
+#include "cuda_loader.h"
 
 static int float_type(moea2a_datatype_t t)
 {
@@ -60,16 +56,15 @@ static int space_of(const void *const *ptrs, int n)
     return cuda == 1;
 }
 
-#ifdef MOEA2A_HAVE_CUDA
-#define CUDA_OR(call)                                                                                      \
+/* CUDA memory: the CUDA module's kernel (the module loads on first use; without it
+ * MOEA2A_ERR_UNAVAILABLE names it). */
+#define CUDA_OR(launch)                                                                                     \
     do {                                                                                                   \
-        int e_ = (call);                                                                                   \
-        return e_ ? m2a_error(NULL, MOEA2A_ERR_CUDA, "%s: %s", fn, cudaGetErrorString((cudaError_t)e_))    \
-                  : MOEA2A_SUCCESS;                                                                        \
+        const moea2a_cuda_v1_t *ops_;                                                                      \
+        M2A_TRY(m2a_cuda_require(NULL, fn, &ops_));                                                        \
+        int e_ = ops_->launch;                                                                             \
+        return e_ ? m2a_error(NULL, MOEA2A_ERR_CUDA, "%s: %s", fn, ops_->error_string(e_)) : MOEA2A_SUCCESS; \
     } while (0)
-#else
-#define CUDA_OR(call) return m2a_error(NULL, MOEA2A_ERR_UNAVAILABLE, "%s: built without CUDA", fn)
-#endif
 
 #define CHECK_SPACE(cuda, fn) \
     M2A_CHECK_ARG(NULL, (cuda) >= 0, "%s: all pointers must be in the same memory (host or CUDA)", fn)
@@ -122,7 +117,7 @@ moea2a_result_t moea2a_fp4_global_scale(const void *x, moea2a_datatype_t xtype, 
     const void *p[2] = {x, g};
     int cuda = space_of(p, 2);
     CHECK_SPACE(cuda, fn);
-    if (cuda) CUDA_OR(m2a_cuda_fp4_global_scale(x, xtype, count, g, stream));
+    if (cuda) CUDA_OR(fp4_global_scale(x, xtype, count, g, stream));
     /* amax by the bits of |x|: NaN ranks above inf, as on the device */
     uint32_t amax = 0;
     for (size_t i = 0; i < count; i++) {
@@ -144,7 +139,7 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
     CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     CHECK_ALIGNED(cuda, fn, x, q, sf);
-    if (cuda) CUDA_OR(m2a_cuda_fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
+    if (cuda) CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
     size_t kb_n = k / 16;
     unsigned char *sfb = sf, *qb = q;
     memset(sfb, 0, m2a_sf_bytes((int)layout, m, kb_n)); /* padding of the tiled layouts */
@@ -168,7 +163,7 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
     CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     CHECK_ALIGNED(cuda, fn, out, q, sf);
-    if (cuda) CUDA_OR(m2a_cuda_fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
+    if (cuda) CUDA_OR(fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
     size_t kb_n = k / 16;
     float inv_g = 1.0f / *g;
     const unsigned char *qb = q, *sfb = sf;
@@ -211,7 +206,7 @@ moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_la
     int cuda = space_of(p, 2);
     CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
-    if (cuda) CUDA_OR(m2a_cuda_fp4_sf_convert(src, (int)src_layout, dst, (int)dst_layout, m, k, NULL, 0, stream));
+    if (cuda) CUDA_OR(fp4_sf_convert(src, (int)src_layout, dst, (int)dst_layout, m, k, NULL, 0, stream));
     convert_host(src, (int)src_layout, dst, (int)dst_layout, m, k / 16, NULL, 0);
     return MOEA2A_SUCCESS;
 }
@@ -229,7 +224,7 @@ moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *dst, moea2a_
     const void *p[3] = {src, dst, recv_counts};
     int cuda = space_of(p, 3);
     CHECK_SPACE(cuda, fn);
-    if (cuda) CUDA_OR(m2a_cuda_fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
+    if (cuda) CUDA_OR(fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
     convert_host(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k / 16, recv_counts, stride);
     return MOEA2A_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "moe_backend.h"
 #include "moe_core.h"
+#include "cuda_loader.h"
 #include "moe_cuda.h"
 #include "moe_fast.h"
 
@@ -23,8 +24,9 @@ static void nvlink_size(int ep, m2a_moe_backend_size_t *out)
     out->pinned_bytes = sizeof(m2a_fast_error_t);
 }
 
-#ifdef MOEA2A_HAVE_CUDA
-#include <cuda_runtime_api.h>
+/* The CUDA calls go through the CUDA module: nvlink_alloc loads it (m2a_moe_cuda_begin)
+ * before anything else here runs. */
+#define OPS (m2a_cuda_loaded())
 
 _Static_assert((int)M2A_FAST_SEND == (int)M2A_MOE_SEND && (int)M2A_FAST_RECV == (int)M2A_MOE_RECV &&
                    (int)M2A_FAST_BOTH == (int)M2A_MOE_BOTH,
@@ -39,9 +41,9 @@ typedef struct {
     moea2a_result_t poisoned;
 } fast_state_t;
 
-static moea2a_result_t cuda_fail(moea2a_comm_t comm, cudaError_t e, const char *what)
+static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
 {
-    return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (load/store path): %s: %s", what, cudaGetErrorString(e));
+    return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (load/store path): %s: %s", what, OPS->error_string(e));
 }
 
 /* The kernels' parameters, once the kernel tables exist. */
@@ -93,9 +95,9 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     st->bytes = (moe->l.workspace + 4095) / 4096 * 4096;
     void *ws = NULL;
     int blocks = moe->cfg.num_sms, sms = 0;
-    if (r == MOEA2A_SUCCESS && comm->cuda_device >= 0 && cudaSetDevice(comm->cuda_device) != cudaSuccess)
+    if (r == MOEA2A_SUCCESS && comm->cuda_device >= 0 && OPS->set_device(comm->cuda_device) != 0)
         r = m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a_moe_create: cudaSetDevice(%d) failed", comm->cuda_device);
-    if (r == MOEA2A_SUCCESS && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, moe->device) == cudaSuccess &&
+    if (r == MOEA2A_SUCCESS && OPS->sm_count(moe->device, &sms) == 0 &&
         sms < blocks)
         blocks = sms; /* every block must be resident: they wait for each other's peers */
     if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_alloc(st->t->tc, st->bytes, &ws);
@@ -103,16 +105,16 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     /* 2. collective: the window and every rank's address of it */
     if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_register(st->t->tc, ws, st->bytes, (void **)peers, &st->handle);
     r = m2a_moe_agree(comm, r, NULL);
-    if (r == MOEA2A_SUCCESS && cudaMalloc((void **)&st->f.err, sizeof(m2a_fast_error_t)) != cudaSuccess)
+    if (r == MOEA2A_SUCCESS && OPS->malloc((void **)&st->f.err, sizeof(m2a_fast_error_t)) != 0)
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cudaMalloc of the error record failed");
     if (r == MOEA2A_SUCCESS) {
-        cudaError_t e = cudaMemset(st->f.err, 0, sizeof(m2a_fast_error_t));
+        int e = OPS->set(st->f.err, 0, sizeof(m2a_fast_error_t));
         m2a_fast_error_t *h = (m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend);
         memset(h, 0, sizeof(*h));
-        if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&st->f.host_err, h, 0);
-        if (e == cudaSuccess) e = cudaMemset(ws, 0, st->bytes); /* counters and epochs start at 0 */
-        if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) r = cuda_fail(comm, e, "workspace set-up");
+        if (e == 0) e = OPS->host_device_pointer((void **)&st->f.host_err, h);
+        if (e == 0) e = OPS->set(ws, 0, st->bytes); /* counters and epochs start at 0 */
+        if (e == 0) e = OPS->device_synchronize();
+        if (e != 0) r = cuda_fail(comm, e, "workspace set-up");
     }
     /* 3. collective again: a peer's first kernel writes into this workspace, so none
      * may run before every rank's is zeroed (a late zeroing erased a peer's signal) */
@@ -120,7 +122,7 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     if (r != MOEA2A_SUCCESS) {
         if (st->handle) st->t->ops->mem_deregister(st->t->tc, st->handle);
         if (ws) st->t->ops->mem_free(st->t->tc, ws);
-        if (st->f.err) cudaFree(st->f.err);
+        if (st->f.err) OPS->free(st->f.err);
         free(st), free(peers);
         return r;
     }
@@ -140,15 +142,13 @@ static void fast_release(moea2a_moe_t moe)
     moea2a_comm_t comm = moe->comm;
     /* Peers may still read this workspace: every rank's kernels end first (they are
      * bounded), then all meet, then the window goes (collective). */
-    cudaDeviceSynchronize();
-#ifdef M2A_FAST_PROFILE
-    m2a_fast_profile_report(moe->comm->rank);
-#endif
+    (void)OPS->device_synchronize();
+    if (OPS->fast_profile_report) OPS->fast_profile_report(moe->comm->rank);
     int healthy = !comm->broken && m2a_bootstrap_barrier(comm, comm->bs) == MOEA2A_SUCCESS;
     if (healthy) st->t->ops->mem_deregister(st->t->tc, st->handle);
     st->t->ops->mem_free(st->t->tc, moe->ws);
     moe->ws = NULL;
-    cudaFree(st->f.err);
+    OPS->free(st->f.err);
     free(st);
     moe->state = NULL;
 }
@@ -206,12 +206,12 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
     m2a_kpayloads_t pay;
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
-    (void)cudaGetLastError(); /* an earlier call's error is not this launch's */
-    int e = m2a_fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
+    (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
+    int e = OPS->fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
-        return cuda_fail(moe->comm, (cudaError_t)e, "dispatch kernel launch");
+        return cuda_fail(moe->comm, e, "dispatch kernel launch");
     }
     return MOEA2A_SUCCESS;
 }
@@ -228,12 +228,12 @@ static moea2a_result_t fast_combine(moea2a_moe_t moe, const void *expert_out, vo
      * (moea2a_moe_combine_buffer's pointer) must be recognized as in place there, not
      * copied onto themselves. */
     if (rows >= moe->ws && rows < moe->ws + st->bytes) rows = st->f.peer[moe->comm->rank] + (rows - moe->ws);
-    (void)cudaGetLastError();
-    int e = m2a_fast_combine(&st->f, st->blocks, out && !status ? moe->num_tokens : 0, moe->stride, status ? NULL : rows,
+    (void)OPS->clear_error();
+    int e = OPS->fast_combine(&st->f, st->blocks, out && !status ? moe->num_tokens : 0, moe->stride, status ? NULL : rows,
                              status ? NULL : out, (int)status, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
-        return cuda_fail(moe->comm, (cudaError_t)e, "combine kernel launch");
+        return cuda_fail(moe->comm, e, "combine kernel launch");
     }
     return MOEA2A_SUCCESS;
 }
@@ -294,28 +294,6 @@ static moea2a_result_t nvlink_combine(moea2a_moe_t moe, moea2a_result_t status, 
     if (status != MOEA2A_SUCCESS && (phases & M2A_MOE_SEND)) fast_poison(moe, status);
     return status;
 }
-
-#else /* no CUDA: contexts never take this path */
-
-static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
-{
-    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
-}
-static void nvlink_release(moea2a_moe_t moe) { (void)moe; }
-static moea2a_result_t nvlink_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
-                                       moea2a_dispatch_result_t *result, int phases, void *stream)
-{
-    (void)status, (void)a, (void)result, (void)phases, (void)stream;
-    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
-}
-static moea2a_result_t nvlink_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
-                                      int phases, void *stream)
-{
-    (void)status, (void)expert_out, (void)out, (void)phases, (void)stream;
-    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA");
-}
-static moea2a_result_t fast_status(moea2a_moe_t moe) { (void)moe; return MOEA2A_SUCCESS; }
-#endif
 
 const m2a_moe_backend_t m2a_moe_backend_nvlink = {
     "nvlink", nvlink_size, nvlink_alloc, nvlink_release, nvlink_dispatch, nvlink_combine, fast_status,

@@ -1,6 +1,7 @@
 /* The CUDA pieces of the MoE backends (moe_cuda.h): device memory, the pinned mirror,
  * kernel launches, and the one host synchronization of a dispatch on the generic
- * (NCCL) path, which reads the per-peer counts NCCL needs on the host. */
+ * (NCCL) path, which reads the per-peer counts NCCL needs on the host. The CUDA calls
+ * go through the CUDA module (cuda_module.h), loaded by begin. */
 #include "config.h"
 
 #include <sched.h>
@@ -11,30 +12,32 @@
 #include "log.h"
 #include "moe_cuda.h"
 
-#ifdef MOEA2A_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "cuda_loader.h"
 
-#include "moe_kernels.h"
+/* Every path here runs after m2a_moe_cuda_free_memory (plan) or begin loaded the module. */
+#define OPS (m2a_cuda_loaded())
 
 static moea2a_result_t cuda_fail(moea2a_comm_t comm, int err, const char *what)
 {
-    return m2a_error(comm, MOEA2A_ERR_CUDA, "%s: %s", what, cudaGetErrorString((cudaError_t)err));
+    return m2a_error(comm, MOEA2A_ERR_CUDA, "%s: %s", what, OPS->error_string(err));
 }
 
 #define CU(comm, call) \
-    do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return cuda_fail((comm), e_, #call); } while (0)
+    do { int e_ = (call); if (e_ != 0) return cuda_fail((comm), e_, #call); } while (0)
 
 static moea2a_result_t set_device(moea2a_comm_t comm)
 {
-    if (comm->cuda_device >= 0) CU(comm, cudaSetDevice(comm->cuda_device));
+    if (comm->cuda_device >= 0) CU(comm, OPS->set_device(comm->cuda_device));
     return MOEA2A_SUCCESS;
 }
 
 moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes)
 {
+    const moea2a_cuda_v1_t *ops;
     size_t total;
+    M2A_TRY(m2a_cuda_require(comm, "moea2a_moe_create", &ops));
     M2A_TRY(set_device(comm));
-    CU(comm, cudaMemGetInfo(free_bytes, &total));
+    CU(comm, ops->mem_info(free_bytes, &total));
     return MOEA2A_SUCCESS;
 }
 
@@ -57,10 +60,12 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
 moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe)
 {
     moea2a_comm_t comm = moe->comm;
+    const moea2a_cuda_v1_t *ops;
+    M2A_TRY(m2a_cuda_require(comm, "moea2a_moe_create", &ops));
     M2A_TRY(set_device(comm));
-    CU(comm, cudaGetDevice(&moe->device));
+    CU(comm, ops->get_device(&moe->device));
     /* mapped: the load/store kernels write their error record there */
-    CU(comm, cudaHostAlloc((void **)&moe->pinned, moe->l.pinned, cudaHostAllocMapped | cudaHostAllocPortable));
+    CU(comm, ops->host_alloc_mapped((void **)&moe->pinned, moe->l.pinned));
     return MOEA2A_SUCCESS;
 }
 
@@ -69,7 +74,7 @@ moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     int ep = comm->nranks;
-    if (l->staging) CU(comm, cudaMalloc((void **)&moe->stage, l->staging));
+    if (l->staging) CU(comm, OPS->malloc((void **)&moe->stage, l->staging));
     /* the mirror: send counts, receive counts, headers out and in, stats */
     size_t a4 = m2a_align(4 * (size_t)ep), a16 = m2a_align(sizeof(m2a_moe_header_t) * (size_t)ep);
     moe->h_send_counts = (int32_t *)moe->pinned;
@@ -81,31 +86,31 @@ moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
     moe->kparams = kp;
     fill_kparams(moe, kp);
     /* tables, then every slot as padding: sanitized ids, source index -1 */
-    CU(comm, cudaMemcpy(moe->ws + l->owner, moe->h_owner, 4 * (size_t)moe->cfg.num_experts, cudaMemcpyHostToDevice));
-    CU(comm, cudaMemcpy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, cudaMemcpyHostToDevice));
-    CU(comm, cudaMemset(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));
-    CU(comm, (cudaError_t)m2a_cuda_sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
+    CU(comm, OPS->copy(moe->ws + l->owner, moe->h_owner, 4 * (size_t)moe->cfg.num_experts, M2A_CUDA_H2D));
+    CU(comm, OPS->copy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, M2A_CUDA_H2D));
+    CU(comm, OPS->set(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));
+    CU(comm, OPS->sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
                                             (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));
-    CU(comm, cudaDeviceSynchronize());
+    CU(comm, OPS->device_synchronize());
     return MOEA2A_SUCCESS;
 }
 
 moea2a_result_t m2a_moe_cuda_alloc_workspace(moea2a_moe_t moe)
 {
-    CU(moe->comm, cudaMalloc((void **)&moe->ws, moe->l.workspace));
+    CU(moe->comm, OPS->malloc((void **)&moe->ws, moe->l.workspace));
     return MOEA2A_SUCCESS;
 }
 
 void m2a_moe_cuda_free_workspace(moea2a_moe_t moe)
 {
-    if (moe->ws) cudaFree(moe->ws);
+    if (moe->ws) OPS->free(moe->ws);
     moe->ws = NULL;
 }
 
 void m2a_moe_cuda_end(moea2a_moe_t moe)
 {
-    if (moe->stage) cudaFree(moe->stage);
-    if (moe->pinned) cudaFreeHost(moe->pinned);
+    if (moe->stage) OPS->free(moe->stage);
+    if (moe->pinned) OPS->host_free(moe->pinned);
     free(moe->kparams);
     moe->stage = moe->pinned = NULL, moe->kparams = NULL;
 }
@@ -113,12 +118,12 @@ void m2a_moe_cuda_end(moea2a_moe_t moe)
 /* Waits for the stream, bounded by the timeout. Expiry means device work is stuck
  * (most likely NCCL waiting for a dead peer): the CUDA transport is aborted, which
  * ends such kernels, and the communicator is broken. */
-static moea2a_result_t bounded_sync(moea2a_moe_t moe, cudaStream_t s, const char *what)
+static moea2a_result_t bounded_sync(moea2a_moe_t moe, void *s, const char *what)
 {
     moea2a_comm_t comm = moe->comm;
     double deadline = m2a_now() + comm->timeout_s;
-    cudaError_t e;
-    while ((e = cudaStreamQuery(s)) == cudaErrorNotReady) {
+    int e;
+    while ((e = OPS->stream_query(s)) == M2A_CUDA_NOT_READY) {
         if (m2a_now() > deadline) {
             m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
             if (t && t->ops->abort) t->ops->abort(t->tc);
@@ -129,7 +134,7 @@ static moea2a_result_t bounded_sync(moea2a_moe_t moe, cudaStream_t s, const char
         }
         sched_yield();
     }
-    if (e != cudaSuccess) return cuda_fail(comm, e, what);
+    if (e != 0) return cuda_fail(comm, e, what);
     m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
     return t && t->ops->check ? m2a_comm_fail(comm, (moea2a_result_t)t->ops->check(t->tc)) : MOEA2A_SUCCESS;
 }
@@ -139,14 +144,14 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
-    cudaStream_t s = (cudaStream_t)stream;
+    void *s = stream;
     unsigned long long *stats = (unsigned long long *)(moe->ws + l->stats);
     unsigned long long *h_stats = (unsigned long long *)(moe->pinned + l->pinned - m2a_align(16));
-    CU(comm, cudaMemsetAsync(stats, 0, 16, s));
-    CU(comm, (cudaError_t)m2a_cuda_route(moe->kparams, n, ids, (int32_t *)(moe->ws + l->send_counts),
+    CU(comm, OPS->set_async(stats, 0, 16, s));
+    CU(comm, OPS->route(moe->kparams, n, ids, (int32_t *)(moe->ws + l->send_counts),
                                          (int32_t *)(moe->ws + l->send_map), stats, s));
-    CU(comm, cudaMemcpyAsync(moe->h_send_counts, moe->ws + l->send_counts, 4 * (size_t)comm->nranks, cudaMemcpyDeviceToHost, s));
-    CU(comm, cudaMemcpyAsync(h_stats, stats, 16, cudaMemcpyDeviceToHost, s));
+    CU(comm, OPS->copy_async(moe->h_send_counts, moe->ws + l->send_counts, 4 * (size_t)comm->nranks, M2A_CUDA_D2H, s));
+    CU(comm, OPS->copy_async(h_stats, stats, 16, M2A_CUDA_D2H, s));
     M2A_TRY(bounded_sync(moe, s, "moea2a_dispatch (counts)"));
     *invalid = (int64_t)h_stats[0], *dedup = (int64_t)h_stats[1];
     return MOEA2A_SUCCESS;
@@ -156,13 +161,12 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
-    cudaStream_t s = (cudaStream_t)stream;
+    void *s = stream;
     m2a_kpayloads_t pay;
     memset(&pay, 0, sizeof(pay));
     for (int i = 0; i < moe->cfg.num_payloads && a->payloads; i++) pay.p[i] = a->payloads[i];
-    CU(comm, cudaMemcpyAsync(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks,
-                             cudaMemcpyHostToDevice, s));
-    CU(comm, (cudaError_t)m2a_cuda_pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
+    CU(comm, OPS->copy_async(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks, M2A_CUDA_H2D, s));
+    CU(comm, OPS->pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
                                         (const int32_t *)(moe->ws + l->send_map), moe->ws,
                                         moe->stage ? moe->stage + l->stage_send : NULL, s));
     return MOEA2A_SUCCESS;
@@ -171,7 +175,7 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
-    CU(moe->comm, (cudaError_t)m2a_cuda_sanitize(moe->kparams, stride, (const int32_t *)(moe->ws + l->recv_counts),
+    CU(moe->comm, OPS->sanitize(moe->kparams, stride, (const int32_t *)(moe->ws + l->recv_counts),
                                                  (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index),
                                                  !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
                                                  (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, stream));
@@ -182,51 +186,16 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
 {
     const m2a_moe_layout_t *l = &moe->l;
     size_t row = l->combine_row;
-    int rc = m2a_cuda_combine(moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
+    int rc = OPS->combine(moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
                               moe->cfg.combine_dtype, moe->cfg.hidden, in + (size_t)moe->comm->rank * (size_t)moe->stride * row,
                               moe->stage ? moe->stage + l->stage_recv : NULL, out, stream);
-    if (rc == cudaErrorNotSupported)
+    if (rc == M2A_CUDA_NOT_SUPPORTED)
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_combine: tokens with more than 64 destination ranks");
-    CU(moe->comm, (cudaError_t)rc);
+    CU(moe->comm, rc);
     return MOEA2A_SUCCESS;
 }
 
 void m2a_moe_cuda_wait(void *stream)
 {
-    cudaStreamSynchronize((cudaStream_t)stream);
+    (void)OPS->stream_synchronize(stream);
 }
-
-#else /* no CUDA in this build */
-
-static moea2a_result_t no_cuda(moea2a_comm_t comm)
-{
-    return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a was built without CUDA (configure --with-cuda)");
-}
-moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *f) { (void)f; return no_cuda(comm); }
-moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe) { return no_cuda(moe->comm); }
-moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe) { return no_cuda(moe->comm); }
-moea2a_result_t m2a_moe_cuda_alloc_workspace(moea2a_moe_t moe) { return no_cuda(moe->comm); }
-void m2a_moe_cuda_free_workspace(moea2a_moe_t moe) { (void)moe; }
-void m2a_moe_cuda_end(moea2a_moe_t moe) { (void)moe; }
-moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *inv, int64_t *d)
-{
-    (void)n, (void)ids, (void)stream, (void)inv, (void)d;
-    return no_cuda(moe->comm);
-}
-moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream)
-{
-    (void)a, (void)stream;
-    return no_cuda(moe->comm);
-}
-moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream)
-{
-    (void)stride, (void)stream;
-    return no_cuda(moe->comm);
-}
-moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)
-{
-    (void)in, (void)out, (void)stream;
-    return no_cuda(moe->comm);
-}
-void m2a_moe_cuda_wait(void *stream) { (void)stream; }
-#endif

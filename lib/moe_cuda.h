@@ -1,6 +1,7 @@
 /* The CUDA pieces both CUDA backends use (moe_cuda.c): the context's device set-up
  * around its workspace, and the kernels of the generic path's local steps. Without
- * CUDA in the build every call returns MOEA2A_ERR_UNAVAILABLE. stream: cudaStream_t. */
+ * the CUDA module begin (and free_memory) return MOEA2A_ERR_UNAVAILABLE naming it;
+ * stream: cudaStream_t. */
 #ifndef M2A_MOE_CUDA_H
 #define M2A_MOE_CUDA_H
 #include "moe.h"

@@ -39,8 +39,8 @@ static const moea2a_param_t params[] = {
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},
     {"MOEA2A_TRANSPORT_PATH", "string", MOEA2A_PKGLIBDIR,
-     "Colon-separated directories searched for transport modules (libmoea2a-<name>.so) before "
-     "the installed module directory."},
+     "Colon-separated directories searched for modules (transports libmoea2a-<name>.so, and the "
+     "CUDA module libmoea2a-cuda.so) before the installed module directory."},
     {"MOEA2A_SOCKET_IFNAME", "string", "",
      "Network interface (prefix match, e.g. \"eth\" or \"lo\") used for the TCP rendezvous. "
      "Empty: the first non-loopback IPv4 interface that is up, else loopback."},

@@ -1,8 +1,6 @@
 /* Transport modules: finding them on the search path, opening them, and setting
  * them up with the peers. */
-#include <dirent.h>
 #include <dlfcn.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,60 +8,12 @@
 
 #include "comm.h"
 #include "log.h"
+#include "cuda_loader.h"
+#include "modules.h"
 #include "params.h"
-
-#ifndef MOEA2A_PKGLIBDIR
-#define MOEA2A_PKGLIBDIR ""
-#endif
-
-#define MODULE_PREFIX "libmoea2a-"
-#define MODULE_SUFFIX ".so"
 
 /* Preferred first when nothing is asked for: the fastest path for its memory type. */
 static const char *const default_order[] = {"nccl", "ucx"};
-
-/* MOEA2A_TRANSPORT_PATH, then <dir of libmoea2a.so>/moea2a (relocated installs), then
- * the configured module directory. */
-static void search_path(char *buf, size_t len)
-{
-    const char *env = getenv("MOEA2A_TRANSPORT_PATH");
-    size_t o = (size_t)snprintf(buf, len, "%s", env && *env ? env : "");
-    Dl_info info;
-    if (dladdr((void *)search_path, &info) && info.dli_fname) {
-        char tmp[1024];
-        snprintf(tmp, sizeof(tmp), "%s", info.dli_fname);
-        o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%s/moea2a", o ? ":" : "", dirname(tmp));
-    }
-    if (o < len) snprintf(buf + o, len - o, "%s%s", o ? ":" : "", MOEA2A_PKGLIBDIR);
-}
-
-/* Calls fn for every module file on the search path, first directory first, each
- * name once. Returns the number of calls. */
-static int for_each_module(void (*fn)(const char *name, const char *path, void *arg), void *arg)
-{
-    char path[4096], seen[M2A_MAX_TRANSPORTS * 4][M2A_NAME_LEN];
-    int nseen = 0;
-    search_path(path, sizeof(path));
-    for (char *save, *dir = strtok_r(path, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-        DIR *d = opendir(dir);
-        if (!d) continue;
-        for (struct dirent *e; (e = readdir(d));) {
-            size_t n = strlen(e->d_name), pl = strlen(MODULE_PREFIX), sl = strlen(MODULE_SUFFIX);
-            if (n <= pl + sl || strncmp(e->d_name, MODULE_PREFIX, pl) || strcmp(e->d_name + n - sl, MODULE_SUFFIX))
-                continue;
-            char name[M2A_NAME_LEN], file[4096 + 256];
-            snprintf(name, sizeof(name), "%.*s", (int)(n - pl - sl), e->d_name + pl);
-            int dup = 0;
-            for (int i = 0; i < nseen; i++) dup |= !strcmp(seen[i], name);
-            if (dup || nseen == (int)(sizeof(seen) / sizeof(seen[0]))) continue;
-            snprintf(seen[nseen++], M2A_NAME_LEN, "%s", name);
-            snprintf(file, sizeof(file), "%s/%s", dir, e->d_name);
-            fn(name, file, arg);
-        }
-        closedir(d);
-    }
-    return nseen;
-}
 
 /* dlopen + symbol + ABI check; on failure *why says what went wrong. */
 static const moea2a_transport_v1_t *load_module(const char *path, void **dl, char *why, size_t len)
@@ -101,8 +51,10 @@ static void list_one(const char *name, const char *path, void *arg)
         snprintf(t->name, sizeof(t->name), "%s", name);
         snprintf(t->path, sizeof(t->path), "%s", path);
         void *dl;
-        const moea2a_transport_v1_t *ops = load_module(path, &dl, t->detail, sizeof(t->detail));
-        if (ops) {
+        const moea2a_transport_v1_t *ops;
+        if (!strcmp(name, M2A_CUDA_MODULE_NAME)) { /* not a transport: the kernels' module */
+            t->loadable = m2a_cuda_probe(path, &t->abi_version, t->detail, sizeof(t->detail));
+        } else if ((ops = load_module(path, &dl, t->detail, sizeof(t->detail)))) {
             t->loadable = 1;
             t->abi_version = ops->abi_version;
             snprintf(t->detail, sizeof(t->detail), "transport '%s', ABI v%d", ops->name, ops->abi_version);
@@ -117,7 +69,7 @@ moea2a_result_t moea2a_get_transports(moea2a_transport_info_t *infos, int max, i
     if (!count || (max > 0 && !infos) || max < 0)
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_transports: bad infos/max/count");
     list_arg_t a = {infos, max, 0};
-    for_each_module(list_one, &a);
+    m2a_modules_each(list_one, &a);
     *count = a.n;
     return MOEA2A_SUCCESS;
 }
@@ -131,7 +83,8 @@ typedef struct {
 static void collect(const char *name, const char *path, void *arg)
 {
     found_t *f = arg;
-    if (f->n >= (int)(sizeof(f->names) / sizeof(f->names[0]))) return;
+    /* the CUDA module is not a transport (cuda_loader.c loads it on demand) */
+    if (f->n >= (int)(sizeof(f->names) / sizeof(f->names[0])) || !strcmp(name, M2A_CUDA_MODULE_NAME)) return;
     snprintf(f->names[f->n], M2A_NAME_LEN, "%s", name);
     snprintf(f->paths[f->n], sizeof(f->paths[0]), "%s", path);
     f->n++;
@@ -176,7 +129,7 @@ moea2a_result_t m2a_transports_open(moea2a_comm_t comm, const char *spec)
 {
     found_t *f = calloc(1, sizeof(*f));
     if (!f) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "transport loader: out of memory");
-    for_each_module(collect, f);
+    m2a_modules_each(collect, f);
     moea2a_result_t r = MOEA2A_SUCCESS;
     int exclude = spec[0] == '^';
 
@@ -372,7 +325,7 @@ const moea2a_transport_v1_t *m2a_transport_load(const char *name, void **dl, cha
         snprintf(why, len, "out of memory");
         return NULL;
     }
-    for_each_module(collect, f);
+    m2a_modules_each(collect, f);
     int i = find(f, name);
     if (i < 0) snprintf(why, len, "no module libmoea2a-%s.so on MOEA2A_TRANSPORT_PATH or in %s", name, MOEA2A_PKGLIBDIR);
     else ops = load_module(f->paths[i], dl, why, len);

@@ -1,12 +1,17 @@
 /* Unit tests of pieces that need no peers: errors, version, datatypes, the variable
  * table and its parsers, logging, addresses, and the bootstrap ring (in threads). */
+#include "config.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include "auth.h"
 #include "bootstrap.h"
+#include "cuda_loader.h"
 #include "error.h"
 #include "log.h"
 #include "moea2a.h"
@@ -216,6 +221,74 @@ static void test_bootstrap_ring(void)
     tap_ok(fails == 0, "bootstrap ring allgather of %d x %u bytes and barrier (%d failures)", RING_N, RING_BLOCK, fails);
 }
 
+/* The CUDA module is found on the search path and loaded on first use; a file of that
+ * name that is not the module is refused with MOEA2A_ERR_UNAVAILABLE naming why, and
+ * host-memory calls never need it. Each case in a child: the loader keeps its first
+ * answer for the life of the process. */
+static int cuda_module_child(const char *path_dir, int want_loaded)
+{
+    if (path_dir) setenv("MOEA2A_TRANSPORT_PATH", path_dir, 1);
+    float x[2] = {1.0f, -3.0f}, g = 0;
+    int fails = 0;
+    /* host memory: no module involved, whatever is on the path */
+    fails += moea2a_fp4_global_scale(x, MOEA2A_FLOAT32, 2, &g, NULL) != MOEA2A_SUCCESS || g != 448.0f * 6.0f / 3.0f;
+    const moea2a_cuda_v1_t *ops = NULL;
+    moea2a_result_t r = m2a_cuda_require(NULL, "unit", &ops);
+    moea2a_transport_info_t infos[16];
+    int n = 0, listed = -1;
+    moea2a_get_transports(infos, 16, &n);
+    for (int i = 0; i < n && i < 16; i++)
+        if (!strcmp(infos[i].name, "cuda")) listed = infos[i].loadable;
+    if (want_loaded) {
+        fails += r != MOEA2A_SUCCESS || !ops || strcmp(ops->name, "cuda") || ops->abi_version != MOEA2A_CUDA_ABI_VERSION;
+        /* the module really calls the runtime: an error code has its runtime name */
+        fails += !ops || !ops->error_string(M2A_CUDA_NOT_READY) || !strstr(ops->error_string(M2A_CUDA_NOT_READY), "ready");
+        fails += listed != 1;
+    } else {
+        const char *e = moea2a_last_error(NULL);
+        fails += r != MOEA2A_ERR_UNAVAILABLE || ops || !strstr(e, "unit: CUDA memory needs moea2a's CUDA module") ||
+                 !strstr(e, MOEA2A_CUDA_SYMBOL);
+        fails += m2a_cuda_loaded() != NULL || listed != 0;
+        if (fails) printf("# child: r=%d listed=%d error: %s\n", (int)r, listed, e);
+    }
+    return fails;
+}
+
+static int run_child(const char *path_dir, int want_loaded)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) _exit(cuda_module_child(path_dir, want_loaded) ? 1 : 0);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static void test_cuda_module(void)
+{
+    const char *build = getenv("top_builddir") ? getenv("top_builddir") : ".";
+    char dir[] = "/tmp/moea2a-unit-XXXXXX", link[256], target[1024], real[4096];
+    if (!mkdtemp(dir)) {
+        tap_ok(0, "mkdtemp for the CUDA module test");
+        return;
+    }
+    /* a shared object that is not the CUDA module, under the module's file name */
+    snprintf(target, sizeof(target), "%s/lib/.libs/libmoea2a.so", build);
+    snprintf(link, sizeof(link), "%s/libmoea2a-cuda.so", dir);
+    int ok = realpath(target, real) && symlink(real, link) == 0;
+    tap_ok(ok && run_child(dir, 0),
+           "a libmoea2a-cuda.so without the module's symbol: MOEA2A_ERR_UNAVAILABLE naming it, listed as not loadable; "
+           "host-memory calls unaffected");
+    unlink(link);
+    rmdir(dir);
+#ifdef MOEA2A_HAVE_CUDA
+    tap_ok(run_child(NULL, 1), "the built CUDA module loads from the search path, ABI v%d, and answers with the runtime",
+           MOEA2A_CUDA_ABI_VERSION);
+#else
+    tap_skip("built without CUDA", "the built CUDA module loads from the search path");
+#endif
+}
+
 int main(void)
 {
     test_logging();
@@ -226,5 +299,6 @@ int main(void)
     test_addresses();
     test_auth();
     test_bootstrap_ring();
+    test_cuda_module();
     return tap_done();
 }

@@ -41,7 +41,7 @@ export LD_LIBRARY_PATH="$D/nccl/lib:/usr/local/cuda/lib64${CB:+:$CB/lib}${LD_LIB
 export PATH="/usr/local/cuda/bin:$PATH"
 tar -C "$B" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
 cd "$B"
-export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs"
+export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$B/cuda/.libs"
 {
   echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
   nvidia-smi topo -m 2>/dev/null | head -8

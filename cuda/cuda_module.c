@@ -1,0 +1,91 @@
+/* libmoea2a-cuda.so: the CUDA runtime and the kernels behind lib/cuda_module.h. The
+ * only file of moea2a, with the kernels, that sees the CUDA runtime's headers; the
+ * core reaches it through moea2a_cuda_v1 below. */
+#include "config.h"
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_module.h"
+
+_Static_assert(M2A_CUDA_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady moved");
+_Static_assert(M2A_CUDA_NOT_SUPPORTED == (int)cudaErrorNotSupported, "cudaErrorNotSupported moved");
+_Static_assert(M2A_CUDA_H2D == (int)cudaMemcpyHostToDevice && M2A_CUDA_D2H == (int)cudaMemcpyDeviceToHost,
+               "cudaMemcpyKind moved");
+
+static const char *error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
+static int clear_error(void) { return (int)cudaGetLastError(); }
+static int set_device(int device) { return (int)cudaSetDevice(device); }
+static int get_device(int *device) { return (int)cudaGetDevice(device); }
+static int sm_count(int device, int *sms)
+{
+    return (int)cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+}
+static int mem_info(size_t *free_bytes, size_t *total_bytes) { return (int)cudaMemGetInfo(free_bytes, total_bytes); }
+static int dev_malloc(void **ptr, size_t bytes) { return (int)cudaMalloc(ptr, bytes); }
+static void dev_free(void *ptr) { (void)cudaFree(ptr); }
+static int host_alloc_mapped(void **ptr, size_t bytes)
+{
+    return (int)cudaHostAlloc(ptr, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+}
+static void host_free(void *ptr) { (void)cudaFreeHost(ptr); }
+static int host_device_pointer(void **device_ptr, void *host_ptr)
+{
+    return (int)cudaHostGetDevicePointer(device_ptr, host_ptr, 0);
+}
+static int copy(void *dst, const void *src, size_t bytes, int kind)
+{
+    return (int)cudaMemcpy(dst, src, bytes, (enum cudaMemcpyKind)kind);
+}
+static int copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream)
+{
+    return (int)cudaMemcpyAsync(dst, src, bytes, (enum cudaMemcpyKind)kind, (cudaStream_t)stream);
+}
+static int set(void *ptr, int value, size_t bytes) { return (int)cudaMemset(ptr, value, bytes); }
+static int set_async(void *ptr, int value, size_t bytes, void *stream)
+{
+    return (int)cudaMemsetAsync(ptr, value, bytes, (cudaStream_t)stream);
+}
+static int device_synchronize(void) { return (int)cudaDeviceSynchronize(); }
+static int stream_query(void *stream) { return (int)cudaStreamQuery((cudaStream_t)stream); }
+static int stream_synchronize(void *stream) { return (int)cudaStreamSynchronize((cudaStream_t)stream); }
+
+#ifdef M2A_FAST_PROFILE
+#define PROFILE_REPORT m2a_fast_profile_report
+#else
+#define PROFILE_REPORT NULL
+#endif
+
+__attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
+    .name = M2A_CUDA_MODULE_NAME,
+    .abi_version = MOEA2A_CUDA_ABI_VERSION,
+    .runtime_version = CUDART_VERSION,
+    .error_string = error_string,
+    .clear_error = clear_error,
+    .set_device = set_device,
+    .get_device = get_device,
+    .sm_count = sm_count,
+    .mem_info = mem_info,
+    .malloc = dev_malloc,
+    .free = dev_free,
+    .host_alloc_mapped = host_alloc_mapped,
+    .host_free = host_free,
+    .host_device_pointer = host_device_pointer,
+    .copy = copy,
+    .copy_async = copy_async,
+    .set = set,
+    .set_async = set_async,
+    .device_synchronize = device_synchronize,
+    .stream_query = stream_query,
+    .stream_synchronize = stream_synchronize,
+    .route = m2a_cuda_route,
+    .pack = m2a_cuda_pack,
+    .sanitize = m2a_cuda_sanitize,
+    .combine = m2a_cuda_combine,
+    .fast_dispatch = m2a_fast_dispatch,
+    .fast_combine = m2a_fast_combine,
+    .fast_profile_report = PROFILE_REPORT,
+    .fp4_global_scale = m2a_cuda_fp4_global_scale,
+    .fp4_quantize = m2a_cuda_fp4_quantize,
+    .fp4_dequantize = m2a_cuda_fp4_dequantize,
+    .fp4_sf_convert = m2a_cuda_fp4_sf_convert,
+};

@@ -1,0 +1,81 @@
+/* The interface between the moea2a core and its CUDA module, libmoea2a-cuda.so
+ * (cuda/cuda_module.c plus kernels/): the CUDA runtime calls and kernel launches that
+ * the MoE and NVFP4 calls make on device memory. The core never links the CUDA
+ * runtime, so one core package serves GPU and CPU-only nodes; a call on CUDA memory
+ * loads the module on first use (m2a_cuda_require), and without it fails with
+ * MOEA2A_ERR_UNAVAILABLE naming the module.
+ *
+ * The module exports one symbol, MOEA2A_CUDA_SYMBOL, of type moea2a_cuda_v1_t. Every
+ * int-returning member returns 0 or a cudaError_t value (error_string names it). Like
+ * the transports, the module ships with the library it was built with (the kernels'
+ * parameter structs are shared headers); the version guards against a stray file. */
+#ifndef M2A_CUDA_MODULE_H
+#define M2A_CUDA_MODULE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp4_kernels.h"
+#include "moe_fast.h"
+#include "moe_kernels.h"
+
+#define MOEA2A_CUDA_ABI_VERSION 1
+#define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
+#define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
+
+/* The cudaError_t values the core tells apart (the module checks they match). */
+#define M2A_CUDA_NOT_READY 600     /* cudaErrorNotReady: stream_query, work pending */
+#define M2A_CUDA_NOT_SUPPORTED 801 /* cudaErrorNotSupported: a kernel's shape limit */
+/* cudaMemcpyKind values for copy / copy_async. */
+enum { M2A_CUDA_H2D = 1, M2A_CUDA_D2H = 2 };
+
+typedef struct moea2a_cuda_v1 {
+    const char *name; /* "cuda" */
+    int abi_version;  /* MOEA2A_CUDA_ABI_VERSION */
+    int runtime_version; /* CUDART_VERSION it was built with */
+
+    const char *(*error_string)(int err);
+    /* Returns and clears the last launch error (cudaGetLastError). */
+    int (*clear_error)(void);
+    int (*set_device)(int device);
+    int (*get_device)(int *device);
+    int (*sm_count)(int device, int *sms);
+    int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+    int (*malloc)(void **ptr, size_t bytes);
+    void (*free)(void *ptr);
+    /* Pinned host memory mapped into the device's address space (and portable). */
+    int (*host_alloc_mapped)(void **ptr, size_t bytes);
+    void (*host_free)(void *ptr);
+    int (*host_device_pointer)(void **device_ptr, void *host_ptr);
+    int (*copy)(void *dst, const void *src, size_t bytes, int kind);
+    int (*copy_async)(void *dst, const void *src, size_t bytes, int kind, void *stream);
+    int (*set)(void *ptr, int value, size_t bytes);
+    int (*set_async)(void *ptr, int value, size_t bytes, void *stream);
+    int (*device_synchronize)(void);
+    /* 0 when the stream's work is done, M2A_CUDA_NOT_READY while it runs, else an error. */
+    int (*stream_query)(void *stream);
+    int (*stream_synchronize)(void *stream);
+
+    /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h). */
+    int (*route)(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
+                 unsigned long long *stats, void *stream);
+    int (*pack)(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
+                const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send, void *stream);
+    int (*sanitize)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids, int32_t *src_index,
+                    int sanitize, int rewrite_nonlocal, void *stream);
+    int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
+                   const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
+    int (*fast_dispatch)(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
+                         const int32_t *ids, const float *weights, int phases, void *stream);
+    int (*fast_combine)(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
+                        int status, int phases, void *stream);
+    /* Prints the load/store kernels' phase means (builds with M2A_FAST_PROFILE); NULL otherwise. */
+    void (*fast_profile_report)(int rank);
+    int (*fp4_global_scale)(const void *x, moea2a_datatype_t xtype, size_t count, float *g, void *stream);
+    int (*fp4_quantize)(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q, void *sf,
+                        int layout, void *stream);
+    int (*fp4_dequantize)(const void *q, const void *sf, int layout, const float *g, size_t m, size_t k, void *out,
+                          moea2a_datatype_t otype, void *stream);
+    int (*fp4_sf_convert)(const void *src, int src_layout, void *dst, int dst_layout, size_t m, size_t k,
+                          const int32_t *counts, int stride, void *stream);
+} moea2a_cuda_v1_t;
+#endif
