@@ -88,4 +88,6 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .fp4_quantize = m2a_cuda_fp4_quantize,
     .fp4_dequantize = m2a_cuda_fp4_dequantize,
     .fp4_sf_convert = m2a_cuda_fp4_sf_convert,
+    .fp8_quantize = m2a_cuda_fp8_quantize,
+    .fp8_dequantize = m2a_cuda_fp8_dequantize,
 };

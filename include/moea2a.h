@@ -405,6 +405,35 @@ MOEA2A_API moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *d
                                                         const int32_t *recv_counts, int ep, int stride, size_t k,
                                                         void *stream);
 
+/* ---- FP8 block quantization ---------------------------------------------------------
+ * See moea2a_fp8(3): DeepSeek-V3 / DeepGEMM activations, E4M3 values with one scale per
+ * block of 128 values of a row; k must be a multiple of 128. Memory space from the
+ * pointers (all in one space); stream orders CUDA work and is ignored for host memory. */
+
+#define MOEA2A_FP8_BLOCK 128
+/* flags: power-of-two scales, one exponent byte (e + 127) each, packed four per
+ * uint32 along k; default: fp32 scales (amax / 448). */
+#define MOEA2A_FP8_UE8M0 (1u << 0)
+
+typedef enum {
+    MOEA2A_FP8_SCALES_ROW_MAJOR = 0, /* [m][k/128] (UE8M0: [m][ceil(k/512)] words) */
+    MOEA2A_FP8_SCALES_MN_MAJOR = 1   /* [k/128][m_pad], m_pad = m rounded up to 4 (UE8M0:
+                                        [ceil(k/512)][m_pad] words): what TMA-based FP8
+                                        GEMMs read */
+} moea2a_fp8_scale_layout_t;
+
+/* Bytes of the scale buffer for m rows of k values (padding included). */
+MOEA2A_API moea2a_result_t moea2a_fp8_scale_bytes(moea2a_fp8_scale_layout_t layout, unsigned flags, size_t m,
+                                                  size_t k, size_t *bytes);
+/* x [m][k] (bf16, fp16 or fp32) -> q [m][k] E4M3 codes and scales (layout, flags). */
+MOEA2A_API moea2a_result_t moea2a_fp8_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q,
+                                               void *scales, moea2a_fp8_scale_layout_t layout, unsigned flags,
+                                               void *stream);
+/* q, scales -> out [m][k] of otype (bf16, fp16 or fp32): e4m3(q) x scale. */
+MOEA2A_API moea2a_result_t moea2a_fp8_dequantize(const void *q, const void *scales, moea2a_fp8_scale_layout_t layout,
+                                                 unsigned flags, size_t m, size_t k, void *out,
+                                                 moea2a_datatype_t otype, void *stream);
+
 /* ---- transports and parameters ------------------------------------------------ */
 
 typedef struct {

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "fp4_kernels.h"
+#include "fp8_kernels.h"
 #include "moe_fast.h"
 #include "moe_kernels.h"
 
@@ -55,7 +56,7 @@ typedef struct moea2a_cuda_v1 {
     int (*stream_query)(void *stream);
     int (*stream_synchronize)(void *stream);
 
-    /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h). */
+    /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h, fp8_kernels.h). */
     int (*route)(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                  unsigned long long *stats, void *stream);
     int (*pack)(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
@@ -77,5 +78,9 @@ typedef struct moea2a_cuda_v1 {
                           moea2a_datatype_t otype, void *stream);
     int (*fp4_sf_convert)(const void *src, int src_layout, void *dst, int dst_layout, size_t m, size_t k,
                           const int32_t *counts, int stride, void *stream);
+    int (*fp8_quantize)(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales, int layout,
+                        int ue8m0, void *stream);
+    int (*fp8_dequantize)(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k, void *out,
+                          moea2a_datatype_t otype, void *stream);
 } moea2a_cuda_v1_t;
 #endif

@@ -1,5 +1,5 @@
 /* NVFP4 calls: argument checks, then the host reference loops (lib/fp4_math.h) or
- * the CUDA kernels, chosen by where the pointers live. */
+ * the CUDA kernels, chosen by where the pointers live (quant.h). */
 #include "config.h"
 
 #include <stdint.h>
@@ -10,71 +10,12 @@
 #include "error.h"
 #include "fp4_math.h"
 
-#include "cuda_loader.h"
-
-static int float_type(moea2a_datatype_t t)
-{
-    return t == MOEA2A_BFLOAT16 || t == MOEA2A_FLOAT16 || t == MOEA2A_FLOAT32;
-}
+#include "quant.h"
 
 static int layout_ok(moea2a_sf_layout_t l)
 {
     return l == MOEA2A_SF_LINEAR || l == MOEA2A_SF_128X4 || l == MOEA2A_SF_8X4;
 }
-
-static float load_f32(const void *x, moea2a_datatype_t t, size_t i)
-{
-    uint16_t h;
-    float f;
-    switch (t) {
-    case MOEA2A_BFLOAT16: memcpy(&h, (const char *)x + 2 * i, 2); return m2a_bf16_to_f32(h);
-    case MOEA2A_FLOAT16: memcpy(&h, (const char *)x + 2 * i, 2); return m2a_f16_to_f32(h);
-    default: memcpy(&f, (const char *)x + 4 * i, 4); return f;
-    }
-}
-
-static void store_f32(void *x, moea2a_datatype_t t, size_t i, float f)
-{
-    uint16_t h;
-    switch (t) {
-    case MOEA2A_BFLOAT16: h = m2a_f32_to_bf16(f); memcpy((char *)x + 2 * i, &h, 2); break;
-    case MOEA2A_FLOAT16: h = m2a_f32_to_f16(f); memcpy((char *)x + 2 * i, &h, 2); break;
-    default: memcpy((char *)x + 4 * i, &f, 4); break;
-    }
-}
-
-/* One memory space for every pointer of a call: 1 = CUDA, 0 = host, -1 = mixed. */
-static int space_of(const void *const *ptrs, int n)
-{
-    int cuda = -2;
-    for (int i = 0; i < n; i++) {
-        if (!ptrs[i]) continue;
-        int c = m2a_memtype(ptrs[i]) == MOEA2A_MEM_CUDA;
-        if (cuda != -2 && c != cuda) return -1;
-        cuda = c;
-    }
-    return cuda == 1;
-}
-
-/* CUDA memory: the CUDA module's kernel (the module loads on first use; without it
- * MOEA2A_ERR_UNAVAILABLE names it). */
-#define CUDA_OR(launch)                                                                                     \
-    do {                                                                                                   \
-        const moea2a_cuda_v1_t *ops_;                                                                      \
-        M2A_TRY(m2a_cuda_require(NULL, fn, &ops_));                                                        \
-        int e_ = ops_->launch;                                                                             \
-        return e_ ? m2a_error(NULL, MOEA2A_ERR_CUDA, "%s: %s", fn, ops_->error_string(e_)) : MOEA2A_SUCCESS; \
-    } while (0)
-
-#define CHECK_SPACE(cuda, fn) \
-    M2A_CHECK_ARG(NULL, (cuda) >= 0, "%s: all pointers must be in the same memory (host or CUDA)", fn)
-
-/* The CUDA kernels move 16-byte vectors of values and codes, and 4-byte words of
- * scales: device buffers must be aligned so (cudaMalloc gives 256 bytes). */
-#define CHECK_ALIGNED(cuda, fn, values, codes, scales)                                                        \
-    M2A_CHECK_ARG(NULL, !(cuda) || ((((uintptr_t)(values) | (uintptr_t)(codes)) & 15) == 0 &&              \
-                                    ((uintptr_t)(scales) & 3) == 0),                                       \
-                  "%s: device buffers must be 16-byte aligned (scales 4-byte aligned)", fn)
 
 /* The checks quantize and dequantize share: the type of the bf16/fp16/fp32 side
  * (named tname), whole 16-value blocks, a known scale layout. */
@@ -92,7 +33,7 @@ static moea2a_result_t check_shape(const char *fn, const char *tname, moea2a_dat
                                    moea2a_sf_layout_t layout)
 {
     size_t sf;
-    M2A_CHECK_ARG(NULL, float_type(t), "%s: %s must be bf16, fp16 or fp32", fn, tname);
+    M2A_CHECK_ARG(NULL, m2a_quant_float_type(t), "%s: %s must be bf16, fp16 or fp32", fn, tname);
     M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
     M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
     M2A_CHECK_ARG(NULL, shape_fits(layout, m, k, &sf), "%s: m=%zu x k=%zu overflows a size", fn, m, k);
@@ -111,17 +52,17 @@ moea2a_result_t moea2a_fp4_global_scale(const void *x, moea2a_datatype_t xtype, 
 {
     static const char fn[] = "moea2a_fp4_global_scale";
     M2A_CHECK_ARG(NULL, g && (x || count == 0), "%s: x and g must not be NULL", fn);
-    M2A_CHECK_ARG(NULL, float_type(xtype), "%s: xtype must be bf16, fp16 or fp32", fn);
+    M2A_CHECK_ARG(NULL, m2a_quant_float_type(xtype), "%s: xtype must be bf16, fp16 or fp32", fn);
     size_t bytes;
     M2A_CHECK_ARG(NULL, m2a_mul_ok(count, 4, &bytes), "%s: count=%zu overflows a size", fn, count);
     const void *p[2] = {x, g};
-    int cuda = space_of(p, 2);
-    CHECK_SPACE(cuda, fn);
-    if (cuda) CUDA_OR(fp4_global_scale(x, xtype, count, g, stream));
+    int cuda = m2a_quant_space(p, 2);
+    M2A_QUANT_CHECK_SPACE(cuda, fn);
+    if (cuda) M2A_QUANT_CUDA_OR(fp4_global_scale(x, xtype, count, g, stream));
     /* amax by the bits of |x|: NaN ranks above inf, as on the device */
     uint32_t amax = 0;
     for (size_t i = 0; i < count; i++) {
-        uint32_t a = m2a_f32_bits(load_f32(x, xtype, i)) & 0x7fffffffu;
+        uint32_t a = m2a_f32_bits(m2a_quant_load(x, xtype, i)) & 0x7fffffffu;
         amax = a > amax ? a : amax;
     }
     *g = amax == 0 ? 1.0f : (M2A_E4M3_MAX * 6.0f) / m2a_bits_f32(amax);
@@ -135,18 +76,18 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
     M2A_CHECK_ARG(NULL, (x && q && sf && g) || m == 0, "%s: x, g, q and sf must not be NULL", fn);
     M2A_TRY(check_shape(fn, "xtype", xtype, m, k, layout));
     const void *p[4] = {x, g, q, sf};
-    int cuda = space_of(p, 4);
-    CHECK_SPACE(cuda, fn);
+    int cuda = m2a_quant_space(p, 4);
+    M2A_QUANT_CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
-    CHECK_ALIGNED(cuda, fn, x, q, sf);
-    if (cuda) CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
+    M2A_QUANT_CHECK_ALIGNED(cuda, fn, x, q, sf);
+    if (cuda) M2A_QUANT_CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
     size_t kb_n = k / 16;
     unsigned char *sfb = sf, *qb = q;
     memset(sfb, 0, m2a_sf_bytes((int)layout, m, kb_n)); /* padding of the tiled layouts */
     float block[M2A_FP4_BLOCK];
     for (size_t r = 0; r < m; r++)
         for (size_t kb = 0; kb < kb_n; kb++) {
-            for (int i = 0; i < M2A_FP4_BLOCK; i++) block[i] = load_f32(x, xtype, r * k + kb * 16 + (size_t)i);
+            for (int i = 0; i < M2A_FP4_BLOCK; i++) block[i] = m2a_quant_load(x, xtype, r * k + kb * 16 + (size_t)i);
             sfb[m2a_sf_offset((int)layout, r, kb, kb_n)] = m2a_fp4_block(block, *g, qb + r * (k / 2) + kb * 8);
         }
     return MOEA2A_SUCCESS;
@@ -159,11 +100,11 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
     M2A_CHECK_ARG(NULL, (q && sf && g && out) || m == 0, "%s: q, sf, g and out must not be NULL", fn);
     M2A_TRY(check_shape(fn, "otype", otype, m, k, layout));
     const void *p[4] = {q, sf, g, out};
-    int cuda = space_of(p, 4);
-    CHECK_SPACE(cuda, fn);
+    int cuda = m2a_quant_space(p, 4);
+    M2A_QUANT_CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
-    CHECK_ALIGNED(cuda, fn, out, q, sf);
-    if (cuda) CUDA_OR(fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
+    M2A_QUANT_CHECK_ALIGNED(cuda, fn, out, q, sf);
+    if (cuda) M2A_QUANT_CUDA_OR(fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
     size_t kb_n = k / 16;
     float inv_g = 1.0f / *g;
     const unsigned char *qb = q, *sfb = sf;
@@ -173,7 +114,7 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
             for (int i = 0; i < M2A_FP4_BLOCK; i++) {
                 unsigned char byte = qb[r * (k / 2) + kb * 8 + (size_t)i / 2];
                 uint8_t code = (uint8_t)(i % 2 ? byte >> 4 : byte & 15);
-                store_f32(out, otype, r * k + kb * 16 + (size_t)i, m2a_fp4_value(code, s, inv_g));
+                m2a_quant_store(out, otype, r * k + kb * 16 + (size_t)i, m2a_fp4_value(code, s, inv_g));
             }
         }
     return MOEA2A_SUCCESS;
@@ -203,10 +144,10 @@ moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_la
                   "%s: m=%zu x k=%zu overflows a size", fn, m, k);
     M2A_CHECK_ARG(NULL, src != dst || src_layout == dst_layout, "%s: cannot convert in place", fn);
     const void *p[2] = {src, dst};
-    int cuda = space_of(p, 2);
-    CHECK_SPACE(cuda, fn);
+    int cuda = m2a_quant_space(p, 2);
+    M2A_QUANT_CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
-    if (cuda) CUDA_OR(fp4_sf_convert(src, (int)src_layout, dst, (int)dst_layout, m, k, NULL, 0, stream));
+    if (cuda) M2A_QUANT_CUDA_OR(fp4_sf_convert(src, (int)src_layout, dst, (int)dst_layout, m, k, NULL, 0, stream));
     convert_host(src, (int)src_layout, dst, (int)dst_layout, m, k / 16, NULL, 0);
     return MOEA2A_SUCCESS;
 }
@@ -222,9 +163,9 @@ moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *dst, moea2a_
     size_t m = (size_t)ep * (size_t)stride, sf;
     M2A_CHECK_ARG(NULL, shape_fits(dst_layout, m, k, &sf), "%s: ep x stride x k overflows a size", fn);
     const void *p[3] = {src, dst, recv_counts};
-    int cuda = space_of(p, 3);
-    CHECK_SPACE(cuda, fn);
-    if (cuda) CUDA_OR(fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
+    int cuda = m2a_quant_space(p, 3);
+    M2A_QUANT_CHECK_SPACE(cuda, fn);
+    if (cuda) M2A_QUANT_CUDA_OR(fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
     convert_host(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k / 16, recv_counts, stride);
     return MOEA2A_SUCCESS;
 }

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "mix.h"
+
 /* Counted in a child, so the test process never initializes CUDA before forking ranks. */
 static inline int gpu_count(void)
 {
@@ -20,11 +22,4 @@ static inline int gpu_count(void)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
 }
 
-static inline uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 #endif

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "local_ranks.h"
+#include "oracle_e4m3.h"
 #include "moea2a.h"
+#include "mix.h"
 #include "tap.h"
 
 /* ---- the oracle ----------------------------------------------------------------- */
@@ -26,32 +28,6 @@ static unsigned oracle_e2m1(float v)
         if (d < db || (d == db && c % 2 == 0)) best = c;
     }
     return best | (signbit(v) ? 8u : 0u);
-}
-
-static double e4m3_value(unsigned code) /* 0..0x7e, positive */
-{
-    unsigned e = code >> 3, m = code & 7;
-    return e == 0 ? m / 512.0 : ldexp(1.0 + m / 8.0, (int)e - 7);
-}
-
-/* nearest finite E4M3 (ties to the even code), saturating at 448; NaN -> 0x7f */
-static unsigned oracle_e4m3(float f)
-{
-    if (isnan(f)) return 0x7f;
-    double a = fabs((double)f);
-    unsigned best = 0;
-    for (unsigned c = 1; c <= 0x7e; c++) {
-        double d = fabs(a - e4m3_value(c)), db = fabs(a - e4m3_value(best));
-        if (d < db || (d == db && c % 2 == 0)) best = c;
-    }
-    return best | (signbit(f) ? 0x80u : 0u);
-}
-
-static float oracle_e4m3_float(unsigned code)
-{
-    if ((code & 0x7f) == 0x7f) return NAN;
-    float v = (float)e4m3_value(code & 0x7f);
-    return code & 0x80 ? -v : v;
 }
 
 /* one block, the formula of moea2a_fp4(3) with the oracle's conversions */
@@ -174,14 +150,6 @@ static void test_hand_vectors(void)
 }
 
 /* ---- random data, every input type and layout -------------------------------------- */
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static void test_random(void)
 {

@@ -531,6 +531,53 @@ static int fp4_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* FP8 block quantization on the device equals the host reference bit for bit (the host
+ * is held to the oracle in tests/test_fp8.c): bf16, fp16 and fp32 inputs with NaN, inf,
+ * zero and tiny blocks; both layouts and both scale kinds, padding included; dequantize. */
+static int fp8_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    (void)n, (void)id;
+    int fails = 0;
+    if (use_device(rank, *(int *)arg)) return 1;
+    static const moea2a_datatype_t types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
+    for (int round = 0; round < 12; round++) {
+        size_t m = 1 + (size_t)(mix((uint64_t)round + 7) % 300), k = 128 * (1 + (size_t)(mix((uint64_t)round + 77) % 60));
+        moea2a_datatype_t t = types[round % 3];
+        moea2a_fp8_scale_layout_t layout = (moea2a_fp8_scale_layout_t)((round / 3) % 2);
+        unsigned flags = (round / 6) % 2 ? MOEA2A_FP8_UE8M0 : 0;
+        size_t es, sb;
+        moea2a_datatype_size(t, &es);
+        moea2a_fp8_scale_bytes(layout, flags, m, k, &sb);
+        unsigned char *x = malloc(m * k * es);
+        for (size_t i = 0; i < m * k * es; i += 2) { /* random patterns; some blocks zero, some non-finite */
+            uint16_t h = (uint16_t)mix((uint64_t)round * 1000003 + i);
+            if (t != MOEA2A_FLOAT32) h &= (uint16_t)(i % 8192 == 0 ? 0xffff : 0xbfff);
+            if ((i / (128 * es)) % 11 == 3) h = 0;
+            memcpy(x + i, &h, 2);
+        }
+        unsigned char *hq = malloc(m * k), *hs = malloc(sb), *dq_h = malloc(m * k), *ds_h = malloc(sb);
+        moea2a_fp8_quantize(x, t, m, k, hq, hs, layout, flags, NULL);
+        void *dx = to_device(x, m * k * es), *dq, *ds, *dout;
+        cudaMalloc(&dq, m * k), cudaMalloc(&ds, sb), cudaMalloc(&dout, m * k * 4);
+        cudaMemset(ds, 0xAB, sb); /* padding must be written */
+        moea2a_result_t r = moea2a_fp8_quantize(dx, t, m, k, dq, ds, layout, flags, NULL);
+        cudaDeviceSynchronize();
+        cudaMemcpy(dq_h, dq, m * k, cudaMemcpyDeviceToHost), cudaMemcpy(ds_h, ds, sb, cudaMemcpyDeviceToHost);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(hq, dq_h, m * k) && !memcmp(hs, ds_h, sb),
+                    "fp8 quantize %s %zux%zu layout %d flags %u: device differs from host (%s)", moea2a_datatype_name(t),
+                    m, k, (int)layout, flags, moea2a_last_error(NULL));
+        unsigned char *hout = malloc(m * k * es), *dout_h = malloc(m * k * es);
+        moea2a_fp8_dequantize(hq, hs, layout, flags, m, k, hout, t, NULL);
+        r = moea2a_fp8_dequantize(dq, ds, layout, flags, m, k, dout, t, NULL);
+        cudaMemcpy(dout_h, dout, m * k * es, cudaMemcpyDeviceToHost);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(hout, dout_h, m * k * es), "fp8 dequantize %s differs",
+                    moea2a_datatype_name(t));
+        cudaFree(dx), cudaFree(dq), cudaFree(ds), cudaFree(dout);
+        free(x), free(hq), free(hs), free(dq_h), free(ds_h), free(hout), free(dout_h);
+    }
+    return fails;
+}
+
 /* ---- a dead peer on CUDA memory ---------------------------------------------------- */
 
 typedef struct {
@@ -639,6 +686,8 @@ int main(void)
     local_ranks_result_t res;
     local_ranks_run(1, fp4_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "NVFP4 quantize, dequantize, global scale and scale layouts: device equals host bit for bit");
+    local_ranks_run(1, fp8_rank, &ndev, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "FP8 block quantize and dequantize, both layouts and scale kinds: device equals host bit for bit");
     int n = ndev >= 2 ? 2 : 1;
     local_ranks_run(n, adopt_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "moea2a_comm_init_nccl adopts a caller's NCCL communicator (%d GPU(s))", n);

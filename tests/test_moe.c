@@ -15,19 +15,13 @@
 
 #include "local_ranks.h"
 #include "moea2a.h"
+#include "mix.h"
 #include "tap.h"
 
 #define WATCHDOG 300.0
 
 /* ---- deterministic inputs --------------------------------------------------------- */
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 static uint64_t rnd(uint64_t *s) { return *s = mix(*s); }
 static int urand(uint64_t *s, int lo, int hi) { return lo + (int)(rnd(s) % (uint64_t)(hi - lo + 1)); }
 

@@ -71,7 +71,7 @@ static int perf_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         fprintf(stderr, "moea2a_perf: rank %d: communicator: %s: %s\n", rank, moea2a_strerror(r), moea2a_last_error(NULL));
         return 1;
     }
-    int rc = o->op == OP_MOE ? perf_moe(comm, o, &mem) : o->op == OP_FP4 ? perf_fp4(comm, o, &mem) : perf_coll(comm, o);
+    int rc = o->op == OP_MOE ? perf_moe(comm, o, &mem) : o->op == OP_FP4 || o->op == OP_FP8 ? perf_quant(comm, o, &mem) : perf_coll(comm, o);
     perf_mem_close(&mem);
     r = moea2a_comm_destroy(comm);
     if (r != MOEA2A_SUCCESS && rc == 0) {
@@ -126,9 +126,10 @@ static void usage(FILE *f)
             "  -d, --dtype T        int8 uint8 int32 int64 fp16 bf16 fp32 fp8_e4m3 nvfp4\n"
             "                       (default int32; with --moe, the payload dtype, default bf16)\n"
             "generic collectives:\n"
-            "  -o, --op OP          alltoallv (default), allgather, bcast; fp4: NVFP4 quantize and\n"
-            "                       dequantize of --rows x --hidden bf16 next to a copy of it\n"
-            "  -r, --rows M         rows for --op fp4 (default 16384)\n"
+            "  -o, --op OP          alltoallv (default), allgather, bcast; fp4 / fp8: NVFP4 / FP8\n"
+            "                       block quantize and dequantize of --rows x --hidden bf16 next to\n"
+            "                       a copy of it (fp8: fp32 and UE8M0 scales)\n"
+            "  -r, --rows M         rows for --op fp4 and fp8 (default 16384)\n"
             "  -b, --minbytes B     smallest size per rank, bytes (K/M/G suffixes; default 1K)\n"
             "  -e, --maxbytes B     largest size per rank (default 16M)\n"
             "  -f, --stepfactor F   size multiplier (default 2)\n"
@@ -177,6 +178,7 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "bcast")) o.op = OP_BCAST;
             else if (!strcmp(optarg, "moe")) o.op = OP_MOE;
             else if (!strcmp(optarg, "fp4")) o.op = OP_FP4;
+            else if (!strcmp(optarg, "fp8")) o.op = OP_FP8;
             else { usage(stderr); return 2; }
             break;
         case 'b': o.min_bytes = parse_size(optarg); break;
@@ -212,9 +214,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "moea2a_perf: need hidden, topk, experts >= 1 and 0 <= skew <= 1\n");
             return 2;
         }
-    } else if (o.op == OP_FP4) {
-        if (o.fp4_rows < 1 || o.hidden < 16 || o.hidden % 16) {
-            fprintf(stderr, "moea2a_perf --op fp4: need --rows >= 1 and --hidden a multiple of 16\n");
+    } else if (o.op == OP_FP4 || o.op == OP_FP8) {
+        const int block = o.op == OP_FP8 ? 128 : 16;
+        if (o.fp4_rows < 1 || o.hidden < block || o.hidden % block) {
+            fprintf(stderr, "moea2a_perf --op %s: need --rows >= 1 and --hidden a multiple of %d\n",
+                    o.op == OP_FP8 ? "fp8" : "fp4", block);
             return 2;
         }
     } else if (o.factor < 2 || o.min_bytes > o.max_bytes || o.min_bytes == 0) {

@@ -7,7 +7,7 @@
 #include "moea2a.h"
 #include "perf_mem.h"
 
-typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE, OP_FP4 } perf_op_t;
+typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE, OP_FP4, OP_FP8 } perf_op_t;
 
 #define PERF_MAX_TOKEN_SIZES 16
 
@@ -21,7 +21,7 @@ typedef struct {
     int tokens[PERF_MAX_TOKEN_SIZES], ntokens;
     int hidden, topk, experts, baseline, weights;
     double skew; /* probability that an expert is drawn from rank 0's experts */
-    int fp4_rows; /* --op fp4: M (K is --hidden) */
+    int fp4_rows; /* --op fp4 / fp8: M (K is --hidden) */
     int sms[PERF_MAX_TOKEN_SIZES], nsms; /* --sms: SM budgets (num_sms) to run each size at */
     int split;                          /* --split: the split halves, and their overlap with a GEMM */
 } perf_opts_t;
@@ -33,5 +33,6 @@ moea2a_result_t perf_reduce(moea2a_comm_t comm, double t, double v, double *tmax
 /* Exit status: 0 ok, 1 error, 3 wrong values. */
 int perf_coll(moea2a_comm_t comm, const perf_opts_t *o);
 int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
-int perf_fp4(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
+/* --op fp4 and fp8 */
+int perf_quant(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
 #endif

@@ -1,0 +1,19 @@
+/* CUDA kernels of the FP8 block quantization calls (lib/fp8.c checks the arguments).
+ * Each returns 0 or the cudaError_t of its launch. layout: 0 row-major, 1 MN-major. */
+#ifndef M2A_FP8_KERNELS_H
+#define M2A_FP8_KERNELS_H
+#include <stddef.h>
+
+#include "moea2a.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
+                          int layout, int ue8m0, void *stream);
+int m2a_cuda_fp8_dequantize(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k, void *out,
+                            moea2a_datatype_t otype, void *stream);
+#ifdef __cplusplus
+}
+#endif
+#endif

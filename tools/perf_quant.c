@@ -1,0 +1,157 @@
+/* moea2a_perf --op fp4 | fp8: quantize and dequantize of an M x K bf16 tensor, next to a
+ * plain copy of the same tensor measured in the same run (the device-memory ceiling).
+ * One table row per variant of the format (NVFP4 with 128x4 scales; FP8 with fp32 and
+ * with UE8M0 scales, MN-major as FP8 GEMMs read them). Bytes count every byte read
+ * and written once. One checked round compares each variant's output with the host
+ * reference (#wrong: bytes that differ). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf.h"
+#include "perf_mem.h"
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    return x ^ (x >> 31);
+}
+
+/* One variant of a format: its buffers' sizes and its two calls. g is the NVFP4 global
+ * scale (in the memory of the call; unused by FP8). */
+typedef struct {
+    const char *name;
+    size_t (*code_bytes)(size_t M, size_t K);
+    size_t (*scale_bytes)(size_t M, size_t K);
+    moea2a_result_t (*quantize)(const void *x, size_t M, size_t K, const float *g, void *q, void *s, void *stream);
+    moea2a_result_t (*dequantize)(const void *q, const void *s, const float *g, size_t M, size_t K, void *out,
+                                  void *stream);
+} variant_t;
+
+static size_t fp4_codes(size_t M, size_t K) { return M * K / 2; }
+static size_t fp4_scales(size_t M, size_t K)
+{
+    size_t b = 0;
+    moea2a_fp4_sf_bytes(MOEA2A_SF_128X4, M, K, &b);
+    return b;
+}
+static moea2a_result_t fp4_q(const void *x, size_t M, size_t K, const float *g, void *q, void *s, void *st)
+{
+    return moea2a_fp4_quantize(x, MOEA2A_BFLOAT16, M, K, g, q, s, MOEA2A_SF_128X4, st);
+}
+static moea2a_result_t fp4_d(const void *q, const void *s, const float *g, size_t M, size_t K, void *out, void *st)
+{
+    return moea2a_fp4_dequantize(q, s, MOEA2A_SF_128X4, g, M, K, out, MOEA2A_BFLOAT16, st);
+}
+
+static size_t fp8_codes(size_t M, size_t K) { return M * K; }
+#define FP8_VARIANT(tag, flags)                                                                                   \
+    static size_t fp8_scales_##tag(size_t M, size_t K)                                                          \
+    {                                                                                                           \
+        size_t b = 0;                                                                                           \
+        moea2a_fp8_scale_bytes(MOEA2A_FP8_SCALES_MN_MAJOR, flags, M, K, &b);                                    \
+        return b;                                                                                               \
+    }                                                                                                           \
+    static moea2a_result_t fp8_q_##tag(const void *x, size_t M, size_t K, const float *g, void *q, void *s,      \
+                                       void *st)                                                                \
+    {                                                                                                           \
+        (void)g;                                                                                                \
+        return moea2a_fp8_quantize(x, MOEA2A_BFLOAT16, M, K, q, s, MOEA2A_FP8_SCALES_MN_MAJOR, flags, st);      \
+    }                                                                                                           \
+    static moea2a_result_t fp8_d_##tag(const void *q, const void *s, const float *g, size_t M, size_t K,         \
+                                       void *out, void *st)                                                     \
+    {                                                                                                           \
+        (void)g;                                                                                                \
+        return moea2a_fp8_dequantize(q, s, MOEA2A_FP8_SCALES_MN_MAJOR, flags, M, K, out, MOEA2A_BFLOAT16, st);  \
+    }
+FP8_VARIANT(f32, 0)
+FP8_VARIANT(ue8m0, MOEA2A_FP8_UE8M0)
+
+static const variant_t fp4_variants[] = {{"nvfp4", fp4_codes, fp4_scales, fp4_q, fp4_d}};
+static const variant_t fp8_variants[] = {{"fp8", fp8_codes, fp8_scales_f32, fp8_q_f32, fp8_d_f32},
+                                         {"fp8-ue8m0", fp8_codes, fp8_scales_ue8m0, fp8_q_ue8m0, fp8_d_ue8m0}};
+
+static void row(const char *op, const char *variant, double bytes, double t, double copy_bw, const char *wrong)
+{
+    char name[40];
+    snprintf(name, sizeof(name), "%s%s%s", op, *variant ? " " : "", variant);
+    double bw = bytes / t / 1e9;
+    printf("  %-22s %14.0f %10.2f %10.1f %9.1f%% %7s\n", name, bytes, t * 1e6, bw,
+           copy_bw > 0 ? 100.0 * bw / copy_bw : 100.0, wrong);
+}
+
+int perf_quant(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
+{
+    int rank;
+    moea2a_comm_rank(comm, &rank);
+    if (rank != 0) return 0; /* a single-device benchmark */
+    const int fp8 = o->op == OP_FP8;
+    const variant_t *vs = fp8 ? fp8_variants : fp4_variants;
+    const int nv = fp8 ? 2 : 1;
+    const char *op = fp8 ? "fp8" : "fp4";
+    size_t M = (size_t)o->fp4_rows, K = (size_t)o->hidden, n = M * K;
+    uint16_t *hx = malloc(2 * n);
+    if (!hx) return fprintf(stderr, "moea2a_perf --op %s: out of memory\n", op), 1;
+    for (size_t i = 0; i < n; i++) { /* finite bf16 values over a wide range */
+        uint16_t h = (uint16_t)mix(i);
+        hx[i] = (uint16_t)((h & 0x807f) | (0x3800 + (h >> 4 & 0x07ff) % 0x0700));
+    }
+    void *x = perf_alloc(m, 2 * n), *x2 = perf_alloc(m, 2 * n);
+    float *g = perf_alloc(m, sizeof(float)), hg = 1.0f;
+    if (!x || !x2 || !g) return fprintf(stderr, "moea2a_perf --op %s: out of device memory\n", op), 1;
+    perf_upload(m, x, hx, 2 * n);
+    if (!fp8) moea2a_fp4_global_scale(hx, MOEA2A_BFLOAT16, n, &hg, NULL);
+    perf_upload(m, g, &hg, sizeof(hg));
+    printf("# moea2a_perf --op %s: %zu x %zu bf16, %s memory, %d iterations (%d warm-up)%s\n", op, M, K,
+           m->cuda ? "cuda" : "host", o->iters, o->warmup, fp8 ? "; scales MN-major" : "; scales 128x4");
+    printf("#\n# %-22s %14s %10s %10s %10s %7s\n", "op", "bytes", "time(us)", "GB/s", "of copy", "#wrong");
+    /* the copy first: the ceiling every row is compared with */
+    for (int it = 0; it < o->warmup; it++) perf_copy(m, x2, x, 2 * n);
+    perf_mark(m, 0);
+    for (int it = 0; it < o->iters; it++) perf_copy(m, x2, x, 2 * n);
+    perf_mark(m, 1);
+    double copy_bytes = 4.0 * (double)n, t_copy = perf_span(m, 0, 1) / o->iters, copy_bw = copy_bytes / t_copy / 1e9;
+    row("copy", "", copy_bytes, t_copy, copy_bw, "");
+    long wrong_all = 0;
+    for (int v = 0; v < nv; v++) {
+        const variant_t *V = &vs[v];
+        size_t cb = V->code_bytes(M, K), sb = V->scale_bytes(M, K);
+        void *q = perf_alloc(m, cb), *s = perf_alloc(m, sb);
+        unsigned char *hq = malloc(cb), *hs = malloc(sb), *cq = malloc(cb), *cs = malloc(sb);
+        if (!q || !s || !hq || !hs || !cq || !cs) return fprintf(stderr, "moea2a_perf --op %s: out of memory\n", op), 1;
+        /* checked round: device (or host) against the host reference */
+        long wrong = 0;
+        V->quantize(hx, M, K, &hg, hq, hs, NULL);
+        if (V->quantize(x, M, K, g, q, s, m->stream) != MOEA2A_SUCCESS)
+            return fprintf(stderr, "%s quantize: %s\n", V->name, moea2a_last_error(NULL)), 1;
+        perf_download(m, cq, q, cb);
+        perf_download(m, cs, s, sb);
+        for (size_t i = 0; i < cb; i++) wrong += cq[i] != hq[i];
+        for (size_t i = 0; i < sb; i++) wrong += cs[i] != hs[i];
+        /* each call iters times back to back after its warm-up, timed by events on the
+         * stream (launch gaps included, host round trips not) */
+        for (int it = 0; it < o->warmup; it++) {
+            V->quantize(x, M, K, g, q, s, m->stream);
+            V->dequantize(q, s, g, M, K, x2, m->stream);
+        }
+        perf_mark(m, 0);
+        for (int it = 0; it < o->iters; it++) V->quantize(x, M, K, g, q, s, m->stream);
+        perf_mark(m, 1);
+        for (int it = 0; it < o->iters; it++) V->dequantize(q, s, g, M, K, x2, m->stream);
+        perf_mark(m, 2);
+        double t_q = perf_span(m, 0, 1) / o->iters, t_d = perf_span(m, 1, 2) / o->iters;
+        double bytes = 2.0 * (double)n + (double)cb + (double)sb;
+        char w[24];
+        snprintf(w, sizeof(w), "%ld", wrong);
+        row("quantize", V->name, bytes, t_q, copy_bw, w);
+        row("dequantize", V->name, bytes, t_d, copy_bw, "");
+        wrong_all += wrong;
+        perf_free(m, q), perf_free(m, s);
+        free(hq), free(hs), free(cq), free(cs);
+    }
+    printf("# Out of bounds values : %d %s\n", wrong_all > 0, wrong_all ? "FAILED" : "OK");
+    perf_free(m, x), perf_free(m, x2), perf_free(m, g);
+    free(hx);
+    return wrong_all ? 3 : 0;
+}
