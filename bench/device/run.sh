@@ -20,7 +20,10 @@
 # each of those settings, e.g. FLOORS="48:64:14336:3". NETWORK=0 skips the run with
 # NCCL forced onto its network transport (as ranks on two nodes see each other): the
 # GPU test and moea2a_perf --check 1 on the default path, which must fall back to the
-# generic path (done in every run unless turned off).
+# generic path (done in every run unless turned off). With a base tarball staged
+# (prepare.sh BASE=<rev>), the A/B block builds it too and runs the same benchmarks
+# with both builds, alternating, AB_ROUNDS times (default 3): AB_RANKS GPUs (default
+# 2), AB_TOKENS (default 128,4096), and --op fp4 on one GPU; AB=0 skips it.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -108,9 +111,32 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     MOEA2A_DEBUG=TRACE MOEA2A_DEBUG_SUBSYS=MOE timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "$PHASES" \
         --tokens 4096 --iters 3 --warmup 2 --check 0 2>&1 | grep -E "phases" | tail -8
   fi
+  base_tar=$(ls "$K"/base/moea2a-*.tar.gz 2>/dev/null | head -1)
+  if [ -n "$base_tar" ] && [ "${AB:-1}" != 0 ]; then
+    BB=/tmp/moea2a-base-build; rm -rf "$BB"; mkdir -p "$BB"
+    tar -C "$BB" -xzf "$base_tar" --strip-components=1
+    if (cd "$BB" && ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" \
+          --with-ucx="$D/ucx/usr" && make -j16) >"$OUT/build-base.log" 2>&1; then
+      echo "== A/B: base $(basename "$base_tar") vs this build, ${AB_RANKS:-2} GPUs, alternating ${AB_ROUNDS:-3} rounds"
+      for round in $(seq 1 "${AB_ROUNDS:-3}"); do
+        for tree in "$BB" "$B"; do
+          tag=new; [ "$tree" = "$BB" ] && tag=base
+          tp="$tree/transports/ucx/.libs:$tree/transports/nccl/.libs:$tree/cuda/.libs"
+          MOEA2A_TRANSPORT_PATH="$tp" timeout 200 "$tree/tools/moea2a_perf" --moe --mem cuda --ranks "${AB_RANKS:-2}" \
+              --tokens "${AB_TOKENS:-128,4096}" --iters "${ITERS:-30}" --warmup 10 2>&1 |
+            grep -E "^ +[0-9]+ (dispatch|combine|roundtrip)" | sed "s/^/  $tag r$round /"
+          MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$tree/tools/moea2a_perf" --op fp4 --mem cuda --ranks 1 --rows 16384 \
+              --hidden 7168 --iters 20 2>&1 | grep -E "^ +(copy|quantize|dequantize)" | sed "s/^/  $tag r$round /"
+        done
+      done
+    else
+      echo "== A/B: the base build failed"; tail -15 "$OUT/build-base.log"
+    fi
+  fi
   [ "${BENCH:-1}" = 0 ] && exit 0
-  echo "== NVFP4 quantize/dequantize vs copy, 1 GPU"
+  echo "== NVFP4 and FP8 quantize/dequantize vs copy, 1 GPU"
   timeout 120 ./tools/moea2a_perf --op fp4 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
+  timeout 120 ./tools/moea2a_perf --op fp8 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
   echo "== NVFP4 dispatch next to bf16, 4096 tokens, ${FP4RANKS:-4} GPUs"
   for dt in bf16 nvfp4; do
     timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" --tokens 4096 --dtype $dt --iters "${ITERS:-30}" \
