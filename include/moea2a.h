@@ -216,6 +216,21 @@ typedef struct {
     size_t elems_per_token;
 } moea2a_payload_desc_t;
 
+/* Quantize on dispatch (moea2a_moe(3)): how payload i travels. A quantized payload is
+ * given in bf16, fp16 or fp32 and quantized once per token on the sending rank; the
+ * receiver gets its codes and scales. */
+typedef enum {
+    MOEA2A_WIRE_AS_IS = 0, /* the payload's own bytes (default) */
+    MOEA2A_WIRE_FP8 = 1,   /* FP8 block-scaled, moea2a_fp8(3): elems_per_token % 128 == 0 */
+    MOEA2A_WIRE_NVFP4 = 2  /* NVFP4, moea2a_fp4(3): elems_per_token % 16 == 0 */
+} moea2a_wire_format_t;
+
+typedef struct {
+    moea2a_wire_format_t format;
+    int scale_layout; /* FP8: a moea2a_fp8_scale_layout_t; NVFP4: a moea2a_sf_layout_t */
+    unsigned flags;   /* FP8: MOEA2A_FP8_UE8M0 or 0; NVFP4: 0 */
+} moea2a_wire_t;
+
 typedef struct {
     size_t size;          /* sizeof(moea2a_moe_config_t) */
     unsigned int version; /* MOEA2A_VERSION_CODE */
@@ -232,6 +247,7 @@ typedef struct {
     unsigned int flags;   /* MOEA2A_MOE_* */
     moea2a_memory_t memory;
     int num_sms;          /* load/store path: SMs per kernel; 0 = MOEA2A_NUM_SMS (default 48) */
+    moea2a_wire_t wire[MOEA2A_MOE_MAX_PAYLOADS]; /* per payload; zero (as is) by default */
 } moea2a_moe_config_t;
 
 #define MOEA2A_MOE_CONFIG_INITIALIZER                                                          \
@@ -292,6 +308,16 @@ typedef struct {
      * their bytes on the wire (payload rows, ids, weights, source index); its combine
      * brings as many rows back. 0 when every rank is on one node. */
     int64_t internode_rows, internode_bytes;
+    /* Quantized payloads (config wire[i] not as is): payloads[i] holds the codes
+     * ([ep][stride][elems] E4M3 bytes, or [ep][stride][elems/2] packed NVFP4) and
+     * payload_row_bytes[i] their bytes per row; payload_scales[i] the scales in the
+     * wire's layout (FP8: one block per source rank, of stride rows; NVFP4: over the
+     * ep x stride rows), payload_scale_bytes[i] their bytes at this stride, padding
+     * rows' scales 0; payload_global_scales[i] (NVFP4) float[ep], each source rank's
+     * global scale (0 where it sent nothing). NULL / 0 for payloads sent as is. */
+    void *payload_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t payload_scale_bytes[MOEA2A_MOE_MAX_PAYLOADS];
+    const float *payload_global_scales[MOEA2A_MOE_MAX_PAYLOADS];
 } moea2a_dispatch_result_t;
 
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }

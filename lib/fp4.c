@@ -11,6 +11,7 @@
 #include "fp4_math.h"
 
 #include "quant.h"
+#include "quant_host.h"
 
 static int layout_ok(moea2a_sf_layout_t l)
 {
@@ -59,13 +60,7 @@ moea2a_result_t moea2a_fp4_global_scale(const void *x, moea2a_datatype_t xtype, 
     int cuda = m2a_quant_space(p, 2);
     M2A_QUANT_CHECK_SPACE(cuda, fn);
     if (cuda) M2A_QUANT_CUDA_OR(fp4_global_scale(x, xtype, count, g, stream));
-    /* amax by the bits of |x|: NaN ranks above inf, as on the device */
-    uint32_t amax = 0;
-    for (size_t i = 0; i < count; i++) {
-        uint32_t a = m2a_f32_bits(m2a_quant_load(x, xtype, i)) & 0x7fffffffu;
-        amax = a > amax ? a : amax;
-    }
-    *g = amax == 0 ? 1.0f : (M2A_E4M3_MAX * 6.0f) / m2a_bits_f32(amax);
+    *g = m2a_fp4_global_scale_host(x, xtype, count);
     return MOEA2A_SUCCESS;
 }
 
@@ -81,15 +76,7 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     M2A_QUANT_CHECK_ALIGNED(cuda, fn, x, q, sf);
     if (cuda) M2A_QUANT_CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
-    size_t kb_n = k / 16;
-    unsigned char *sfb = sf, *qb = q;
-    memset(sfb, 0, m2a_sf_bytes((int)layout, m, kb_n)); /* padding of the tiled layouts */
-    float block[M2A_FP4_BLOCK];
-    for (size_t r = 0; r < m; r++)
-        for (size_t kb = 0; kb < kb_n; kb++) {
-            for (int i = 0; i < M2A_FP4_BLOCK; i++) block[i] = m2a_quant_load(x, xtype, r * k + kb * 16 + (size_t)i);
-            sfb[m2a_sf_offset((int)layout, r, kb, kb_n)] = m2a_fp4_block(block, *g, qb + r * (k / 2) + kb * 8);
-        }
+    m2a_fp4_quantize_host(x, xtype, m, k, *g, q, sf, (int)layout);
     return MOEA2A_SUCCESS;
 }
 
@@ -120,18 +107,6 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
     return MOEA2A_SUCCESS;
 }
 
-/* dst over m rows: row r's block kb from src, or 0 for padding (and for rows that
- * counts mark as unused). */
-static void convert_host(const unsigned char *src, int sl, unsigned char *dst, int dl, size_t m, size_t kb_n,
-                         const int32_t *counts, int stride)
-{
-    memset(dst, 0, m2a_sf_bytes(dl, m, kb_n));
-    for (size_t r = 0; r < m; r++) {
-        if (counts && (int)(r % (size_t)stride) >= counts[r / (size_t)stride]) continue;
-        for (size_t kb = 0; kb < kb_n; kb++) dst[m2a_sf_offset(dl, r, kb, kb_n)] = src[m2a_sf_offset(sl, r, kb, kb_n)];
-    }
-}
-
 moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_layout, void *dst,
                                       moea2a_sf_layout_t dst_layout, size_t m, size_t k, void *stream)
 {
@@ -148,7 +123,7 @@ moea2a_result_t moea2a_fp4_sf_convert(const void *src, moea2a_sf_layout_t src_la
     M2A_QUANT_CHECK_SPACE(cuda, fn);
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     if (cuda) M2A_QUANT_CUDA_OR(fp4_sf_convert(src, (int)src_layout, dst, (int)dst_layout, m, k, NULL, 0, stream));
-    convert_host(src, (int)src_layout, dst, (int)dst_layout, m, k / 16, NULL, 0);
+    m2a_fp4_convert_host(src, (int)src_layout, dst, (int)dst_layout, m, k / 16, NULL, 0);
     return MOEA2A_SUCCESS;
 }
 
@@ -166,6 +141,45 @@ moea2a_result_t moea2a_fp4_sf_convert_padded(const void *src, void *dst, moea2a_
     int cuda = m2a_quant_space(p, 3);
     M2A_QUANT_CHECK_SPACE(cuda, fn);
     if (cuda) M2A_QUANT_CUDA_OR(fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k, recv_counts, stride, stream));
-    convert_host(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k / 16, recv_counts, stride);
+    m2a_fp4_convert_host(src, MOEA2A_SF_LINEAR, dst, (int)dst_layout, m, k / 16, recv_counts, stride);
     return MOEA2A_SUCCESS;
+}
+
+/* ---- the host loops (quant_host.h) ---------------------------------------------------- */
+
+float m2a_fp4_global_scale_host(const void *x, moea2a_datatype_t xtype, size_t count)
+{
+    /* amax by the bits of |x|: NaN ranks above inf, as on the device */
+    uint32_t amax = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t a = m2a_f32_bits(m2a_quant_load(x, xtype, i)) & 0x7fffffffu;
+        amax = a > amax ? a : amax;
+    }
+    return amax == 0 ? 1.0f : (M2A_E4M3_MAX * 6.0f) / m2a_bits_f32(amax);
+}
+
+void m2a_fp4_quantize_host(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, float g, void *q, void *sf,
+                           int layout)
+{
+    size_t kb_n = k / 16;
+    unsigned char *sfb = sf, *qb = q;
+    memset(sfb, 0, m2a_sf_bytes(layout, m, kb_n)); /* padding of the tiled layouts */
+    float block[M2A_FP4_BLOCK];
+    for (size_t r = 0; r < m; r++)
+        for (size_t kb = 0; kb < kb_n; kb++) {
+            for (int i = 0; i < M2A_FP4_BLOCK; i++) block[i] = m2a_quant_load(x, xtype, r * k + kb * 16 + (size_t)i);
+            sfb[m2a_sf_offset(layout, r, kb, kb_n)] = m2a_fp4_block(block, g, qb + r * (k / 2) + kb * 8);
+        }
+}
+
+/* dst over m rows: row r's block kb from src, or 0 for padding (and for rows that
+ * counts mark as unused). */
+void m2a_fp4_convert_host(const unsigned char *src, int sl, unsigned char *dst, int dl, size_t m, size_t kb_n,
+                          const int32_t *counts, int stride)
+{
+    memset(dst, 0, m2a_sf_bytes(dl, m, kb_n));
+    for (size_t r = 0; r < m; r++) {
+        if (counts && (int)(r % (size_t)stride) >= counts[r / (size_t)stride]) continue;
+        for (size_t kb = 0; kb < kb_n; kb++) dst[m2a_sf_offset(dl, r, kb, kb_n)] = src[m2a_sf_offset(sl, r, kb, kb_n)];
+    }
 }

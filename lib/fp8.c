@@ -8,6 +8,7 @@
 #include "checked.h"
 #include "fp8_math.h"
 #include "quant.h"
+#include "quant_host.h"
 
 static int layout_ok(moea2a_fp8_scale_layout_t l)
 {
@@ -80,27 +81,7 @@ moea2a_result_t moea2a_fp8_quantize(const void *x, moea2a_datatype_t xtype, size
     if (cuda < 0) return MOEA2A_SUCCESS;
     const int ue8m0 = (flags & MOEA2A_FP8_UE8M0) != 0;
     if (cuda) M2A_QUANT_CUDA_OR(fp8_quantize(x, xtype, m, k, q, scales, (int)layout, ue8m0, stream));
-    size_t nkb = k / M2A_FP8_BLOCK, m_pad = (m + 3) / 4 * 4;
-    unsigned char *sb = scales, *qb = q;
-    memset(sb, 0, m2a_fp8_scale_bytes((int)layout, ue8m0, m, nkb)); /* padding rows and bytes */
-    float v[M2A_FP8_BLOCK];
-    for (size_t r = 0; r < m; r++)
-        for (size_t kb = 0; kb < nkb; kb++) {
-            float amax = 0.0f;
-            int finite = 1;
-            for (int i = 0; i < M2A_FP8_BLOCK; i++) {
-                v[i] = m2a_quant_load(x, xtype, r * k + kb * M2A_FP8_BLOCK + (size_t)i);
-                finite &= M2A_ISFINITE(v[i]) != 0;
-                float a = m2a_abs_f32(v[i]);
-                amax = a > amax ? a : amax;
-            }
-            float mul;
-            uint32_t s = m2a_fp8_scale(amax, finite, ue8m0, &mul);
-            unsigned char *dst = sb + m2a_fp8_scale_offset((int)layout, ue8m0, r, kb, nkb, m_pad);
-            if (ue8m0) *dst = (unsigned char)s;
-            else memcpy(dst, &s, 4);
-            for (int i = 0; i < M2A_FP8_BLOCK; i++) qb[r * k + kb * M2A_FP8_BLOCK + (size_t)i] = m2a_fp8_code(v[i], mul, finite);
-        }
+    m2a_fp8_quantize_host(x, xtype, m, k, q, scales, (int)layout, ue8m0);
     return MOEA2A_SUCCESS;
 }
 
@@ -128,4 +109,32 @@ moea2a_result_t moea2a_fp8_dequantize(const void *q, const void *scales, moea2a_
             }
         }
     return MOEA2A_SUCCESS;
+}
+
+/* ---- the host loop (quant_host.h) ------------------------------------------------------ */
+
+void m2a_fp8_quantize_host(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales, int layout,
+                           int ue8m0)
+{
+    size_t nkb = k / M2A_FP8_BLOCK, m_pad = (m + 3) / 4 * 4;
+    unsigned char *sb = scales, *qb = q;
+    memset(sb, 0, m2a_fp8_scale_bytes(layout, ue8m0, m, nkb)); /* padding rows and bytes */
+    float v[M2A_FP8_BLOCK];
+    for (size_t r = 0; r < m; r++)
+        for (size_t kb = 0; kb < nkb; kb++) {
+            float amax = 0.0f;
+            int finite = 1;
+            for (int i = 0; i < M2A_FP8_BLOCK; i++) {
+                v[i] = m2a_quant_load(x, xtype, r * k + kb * M2A_FP8_BLOCK + (size_t)i);
+                finite &= M2A_ISFINITE(v[i]) != 0;
+                float a = m2a_abs_f32(v[i]);
+                amax = a > amax ? a : amax;
+            }
+            float mul;
+            uint32_t s = m2a_fp8_scale(amax, finite, ue8m0, &mul);
+            unsigned char *dst = sb + m2a_fp8_scale_offset(layout, ue8m0, r, kb, nkb, m_pad);
+            if (ue8m0) *dst = (unsigned char)s;
+            else memcpy(dst, &s, 4);
+            for (int i = 0; i < M2A_FP8_BLOCK; i++) qb[r * k + kb * M2A_FP8_BLOCK + (size_t)i] = m2a_fp8_code(v[i], mul, finite);
+        }
 }

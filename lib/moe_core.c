@@ -115,6 +115,10 @@ void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_d
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         result->payloads[i] = ws + l->payload[i];
         result->payload_row_bytes[i] = l->row_bytes[i];
+        if (moe->cfg.wire[i].format == MOEA2A_WIRE_AS_IS) continue;
+        result->payload_scales[i] = ws + l->wire_final[i];
+        result->payload_scale_bytes[i] = m2a_wire_scale_bytes(&moe->cfg, l, i, moe->comm->nranks, moe->stride);
+        if (moe->cfg.wire[i].format == MOEA2A_WIRE_NVFP4) result->payload_global_scales[i] = (const float *)(ws + l->wire_global[i]);
     }
     result->topk_ids = (int32_t *)(ws + l->ids);
     result->topk_weights = (moe->cfg.flags & MOEA2A_MOE_CARRY_WEIGHTS) ? (float *)(ws + l->weights) : NULL;

@@ -2,7 +2,9 @@
 #include <string.h>
 
 #include "convert.h"
+#include "fp4_math.h"
 #include "moe_host.h"
+#include "quant_host.h"
 
 void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                     int64_t *invalid_entries, int64_t *deduplicated)
@@ -34,17 +36,75 @@ void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *se
     }
 }
 
+void m2a_host_quantize_token(const moea2a_moe_config_t *c, int t, const void *const *payloads, m2a_wire_token_t *w)
+{
+    for (int i = 0; i < c->num_payloads; i++) {
+        const moea2a_wire_t *wi = &c->wire[i];
+        if (wi->format == MOEA2A_WIRE_AS_IS) continue;
+        size_t es, e = c->payloads[i].elems_per_token;
+        moea2a_datatype_size(c->payloads[i].dtype, &es);
+        const unsigned char *row = (const unsigned char *)payloads[i] + (size_t)t * e * es;
+        if (wi->format == MOEA2A_WIRE_FP8)
+            m2a_fp8_quantize_host(row, c->payloads[i].dtype, 1, e, w->codes[i], w->scales[i],
+                                  MOEA2A_FP8_SCALES_ROW_MAJOR, (wi->flags & MOEA2A_FP8_UE8M0) != 0);
+        else
+            m2a_fp4_quantize_host(row, c->payloads[i].dtype, 1, e, w->global[i], w->codes[i], w->scales[i],
+                                  MOEA2A_SF_LINEAR);
+    }
+}
+
 void m2a_host_put_token(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
-                        const int32_t *ids, const float *weights, unsigned char *const *base, size_t slot)
+                        const int32_t *ids, const float *weights, const m2a_wire_token_t *w,
+                        unsigned char *const *base, size_t slot)
 {
     int32_t index = t;
     for (int a = 0; a < l->narrays; a++) {
-        size_t w = l->array[a].width;
-        const void *src = a < r->num_payloads ? (const unsigned char *)payloads[a] + (size_t)t * w
-                        : a == r->num_payloads ? (const void *)(ids + (size_t)t * r->k)
-                        : a == l->narrays - 1  ? (const void *)&index
-                                               : (const void *)(weights + (size_t)t * r->k);
-        memcpy(base[a] + slot * w, src, w);
+        const m2a_moe_array_t *ar = &l->array[a];
+        size_t width = ar->width;
+        const void *src;
+        switch (ar->kind) {
+        case M2A_ARR_PAYLOAD:
+            src = w && w->codes[ar->payload] ? (const void *)w->codes[ar->payload]
+                                             : (const unsigned char *)payloads[ar->payload] + (size_t)t * width;
+            break;
+        case M2A_ARR_SCALES: src = w->scales[ar->payload]; break;
+        case M2A_ARR_GLOBAL: src = &w->global[ar->payload]; break;
+        case M2A_ARR_IDS: src = ids + (size_t)t * r->k; break;
+        case M2A_ARR_WEIGHTS: src = weights + (size_t)t * r->k; break;
+        default: src = &index; break;
+        }
+        memcpy(base[a] + slot * width, src, width);
+    }
+}
+
+void m2a_host_wire_finish(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int ep, int stride,
+                          unsigned char *ws)
+{
+    const int32_t *counts = (const int32_t *)(ws + l->recv_counts);
+    for (int i = 0; i < c->num_payloads; i++) {
+        const moea2a_wire_t *w = &c->wire[i];
+        if (w->format == MOEA2A_WIRE_AS_IS) continue;
+        size_t srow = l->wire_scale_row[i];
+        unsigned char *rows = ws + l->wire_scales[i], *final = ws + l->wire_final[i];
+        for (int src = 0; src < ep; src++) /* padding rows: scale 0 */
+            for (int r = counts[src]; r < stride; r++) memset(rows + ((size_t)src * stride + (size_t)r) * srow, 0, srow);
+        if (w->format == MOEA2A_WIRE_FP8 && w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
+            size_t words = srow / 4, pad = ((size_t)stride + 3) / 4 * 4;
+            for (int src = 0; src < ep; src++)
+                for (size_t wd = 0; wd < words; wd++)
+                    for (size_t r = 0; r < pad; r++) {
+                        unsigned char *dst = final + (((size_t)src * words + wd) * pad + r) * 4;
+                        if (r < (size_t)stride) memcpy(dst, rows + ((size_t)src * stride + r) * srow + 4 * wd, 4);
+                        else memset(dst, 0, 4);
+                    }
+        }
+        if (w->format != MOEA2A_WIRE_NVFP4) continue;
+        const float *g_rows = (const float *)(ws + l->wire_global_rows[i]);
+        float *g = (float *)(ws + l->wire_global[i]);
+        for (int src = 0; src < ep; src++) g[src] = counts[src] > 0 ? g_rows[(size_t)src * stride] : 0.0f;
+        if (w->scale_layout != MOEA2A_SF_LINEAR)
+            m2a_fp4_convert_host(rows, MOEA2A_SF_LINEAR, final, w->scale_layout, (size_t)ep * (size_t)stride, srow,
+                                 counts, stride);
     }
 }
 

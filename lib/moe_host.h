@@ -26,10 +26,32 @@ static inline int m2a_expert_invalid(const m2a_route_t *r, int32_t e)
 void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                     int64_t *invalid_entries, int64_t *deduplicated);
 
-/* Copies token t's arrays (payload rows, its k ids, its k weights if carried, its
- * index t) to row `slot` of each destination array: base[a] + slot x width(a). */
+/* A token's payloads quantized on dispatch (m2a_host_quantize_token): made once, then
+ * copied to each of its destinations. */
+typedef struct {
+    unsigned char *codes[MOEA2A_MOE_MAX_PAYLOADS], *scales[MOEA2A_MOE_MAX_PAYLOADS];
+    float global[MOEA2A_MOE_MAX_PAYLOADS]; /* NVFP4: the sender's global scale */
+    unsigned char *buffer;                 /* holds every codes[] and scales[] row */
+} m2a_wire_token_t;
+
+/* Quantizes token t of every payload sent quantized into w (buffers of the layout's
+ * code and scale row sizes; global[] already set) exactly as moea2a_fp8_quantize and
+ * moea2a_fp4_quantize do one row (row-major / linear scales). */
+void m2a_host_quantize_token(const moea2a_moe_config_t *c, int t, const void *const *payloads, m2a_wire_token_t *w);
+
+/* Copies token t's arrays (payload rows or, from w, their codes, scales and global
+ * scale; its k ids, its k weights if carried, its index t) to row `slot` of each
+ * destination array: base[a] + slot x width(a). */
 void m2a_host_put_token(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, const void *const *payloads,
-                        const int32_t *ids, const float *weights, unsigned char *const *base, size_t slot);
+                        const int32_t *ids, const float *weights, const m2a_wire_token_t *w,
+                        unsigned char *const *base, size_t slot);
+
+/* After the arrays of quantized payloads landed: padding rows' scales 0, the scales in
+ * the wire's layout (FP8 MN-major per source block, NVFP4 tiles over ep x stride
+ * rows), NVFP4's global scale per source (0 where a source sent nothing). */
+void m2a_host_wire_finish(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int ep, int stride,
+                          unsigned char *ws);
+
 
 /* Padding slots (i >= recv_counts[src]) get source index -1 and, when sanitizing,
  * invalid ids in all k entries; valid rows get invalid ids normalized to invalid_id

@@ -6,13 +6,64 @@
 
 #include "checked.h"
 #include "error.h"
+#include "fp4_math.h"
 #include "moe_layout.h"
 #include "params.h"
 
 #define CONFIG_MIN_SIZE (offsetof(moea2a_moe_config_t, version) + sizeof(unsigned int))
 
+size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i)
+{
+    size_t e = c->payloads[i].elems_per_token;
+    return c->wire[i].format == MOEA2A_WIRE_FP8 ? e : e / 2;
+}
+
+size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i)
+{
+    size_t e = c->payloads[i].elems_per_token, nkb = e / 128;
+    if (c->wire[i].format == MOEA2A_WIRE_NVFP4) return e / 16; /* one E4M3 byte per 16 */
+    return 4 * ((c->wire[i].flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb);
+}
+
+/* A payload's quantize-on-dispatch settings against its type and size. */
+static moea2a_result_t check_wire(moea2a_comm_t comm, const moea2a_moe_config_t *c, int i)
+{
+    static const char fn[] = "moea2a_moe config";
+    const moea2a_wire_t *w = &c->wire[i];
+    const moea2a_payload_desc_t *p = &c->payloads[i];
+    if (i >= c->num_payloads || w->format == MOEA2A_WIRE_AS_IS) {
+        M2A_CHECK_ARG(comm, w->format == MOEA2A_WIRE_AS_IS && w->scale_layout == 0 && w->flags == 0,
+                      "%s: wire[%d] is set but %s", fn, i,
+                      i >= c->num_payloads ? "there is no such payload" : "its format is MOEA2A_WIRE_AS_IS");
+        return MOEA2A_SUCCESS;
+    }
+    M2A_CHECK_ARG(comm, w->format == MOEA2A_WIRE_FP8 || w->format == MOEA2A_WIRE_NVFP4, "%s: wire[%d].format=%d is unknown",
+                  fn, i, (int)w->format);
+    M2A_CHECK_ARG(comm, p->dtype == MOEA2A_BFLOAT16 || p->dtype == MOEA2A_FLOAT16 || p->dtype == MOEA2A_FLOAT32,
+                  "%s: payload %d is quantized on dispatch, so its dtype must be bf16, fp16 or fp32", fn, i);
+    if (w->format == MOEA2A_WIRE_FP8) {
+        M2A_CHECK_ARG(comm, p->elems_per_token % 128 == 0,
+                      "%s: payload %d sent as FP8 needs elems_per_token (%zu) a multiple of 128", fn, i,
+                      p->elems_per_token);
+        M2A_CHECK_ARG(comm, w->scale_layout == MOEA2A_FP8_SCALES_ROW_MAJOR || w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR,
+                      "%s: wire[%d].scale_layout=%d is not an FP8 scale layout", fn, i, w->scale_layout);
+        M2A_CHECK_ARG(comm, !(w->flags & ~MOEA2A_FP8_UE8M0), "%s: wire[%d].flags=0x%x: unknown flags", fn, i, w->flags);
+    } else {
+        M2A_CHECK_ARG(comm, p->elems_per_token % 16 == 0,
+                      "%s: payload %d sent as NVFP4 needs elems_per_token (%zu) a multiple of 16", fn, i,
+                      p->elems_per_token);
+        M2A_CHECK_ARG(comm, w->scale_layout == MOEA2A_SF_LINEAR || w->scale_layout == MOEA2A_SF_128X4 ||
+                                w->scale_layout == MOEA2A_SF_8X4,
+                      "%s: wire[%d].scale_layout=%d is not an NVFP4 scale layout", fn, i, w->scale_layout);
+        M2A_CHECK_ARG(comm, w->flags == 0, "%s: wire[%d].flags=0x%x: NVFP4 takes none", fn, i, w->flags);
+    }
+    return MOEA2A_SUCCESS;
+}
+
 /* Whether every term of the workspace formula, staging for every peer included, and
- * their sum stay below 2^63 bytes, so the layout below computes exact sizes. */
+ * their sum stay below 2^63 bytes, so the layout below computes exact sizes. A
+ * quantized payload's arrays (codes, scales twice, global scales) are bounded by
+ * three times its row as given. */
 static int workspace_fits(const moea2a_moe_config_t *c, int ep)
 {
     size_t slots = (size_t)ep * (size_t)c->max_tokens_per_rank, es, row, term, total = (size_t)1 << 20; /* aux */
@@ -21,6 +72,9 @@ static int workspace_fits(const moea2a_moe_config_t *c, int ep)
         moea2a_datatype_size(c->payloads[i].dtype, &es);
         if (!m2a_mul_ok(es, c->payloads[i].elems_per_token, &row) || !m2a_add_ok(record, row, &record) ||
             !m2a_mul_ok(slots, row, &term) || !m2a_add_ok(total, term, &total))
+            return 0;
+        if (c->wire[i].format != MOEA2A_WIRE_AS_IS &&
+            (!m2a_add_ok(record, 4, &record) || !m2a_add_ok(total, term, &total) || !m2a_add_ok(total, term, &total)))
             return 0;
     }
     es = 4;
@@ -60,6 +114,7 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
         M2A_CHECK_ARG(comm, c->payloads[i].elems_per_token >= 1 && c->payloads[i].elems_per_token <= (1u << 30),
                       "%s: payloads[%d].elems_per_token=%zu must be in 1..2^30", fn, i, c->payloads[i].elems_per_token);
     }
+    for (int i = 0; i < MOEA2A_MOE_MAX_PAYLOADS; i++) M2A_TRY(check_wire(comm, c, i));
     if (c->hidden) {
         M2A_CHECK_ARG(comm, c->combine_dtype == MOEA2A_BFLOAT16 || c->combine_dtype == MOEA2A_FLOAT16 ||
                                 c->combine_dtype == MOEA2A_FLOAT32,
@@ -115,6 +170,11 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
         size_t es;
         moea2a_datatype_size(c->payloads[i].dtype, &es);
         l->row_bytes[i] = es * c->payloads[i].elems_per_token;
+        if (c->wire[i].format != MOEA2A_WIRE_AS_IS) { /* codes, scales [, global scale] on the wire */
+            l->row_bytes[i] = m2a_wire_code_bytes(c, i);
+            l->wire_scale_row[i] = m2a_wire_scale_row_bytes(c, i);
+            l->record += l->wire_scale_row[i] + (c->wire[i].format == MOEA2A_WIRE_NVFP4 ? 4 : 0);
+        }
         l->record += l->row_bytes[i];
     }
 
@@ -130,8 +190,21 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
     l->backend_ctl = take(&at, backend_ctl); /* e.g. the load/store path's signals and counters */
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
-        l->bytes_payload[i] = m2a_align(n * cap * l->row_bytes[i]);
+        size_t start = at;
         l->payload[i] = take(&at, n * cap * l->row_bytes[i]);
+        const moea2a_wire_t *w = &c->wire[i];
+        if (w->format != MOEA2A_WIRE_AS_IS) {
+            l->wire_scales[i] = l->wire_final[i] = take(&at, n * cap * l->wire_scale_row[i]);
+            if (w->format == MOEA2A_WIRE_NVFP4) {
+                l->wire_global_rows[i] = take(&at, n * cap * 4);
+                l->wire_global[i] = take(&at, 4 * n);
+                if (w->scale_layout != MOEA2A_SF_LINEAR) /* tiles over the ep x cap rows bound any stride's */
+                    l->wire_final[i] = take(&at, m2a_sf_bytes(w->scale_layout, n * cap, c->payloads[i].elems_per_token / 16));
+            } else if (w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR) { /* [ep][scale words][cap rounded up to 4] */
+                l->wire_final[i] = take(&at, n * l->wire_scale_row[i] * ((cap + 3) / 4 * 4));
+            }
+        }
+        l->bytes_payload[i] = at - start;
     }
     l->bytes_ids = m2a_align(n * cap * k * 4);
     l->ids = take(&at, n * cap * k * 4);
@@ -142,11 +215,16 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
     l->workspace = at;
 
     size_t rec = 0;
-    for (int i = 0; i < c->num_payloads; i++)
-        l->array[l->narrays++] = (m2a_moe_array_t){l->row_bytes[i], l->payload[i], rec}, rec += l->row_bytes[i];
-    l->array[l->narrays++] = (m2a_moe_array_t){4 * k, l->ids, rec}, rec += 4 * k;
-    if (weights) l->array[l->narrays++] = (m2a_moe_array_t){4 * k, l->weights, rec}, rec += 4 * k;
-    l->array[l->narrays++] = (m2a_moe_array_t){4, l->src_index, rec};
+#define ARRAY(w, off, kind, i) (l->array[l->narrays++] = (m2a_moe_array_t){(w), (off), rec, (kind), (i)}, rec += (w))
+    for (int i = 0; i < c->num_payloads; i++) {
+        ARRAY(l->row_bytes[i], l->payload[i], M2A_ARR_PAYLOAD, i);
+        if (c->wire[i].format != MOEA2A_WIRE_AS_IS) ARRAY(l->wire_scale_row[i], l->wire_scales[i], M2A_ARR_SCALES, i);
+        if (c->wire[i].format == MOEA2A_WIRE_NVFP4) ARRAY(4, l->wire_global_rows[i], M2A_ARR_GLOBAL, i);
+    }
+    ARRAY(4 * k, l->ids, M2A_ARR_IDS, -1);
+    if (weights) ARRAY(4 * k, l->weights, M2A_ARR_WEIGHTS, -1);
+    ARRAY(4, l->src_index, M2A_ARR_INDEX, -1);
+#undef ARRAY
 
     /* Staging: what this rank sends to staged peers (per peer, each array packed in
      * slot order), and the combine rows that come back from them. Dispatched arrays
@@ -158,6 +236,17 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2 + m2a_align(16);
     l->pinned_backend = l->pinned, l->pinned += m2a_align(backend_pinned); /* e.g. a device error record's copy */
+}
+
+size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride)
+{
+    const moea2a_wire_t *w = &c->wire[i];
+    size_t rows = (size_t)ep * (size_t)stride, srow = l->wire_scale_row[i];
+    if (w->format == MOEA2A_WIRE_FP8 && w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR)
+        return (size_t)ep * srow * (((size_t)stride + 3) / 4 * 4);
+    if (w->format == MOEA2A_WIRE_NVFP4 && w->scale_layout != MOEA2A_SF_LINEAR)
+        return m2a_sf_bytes(w->scale_layout, rows, c->payloads[i].elems_per_token / 16);
+    return rows * srow;
 }
 
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,

@@ -18,14 +18,33 @@ typedef struct {
     int32_t num_tokens;  /* the sender's num_tokens */
 } m2a_moe_header_t;
 
-/* One array a token carries: a payload, its ids, its weights or its source index. */
+/* What an array of a record holds. */
+typedef enum {
+    M2A_ARR_PAYLOAD, /* payload i's bytes as given, or its codes when quantized on dispatch */
+    M2A_ARR_SCALES,  /* a quantized payload's scales for the token: row-major FP8 / linear NVFP4 */
+    M2A_ARR_GLOBAL,  /* an NVFP4 payload's global scale (the sender's, the same in every row) */
+    M2A_ARR_IDS,
+    M2A_ARR_WEIGHTS,
+    M2A_ARR_INDEX /* the source token index */
+} m2a_moe_array_kind_t;
+
+/* One array a token carries. */
 typedef struct {
     size_t width;  /* bytes per token */
     size_t ws;     /* offset of its [ep][stride][width] array in the workspace */
     size_t rec;    /* offset within a record; in staging, the array starts at cap x rec */
+    int kind;      /* m2a_moe_array_kind_t */
+    int payload;   /* the payload it belongs to (payload, scales, global) */
 } m2a_moe_array_t;
 
-#define M2A_MOE_MAX_ARRAYS (MOEA2A_MOE_MAX_PAYLOADS + 3)
+/* payloads (as given, or codes + scales [+ global scale] when quantized), ids, weights,
+ * source index; the kernels (M2A_K_MAX_ARRAYS) see configs without quantized payloads */
+#define M2A_MOE_MAX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS + 3)
+
+/* Quantize on dispatch, per payload: the bytes of a token's codes and of its scales
+ * on the wire. */
+size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i);
+size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i);
 
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
@@ -40,10 +59,21 @@ typedef struct {
     size_t pinned_backend;
     size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
     size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
+    /* quantize on dispatch, per payload sent quantized (else 0): its scales as they
+     * land ([ep][cap][scale row]), NVFP4's global scale per row ([ep][cap][4]) and per
+     * source (float[ep]), and the scales in the wire's layout where that is not the
+     * landing one (FP8 MN-major, NVFP4 tiled; else the landing offset) */
+    size_t wire_scale_row[MOEA2A_MOE_MAX_PAYLOADS], wire_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t wire_global_rows[MOEA2A_MOE_MAX_PAYLOADS], wire_global[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t wire_final[MOEA2A_MOE_MAX_PAYLOADS];
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;
     m2a_moe_array_t array[M2A_MOE_MAX_ARRAYS];
 } m2a_moe_layout_t;
+
+/* Bytes of quantized payload i's scales in the wire's layout at this stride (the
+ * dispatch result's payload_scale_bytes). */
+size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride);
 
 /* Checks a caller's config (size/version, ranges, overflow) for ep ranks and copies
  * it into *out with defaults applied. */

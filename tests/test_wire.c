@@ -1,0 +1,290 @@
+/* Quantize on dispatch on host memory: a payload given in bf16, fp16 or fp32 and sent
+ * as FP8 (both scale kinds, both layouts) or NVFP4 (three scale layouts) arrives
+ * bit for bit as if each rank had quantized its tokens with the standalone calls and
+ * dispatched the codes and row scales as plain payloads: codes, scales in the wire's
+ * layout with padding rows 0, NVFP4's per-source global scales, next to a payload sent
+ * as is; random routings with invalid ids, idle ranks, several strides; the sizes of
+ * the arrays against the formula of moea2a_moe(3); and the config checks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "local_ranks.h"
+#include "mix.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#define WATCHDOG 300.0
+#define A(x) (((size_t)(x) + 127) / 128 * 128)
+
+typedef struct {
+    int format, layout;
+    unsigned flags;
+    moea2a_datatype_t dtype;
+    size_t elems;
+} wire_case_t;
+
+static const wire_case_t cases[] = {
+    {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_ROW_MAJOR, 0, MOEA2A_BFLOAT16, 640},
+    {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, 0, MOEA2A_FLOAT32, 256},
+    {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_ROW_MAJOR, MOEA2A_FP8_UE8M0, MOEA2A_FLOAT16, 640},
+    {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, MOEA2A_FP8_UE8M0, MOEA2A_BFLOAT16, 1152},
+    {MOEA2A_WIRE_NVFP4, MOEA2A_SF_LINEAR, 0, MOEA2A_BFLOAT16, 96},
+    {MOEA2A_WIRE_NVFP4, MOEA2A_SF_128X4, 0, MOEA2A_FLOAT32, 64},
+    {MOEA2A_WIRE_NVFP4, MOEA2A_SF_8X4, 0, MOEA2A_FLOAT16, 208},
+};
+#define NCASES ((int)(sizeof(cases) / sizeof(cases[0])))
+
+static size_t dsize(moea2a_datatype_t t) { return t == MOEA2A_FLOAT32 ? 4 : 2; }
+
+/* Scale bytes of one row as the standalone calls write them (row-major / linear). */
+static size_t scale_row(const wire_case_t *w)
+{
+    size_t nkb = w->elems / 128;
+    if (w->format == MOEA2A_WIRE_NVFP4) return w->elems / 16;
+    return 4 * (w->flags & MOEA2A_FP8_UE8M0 ? (nkb + 3) / 4 : nkb);
+}
+static size_t code_row(const wire_case_t *w) { return w->format == MOEA2A_WIRE_FP8 ? w->elems : w->elems / 2; }
+
+/* finite values with some zero rows: 16-bit patterns with the top exponent bit clear */
+static void *make_values(const wire_case_t *w, int me, uint64_t seed, int n)
+{
+    size_t bytes = (size_t)n * w->elems * dsize(w->dtype);
+    unsigned char *x = malloc(bytes + 16);
+    for (size_t i = 0; i + 1 < bytes + 1; i += 2) {
+        uint16_t h = (uint16_t)mix(seed * 1315423911u + (uint64_t)me * 7919 + i) & 0xbfff;
+        memcpy(x + i, &h, 2);
+    }
+    if (n > 2) memset(x + w->elems * dsize(w->dtype), 0, w->elems * dsize(w->dtype)); /* row 1: zeros */
+    return x;
+}
+
+static moea2a_moe_config_t config_for(const wire_case_t *w, int E, int k, int cap, int quantized)
+{
+    moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
+    c.num_experts = E, c.top_k = k, c.max_tokens_per_rank = cap, c.memory = MOEA2A_MEMORY_HOST;
+    if (quantized) {
+        c.num_payloads = 2;
+        c.payloads[0] = (moea2a_payload_desc_t){w->dtype, w->elems};
+        c.wire[0] = (moea2a_wire_t){(moea2a_wire_format_t)w->format, w->layout, w->flags};
+    } else { /* the same, quantized by the caller: codes, row scales [, global scale] as bytes */
+        c.num_payloads = w->format == MOEA2A_WIRE_NVFP4 ? 4 : 3;
+        c.payloads[0] = (moea2a_payload_desc_t){MOEA2A_UINT8, code_row(w)};
+        c.payloads[2] = (moea2a_payload_desc_t){MOEA2A_UINT8, scale_row(w)};
+        if (w->format == MOEA2A_WIRE_NVFP4) c.payloads[3] = (moea2a_payload_desc_t){MOEA2A_FLOAT32, 1};
+    }
+    c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_INT32, 3}; /* a payload sent as is, next to it */
+    return c;
+}
+
+/* What the wire's layout makes of the row scales that arrived (rows [ep][stride]),
+ * from the layouts' definitions; NVFP4 tiles through the public conversion. */
+static unsigned char *expected_scales(const wire_case_t *w, const unsigned char *rows, const int32_t *counts, int ep,
+                                      int stride, size_t *bytes)
+{
+    size_t srow = scale_row(w), nrows = (size_t)ep * (size_t)stride;
+    unsigned char *padded = calloc(nrows, srow);
+    for (int src = 0; src < ep; src++)
+        for (int r = 0; r < counts[src]; r++)
+            memcpy(padded + ((size_t)src * stride + r) * srow, rows + ((size_t)src * stride + r) * srow, srow);
+    if (w->format == MOEA2A_WIRE_FP8 && w->layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
+        size_t words = srow / 4, pad = ((size_t)stride + 3) / 4 * 4;
+        *bytes = (size_t)ep * words * pad * 4;
+        unsigned char *mn = calloc(1, *bytes);
+        for (int src = 0; src < ep; src++)
+            for (size_t wd = 0; wd < words; wd++)
+                for (int r = 0; r < stride; r++)
+                    memcpy(mn + (((size_t)src * words + wd) * pad + (size_t)r) * 4,
+                           padded + ((size_t)src * stride + r) * srow + 4 * wd, 4);
+        free(padded);
+        return mn;
+    }
+    if (w->format == MOEA2A_WIRE_NVFP4 && w->layout != MOEA2A_SF_LINEAR) {
+        moea2a_fp4_sf_bytes((moea2a_sf_layout_t)w->layout, nrows, w->elems, bytes);
+        unsigned char *t = malloc(*bytes);
+        moea2a_fp4_sf_convert_padded(padded, t, (moea2a_sf_layout_t)w->layout, counts, ep, stride, w->elems, NULL);
+        free(padded);
+        return t;
+    }
+    *bytes = nrows * srow;
+    return padded;
+}
+
+static int run_case(moea2a_comm_t comm, int me, int ep, int ci, uint64_t seed)
+{
+    const wire_case_t *w = &cases[ci];
+    int fails = 0, E = 4 * ep + (int)(seed % 5), k = 1 + (int)(seed % 4), cap = 9;
+    moea2a_moe_config_t cq = config_for(w, E, k, cap, 1), cp = config_for(w, E, k, cap, 0);
+    moea2a_moe_t mq, mp;
+    if (moea2a_moe_create(&mq, comm, &cq) || moea2a_moe_create(&mp, comm, &cp)) {
+        RANK_EXPECT(fails, me, 0, "create: %s", moea2a_last_error(comm));
+        return 1;
+    }
+    /* the arrays' sizes: codes, row scales [, per-row and per-source global scales]
+     * [, the scales in the wire's layout] */
+    moea2a_moe_workspace_sizes_t sz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    moea2a_moe_workspace_size(comm, &cq, &sz);
+    size_t slots = (size_t)ep * cap, want = A(slots * code_row(w)) + A(slots * scale_row(w));
+    if (w->format == MOEA2A_WIRE_NVFP4) {
+        want += A(slots * 4) + A(4 * (size_t)ep);
+        if (w->layout != MOEA2A_SF_LINEAR) {
+            size_t t;
+            moea2a_fp4_sf_bytes((moea2a_sf_layout_t)w->layout, slots, w->elems, &t);
+            want += A(t);
+        }
+    } else if (w->layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
+        want += A((size_t)ep * scale_row(w) * ((cap + 3) / 4 * 4));
+    }
+    RANK_EXPECT(fails, me, sz.payload_bytes[0] == want && sz.payload_bytes[1] == A(slots * 12),
+                "case %d: payload bytes %zu, the formula says %zu", ci, sz.payload_bytes[0], want);
+
+    /* this rank's tokens: idle ranks, invalid ids, a smaller stride sometimes */
+    int n = (int)(mix(seed + (uint64_t)me) % (uint64_t)(cap + 1));
+    if (me == 1 && seed % 3 == 0) n = 0;
+    int stride = seed % 2 ? cap : (n > 6 ? n : 6);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k + 1)), *side = malloc(12 * (size_t)cap);
+    for (int i = 0; i < n * k; i++) ids[i] = (int32_t)(mix(seed * 31 + (uint64_t)me * 1000 + (uint64_t)i) % (uint64_t)(E + 2)) - 1;
+    for (int i = 0; i < 3 * cap; i++) side[i] = me * 100000 + i;
+    /* every rank must agree on the stride: the largest token count, at least 6 */
+    int64_t mine = stride, all[64];
+    moea2a_allgather(&mine, all, 8, MOEA2A_UINT8, comm, NULL);
+    for (int q = 0; q < ep; q++) stride = all[q] > stride ? (int)all[q] : stride;
+    void *x = make_values(w, me, seed, n);
+    /* quantized by the caller, with the standalone calls, as one tensor of n rows */
+    unsigned char *q = malloc(code_row(w) * (size_t)n + 16), *s = malloc(scale_row(w) * (size_t)n + 16);
+    float g = 1.0f, *gs = malloc(4 * (size_t)(n + 1));
+    if (w->format == MOEA2A_WIRE_FP8) {
+        moea2a_fp8_quantize(x, w->dtype, (size_t)n, w->elems, q, s, MOEA2A_FP8_SCALES_ROW_MAJOR, w->flags, NULL);
+    } else {
+        moea2a_fp4_global_scale(x, w->dtype, (size_t)n * w->elems, &g, NULL);
+        moea2a_fp4_quantize(x, w->dtype, (size_t)n, w->elems, &g, q, s, MOEA2A_SF_LINEAR, NULL);
+    }
+    for (int i = 0; i < n; i++) gs[i] = g;
+    const void *pq[2] = {x, side}, *pp[4] = {q, side, s, gs};
+    moea2a_dispatch_result_t rq = MOEA2A_DISPATCH_RESULT_INITIALIZER, rp = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    /* a first dispatch of cap tokens fills rows that the second one leaves as padding:
+     * their scales must read 0 again */
+    int32_t *all_ids = malloc(sizeof(int32_t) * (size_t)(cap * k));
+    for (int i = 0; i < cap * k; i++) all_ids[i] = i % E;
+    void *xf = make_values(w, me, seed + 99, cap);
+    moea2a_result_t r0 = moea2a_dispatch(mq, cap, all_ids, NULL, (const void *[2]){xf, side}, cap, &rq, NULL);
+    RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: first dispatch: %s", ci, moea2a_last_error(comm));
+    free(all_ids), free(xf);
+    moea2a_result_t r1 = moea2a_dispatch(mq, n, ids, NULL, pq, stride, &rq, NULL);
+    moea2a_result_t r2 = moea2a_dispatch(mp, n, ids, NULL, pp, stride, &rp, NULL);
+    RANK_EXPECT(fails, me, r1 == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "case %d: dispatch: %s", ci,
+                moea2a_last_error(comm));
+    if (r1 == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS) {
+        RANK_EXPECT(fails, me, !memcmp(rq.recv_counts, rp.recv_counts, 4 * (size_t)ep), "case %d: counts differ", ci);
+        RANK_EXPECT(fails, me, rq.payload_row_bytes[0] == code_row(w), "case %d: code row %zu", ci, rq.payload_row_bytes[0]);
+        int codes = 1, side_ok = 1;
+        for (int src = 0; src < ep; src++)
+            for (int i = 0; i < rq.recv_counts[src]; i++) {
+                size_t slot = (size_t)src * stride + (size_t)i;
+                codes &= !memcmp((unsigned char *)rq.payloads[0] + slot * code_row(w),
+                                 (unsigned char *)rp.payloads[0] + slot * code_row(w), code_row(w));
+                side_ok &= !memcmp((unsigned char *)rq.payloads[1] + slot * 12, (unsigned char *)rp.payloads[1] + slot * 12, 12);
+            }
+        RANK_EXPECT(fails, me, codes, "case %d: codes differ from quantize-then-dispatch", ci);
+        RANK_EXPECT(fails, me, side_ok, "case %d: the payload sent as is differs", ci);
+        size_t eb = 0;
+        unsigned char *es = expected_scales(w, rp.payloads[2], rp.recv_counts, ep, stride, &eb);
+        RANK_EXPECT(fails, me, rq.payload_scales[0] && rq.payload_scale_bytes[0] == eb && !memcmp(rq.payload_scales[0], es, eb),
+                    "case %d: scales (%zu bytes, expected %zu) differ from quantize-then-dispatch in the wire's layout", ci,
+                    rq.payload_scale_bytes[0], eb);
+        free(es);
+        if (w->format == MOEA2A_WIRE_NVFP4) {
+            int gok = rq.payload_global_scales[0] != NULL;
+            for (int src = 0; gok && src < ep; src++) {
+                float want_g = rp.recv_counts[src] > 0 ? ((const float *)rp.payloads[3])[(size_t)src * stride] : 0.0f;
+                gok &= !memcmp(&rq.payload_global_scales[0][src], &want_g, 4);
+            }
+            RANK_EXPECT(fails, me, gok, "case %d: global scales per source differ", ci);
+        } else {
+            RANK_EXPECT(fails, me, rq.payload_global_scales[0] == NULL, "case %d: FP8 has no global scales", ci);
+        }
+        RANK_EXPECT(fails, me, rq.payload_scales[1] == NULL && rq.payload_scale_bytes[1] == 0,
+                    "case %d: a payload sent as is has no scales", ci);
+    }
+    moea2a_moe_destroy(mq), moea2a_moe_destroy(mp);
+    free(ids), free(side), free(x), free(q), free(s), free(gs);
+    return fails;
+}
+
+static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    for (int ci = 0; ci < NCASES && fails < 5; ci++)
+        for (uint64_t seed = 1; seed <= 4; seed++) fails += run_case(comm, me, ep, ci, seed * 101 + (uint64_t)ci);
+    moea2a_comm_destroy(comm);
+    return fails > 100 ? 100 : fails;
+}
+
+/* Config checks, no peers needed beyond a communicator of one. */
+static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    moea2a_moe_workspace_sizes_t sz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    struct {
+        wire_case_t w;
+        const char *what, *says;
+    } bad[] = {
+        {{MOEA2A_WIRE_FP8, 0, 0, MOEA2A_BFLOAT16, 200}, "FP8 with elems not a multiple of 128", "multiple of 128"},
+        {{MOEA2A_WIRE_NVFP4, 0, 0, MOEA2A_BFLOAT16, 40}, "NVFP4 with elems not a multiple of 16", "multiple of 16"},
+        {{MOEA2A_WIRE_FP8, 0, 0, MOEA2A_INT32, 128}, "a quantized int32 payload", "bf16, fp16 or fp32"},
+        {{MOEA2A_WIRE_FP8, 5, 0, MOEA2A_BFLOAT16, 128}, "an unknown FP8 scale layout", "scale layout"},
+        {{MOEA2A_WIRE_FP8, 0, 0x8, MOEA2A_BFLOAT16, 128}, "an unknown FP8 flag", "flags"},
+        {{MOEA2A_WIRE_NVFP4, 0, MOEA2A_FP8_UE8M0, MOEA2A_BFLOAT16, 128}, "UE8M0 on NVFP4", "NVFP4 takes none"},
+        {{7, 0, 0, MOEA2A_BFLOAT16, 128}, "an unknown wire format", "unknown"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        moea2a_moe_config_t c = config_for(&bad[i].w, 8, 2, 4, 1);
+        moea2a_result_t r = moea2a_moe_workspace_size(comm, &c, &sz);
+        RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), bad[i].says),
+                    "%s: %s (%s)", bad[i].what, moea2a_strerror(r), moea2a_last_error(comm));
+    }
+    moea2a_moe_config_t c = config_for(&cases[0], 8, 2, 4, 1);
+    c.wire[3].format = MOEA2A_WIRE_FP8; /* payload 3 does not exist */
+    moea2a_result_t r = moea2a_moe_workspace_size(comm, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "no such payload"),
+                "wire set on a payload that does not exist: %s", moea2a_last_error(comm));
+    c = config_for(&cases[0], 8, 2, 4, 1);
+    c.wire[1].flags = MOEA2A_FP8_UE8M0; /* payload 1 goes as is */
+    r = moea2a_moe_workspace_size(comm, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "flags on a payload sent as is: %s", moea2a_last_error(comm));
+    /* CUDA memory: refused with a reason, on a machine layout with a GPU */
+    c = config_for(&cases[0], 8, 2, 4, 1);
+    c.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    const char *top = getenv("top_srcdir");
+    char xml[1024];
+    snprintf(xml, sizeof(xml), "%s/tests/topologies/4gpu-nvlink.xml", top ? top : ".");
+    lay.ep = 4, lay.topology_xml = xml;
+    r = moea2a_moe_workspace_size_layout(&lay, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "not yet on CUDA memory"),
+                "quantize on dispatch on CUDA memory: %s (%s)", moea2a_strerror(r), moea2a_last_error(NULL));
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+int main(void)
+{
+    static const int sizes[] = {1, 2, 3, 4};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        local_ranks_result_t res;
+        local_ranks_run(sizes[i], wire_rank, NULL, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "quantize on dispatch equals quantize-then-dispatch bit for bit on %d rank(s): FP8 (fp32 "
+                                "and UE8M0 scales, row- and MN-major), NVFP4 (linear, 128x4, 8x4 scales, global scales)",
+               sizes[i]);
+    }
+    local_ranks_result_t res;
+    local_ranks_run(1, config_rank, NULL, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "config checks: block multiples, float dtypes, layouts, flags, unused wire entries, CUDA "
+                            "memory refused with a reason");
+    return tap_done();
+}
