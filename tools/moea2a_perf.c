@@ -147,6 +147,9 @@ static void usage(FILE *f)
             "                       (default: the context's default)\n"
             "  -P, --split          also time the split halves, and their overlap with a cuBLAS bf16\n"
             "                       GEMM on a second stream sized to take as long as the exchange\n"
+            "  -q, --wire F         quantize the payload on dispatch: fp8, fp8-ue8m0 (MN-major scales)\n"
+            "                       or nvfp4 (128x4 scales); with --baseline also quantize, then dispatch\n"
+            "                       the codes and scales as plain payloads (the q+dispatch row)\n"
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
@@ -167,9 +170,10 @@ int main(int argc, char **argv)
         {"weights", no_argument, 0, 'W'},          {"baseline", no_argument, 0, 'B'},
         {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
         {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
+        {"wire", required_argument, 0, 'q'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:P", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
         case 'o':
@@ -193,6 +197,12 @@ int main(int argc, char **argv)
         case 't': if (parse_list(optarg, o.tokens, &o.ntokens, 0)) { usage(stderr); return 2; } break;
         case 'S': if (parse_list(optarg, o.sms, &o.nsms, 1)) { usage(stderr); return 2; } break;
         case 'P': o.split = 1; break;
+        case 'q':
+            if (!strcmp(optarg, "fp8")) o.wire = PERF_WIRE_FP8;
+            else if (!strcmp(optarg, "fp8-ue8m0")) o.wire = PERF_WIRE_FP8_UE8M0;
+            else if (!strcmp(optarg, "nvfp4")) o.wire = PERF_WIRE_NVFP4;
+            else { usage(stderr); return 2; }
+            break;
         case 'H': o.hidden = atoi(optarg); break;
         case 'k': o.topk = atoi(optarg); break;
         case 'E': o.experts = atoi(optarg); break;
@@ -212,6 +222,11 @@ int main(int argc, char **argv)
         if (!dtype_set) o.dtype = MOEA2A_BFLOAT16;
         if (o.hidden < 1 || o.topk < 1 || o.experts < 1 || o.skew < 0 || o.skew > 1) {
             fprintf(stderr, "moea2a_perf: need hidden, topk, experts >= 1 and 0 <= skew <= 1\n");
+            return 2;
+        }
+        if (o.wire && (o.dtype != MOEA2A_BFLOAT16 || o.hidden % (o.wire == PERF_WIRE_NVFP4 ? 16 : 128))) {
+            fprintf(stderr, "moea2a_perf --wire: needs --dtype bf16 and --hidden a multiple of %d\n",
+                    o.wire == PERF_WIRE_NVFP4 ? 16 : 128);
             return 2;
         }
     } else if (o.op == OP_FP4 || o.op == OP_FP8) {

@@ -11,6 +11,10 @@ typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE, OP_FP4, OP_FP8 } pe
 
 #define PERF_MAX_TOKEN_SIZES 16
 
+/* --wire: FP8 with fp32 scales (MN-major, as DeepGEMM reads them), FP8 with UE8M0
+ * scales (MN-major), NVFP4 (128x4 scales) */
+enum { PERF_WIRE_NONE, PERF_WIRE_FP8, PERF_WIRE_FP8_UE8M0, PERF_WIRE_NVFP4 };
+
 typedef struct {
     perf_op_t op;
     size_t min_bytes, max_bytes; /* generic collectives */
@@ -24,6 +28,7 @@ typedef struct {
     int fp4_rows; /* --op fp4 / fp8: M (K is --hidden) */
     int sms[PERF_MAX_TOKEN_SIZES], nsms; /* --sms: SM budgets (num_sms) to run each size at */
     int split;                          /* --split: the split halves, and their overlap with a GEMM */
+    int wire;                           /* --wire: payload 0 quantized on dispatch (PERF_WIRE_*) */
 } perf_opts_t;
 
 double perf_now(void);

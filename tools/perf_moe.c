@@ -170,6 +170,78 @@ static moea2a_result_t base_combine(moea2a_comm_t comm, const perf_mem_t *m, con
     return r;
 }
 
+/* ---- --wire: quantize on dispatch, and its baseline ------------------------------------ */
+
+static moea2a_wire_t wire_of(int wire)
+{
+    switch (wire) {
+    case PERF_WIRE_FP8: return (moea2a_wire_t){MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, 0};
+    case PERF_WIRE_FP8_UE8M0: return (moea2a_wire_t){MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, MOEA2A_FP8_UE8M0};
+    case PERF_WIRE_NVFP4: return (moea2a_wire_t){MOEA2A_WIRE_NVFP4, MOEA2A_SF_128X4, 0};
+    default: return (moea2a_wire_t){MOEA2A_WIRE_AS_IS, 0, 0};
+    }
+}
+
+/* A token's codes and its scales as the standalone calls write one row (row-major /
+ * linear): what travels. */
+static size_t wire_code_row(int wire, size_t hidden) { return wire == PERF_WIRE_NVFP4 ? hidden / 2 : hidden; }
+static size_t wire_scale_row(int wire, size_t hidden)
+{
+    if (wire == PERF_WIRE_NVFP4) return hidden / 16;
+    return 4 * (wire == PERF_WIRE_FP8_UE8M0 ? (hidden / 128 + 3) / 4 : hidden / 128);
+}
+
+/* n bf16 rows quantized with the standalone calls (row-major / linear scales); g: the
+ * NVFP4 global scale, computed into *g (in the memory of the call). */
+static moea2a_result_t wire_quantize(int wire, const void *x, size_t n, size_t hidden, float *g, void *q, void *s,
+                                     void *stream)
+{
+    if (wire != PERF_WIRE_NVFP4)
+        return moea2a_fp8_quantize(x, MOEA2A_BFLOAT16, n, hidden, q, s, MOEA2A_FP8_SCALES_ROW_MAJOR,
+                                   wire == PERF_WIRE_FP8_UE8M0 ? MOEA2A_FP8_UE8M0 : 0, stream);
+    moea2a_result_t r = moea2a_fp4_global_scale(x, MOEA2A_BFLOAT16, n * hidden, g, stream);
+    return r ? r : moea2a_fp4_quantize(x, MOEA2A_BFLOAT16, n, hidden, g, q, s, MOEA2A_SF_LINEAR, stream);
+}
+
+/* The baseline of --wire: the caller quantizes its T rows with the standalone calls,
+ * then dispatches codes and scales as plain payloads on a dispatch-only context (and,
+ * for NVFP4, shares the global scales: an allgather of ep floats). *t: the mean time
+ * of the pair over iters calls, after the warm-up. */
+static int wire_baseline(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int T, const void *d_pay,
+                         const int32_t *d_ids, const float *d_w, int iters, double *t)
+{
+    int ep;
+    moea2a_comm_size(comm, &ep);
+    size_t hidden = (size_t)o->hidden, cr = wire_code_row(o->wire, hidden), sr = wire_scale_row(o->wire, hidden);
+    moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
+    c.num_experts = o->experts, c.top_k = o->topk, c.max_tokens_per_rank = T > 0 ? T : 1, c.num_payloads = 2;
+    c.payloads[0] = (moea2a_payload_desc_t){MOEA2A_UINT8, cr};
+    c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_UINT8, sr};
+    c.memory = m->cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
+    if (o->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &c)) return 1;
+    void *q = perf_alloc(m, cr * (size_t)T + 16), *s = perf_alloc(m, sr * (size_t)T + 16);
+    float *g = perf_alloc(m, 4), *gall = perf_alloc(m, 4 * (size_t)ep);
+    int rc = !q || !s || !g || !gall;
+    const void *pays[2] = {q, s};
+    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    *t = 0;
+    for (int i = 0; !rc && i < o->warmup + iters; i++) {
+        perf_mark(m, 0);
+        rc = wire_quantize(o->wire, d_pay, (size_t)T, hidden, g, q, s, m->stream) != MOEA2A_SUCCESS;
+        if (!rc && o->wire == PERF_WIRE_NVFP4) rc = moea2a_allgather(g, gall, 4, MOEA2A_UINT8, comm, m->stream) != MOEA2A_SUCCESS;
+        if (!rc) rc = moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream) != MOEA2A_SUCCESS;
+        perf_mark(m, 1);
+        if (i >= o->warmup) *t += perf_span(m, 0, 1);
+    }
+    *t /= iters;
+    if (perf_sync(m)) rc = 1;
+    perf_free(m, q), perf_free(m, s), perf_free(m, g), perf_free(m, gall);
+    moea2a_moe_destroy(moe);
+    return rc;
+}
+
 /* ---- moea2a ---------------------------------------------------------------------- */
 
 static moea2a_moe_config_t config_of(const perf_opts_t *o, int T, int cuda)
@@ -183,10 +255,38 @@ static moea2a_moe_config_t config_of(const perf_opts_t *o, int T, int cuda)
         c.num_payloads = 2;
         c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, (size_t)o->hidden / 16};
     }
+    c.wire[0] = wire_of(o->wire);
     c.hidden = (size_t)o->hidden, c.combine_dtype = MOEA2A_BFLOAT16;
     c.memory = cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
     if (o->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
     return c;
+}
+
+/* --wire: the codes of received row (src, t) against the standalone quantization of
+ * what that source sent (NVFP4 with the global scale it computed over its T rows,
+ * which must arrive in payload_global_scales too). Returns the codes that differ. */
+static long check_wire_row(const perf_opts_t *o, const bench_t *b, int src, int t, const unsigned char *got,
+                           float got_g)
+{
+    size_t hidden = b->hidden, cr = wire_code_row(o->wire, hidden), sr = wire_scale_row(o->wire, hidden);
+    uint16_t *row = malloc(2 * hidden * (size_t)(o->wire == PERF_WIRE_NVFP4 ? b->T : 1));
+    unsigned char *q = malloc(cr), *s = malloc(sr);
+    long wrong = 0;
+    float g = 1.0f;
+    if (!row || !q || !s) return (long)cr;
+    if (o->wire == PERF_WIRE_NVFP4) { /* the source's global scale, over all its rows */
+        for (int u = 0; u < b->T; u++)
+            for (size_t h = 0; h < hidden; h++) row[(size_t)u * hidden + h] = bf16_of_int(pay_value(src, u, h));
+        moea2a_fp4_global_scale(row, MOEA2A_BFLOAT16, (size_t)b->T * hidden, &g, NULL);
+        wrong += memcmp(&g, &got_g, 4) != 0;
+        memmove(row, row + (size_t)t * hidden, 2 * hidden);
+    } else {
+        for (size_t h = 0; h < hidden; h++) row[h] = bf16_of_int(pay_value(src, t, h));
+    }
+    wire_quantize(o->wire, row, 1, hidden, &g, q, s, NULL);
+    for (size_t i = 0; i < cr; i++) wrong += q[i] != got[i];
+    free(row), free(q), free(s);
+    return wrong;
 }
 
 /* One dispatch + combine checked exactly (results read back to the host); returns
@@ -209,7 +309,13 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
     perf_download(m, counts, d.recv_counts, 4 * (size_t)b->ep);
     perf_download(m, src, d.src_token_index, 4 * slots);
     perf_download(m, got, d.payloads[0], slots * d.payload_row_bytes[0]);
-    int bf16 = o->dtype == MOEA2A_BFLOAT16;
+    int bf16 = o->dtype == MOEA2A_BFLOAT16 && !o->wire;
+    float *g = calloc((size_t)b->ep, sizeof(float));
+    if (!g) {
+        *res = MOEA2A_ERR_NO_MEMORY;
+        return 0;
+    }
+    if (d.payload_global_scales[0]) perf_download(m, g, d.payload_global_scales[0], 4 * (size_t)b->ep);
     for (int q = 0; q < b->ep; q++)
         for (int i = 0; i < counts[q]; i++) {
             size_t slot = (size_t)q * (size_t)d.stride + (size_t)i;
@@ -219,6 +325,8 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
                 memcpy(&v, got + slot * d.payload_row_bytes[0] + 2 * h, 2);
                 wrong += v != bf16_of_int(pay_value(q, t, h));
             }
+            if (o->wire && i < 4) /* the first rows of each source: quantizing on the host is slow */
+                wrong += check_wire_row(o, b, q, t, got + slot * d.payload_row_bytes[0], g[q]);
             for (size_t h = 0; h < hidden; h++) rows[slot * hidden + h] = bf16_of_int(ret_value(q, t, b->rank, h));
         }
     void *cbuf;
@@ -233,7 +341,7 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
                 wrong += out[(size_t)t * hidden + h] != bf16_of_int(sum);
             }
     }
-    free(counts), free(src), free(got), free(rows), free(out);
+    free(counts), free(src), free(got), free(rows), free(out), free(g);
     return wrong;
 }
 
@@ -241,6 +349,7 @@ typedef struct {
     double td, tc, bd, bc; /* dispatch, combine, baseline dispatch, baseline combine (s) */
     double tp;             /* dispatch + combine back to back, no event between them (s) */
     double tg;             /* one round trip of a CUDA graph of iters round trips (s); 0: none */
+    double qd;             /* --wire --baseline: quantize with the standalone calls, then dispatch (s) */
     double sd, sc;         /* --split: each call as its two halves, back to back (s) */
     double gemm, ovl[2];   /* --split: the GEMM alone; a round trip overlapped with two GEMMs launched
                               between the halves / after them (s) */
@@ -449,6 +558,9 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
                                 d_out, sms, &r))
         return 1;
     size_t total_row = b.row + (cfg.num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
+    if (o->wire) /* what travels: codes, scales [, the global scale] */
+        total_row = wire_code_row(o->wire, b.hidden) + wire_scale_row(o->wire, b.hidden) +
+                    (o->wire == PERF_WIRE_NVFP4 ? 4 : 0);
     int32_t self_rows = 0;
     if (d.device_stats) { /* the load/store path keeps its counts on the device */
         int64_t st[4];
@@ -475,6 +587,8 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         r.bd /= o->iters, r.bc /= o->iters;
         base_free(m, &x);
     }
+    if (o->baseline && o->wire && wire_baseline(comm, m, o, T, d_pay, d_ids, d_w, iters, &r.qd))
+        FAIL("rank %d: the quantize-then-dispatch baseline: %s\n", rank, moea2a_last_error(comm));
     /* Across nodes: the rows this rank's routing sends to other nodes, one per
      * destination rank (what moea2a's result says it sent) and one per destination
      * node (what a node-aware scheme sends); a disagreement counts as wrong. */
@@ -499,8 +613,9 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         if (sent != flat) r.wrong++;
     }
     /* Slowest rank's times; bytes averaged over ranks; wrong values summed. */
-    double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
+    double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, qd, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
     TRY(perf_reduce(comm, r.tp, 0, &tp, &tmp));
+    TRY(perf_reduce(comm, r.qd, 0, &qd, &tmp));
     TRY(perf_reduce(comm, r.tg, 0, &tg, &tmp));
     TRY(perf_reduce(comm, r.sd, 0, &sd, &tmp));
     TRY(perf_reduce(comm, r.sc, 0, &sc, &tmp));
@@ -526,7 +641,8 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
                    "rank), %.1f node-aware (one per destination node): %.3fx\n",
                    T, nodes, sent_sum / ep, aware_sum / ep, flat_sum > 0 ? aware_sum / flat_sum : 0.0);
         if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", wrong);
-        print_row(T, "dispatch", bytes_d, remote_d, td, bd, wcol);
+        /* quantizing on dispatch is measured against quantizing first, then dispatching */
+        print_row(T, "dispatch", bytes_d, remote_d, td, qd > 0 ? qd : bd, wcol);
         print_row(T, "combine", bytes_c, remote_c, tc, bc, wcol);
         print_row(T, "roundtrip", bytes_d + bytes_c, remote_d + remote_c, td + tc, bd + bc, wcol);
         print_row(T, "roundtrip-b2b", bytes_d + bytes_c, remote_d + remote_c, tp, bd + bc, wcol);
@@ -541,6 +657,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
                    "hidden\n",
                    T, c ? "after both halves" : "between the halves", (sd + sc) * 1e6, gemm * 1e6, r.gemm_m, r.gemm_sms,
                    (sd + sc + 2 * gemm) * 1e6, ovl[c] * 1e6, 100.0 * (sd + sc + 2 * gemm - ovl[c]) / (sd + sc));
+        if (qd > 0) print_row(T, "q+dispatch", bytes_d, remote_d, qd, 0, "");
         if (o->baseline) {
             print_row(T, "base-dispatch", bytes_d, remote_d, bd, 0, "");
             print_row(T, "base-combine", bytes_c, remote_c, bc, 0, "");
