@@ -143,34 +143,47 @@ template <moea2a_datatype_t DT> struct Elem;
 template <> struct Elem<MOEA2A_FLOAT32> {
     static __device__ float load(const unsigned char *r, size_t h) { return reinterpret_cast<const float *>(r)[h]; }
     static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<float *>(r)[h] = v; }
+    static __device__ float round(float v) { return v; }
     static constexpr size_t size = 4;
 };
 template <> struct Elem<MOEA2A_BFLOAT16> {
     static __device__ float load(const unsigned char *r, size_t h) { return m2a_bf16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
     static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_bf16(v); }
+    static __device__ float round(float v) { return m2a_bf16_to_f32(m2a_f32_to_bf16(v)); }
     static constexpr size_t size = 2;
 };
 template <> struct Elem<MOEA2A_FLOAT16> {
     static __device__ float load(const unsigned char *r, size_t h) { return m2a_f16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
     static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_f16(v); }
+    static __device__ float round(float v) { return m2a_f16_to_f32(m2a_f32_to_f16(v)); }
     static constexpr size_t size = 2;
 };
 
 constexpr int kMaxDest = 64; /* destinations per token kept in shared memory */
 
 /* The rows token t gets back, in ascending rank order (the send map's order): this
- * rank's own from self_rows, the others' from their landing region. */
+ * rank's own from self_rows, the others' from their landing region. Across nodes
+ * (p.nodes > 1) they are regrouped by node, ascending, ranks ascending within a node
+ * (a stable sort), and *ends has bit d set where row d ends its node's group; 0 on
+ * one node. */
 __device__ int token_rows(const m2a_kparams_t &p, const int32_t *map, int t, size_t row_bytes,
-                          const unsigned char *self_rows, const unsigned char *landing, const unsigned char **rows)
+                          const unsigned char *self_rows, const unsigned char *landing, const unsigned char **rows,
+                          unsigned long long *ends)
 {
-    int nd = 0;
+    int nd = 0, node[kMaxDest];
     for (int d = 0; d < p.k && nd < kMaxDest; d++) {
         int32_t e = map[(size_t)t * p.k + d];
         if (e < 0) break;
         int rank = e / p.cap, slot = e % p.cap;
-        rows[nd++] = rank == p.me ? self_rows + (size_t)slot * row_bytes
-                                  : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
+        const unsigned char *row = rank == p.me ? self_rows + (size_t)slot * row_bytes
+                                                : landing + ((size_t)p.stage_index[rank] * p.cap + slot) * row_bytes;
+        int q = p.nodes > 1 ? p.node[rank] : 0, i = nd++;
+        while (i > 0 && node[i - 1] > q) rows[i] = rows[i - 1], node[i] = node[i - 1], i--;
+        rows[i] = row, node[i] = q;
     }
+    *ends = 0;
+    for (int d = 0; p.nodes > 1 && d < nd; d++)
+        if (d == nd - 1 || node[d + 1] != node[d]) *ends |= 1ull << d;
     return nd;
 }
 
@@ -182,15 +195,19 @@ __global__ void combine(m2a_kparams_t p, int n, const int32_t *__restrict__ map,
 {
     __shared__ const unsigned char *rows[kMaxDest];
     __shared__ int nrows;
+    __shared__ unsigned long long ends;
     const size_t row_bytes = Elem<DT>::size * hidden;
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
-        if (threadIdx.x == 0) nrows = token_rows(p, map, t, row_bytes, self_rows, landing, rows);
+        if (threadIdx.x == 0) nrows = token_rows(p, map, t, row_bytes, self_rows, landing, rows, &ends);
         __syncthreads();
         unsigned char *o = out + (size_t)t * row_bytes;
         for (size_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-            float acc = 0.0f;
-            for (int d = 0; d < nrows; d++) acc += Elem<DT>::load(rows[d], h);
-            Elem<DT>::store(o, h, acc);
+            float acc = 0.0f, total = 0.0f;
+            for (int d = 0; d < nrows; d++) {
+                acc += Elem<DT>::load(rows[d], h);
+                if ((ends >> d) & 1) total += Elem<DT>::round(acc), acc = 0.0f; /* a node's partial, as it travels */
+            }
+            Elem<DT>::store(o, h, ends ? total : acc);
         }
         __syncthreads();
     }
@@ -207,25 +224,30 @@ __global__ void combine_vec(m2a_kparams_t p, int n, const int32_t *__restrict__ 
     constexpr int V = 16 / Elem<DT>::size;
     __shared__ const unsigned char *rows[kMaxDest];
     __shared__ int nrows;
+    __shared__ unsigned long long ends;
     const size_t row_bytes = Elem<DT>::size * hidden, chunks = row_bytes / 16;
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
-        if (threadIdx.x == 0) nrows = token_rows(p, map, t, row_bytes, self_rows, landing, rows);
+        if (threadIdx.x == 0) nrows = token_rows(p, map, t, row_bytes, self_rows, landing, rows, &ends);
         __syncthreads();
         unsigned char *o = out + (size_t)t * row_bytes;
         for (size_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-            float acc[V];
+            float acc[V], total[V];
 #pragma unroll
-            for (int v = 0; v < V; v++) acc[v] = 0.0f;
+            for (int v = 0; v < V; v++) acc[v] = 0.0f, total[v] = 0.0f;
             for (int d = 0; d < nrows; d++) {
                 int4 raw = reinterpret_cast<const int4 *>(rows[d])[c];
                 const unsigned char *b = reinterpret_cast<const unsigned char *>(&raw);
 #pragma unroll
                 for (int v = 0; v < V; v++) acc[v] += Elem<DT>::load(b, (size_t)v);
+                if ((ends >> d) & 1) { /* a node's partial, as it travels between nodes */
+#pragma unroll
+                    for (int v = 0; v < V; v++) total[v] += Elem<DT>::round(acc[v]), acc[v] = 0.0f;
+                }
             }
             int4 res;
             unsigned char *rb = reinterpret_cast<unsigned char *>(&res);
 #pragma unroll
-            for (int v = 0; v < V; v++) Elem<DT>::store(rb, (size_t)v, acc[v]);
+            for (int v = 0; v < V; v++) Elem<DT>::store(rb, (size_t)v, ends ? total[v] : acc[v]);
             reinterpret_cast<int4 *>(o)[c] = res;
         }
         __syncthreads();

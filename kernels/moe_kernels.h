@@ -20,6 +20,8 @@ typedef struct {
     int32_t invalid_id;
     const int32_t *owner;       /* [E] */
     const int32_t *stage_index; /* [ep] */
+    const int32_t *node;        /* [ep]: each rank's node (the communicator's node map) */
+    int nodes;                  /* nodes of the communicator: above 1, combine sums per node first */
     size_t record;
     size_t width[M2A_K_MAX_ARRAYS], ws_off[M2A_K_MAX_ARRAYS], rec_off[M2A_K_MAX_ARRAYS];
 } m2a_kparams_t;
@@ -41,7 +43,9 @@ int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t pay
 /* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
 int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);
-/* out[t] = fp32 sum of the token's rows in ascending rank order, rounded once. */
+/* out[t] = fp32 sum of the token's rows in ascending rank order, rounded once; across
+ * nodes (p->nodes > 1) the node-grouped order of moea2a_moe(3): each node's partial
+ * rounded to dtype, the partials added in ascending node order, rounded. */
 int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                      const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
 

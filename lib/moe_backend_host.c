@@ -94,7 +94,7 @@ static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, vo
     if (m2a_host_combine_reduce(&moe->route, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
                                 moe->cfg.combine_dtype, moe->cfg.hidden,
                                 in + (size_t)moe->comm->rank * (size_t)moe->stride * l->combine_row, landing,
-                                moe->stage_index, out))
+                                moe->stage_index, moe->comm->nodes.node, moe->comm->nodes.nnodes, out))
         return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     return MOEA2A_SUCCESS;
 }
@@ -123,6 +123,7 @@ static moea2a_result_t host_alloc(moea2a_moe_t moe)
     moe->h_hdr_send = (m2a_moe_header_t *)(moe->ws + l->hdr_send);
     moe->h_hdr_recv = (m2a_moe_header_t *)(moe->ws + l->hdr_recv);
     memset(moe->h_recv_counts, 0, 4 * (size_t)moe->comm->nranks);
+    memcpy(moe->ws + l->node, moe->comm->nodes.node, 4 * (size_t)moe->comm->nranks);
     m2a_host_sanitize(&moe->route, l, moe->cfg.max_tokens_per_rank, 1, 0, moe->ws);
     return MOEA2A_SUCCESS;
 }

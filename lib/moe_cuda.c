@@ -52,6 +52,8 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
     kp->invalid_id = c->invalid_expert_id;
     kp->owner = (const int32_t *)(moe->ws + l->owner);
     kp->stage_index = (const int32_t *)(moe->ws + l->stage_index);
+    kp->node = (const int32_t *)(moe->ws + l->node);
+    kp->nodes = moe->comm->nodes.nnodes;
     kp->record = l->record;
     for (int a = 0; a < l->narrays; a++)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
@@ -88,6 +90,7 @@ moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
     /* tables, then every slot as padding: sanitized ids, source index -1 */
     CU(comm, OPS->copy(moe->ws + l->owner, moe->h_owner, 4 * (size_t)moe->cfg.num_experts, M2A_CUDA_H2D));
     CU(comm, OPS->copy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, M2A_CUDA_H2D));
+    CU(comm, OPS->copy(moe->ws + l->node, moe->comm->nodes.node, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->set(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));
     CU(comm, OPS->sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
                                             (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));

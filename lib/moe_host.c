@@ -159,25 +159,53 @@ static void store_row(moea2a_datatype_t dt, const float *acc, size_t hidden, uns
     }
 }
 
+/* total[h] += the partial rounded to dt (what travels between nodes), as fp32. */
+static void add_rounded(moea2a_datatype_t dt, const float *partial, size_t hidden, float *total)
+{
+    for (size_t h = 0; h < hidden; h++) {
+        float p = partial[h];
+        if (dt == MOEA2A_BFLOAT16) p = m2a_bf16_to_f32(m2a_f32_to_bf16(p));
+        else if (dt == MOEA2A_FLOAT16) p = m2a_f16_to_f32(m2a_f32_to_f16(p));
+        total[h] += p;
+    }
+}
+
 int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                             size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
-                            const int *stage_index, void *out)
+                            const int *stage_index, const int *node, int nodes, void *out)
 {
     size_t row_bytes = (dtype == MOEA2A_FLOAT32 ? 4 : 2) * hidden;
-    float *acc = malloc(sizeof(float) * (hidden ? hidden : 1));
+    float *acc = malloc(sizeof(float) * (hidden ? hidden : 1) * 2), *total = acc + (hidden ? hidden : 1);
     if (!acc) return -1;
     for (int t = 0; t < n; t++) {
         const int32_t *map = send_map + (size_t)t * r->k;
-        memset(acc, 0, sizeof(float) * hidden);
-        /* the map holds the token's ranks in ascending order: the fixed summation order */
-        for (int d = 0; d < r->k && map[d] >= 0; d++) {
-            int rank = map[d] / r->cap, slot = map[d] % r->cap;
-            const unsigned char *row =
-                rank == r->me ? self_rows + (size_t)slot * row_bytes
-                              : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
-            accumulate(dtype, row, hidden, acc);
+        int nd = 0;
+        while (nd < r->k && map[nd] >= 0) nd++;
+        memset(total, 0, sizeof(float) * hidden);
+        /* One pass per node holding rows of t, in ascending node order (one pass on
+         * one node); within it the node's ranks in ascending order, as the map holds
+         * them: the fixed summation order of moea2a_moe(3). */
+        for (int cur = -1;;) {
+            int next = -1; /* the smallest node above cur among the token's ranks */
+            for (int d = 0; d < nd; d++) {
+                int q = nodes > 1 ? node[map[d] / r->cap] : 0;
+                if (q > cur && (next < 0 || q < next)) next = q;
+            }
+            if (next < 0) break;
+            memset(acc, 0, sizeof(float) * hidden);
+            for (int d = 0; d < nd; d++) {
+                int rank = map[d] / r->cap, slot = map[d] % r->cap;
+                if (nodes > 1 && node[rank] != next) continue;
+                const unsigned char *row =
+                    rank == r->me ? self_rows + (size_t)slot * row_bytes
+                                  : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
+                accumulate(dtype, row, hidden, acc);
+            }
+            if (nodes <= 1) memcpy(total, acc, sizeof(float) * hidden); /* one node: its partial, rounded once */
+            else add_rounded(dtype, acc, hidden, total);
+            cur = next;
         }
-        store_row(dtype, acc, hidden, (unsigned char *)out + (size_t)t * row_bytes);
+        store_row(dtype, total, hidden, (unsigned char *)out + (size_t)t * row_bytes);
     }
     free(acc);
     return 0;

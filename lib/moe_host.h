@@ -60,10 +60,12 @@ void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stri
                        int rewrite_nonlocal, unsigned char *ws);
 
 /* out[t] = sum over the token's destinations in ascending rank order, in fp32, of
- * their rows; rows of this rank are read from self_rows (slot-indexed), the others'
- * from landing[stage_index[rank]][slot]. Tokens with no destination get zeros.
- * Returns -1 if it could not allocate its k row pointers. */
+ * their rows, rounded once; across nodes (nodes > 1, node[rank] each rank's node) the
+ * node-grouped order: each node's partial so, rounded to dtype, the partials added in
+ * ascending node order. Rows of this rank are read from self_rows (slot-indexed),
+ * the others' from landing[stage_index[rank]][slot]. Tokens with no destination get
+ * zeros. Returns -1 if it could not allocate its accumulators. */
 int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                              size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
-                             const int *stage_index, void *out);
+                             const int *stage_index, const int *node, int nodes, void *out);
 #endif

@@ -186,6 +186,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
     l->src_index = take(&at, 4 * n * cap);
     l->owner = take(&at, 4 * (size_t)c->num_experts); /* expert -> rank */
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
+    l->node = take(&at, 4 * n);                        /* rank -> node: the combine order across nodes */
     l->stats = take(&at, 16);                          /* invalid and merged entries */
     l->backend_ctl = take(&at, backend_ctl); /* e.g. the load/store path's signals and counters */
     l->aux_end = at;

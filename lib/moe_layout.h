@@ -48,7 +48,7 @@ size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i);
 
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
-    size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, stats, aux_end;
+    size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, node, stats, aux_end;
     /* the backend's control regions in the aux part (m2a_moe_backend_t.size) */
     size_t backend_ctl;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;

@@ -312,11 +312,20 @@ static int check_combine(const cfg_t *c, uint64_t seed, int me, moea2a_moe_t moe
         r = moea2a_combine(moe, zero_copy ? NULL : expert, out, NULL);
     }
     RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "combine%s: %s", split ? " (split)" : "", moea2a_last_error(NULL));
+    /* MOEA2A_NODE_SIZE=N: nodes of N consecutive ranks; across nodes each node's partial
+     * (ascending ranks, fp32) is rounded to the combine dtype (exact for the bf16/fp16
+     * values here) and the partials are added in ascending node order */
+    const char *ns = getenv("MOEA2A_NODE_SIZE");
+    const int per = ns && atoi(ns) > 0 && atoi(ns) < c->ep ? atoi(ns) : c->ep;
     for (int t = 0; r == MOEA2A_SUCCESS && t < n_me && fails < 5; t++)
         for (size_t h = 0; h < c->hidden; h++) {
             float acc = 0.0f;
-            for (int dst = 0; dst < c->ep; dst++) /* ascending rank order, fp32 */
-                if (goes_to(c, seed, me, t, dst)) acc += row_value(c, seed, me, t, dst, h);
+            for (int node0 = 0; node0 < c->ep; node0 += per) {
+                float partial = 0.0f;
+                for (int dst = node0; dst < node0 + per && dst < c->ep; dst++) /* ascending rank order, fp32 */
+                    if (goes_to(c, seed, me, t, dst)) partial += row_value(c, seed, me, t, dst, h);
+                acc = per == c->ep ? partial : acc + partial;
+            }
             /* bf16/fp16: sums of quarters in [-32, 32] are exact; fp32: the same adds in the same order */
             int ok = same_value(c->cdt, out + (size_t)t * row, h, acc);
             RANK_EXPECT(fails, me, ok, "combine out[%d][%zu] wrong (expected %g)", t, h, (double)acc);
@@ -443,6 +452,43 @@ static moea2a_moe_config_t small_config(int E, int k, int cap)
     m.combine_dtype = MOEA2A_FLOAT32;
     m.memory = MOEA2A_MEMORY_HOST;
     return m;
+}
+
+/* The combine order across nodes, where rounding decides: rank 3 sends one token to
+ * ranks 0, 1, 2, whose bf16 rows hold 1, 2^-8, 2^-8. On one node the fp32 sum
+ * 1 + 2^-7 is a bf16; with nodes {0,1} and {2,3} (MOEA2A_NODE_SIZE=2) node 0's
+ * partial 1 + 2^-8 rounds (a tie, to even) to 1 before it travels, and 1 + 2^-8
+ * rounds to 1 again: the node-grouped order of moea2a_moe(3). */
+static int node_order_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    const int grouped = *(const int *)arg;
+    if (grouped) setenv("MOEA2A_NODE_SIZE", "2", 1);
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    moea2a_moe_config_t mc = small_config(4, 3, 2); /* expert e lives on rank e */
+    mc.combine_dtype = MOEA2A_BFLOAT16;
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &mc)) return 1;
+    int32_t ids[3] = {0, 1, 2};
+    uint16_t pay[8] = {0}, out[8] = {0};
+    const void *pays[1] = {pay};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t r = moea2a_dispatch(moe, me == 3 ? 1 : 0, ids, NULL, pays, 0, &res, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(comm));
+    uint16_t *rows;
+    moea2a_moe_combine_buffer(moe, (void **)&rows);
+    const uint16_t value = me == 0 ? 0x3f80 : 0x3b80; /* bf16 1.0 on rank 0, 2^-8 on ranks 1 and 2 */
+    for (int i = 0; r == MOEA2A_SUCCESS && i < res.recv_counts[3]; i++)
+        for (int h = 0; h < 8; h++) rows[((size_t)3 * res.stride + (size_t)i) * 8 + (size_t)h] = value;
+    r = moea2a_combine(moe, NULL, out, NULL);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+    const uint16_t want = grouped ? 0x3f80 : 0x3f81; /* 1.0, or 1 + 2^-7 */
+    for (int h = 0; me == 3 && h < 8; h++)
+        RANK_EXPECT(fails, me, out[h] == want, "out[%d] = 0x%04x, want 0x%04x", h, out[h], want);
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
 }
 
 /* The split halves' order rules, and that they give the one-call form's bits
@@ -639,6 +685,13 @@ int main(void)
         local_ranks_run(4, sweep_rank, &s, WATCHDOG, &res);
         tap_ok(res.failed == 0, "%d random configurations on 4 ranks in 2 emulated nodes (MOEA2A_NODE_SIZE=2) match the "
                                 "oracle", s.configs);
+    }
+    for (int grouped = 0; grouped < 2; grouped++) {
+        local_ranks_result_t res;
+        local_ranks_run(4, node_order_rank, &grouped, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "combine order %s: bf16 rows 1, 2^-8, 2^-8 from ranks 0, 1, 2 sum to %s", grouped
+               ? "across 2 emulated nodes (node partials rounded to bf16, then added)" : "on one node (fp32, rounded once)",
+               grouped ? "1" : "1 + 2^-7");
     }
     static const int rule_sizes[] = {1, 2, 4};
     for (size_t i = 0; i < sizeof(rule_sizes) / sizeof(rule_sizes[0]); i++) {
