@@ -233,7 +233,9 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     moea2a_result_t r = moe && p ? plan(comm, config, p) : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     /* All ranks learn whether every rank's config checked out and is the same. */
     r = m2a_moe_agree_config(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
-    if (r == MOEA2A_SUCCESS) r = check_fits(comm, p);
+    /* Memory (or a missing CUDA module) may fail on one rank only; the backends'
+     * allocations are collective, so every rank enters them or none does. */
+    if (r == MOEA2A_SUCCESS) r = m2a_moe_agree(comm, check_fits(comm, p), NULL);
     if (r == MOEA2A_SUCCESS) {
         moe->comm = comm;
         moe->cfg = p->cfg;

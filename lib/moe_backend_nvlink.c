@@ -254,7 +254,8 @@ static void nvlink_release(moea2a_moe_t moe)
 
 static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
 {
-    moea2a_result_t r = m2a_moe_cuda_begin(moe);
+    /* fast_alloc is collective: a rank whose device set-up failed must not skip it alone */
+    moea2a_result_t r = m2a_moe_agree(moe->comm, m2a_moe_cuda_begin(moe), NULL);
     if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
     if (r == MOEA2A_SUCCESS) fast_params(moe);
