@@ -375,7 +375,8 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
 typedef struct {
     int ndev, cases;
     uint64_t seed;
-    int nvlink; /* MOEA2A_NVLINK for this run */
+    int nvlink;    /* MOEA2A_NVLINK for this run */
+    int node_size; /* MOEA2A_NODE_SIZE for this run (emulated nodes; 0: hosts) */
 } moe_arg_t;
 
 static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -389,6 +390,12 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * path must be (NCCL forced onto its network transport; one rank still reaches
      * itself by load/store), unset either */
     expect_nvlink = !a->nvlink ? 0 : want && *want == '1' ? 1 : want && *want == '0' && n > 1 ? 0 : -1;
+    if (a->node_size) { /* ranks on several (emulated) nodes: the generic path, node-grouped combine */
+        char v[16];
+        snprintf(v, sizeof(v), "%d", a->node_size);
+        setenv("MOEA2A_NODE_SIZE", v, 1);
+        expect_nvlink = 0;
+    }
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % a->ndev;
@@ -670,6 +677,7 @@ int main(void)
             tap_skip("not enough GPUs", "%d ranks on %d GPUs", n, n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, load/store path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs in 2 emulated nodes", n);
             continue;
         }
         local_ranks_result_t res;
@@ -677,10 +685,18 @@ int main(void)
         tap_ok(res.failed == 0, "alltoallv, allgather, bcast on CUDA memory over NCCL, %d GPU(s)", n);
         if (quick && i == 2) break;
         for (int nvlink = 1; nvlink >= 0; nvlink--) {
-            moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + (uint64_t)nvlink, nvlink};
+            moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + (uint64_t)nvlink, nvlink, 0};
             local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), %s path: %d random configs equal the host reference bit for bit",
                    n, nvlink ? "load/store (NVLink)" : "generic NCCL", a.cases);
+        }
+        if (n > 1 && !quick) { /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order */
+            moe_arg_t a = {ndev, 20, 991u * (uint64_t)n, 1, n / 2};
+            local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+            tap_ok(res.failed == 0, "MoE on %d GPU(s) in 2 emulated nodes: %d random configs on the generic path equal "
+                                    "the host reference (node-grouped combine) bit for bit", n, a.cases);
+        } else {
+            tap_skip(n > 1 ? "quick mode" : "one rank is one node", "MoE on %d GPU(s) in 2 emulated nodes", n);
         }
     }
     local_ranks_result_t res;
