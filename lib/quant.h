@@ -53,21 +53,21 @@ static inline int m2a_quant_space(const void *const *ptrs, int n)
 
 /* CUDA memory: the CUDA module's kernel (the module loads on first use; without it
  * MOEA2A_ERR_UNAVAILABLE names it). */
-#define M2A_QUANT_CUDA_OR(launch)                                                                                     \
-    do {                                                                                                   \
-        const moea2a_cuda_v1_t *ops_;                                                                      \
-        M2A_TRY(m2a_cuda_require(NULL, fn, &ops_));                                                        \
-        int e_ = ops_->launch;                                                                             \
-        return e_ ? m2a_error(NULL, MOEA2A_ERR_CUDA, "%s: %s", fn, ops_->error_string(e_)) : MOEA2A_SUCCESS; \
+#define M2A_QUANT_CUDA_OR(launch)                                                                              \
+    do {                                                                                                       \
+        const moea2a_cuda_v1_t *ops_;                                                                          \
+        M2A_TRY(m2a_cuda_require(NULL, fn, &ops_));                                                            \
+        int e_ = ops_->launch;                                                                                 \
+        return e_ ? m2a_error(NULL, MOEA2A_ERR_CUDA, "%s: %s", fn, ops_->error_string(e_)) : MOEA2A_SUCCESS;   \
     } while (0)
 
-#define M2A_QUANT_CHECK_SPACE(cuda, fn) \
+#define M2A_QUANT_CHECK_SPACE(cuda, fn)                                                                        \
     M2A_CHECK_ARG(NULL, (cuda) >= 0, "%s: all pointers must be in the same memory (host or CUDA)", fn)
 
 /* The CUDA kernels move 16-byte vectors of values and codes, and 4-byte words of
  * scales: device buffers must be aligned so (cudaMalloc gives 256 bytes). */
-#define M2A_QUANT_CHECK_ALIGNED(cuda, fn, values, codes, scales)                                                     \
-    M2A_CHECK_ARG(NULL, !(cuda) || ((((uintptr_t)(values) | (uintptr_t)(codes)) & 15) == 0 &&              \
-                                    ((uintptr_t)(scales) & 3) == 0),                                       \
+#define M2A_QUANT_CHECK_ALIGNED(cuda, fn, values, codes, scales)                                               \
+    M2A_CHECK_ARG(NULL, !(cuda) || ((((uintptr_t)(values) | (uintptr_t)(codes)) & 15) == 0 &&                  \
+                                    ((uintptr_t)(scales) & 3) == 0),                                           \
                   "%s: device buffers must be 16-byte aligned (scales 4-byte aligned)", fn)
 #endif
