@@ -18,7 +18,19 @@ typedef struct {
     moea2a_memory_t memory;
     const char *topology;
     double mem_limit;
+    moea2a_wire_t wire; /* wire=fp8|fp8-ue8m0|nvfp4: the payload quantized on dispatch */
 } ws_args_t;
+
+/* The wire settings of moea2a_perf --wire: MN-major FP8 scales (fp32 or UE8M0), 128x4
+ * NVFP4 scales, the layouts grouped GEMMs read. */
+static int parse_wire(const char *s, moea2a_wire_t *w)
+{
+    if (!strcmp(s, "fp8")) *w = (moea2a_wire_t){MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, 0};
+    else if (!strcmp(s, "fp8-ue8m0")) *w = (moea2a_wire_t){MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, MOEA2A_FP8_UE8M0};
+    else if (!strcmp(s, "nvfp4")) *w = (moea2a_wire_t){MOEA2A_WIRE_NVFP4, MOEA2A_SF_128X4, 0};
+    else return -1;
+    return 0;
+}
 
 static int parse_dtype(const char *s, moea2a_datatype_t *d)
 {
@@ -54,6 +66,7 @@ static int parse_args(char *spec, ws_args_t *a)
         else if (!strcmp(kv, "dtype") && !parse_dtype(v, &a->dtype)) continue;
         else if (!strcmp(kv, "combine") && !parse_dtype(v, &a->combine)) continue;
         else if (!strcmp(kv, "topology")) a->topology = v;
+        else if (!strcmp(kv, "wire") && !parse_wire(v, &a->wire)) continue;
         else if (!strcmp(kv, "mem") && (a->mem_limit = parse_bytes(v)) > 0) continue;
         else if (!strcmp(kv, "memory") && (!strcmp(v, "cuda") || !strcmp(v, "host") || !strcmp(v, "auto")))
             a->memory = !strcmp(v, "cuda") ? MOEA2A_MEMORY_CUDA : !strcmp(v, "host") ? MOEA2A_MEMORY_HOST : MOEA2A_MEMORY_AUTO;
@@ -77,6 +90,7 @@ static moea2a_moe_config_t config_of(const ws_args_t *a)
         c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, (size_t)a->hidden / 16};
     }
     if (a->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
+    c.wire[0] = a->wire;
     return c;
 }
 
@@ -147,8 +161,12 @@ int info_workspace(const char *spec_in)
     for (int i = 0; i < c.num_payloads; i++) {
         size_t es;
         moea2a_datatype_size(c.payloads[i].dtype, &es);
-        snprintf(buf, sizeof(buf), "ep x cap x %zu B (%s)", es * c.payloads[i].elems_per_token,
-                 moea2a_datatype_name(c.payloads[i].dtype));
+        if (c.wire[i].format == MOEA2A_WIRE_AS_IS)
+            snprintf(buf, sizeof(buf), "ep x cap x %zu B (%s)", es * c.payloads[i].elems_per_token,
+                     moea2a_datatype_name(c.payloads[i].dtype));
+        else /* codes, row scales, the wire's layout (moea2a_moe(3), "Quantize on dispatch") */
+            snprintf(buf, sizeof(buf), "%s given, quantized on dispatch to %s: codes and scales",
+                     moea2a_datatype_name(c.payloads[i].dtype), c.wire[i].format == MOEA2A_WIRE_FP8 ? "FP8" : "NVFP4");
         char name[32];
         snprintf(name, sizeof(name), "payload %d", i);
         line(name, s.payload_bytes[i], buf);

@@ -19,7 +19,8 @@ static void usage(FILE *f)
             "  -T, --transports     transport modules found and whether they load\n"
             "  -w, --workspace SPEC MoE workspace per rank, offline; SPEC is KEY=VALUE,... with ep, cap,\n"
             "                       hidden, topk, experts, dtype (bf16, nvfp4, ...), combine, weights=0|1,\n"
-            "                       memory=cuda|host, ranks_per_node, rank, topology=FILE.xml, mem=SIZE\n"
+            "                       memory=cuda|host, ranks_per_node, rank, topology=FILE.xml, mem=SIZE,\n"
+            "                       wire=fp8|fp8-ue8m0|nvfp4 (the payload quantized on dispatch)\n"
             "  -v, --version        version only\n"
             "  -h, --help           this text\n");
 }
