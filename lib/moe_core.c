@@ -11,6 +11,7 @@
 typedef struct {
     int32_t status, num_experts, top_k, cap, num_payloads, combine_dtype, invalid_id, placement, flags, memory, num_sms;
     int32_t dtypes[MOEA2A_MOE_MAX_PAYLOADS];
+    int32_t wire[MOEA2A_MOE_MAX_PAYLOADS]; /* format | scale layout << 8 | flags << 16 */
     uint64_t elems[MOEA2A_MOE_MAX_PAYLOADS], hidden, map_hash;
 } digest_t;
 
@@ -24,7 +25,10 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     d.num_payloads = c->num_payloads, d.combine_dtype = c->combine_dtype, d.invalid_id = c->invalid_expert_id;
     d.placement = c->placement, d.flags = (int32_t)c->flags, d.memory = c->memory, d.hidden = c->hidden;
     d.num_sms = c->num_sms;
-    for (int i = 0; i < c->num_payloads; i++) d.dtypes[i] = c->payloads[i].dtype, d.elems[i] = c->payloads[i].elems_per_token;
+    for (int i = 0; i < c->num_payloads; i++) {
+        d.dtypes[i] = c->payloads[i].dtype, d.elems[i] = c->payloads[i].elems_per_token;
+        d.wire[i] = (int32_t)c->wire[i].format | c->wire[i].scale_layout << 8 | (int32_t)(c->wire[i].flags << 16);
+    }
     d.map_hash = 1469598103934665603ULL;
     for (int e = 0; c->placement == MOEA2A_PLACEMENT_MAP && e < c->num_experts; e++)
         d.map_hash = (d.map_hash ^ (uint64_t)c->expert_to_rank[e]) * 1099511628211ULL;
@@ -44,6 +48,12 @@ moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, c
                                        : m2a_error(comm, (moea2a_result_t)all[q].status,
                                                    "moea2a_moe_create failed on rank %d (%s); see its moea2a_last_error",
                                                    q, moea2a_strerror((moea2a_result_t)all[q].status));
+        } else if (mine == MOEA2A_SUCCESS && memcmp(all[q].wire, all[comm->rank].wire, sizeof(all[q].wire))) {
+            int i = 0;
+            while (all[q].wire[i] == all[comm->rank].wire[i]) i++;
+            r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
+                          "moea2a_moe_create: rank %d sends payload %d in another wire format (format | scale layout "
+                          "<< 8 | flags << 16: 0x%x here, 0x%x there)", q, i, all[comm->rank].wire[i], all[q].wire[i]);
         } else if (mine == MOEA2A_SUCCESS && memcmp(&all[q], &all[comm->rank], sizeof(digest_t))) {
             const digest_t *a = &all[comm->rank], *b = &all[q];
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,

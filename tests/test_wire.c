@@ -272,6 +272,26 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* Ranks that disagree on a payload's wire format: MOEA2A_ERR_MISMATCH on every rank,
+ * naming the payload, before anything is allocated. */
+static int mismatch_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    wire_case_t w = cases[0];
+    if (me == 1) w.flags = MOEA2A_FP8_UE8M0;
+    moea2a_moe_config_t c = config_for(&w, 8, 2, 4, 1);
+    moea2a_moe_t moe;
+    moea2a_result_t r = moea2a_moe_create(&moe, comm, &c);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_MISMATCH && strstr(moea2a_last_error(comm), "payload 0"),
+                "different wire flags on rank 1: %s (%s)", moea2a_strerror(r), moea2a_last_error(comm));
+    if (r == MOEA2A_SUCCESS) moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 int main(void)
 {
     static const int sizes[] = {1, 2, 3, 4};
@@ -283,6 +303,8 @@ int main(void)
                sizes[i]);
     }
     local_ranks_result_t res;
+    local_ranks_run(2, mismatch_rank, NULL, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "ranks that disagree on a payload's wire format: MOEA2A_ERR_MISMATCH on every rank");
     local_ranks_run(1, config_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "config checks: block multiples, float dtypes, layouts, flags, unused wire entries, CUDA "
                             "memory refused with a reason");
