@@ -3,8 +3,9 @@
  * bit for bit as if each rank had quantized its tokens with the standalone calls and
  * dispatched the codes and row scales as plain payloads: codes, scales in the wire's
  * layout with padding rows 0, NVFP4's per-source global scales, next to a payload sent
- * as is; random routings with invalid ids, idle ranks, several strides; the sizes of
- * the arrays against the formula of moea2a_moe(3); and the config checks. */
+ * as is; one call and the split halves; random routings with invalid ids, idle ranks,
+ * several strides; the sizes of the arrays against the formula of moea2a_moe(3); a
+ * wire mismatch between ranks; and the config checks. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,7 +170,13 @@ static int run_case(moea2a_comm_t comm, int me, int ep, int ci, uint64_t seed)
     moea2a_result_t r0 = moea2a_dispatch(mq, cap, all_ids, NULL, (const void *[2]){xf, side}, cap, &rq, NULL);
     RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: first dispatch: %s", ci, moea2a_last_error(comm));
     free(all_ids), free(xf);
-    moea2a_result_t r1 = moea2a_dispatch(mq, n, ids, NULL, pq, stride, &rq, NULL);
+    moea2a_result_t r1;
+    if (seed % 4 == 1) { /* the split halves: quantized in the send half, finished in the receive half */
+        r1 = moea2a_dispatch_send(mq, n, ids, NULL, pq, stride, NULL);
+        if (r1 == MOEA2A_SUCCESS) r1 = moea2a_dispatch_recv(mq, &rq, NULL);
+    } else {
+        r1 = moea2a_dispatch(mq, n, ids, NULL, pq, stride, &rq, NULL);
+    }
     moea2a_result_t r2 = moea2a_dispatch(mp, n, ids, NULL, pp, stride, &rp, NULL);
     RANK_EXPECT(fails, me, r1 == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "case %d: dispatch: %s", ci,
                 moea2a_last_error(comm));
