@@ -1,0 +1,414 @@
+"""moea2a from Python: expert-parallel all-to-all (dispatch, combine) for MoE models.
+
+A pure-Python layer over the C library (ctypes; no compiled extension, no build-time
+dependency on PyTorch). NumPy arrays work on host memory: dispatch results are views
+of the context's workspace, valid until its next dispatch. See python/README.md.
+"""
+import ctypes
+
+from . import _capi as C
+
+_lib = C.load()
+
+
+def _version():
+    ma, mi, pa = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    _lib.moea2a_get_version(ctypes.byref(ma), ctypes.byref(mi), ctypes.byref(pa))
+    return f"{ma.value}.{mi.value}.{pa.value}"
+
+
+__version__ = _version()
+_VERSION_CODE = sum(int(p) * m for p, m in zip(__version__.split("."), (10000, 100, 1)))
+build_config = _lib.moea2a_get_build_config().decode()
+
+
+# ---- errors -------------------------------------------------------------------------
+
+class Error(Exception):
+    """A moea2a call failed: .code is the moea2a_result_t, .name its MOEA2A_ERR_* name,
+    .detail the library's message (moea2a_last_error)."""
+
+    def __init__(self, code, detail=""):
+        self.code = code
+        self.name = _lib.moea2a_strerror(code).decode().split(":")[0]
+        self.detail = detail
+        super().__init__(f"{self.name}: {detail}" if detail else self.name)
+
+
+class InvalidArgument(Error, ValueError): pass
+class NoMemory(Error, MemoryError): pass
+class SystemError_(Error, OSError): pass
+class Timeout(Error, TimeoutError): pass
+class PeerFailed(Error, ConnectionError): pass
+class Mismatch(Error): pass
+class Unavailable(Error): pass
+class TransportError(Error): pass
+class CapacityError(Error): pass
+class StateError(Error): pass
+class CudaError(Error): pass
+class Aborted(Error): pass
+class InternalError(Error): pass
+
+
+_ERRORS = {1: InvalidArgument, 2: NoMemory, 3: SystemError_, 4: Timeout, 5: PeerFailed, 6: Mismatch, 7: Unavailable,
+           8: TransportError, 9: CapacityError, 10: StateError, 11: CudaError, 12: Aborted, 13: InternalError}
+
+
+def _check(rc, comm=None):
+    if rc:
+        detail = _lib.moea2a_last_error(comm).decode(errors="replace")
+        raise _ERRORS.get(rc, Error)(rc, detail)
+
+
+# ---- buffers ------------------------------------------------------------------------
+
+def _np():
+    import numpy
+    return numpy
+
+
+# numpy dtypes of moea2a's datatypes; bf16, fp8 and nvfp4 travel as their bits
+_NP_DTYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64", "fp16": "float16",
+             "bf16": "uint16", "fp32": "float32", "fp8_e4m3": "uint8", "nvfp4": "uint8"}
+
+
+def _dtype(name):
+    if name not in C.DTYPES:
+        raise InvalidArgument(1, f"unknown dtype {name!r}; one of {', '.join(C.DTYPES)}")
+    return C.DTYPES[name]
+
+
+def _ptr(obj, what):
+    """The address of a NumPy array (C-contiguous) or of anything with data_ptr()
+    (a torch.Tensor); None for None."""
+    if obj is None:
+        return None
+    if hasattr(obj, "data_ptr"):
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            raise InvalidArgument(1, f"{what} must be contiguous")
+        return obj.data_ptr()
+    if hasattr(obj, "__array_interface__"):
+        if not obj.flags["C_CONTIGUOUS"]:
+            raise InvalidArgument(1, f"{what} must be C-contiguous")
+        return obj.__array_interface__["data"][0]
+    raise InvalidArgument(1, f"{what}: a NumPy array or a torch.Tensor, not {type(obj).__name__}")
+
+
+def _view(owner, ptr, shape, np_dtype):
+    """A NumPy array over memory the library owns, keeping owner alive."""
+    np = _np()
+    dt = np.dtype(np_dtype)
+    count = 1
+    for s in shape:
+        count *= s
+    if not ptr or count == 0:
+        return np.zeros(shape, dtype=dt)
+    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(ptr)
+    buf.owner = owner
+    return np.frombuffer(buf, dtype=dt).reshape(shape)
+
+
+# ---- handles ------------------------------------------------------------------------
+
+class _Handle:
+    """A C object this package owns: released once, by its release method or at the
+    end of a with-block; using it afterwards raises StateError."""
+    _what, _free = "object", None
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise StateError(10, f"the {self._what} was destroyed")
+        return self._h
+
+    def _release(self):
+        if self._h:
+            h, self._h = self._h, ctypes.c_void_p()
+            _check(getattr(_lib, self._free)(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+
+
+# ---- communicator -------------------------------------------------------------------
+
+def unique_id():
+    """A rendezvous token (bytes): made by one process, handed to every rank."""
+    uid = C.UniqueId()
+    _check(_lib.moea2a_get_unique_id(ctypes.byref(uid)))
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
+
+
+class Comm(_Handle):
+    """A communicator. Comm(nranks, rank, uid) joins the ranks that got the same
+    unique_id(); Comm() reads the launcher's environment (MOEA2A_RANK / mpirun / srun);
+    Comm.from_torch(group) takes its ranks from a torch.distributed process group."""
+
+    _what, _free = "communicator", "moea2a_comm_destroy"
+
+    def __init__(self, nranks=None, rank=None, uid=None, timeout_s=None, transport=None, cuda_device=-1):
+        cfg = C.Config(ctypes.sizeof(C.Config), _VERSION_CODE, -1.0 if timeout_s is None else float(timeout_s),
+                       transport.encode() if transport else None, cuda_device)
+        self._h = ctypes.c_void_p()
+        if uid is None:
+            if nranks is not None or rank is not None:
+                raise InvalidArgument(1, "Comm(nranks, rank) needs the uid every rank shares (moea2a.unique_id())")
+            _check(_lib.moea2a_comm_init_env(ctypes.byref(self._h), ctypes.byref(cfg)))
+        else:
+            if len(uid) != C.UNIQUE_ID_BYTES:
+                raise InvalidArgument(1, f"uid must be the {C.UNIQUE_ID_BYTES} bytes moea2a.unique_id() made")
+            u = C.UniqueId()
+            ctypes.memmove(ctypes.addressof(u), bytes(uid), ctypes.sizeof(u))
+            _check(_lib.moea2a_comm_init_rank(ctypes.byref(self._h), int(nranks), u, int(rank), ctypes.byref(cfg)))
+
+    @classmethod
+    def from_torch(cls, group=None, **kw):
+        """All ranks of a torch.distributed group; rank 0's unique id travels through it."""
+        import torch.distributed as dist
+        obj = [unique_id() if dist.get_rank(group) == 0 else None]
+        dist.broadcast_object_list(obj, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        return cls(dist.get_world_size(group), dist.get_rank(group), obj[0], **kw)
+
+    @property
+    def rank(self):
+        r = ctypes.c_int()
+        _check(_lib.moea2a_comm_rank(self.handle, ctypes.byref(r)), self.handle)
+        return r.value
+
+    @property
+    def size(self):
+        s = ctypes.c_int()
+        _check(_lib.moea2a_comm_size(self.handle, ctypes.byref(s)), self.handle)
+        return s.value
+
+    def last_error(self):
+        return _lib.moea2a_last_error(self._h).decode(errors="replace")
+
+    def abort(self):
+        """Stops everything in flight; afterwards calls fail with Aborted."""
+        _check(_lib.moea2a_comm_abort(self.handle), self.handle)
+
+    def destroy(self):
+        self._release()
+
+
+# ---- MoE ----------------------------------------------------------------------------
+
+_WIRES = {None: (C.WIRE_AS_IS, 0, 0), "fp8": (C.WIRE_FP8, C.FP8_SCALES_ROW_MAJOR, 0),
+          "fp8-mn": (C.WIRE_FP8, C.FP8_SCALES_MN_MAJOR, 0),
+          "fp8-ue8m0": (C.WIRE_FP8, C.FP8_SCALES_ROW_MAJOR, C.FP8_UE8M0),
+          "fp8-ue8m0-mn": (C.WIRE_FP8, C.FP8_SCALES_MN_MAJOR, C.FP8_UE8M0),
+          "nvfp4": (C.WIRE_NVFP4, C.SF_LINEAR, 0), "nvfp4-128x4": (C.WIRE_NVFP4, C.SF_128X4, 0),
+          "nvfp4-8x4": (C.WIRE_NVFP4, C.SF_8X4, 0)}
+_MEMORY = {"auto": C.MEMORY_AUTO, "host": C.MEMORY_HOST, "cuda": C.MEMORY_CUDA}
+
+
+def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16", payloads=None,
+                combine_dtype="bf16", weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
+                expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True):
+    c = C.MoeConfig()
+    c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
+    c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
+    plist = payloads if payloads is not None else ([(dtype, hidden)] if hidden else [])
+    if len(plist) > C.MAX_PAYLOADS:
+        raise InvalidArgument(1, f"at most {C.MAX_PAYLOADS} payloads")
+    wires = wire if isinstance(wire, (list, tuple)) else [wire] + [None] * (len(plist) - 1)
+    c.num_payloads = len(plist)
+    for i, (dt, elems) in enumerate(plist):
+        c.payloads[i].dtype, c.payloads[i].elems_per_token = _dtype(dt), int(elems)
+        if wires[i] not in _WIRES:
+            raise InvalidArgument(1, f"unknown wire {wires[i]!r}; one of {', '.join(str(w) for w in _WIRES)}")
+        c.wire[i].format, c.wire[i].scale_layout, c.wire[i].flags = _WIRES[wires[i]]
+    c.combine_dtype, c.hidden, c.invalid_expert_id = _dtype(combine_dtype), int(hidden), invalid_expert_id
+    c.flags = ((0 if sanitize else C.MOE_NO_SANITIZE) | (C.MOE_REWRITE_NONLOCAL if rewrite_nonlocal else 0) |
+               (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK))
+    if memory not in _MEMORY:
+        raise InvalidArgument(1, f"memory must be one of {', '.join(_MEMORY)}")
+    c.memory, c.num_sms = _MEMORY[memory], num_sms
+    keep = None
+    if expert_to_rank is not None:
+        keep = (ctypes.c_int32 * len(expert_to_rank))(*expert_to_rank)
+        c.placement, c.expert_to_rank = C.PLACEMENT_MAP, ctypes.cast(keep, ctypes.POINTER(ctypes.c_int32))
+    return c, plist, keep
+
+
+def workspace_size(comm, num_experts, top_k, max_tokens_per_rank, **kw):
+    """The bytes moea2a_moe_workspace_size reports for this rank, as a dict."""
+    c, _, _keep = _moe_config(num_experts, top_k, max_tokens_per_rank, **kw)
+    s = C.WorkspaceSizes()
+    s.size, s.version = ctypes.sizeof(C.WorkspaceSizes), _VERSION_CODE
+    _check(_lib.moea2a_moe_workspace_size(comm.handle, ctypes.byref(c), ctypes.byref(s)), comm.handle)
+    out = {name: getattr(s, name) for name, _ in C.WorkspaceSizes._fields_ if name not in ("size", "version", "nic")}
+    out["payload_bytes"] = list(s.payload_bytes)[: c.num_payloads]
+    out["nic"] = s.nic.decode()
+    return out
+
+
+class DispatchResult:
+    """What a dispatch delivered, as views of the context's workspace (valid until the
+    next dispatch): recv_counts [ep], payloads[i] [ep, stride, row], topk_ids and
+    topk_weights [ep, stride, k], src_token_index [ep, stride]; for payloads quantized
+    on dispatch, scales[i] (bytes in the wire's layout) and global_scales[i] (NVFP4,
+    [ep]). On CUDA memory the arrays are device memory: their addresses are in .ptr."""
+
+    def __init__(self, moe, r):
+        self.ep, self.stride, self.top_k, self.nvlink = r.ep, r.stride, r.top_k, bool(r.nvlink)
+        self.total_recv, self.invalid_entries = r.total_recv, r.invalid_entries
+        self.sent_rows, self.deduplicated = r.sent_rows, r.deduplicated
+        self.internode_rows, self.internode_bytes = r.internode_rows, r.internode_bytes
+        n = len(moe.payload_dtypes)
+        self.ptr = {"recv_counts": ctypes.cast(r.recv_counts, ctypes.c_void_p).value,
+                    "payloads": [r.payloads[i] for i in range(n)],
+                    "topk_ids": ctypes.cast(r.topk_ids, ctypes.c_void_p).value,
+                    "topk_weights": ctypes.cast(r.topk_weights, ctypes.c_void_p).value,
+                    "src_token_index": ctypes.cast(r.src_token_index, ctypes.c_void_p).value,
+                    "scales": [r.payload_scales[i] for i in range(n)],
+                    "global_scales": [ctypes.cast(r.payload_global_scales[i], ctypes.c_void_p).value for i in range(n)]}
+        if moe.memory_kind == "cuda":
+            return  # device memory: addresses only (PyTorch views come with the GPU release of this package)
+        ep, st, k = r.ep, r.stride, r.top_k
+        self.recv_counts = _view(moe, self.ptr["recv_counts"], (ep,), "int32")
+        self.payloads = []
+        for i in range(n):
+            row = r.payload_row_bytes[i]
+            wired = moe.wires[i] is not None
+            npdt = "uint8" if wired else _NP_DTYPE[moe.payload_dtypes[i]]
+            item = _np().dtype(npdt).itemsize
+            self.payloads.append(_view(moe, r.payloads[i], (ep, st, row // item), npdt))
+        self.topk_ids = _view(moe, self.ptr["topk_ids"], (ep, st, k), "int32")
+        self.topk_weights = _view(moe, self.ptr["topk_weights"], (ep, st, k), "float32") if r.topk_weights else None
+        self.src_token_index = _view(moe, self.ptr["src_token_index"], (ep, st), "int32")
+        self.scales = [_view(moe, r.payload_scales[i], (r.payload_scale_bytes[i],), "uint8") if r.payload_scales[i]
+                       else None for i in range(n)]
+        self.global_scales = [_view(moe, self.ptr["global_scales"][i], (ep,), "float32")
+                              if self.ptr["global_scales"][i] else None for i in range(n)]
+
+
+class MoE(_Handle):
+    """An MoE dispatch/combine context (moea2a_moe_create; collective). hidden and dtype
+    describe the payload and the combine rows; payloads=[(dtype, elems), ...] several
+    payloads; wire="fp8" | "fp8-mn" | "fp8-ue8m0" | "fp8-ue8m0-mn" | "nvfp4" |
+    "nvfp4-128x4" | "nvfp4-8x4" quantizes payload 0 on dispatch (or a list, one entry
+    per payload); weights=True carries router weights; memory "auto", "host", "cuda"."""
+
+    _what, _free = "MoE context", "moea2a_moe_destroy"
+
+    def __init__(self, comm, num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16", **kw):
+        self.comm = comm
+        c, plist, self._keep = _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=hidden, dtype=dtype, **kw)
+        self.payload_dtypes = [p[0] for p in plist]
+        wire = kw.get("wire")
+        self.wires = list(wire) if isinstance(wire, (list, tuple)) else [wire] + [None] * (len(plist) - 1)
+        self.hidden, self.top_k, self.combine_dtype = int(hidden), top_k, kw.get("combine_dtype", "bf16")
+        # where the buffers live, as the library decides it (memory="auto": CUDA when the
+        # communicator moves CUDA memory): the sizes say which memory the workspace takes
+        s = C.WorkspaceSizes()
+        s.size, s.version = ctypes.sizeof(C.WorkspaceSizes), _VERSION_CODE
+        _check(_lib.moea2a_moe_workspace_size(comm.handle, ctypes.byref(c), ctypes.byref(s)), comm.handle)
+        self.memory_kind = "cuda" if s.device_bytes else "host"
+        self._h = ctypes.c_void_p()
+        _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
+        self._pays = (ctypes.c_void_p * max(1, len(plist)))()
+        self._result = C.DispatchResult()
+        self._last_n = 0
+
+    def max_recv_rows(self):
+        rows = ctypes.c_size_t()
+        _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm.handle)
+        return rows.value
+
+    def combine_buffer(self):
+        """The context's combine buffer [ep * cap, hidden] (host memory: a NumPy view):
+        expert outputs written there need no copy (combine(None))."""
+        p = ctypes.c_void_p()
+        _check(_lib.moea2a_moe_combine_buffer(self.handle, ctypes.byref(p)), self.comm.handle)
+        if self.memory_kind == "cuda":
+            return p.value
+        return _view(self, p.value, (self.max_recv_rows(), self.hidden), _NP_DTYPE[self.combine_dtype])
+
+    def dispatch(self, x, topk_ids, topk_weights=None, runtime_max_tokens_per_rank=0, stream=None):
+        """x: [num_tokens, row] of payload 0 (or a list, one per payload), topk_ids
+        [num_tokens, top_k] int32. Returns a DispatchResult (views, no copies)."""
+        xs = x if isinstance(x, (list, tuple)) else [x]
+        if len(xs) != len(self.payload_dtypes):
+            raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
+        n = int(topk_ids.shape[0]) if topk_ids is not None else 0
+        for i, a in enumerate(xs):
+            self._pays[i] = _ptr(a, f"payload {i}")
+        r = self._result
+        ctypes.memset(ctypes.byref(r), 0, ctypes.sizeof(r))
+        r.size, r.version = ctypes.sizeof(r), _VERSION_CODE
+        _check(_lib.moea2a_dispatch(self.handle, n, _ptr(topk_ids, "topk_ids"), _ptr(topk_weights, "topk_weights"),
+                                    self._pays, int(runtime_max_tokens_per_rank), ctypes.byref(r), _stream(stream)),
+               self.comm.handle)
+        self._last_n = n
+        return DispatchResult(self, r)
+
+    def combine(self, expert_out=None, out=None, stream=None):
+        """expert_out [ep, stride, hidden] of the combine dtype (None: the combine
+        buffer); out [num_tokens, hidden] of the last dispatch (host memory: allocated
+        when None)."""
+        if out is None:
+            if self.memory_kind == "cuda":
+                raise InvalidArgument(1, "combine on CUDA memory needs out")
+            out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
+        _check(_lib.moea2a_combine(self.handle, _ptr(expert_out, "expert_out"), _ptr(out, "out"), _stream(stream)),
+               self.comm.handle)
+        return out
+
+    def close(self):
+        self._release()
+
+
+def _stream(stream):
+    """A CUDA stream: None (the default stream, or the current torch stream when torch
+    is loaded and CUDA is in use), an int address, or a torch.cuda.Stream."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    return getattr(stream, "cuda_stream", None)
+
+
+# ---- quantization -------------------------------------------------------------------
+
+def fp8_quantize(x, dtype="bf16", layout="row", ue8m0=False):
+    """FP8 block quantization of a host array x [m, k] (moea2a_fp8(3)): returns
+    (codes uint8 [m, k], scales bytes)."""
+    np = _np()
+    m, k = x.shape
+    lay = {"row": C.FP8_SCALES_ROW_MAJOR, "mn": C.FP8_SCALES_MN_MAJOR}[layout]
+    flags = C.FP8_UE8M0 if ue8m0 else 0
+    nb = ctypes.c_size_t()
+    _check(_lib.moea2a_fp8_scale_bytes(lay, flags, m, k, ctypes.byref(nb)))
+    q, s = np.empty((m, k), dtype=np.uint8), np.empty(nb.value, dtype=np.uint8)
+    _check(_lib.moea2a_fp8_quantize(_ptr(x, "x"), _dtype(dtype), m, k, _ptr(q, "q"), _ptr(s, "scales"), lay, flags, None))
+    return q, s
+
+
+def fp8_dequantize(q, scales, dtype="fp32", layout="row", ue8m0=False):
+    np = _np()
+    m, k = q.shape
+    lay = {"row": C.FP8_SCALES_ROW_MAJOR, "mn": C.FP8_SCALES_MN_MAJOR}[layout]
+    out = np.empty((m, k), dtype=_NP_DTYPE[dtype])
+    _check(_lib.moea2a_fp8_dequantize(_ptr(q, "q"), _ptr(scales, "scales"), lay, C.FP8_UE8M0 if ue8m0 else 0, m, k,
+                                      _ptr(out, "out"), _dtype(dtype), None))
+    return out
+
+
+def fp4_quantize(x, dtype="bf16", layout="linear"):
+    """NVFP4 quantization of a host array x [m, k]: (codes uint8 [m, k/2], scales, g)."""
+    np = _np()
+    m, k = x.shape
+    lay = {"linear": C.SF_LINEAR, "128x4": C.SF_128X4, "8x4": C.SF_8X4}[layout]
+    g = np.empty(1, dtype=np.float32)
+    _check(_lib.moea2a_fp4_global_scale(_ptr(x, "x"), _dtype(dtype), m * k, _ptr(g, "g"), None))
+    nb = ctypes.c_size_t()
+    _check(_lib.moea2a_fp4_sf_bytes(lay, m, k, ctypes.byref(nb)))
+    q, s = np.empty((m, k // 2), dtype=np.uint8), np.empty(nb.value, dtype=np.uint8)
+    _check(_lib.moea2a_fp4_quantize(_ptr(x, "x"), _dtype(dtype), m, k, _ptr(g, "g"), _ptr(q, "q"), _ptr(s, "sf"), lay,
+                                    None))
+    return q, s, float(g[0])
