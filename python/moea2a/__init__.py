@@ -55,8 +55,11 @@ _ERRORS = {1: InvalidArgument, 2: NoMemory, 3: SystemError_, 4: Timeout, 5: Peer
 
 
 def _check(rc, comm=None):
+    """Raises the Error subclass of rc with the library's message; comm: a Comm, a raw
+    handle, or None (the thread's last error)."""
     if rc:
-        detail = _lib.moea2a_last_error(comm).decode(errors="replace")
+        h = getattr(comm, "_h", comm)
+        detail = _lib.moea2a_last_error(h if h else None).decode(errors="replace")
         raise _ERRORS.get(rc, Error)(rc, detail)
 
 
@@ -83,6 +86,9 @@ def _ptr(obj, what):
     (a torch.Tensor); None for None."""
     if obj is None:
         return None
+    flags = getattr(obj, "flags", None)
+    if flags is not None and flags.c_contiguous and hasattr(obj, "ctypes"):  # a NumPy array: the common case
+        return obj.ctypes.data
     if hasattr(obj, "data_ptr"):
         if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
             raise InvalidArgument(1, f"{what} must be contiguous")
@@ -252,39 +258,80 @@ class DispatchResult:
     next dispatch): recv_counts [ep], payloads[i] [ep, stride, row], topk_ids and
     topk_weights [ep, stride, k], src_token_index [ep, stride]; for payloads quantized
     on dispatch, scales[i] (bytes in the wire's layout) and global_scales[i] (NVFP4,
-    [ep]). On CUDA memory the arrays are device memory: their addresses are in .ptr."""
+    [ep]). On CUDA memory the arrays are device memory: their addresses are in .ptr.
+    The views are made when first read and kept by the context for later dispatches
+    of the same shape (the workspace does not move), so a dispatch costs no more in
+    Python than the fields it reads."""
 
     def __init__(self, moe, r):
-        self.ep, self.stride, self.top_k, self.nvlink = r.ep, r.stride, r.top_k, bool(r.nvlink)
-        self.total_recv, self.invalid_entries = r.total_recv, r.invalid_entries
-        self.sent_rows, self.deduplicated = r.sent_rows, r.deduplicated
-        self.internode_rows, self.internode_bytes = r.internode_rows, r.internode_bytes
-        n = len(moe.payload_dtypes)
-        self.ptr = {"recv_counts": ctypes.cast(r.recv_counts, ctypes.c_void_p).value,
-                    "payloads": [r.payloads[i] for i in range(n)],
-                    "topk_ids": ctypes.cast(r.topk_ids, ctypes.c_void_p).value,
-                    "topk_weights": ctypes.cast(r.topk_weights, ctypes.c_void_p).value,
-                    "src_token_index": ctypes.cast(r.src_token_index, ctypes.c_void_p).value,
-                    "scales": [r.payload_scales[i] for i in range(n)],
-                    "global_scales": [ctypes.cast(r.payload_global_scales[i], ctypes.c_void_p).value for i in range(n)]}
-        if moe.memory_kind == "cuda":
-            return  # device memory: addresses only (PyTorch views come with the GPU release of this package)
-        ep, st, k = r.ep, r.stride, r.top_k
-        self.recv_counts = _view(moe, self.ptr["recv_counts"], (ep,), "int32")
-        self.payloads = []
-        for i in range(n):
-            row = r.payload_row_bytes[i]
-            wired = moe.wires[i] is not None
-            npdt = "uint8" if wired else _NP_DTYPE[moe.payload_dtypes[i]]
+        self._moe, self._r = moe, r
+
+    def __getattr__(self, name):  # the counts and shape, read from the C result when asked
+        if name in ("ep", "stride", "top_k", "total_recv", "invalid_entries", "sent_rows", "deduplicated",
+                    "internode_rows", "internode_bytes"):
+            return getattr(self._r, name)
+        if name == "nvlink":
+            return bool(self._r.nvlink)
+        raise AttributeError(name)
+
+    @property
+    def ptr(self):
+        r, n = self._r, len(self._moe.payload_dtypes)
+        addr = lambda p: ctypes.cast(p, ctypes.c_void_p).value  # noqa: E731
+        return {"recv_counts": addr(r.recv_counts), "payloads": [r.payloads[i] for i in range(n)],
+                "topk_ids": addr(r.topk_ids), "topk_weights": addr(r.topk_weights),
+                "src_token_index": addr(r.src_token_index), "scales": [r.payload_scales[i] for i in range(n)],
+                "global_scales": [addr(r.payload_global_scales[i]) for i in range(n)]}
+
+    def _view(self, ptr, shape, np_dtype):
+        if self._moe.memory_kind == "cuda":
+            raise Unavailable(7, "views of CUDA memory come with the package's GPU support; .ptr has the addresses")
+        if not ptr:
+            return None
+        key = (ptr, shape, np_dtype)
+        v = self._moe._views.get(key)
+        if v is None:
+            v = self._moe._views[key] = _view(self._moe, ptr, shape, np_dtype)
+        return v
+
+    @property
+    def recv_counts(self):
+        return self._view(ctypes.cast(self._r.recv_counts, ctypes.c_void_p).value, (self.ep,), "int32")
+
+    @property
+    def payloads(self):
+        out = []
+        for i, dt in enumerate(self._moe.payload_dtypes):
+            npdt = "uint8" if self._moe.wires[i] is not None else _NP_DTYPE[dt]
             item = _np().dtype(npdt).itemsize
-            self.payloads.append(_view(moe, r.payloads[i], (ep, st, row // item), npdt))
-        self.topk_ids = _view(moe, self.ptr["topk_ids"], (ep, st, k), "int32")
-        self.topk_weights = _view(moe, self.ptr["topk_weights"], (ep, st, k), "float32") if r.topk_weights else None
-        self.src_token_index = _view(moe, self.ptr["src_token_index"], (ep, st), "int32")
-        self.scales = [_view(moe, r.payload_scales[i], (r.payload_scale_bytes[i],), "uint8") if r.payload_scales[i]
-                       else None for i in range(n)]
-        self.global_scales = [_view(moe, self.ptr["global_scales"][i], (ep,), "float32")
-                              if self.ptr["global_scales"][i] else None for i in range(n)]
+            out.append(self._view(self._r.payloads[i], (self.ep, self.stride, self._r.payload_row_bytes[i] // item),
+                                  npdt))
+        return out
+
+    @property
+    def topk_ids(self):
+        return self._view(ctypes.cast(self._r.topk_ids, ctypes.c_void_p).value, (self.ep, self.stride, self.top_k),
+                          "int32")
+
+    @property
+    def topk_weights(self):
+        return self._view(ctypes.cast(self._r.topk_weights, ctypes.c_void_p).value,
+                          (self.ep, self.stride, self.top_k), "float32")
+
+    @property
+    def src_token_index(self):
+        return self._view(ctypes.cast(self._r.src_token_index, ctypes.c_void_p).value, (self.ep, self.stride), "int32")
+
+    @property
+    def scales(self):
+        n = len(self._moe.payload_dtypes)
+        return [self._view(self._r.payload_scales[i], (self._r.payload_scale_bytes[i],), "uint8") for i in range(n)]
+
+    @property
+    def global_scales(self):
+        n = len(self._moe.payload_dtypes)
+        return [self._view(ctypes.cast(self._r.payload_global_scales[i], ctypes.c_void_p).value, (self.ep,), "float32")
+                for i in range(n)]
 
 
 class MoE(_Handle):
@@ -312,22 +359,26 @@ class MoE(_Handle):
         self._h = ctypes.c_void_p()
         _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
         self._pays = (ctypes.c_void_p * max(1, len(plist)))()
+        self._views = {}  # workspace views by (address, shape, dtype): the workspace never moves
         self._result = C.DispatchResult()
         self._last_n = 0
 
     def max_recv_rows(self):
         rows = ctypes.c_size_t()
-        _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm.handle)
+        _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm)
         return rows.value
 
     def combine_buffer(self):
         """The context's combine buffer [ep * cap, hidden] (host memory: a NumPy view):
         expert outputs written there need no copy (combine(None))."""
         p = ctypes.c_void_p()
-        _check(_lib.moea2a_moe_combine_buffer(self.handle, ctypes.byref(p)), self.comm.handle)
+        _check(_lib.moea2a_moe_combine_buffer(self.handle, ctypes.byref(p)), self.comm)
         if self.memory_kind == "cuda":
             return p.value
-        return _view(self, p.value, (self.max_recv_rows(), self.hidden), _NP_DTYPE[self.combine_dtype])
+        key = (p.value, "combine")
+        if key not in self._views:
+            self._views[key] = _view(self, p.value, (self.max_recv_rows(), self.hidden), _NP_DTYPE[self.combine_dtype])
+        return self._views[key]
 
     def dispatch(self, x, topk_ids, topk_weights=None, runtime_max_tokens_per_rank=0, stream=None):
         """x: [num_tokens, row] of payload 0 (or a list, one per payload), topk_ids
@@ -335,15 +386,14 @@ class MoE(_Handle):
         xs = x if isinstance(x, (list, tuple)) else [x]
         if len(xs) != len(self.payload_dtypes):
             raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
-        n = int(topk_ids.shape[0]) if topk_ids is not None else 0
+        n = len(topk_ids) if topk_ids is not None else 0
         for i, a in enumerate(xs):
-            self._pays[i] = _ptr(a, f"payload {i}")
-        r = self._result
-        ctypes.memset(ctypes.byref(r), 0, ctypes.sizeof(r))
+            self._pays[i] = _ptr(a, "a payload")
+        r = self._result  # filled whole by every dispatch; a result is valid until the next one
         r.size, r.version = ctypes.sizeof(r), _VERSION_CODE
         _check(_lib.moea2a_dispatch(self.handle, n, _ptr(topk_ids, "topk_ids"), _ptr(topk_weights, "topk_weights"),
                                     self._pays, int(runtime_max_tokens_per_rank), ctypes.byref(r), _stream(stream)),
-               self.comm.handle)
+               self.comm)
         self._last_n = n
         return DispatchResult(self, r)
 
@@ -356,7 +406,7 @@ class MoE(_Handle):
                 raise InvalidArgument(1, "combine on CUDA memory needs out")
             out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
         _check(_lib.moea2a_combine(self.handle, _ptr(expert_out, "expert_out"), _ptr(out, "out"), _stream(stream)),
-               self.comm.handle)
+               self.comm)
         return out
 
     def close(self):
