@@ -88,7 +88,7 @@ def _ptr(obj, what):
         return None
     flags = getattr(obj, "flags", None)
     if flags is not None and flags.c_contiguous and hasattr(obj, "ctypes"):  # a NumPy array: the common case
-        if flags.writeable:  # through the buffer protocol: a third of the cost of .ctypes.data
+        if flags.writeable and obj.nbytes:  # through the buffer protocol: a third of the cost of .ctypes.data
             return ctypes.addressof(ctypes.c_char.from_buffer(obj))
         return obj.ctypes.data
     if hasattr(obj, "data_ptr"):
