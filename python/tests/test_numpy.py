@@ -171,3 +171,13 @@ def test_handles_release_once_and_refuse_use_after():
             q.put((rank, repr(e)))
     results = run_ranks(2, main)
     assert all(v is None for v in results.values()), results
+
+
+def test_the_token_dispatcher_example():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "token_dispatcher.py")
+    spec = importlib.util.spec_from_file_location("token_dispatcher", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    results = example.demo(4)
+    assert all(v is None for v in results.values()), results
