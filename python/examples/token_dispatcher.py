@@ -10,8 +10,6 @@ results back to the tokens' ranks, summed per token.
     y = disp.combine()                                # [num_tokens, hidden]
 
 Run it as a demo: python examples/token_dispatcher.py (4 local ranks, checked)."""
-import multiprocessing as mp
-
 import numpy as np
 
 import moea2a
@@ -57,37 +55,27 @@ class TokenDispatcher:
         return self.moe.combine()
 
 
-def demo_rank(rank, ep, uid, q, E=16, K=4, T=32, H=8):
+def demo_rank(rank, ep, uid, E=16, K=4, T=32, H=8):
     """Each expert e multiplies by e + 1; weights are powers of two and inputs small
     integers, so every sum is exact and the result is checked against a direct one."""
-    try:
-        with moea2a.Comm(ep, rank, uid) as comm:
-            disp = TokenDispatcher(comm, E, K, T, H)
-            rng = np.random.default_rng(rank)
-            x = rng.integers(-8, 8, size=(T, H)).astype(np.float32)
-            ids = np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int32)
-            w = (2.0 ** -rng.integers(0, 4, size=(T, K))).astype(np.float32)
-            recv = disp.dispatch(x, ids, w)
-            for src, i, local, lw in recv.rows():
-                disp.expert_out(src, i)[:] = sum(wt * (e + 1) * recv.x[src, i] for e, wt in zip(local, lw))
-            y = disp.combine()
-            want = np.stack([sum(w[t, j] * (ids[t, j] + 1) * x[t] for j in range(K)) for t in range(T)])
-            q.put((rank, None if np.array_equal(y, want) else f"max error {np.abs(y - want).max()}"))
-            disp.moe.close()
-    except Exception as e:  # reported to the parent
-        q.put((rank, repr(e)))
+    with moea2a.Comm(ep, rank, uid) as comm:
+        disp = TokenDispatcher(comm, E, K, T, H)
+        rng = np.random.default_rng(rank)
+        x = rng.integers(-8, 8, size=(T, H)).astype(np.float32)
+        ids = np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int32)
+        w = (2.0 ** -rng.integers(0, 4, size=(T, K))).astype(np.float32)
+        recv = disp.dispatch(x, ids, w)
+        for src, i, local, lw in recv.rows():
+            disp.expert_out(src, i)[:] = sum(wt * (e + 1) * recv.x[src, i] for e, wt in zip(local, lw))
+        y = disp.combine()
+        want = np.stack([sum(w[t, j] * (ids[t, j] + 1) * x[t] for j in range(K)) for t in range(T)])
+        disp.moe.close()
+        return None if np.array_equal(y, want) else f"max error {np.abs(y - want).max()}"
 
 
 def demo(ep=4):
-    ctx = mp.get_context("fork")
-    uid, q = moea2a.unique_id(), ctx.Queue()
-    procs = [ctx.Process(target=demo_rank, args=(r, ep, uid, q)) for r in range(ep)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-    return results
+    """The demo on ep local ranks: {rank: None} when every rank's result is right."""
+    return dict(enumerate(moea2a.run_local(ep, demo_rank)))
 
 
 if __name__ == "__main__":

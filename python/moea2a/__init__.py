@@ -464,3 +464,39 @@ def fp4_quantize(x, dtype="bf16", layout="linear"):
     _check(_lib.moea2a_fp4_quantize(_ptr(x, "x"), _dtype(dtype), m, k, _ptr(g, "g"), _ptr(q, "q"), _ptr(s, "sf"), lay,
                                     None))
     return q, s, float(g[0])
+
+
+# ---- local ranks --------------------------------------------------------------------
+
+def run_local(nranks, fn, *args, timeout=120.0):
+    """Runs fn(rank, nranks, uid, *args) in nranks forked processes (tests, demos, one
+    machine), uid a fresh unique_id() they share; returns their return values by rank,
+    or for a rank that raised, the exception's repr as a string. Timeout: seconds to
+    wait for every rank."""
+    import multiprocessing as mp
+    import queue as _queue
+
+    ctx = mp.get_context("fork")
+    uid, q = unique_id(), ctx.Queue()
+
+    def rank_main(rank):
+        try:
+            q.put((rank, fn(rank, nranks, uid, *args), None))
+        except Exception as e:  # the parent reports it
+            q.put((rank, None, repr(e)))
+
+    procs = [ctx.Process(target=rank_main, args=(r,)) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    out = [f"rank {r}: no answer within {timeout} s" for r in range(nranks)]
+    try:
+        for _ in procs:
+            r, value, err = q.get(timeout=timeout)
+            out[r] = err if err is not None else value
+    except _queue.Empty:
+        pass
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    return out

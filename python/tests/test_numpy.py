@@ -2,7 +2,6 @@
 dispatch and combine checked against a reference written here from moea2a_moe(3)
 (contiguous expert placement, slots in ascending source-token order, combine as the
 sum of the rows of the ranks a token went to); quantize on dispatch; error mapping."""
-import multiprocessing as mp
 import os
 
 import numpy as np
@@ -30,49 +29,36 @@ def dests(ids_row, ep):
     return sorted({owner(int(e), ep) for e in ids_row if 0 <= e < E})
 
 
-def rank_main(rank, ep, uid, seed, q):
-    try:
-        comm = moea2a.Comm(ep, rank, uid)
-        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="fp32", combine_dtype="fp32", memory="host")
-        ids, x = tokens(rank, seed)
-        res = moe.dispatch(x, ids)
-        assert res.ep == ep and res.stride == CAP
-        # what every source sent here, in source-token order
-        for src in range(ep):
-            sids, sx = tokens(src, seed)
-            want = [t for t in range(len(sids)) if rank in dests(sids[t], ep)]
-            assert res.recv_counts[src] == len(want), (src, res.recv_counts[src], len(want))
-            for i, t in enumerate(want):
-                assert res.src_token_index[src, i] == t
-                assert np.array_equal(res.payloads[0][src, i], sx[t])
-        assert res.invalid_entries == int((ids < 0).sum())
-        # the expert side: each received row scaled by (this rank + 1), in the combine buffer
-        buf = moe.combine_buffer()
-        for src in range(ep):
-            for i in range(res.recv_counts[src]):
-                buf[src * res.stride + i] = res.payloads[0][src, i] * (rank + 1)
-        out = moe.combine()
-        for t in range(len(ids)):
-            want = sum((d + 1) for d in dests(ids[t], ep)) * x[t]
-            assert np.array_equal(out[t], want.astype(np.float32)), (t, out[t][:4], want[:4])
-        moe.close()
-        comm.destroy()
-        q.put((rank, None))
-    except Exception as e:  # reported to the parent with the rank
-        q.put((rank, repr(e)))
+def rank_main(rank, ep, uid, seed):
+    comm = moea2a.Comm(ep, rank, uid)
+    moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="fp32", combine_dtype="fp32", memory="host")
+    ids, x = tokens(rank, seed)
+    res = moe.dispatch(x, ids)
+    assert res.ep == ep and res.stride == CAP
+    # what every source sent here, in source-token order
+    for src in range(ep):
+        sids, sx = tokens(src, seed)
+        want = [t for t in range(len(sids)) if rank in dests(sids[t], ep)]
+        assert res.recv_counts[src] == len(want), (src, res.recv_counts[src], len(want))
+        for i, t in enumerate(want):
+            assert res.src_token_index[src, i] == t
+            assert np.array_equal(res.payloads[0][src, i], sx[t])
+    assert res.invalid_entries == int((ids < 0).sum())
+    # the expert side: each received row scaled by (this rank + 1), in the combine buffer
+    buf = moe.combine_buffer()
+    for src in range(ep):
+        for i in range(res.recv_counts[src]):
+            buf[src * res.stride + i] = res.payloads[0][src, i] * (rank + 1)
+    out = moe.combine()
+    for t in range(len(ids)):
+        want = sum((d + 1) for d in dests(ids[t], ep)) * x[t]
+        assert np.array_equal(out[t], want.astype(np.float32)), (t, out[t][:4], want[:4])
+    moe.close()
+    comm.destroy()
 
 
 def run_ranks(ep, target, *args):
-    ctx = mp.get_context("fork")
-    uid = moea2a.unique_id()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, ep, uid) + args + (q,)) for r in range(ep)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-    return results
+    return dict(enumerate(moea2a.run_local(ep, target, *args)))
 
 
 @pytest.mark.parametrize("ep", [1, 2, 3, 4])
@@ -82,25 +68,21 @@ def test_dispatch_combine_match_the_reference(ep):
         assert all(v is None for v in results.values()), results
 
 
-def wire_main(rank, ep, uid, q):
-    try:
-        comm = moea2a.Comm(ep, rank, uid)
-        moe = moea2a.MoE(comm, E, K, CAP, hidden=256, dtype="bf16", wire="fp8-mn", memory="host")
-        rng = np.random.default_rng(rank)
-        ids = rng.integers(0, E, size=(5, K)).astype(np.int32)
-        x = (rng.standard_normal((5, 256)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        res = moe.dispatch(x, ids)
-        codes, _ = moea2a.fp8_quantize(x, "bf16", layout="row")
-        if ep == 1:  # one rank: every token of its own, in order, as the standalone call quantizes them
-            got = [res.src_token_index[0, i] for i in range(res.recv_counts[0])]
-            for i, t in enumerate(got):
-                assert np.array_equal(res.payloads[0][0, i], codes[t])
-        assert res.scales[0] is not None and res.scales[0].size == ep * 2 * ((CAP + 3) // 4 * 4) * 4  # [ep][2 blocks][cap4] fp32
-        moe.close()
-        comm.destroy()
-        q.put((rank, None))
-    except Exception as e:
-        q.put((rank, repr(e)))
+def wire_main(rank, ep, uid):
+    comm = moea2a.Comm(ep, rank, uid)
+    moe = moea2a.MoE(comm, E, K, CAP, hidden=256, dtype="bf16", wire="fp8-mn", memory="host")
+    rng = np.random.default_rng(rank)
+    ids = rng.integers(0, E, size=(5, K)).astype(np.int32)
+    x = (rng.standard_normal((5, 256)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    res = moe.dispatch(x, ids)
+    codes, _ = moea2a.fp8_quantize(x, "bf16", layout="row")
+    if ep == 1:  # one rank: every token of its own, in order, as the standalone call quantizes them
+        got = [res.src_token_index[0, i] for i in range(res.recv_counts[0])]
+        for i, t in enumerate(got):
+            assert np.array_equal(res.payloads[0][0, i], codes[t])
+    assert res.scales[0] is not None and res.scales[0].size == ep * 2 * ((CAP + 3) // 4 * 4) * 4  # [ep][2 blocks][cap4] fp32
+    moe.close()
+    comm.destroy()
 
 
 @pytest.mark.parametrize("ep", [1, 2])
@@ -119,17 +101,13 @@ def test_errors_carry_code_and_detail():
 
 
 def test_config_errors_on_a_communicator():
-    def main(rank, ep, uid, q):
-        try:
-            comm = moea2a.Comm(ep, rank, uid)
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
             try:
                 moea2a.MoE(comm, E, K, CAP, hidden=100, dtype="bf16", wire="fp8", memory="host")
-                q.put((rank, "no error"))
+                return "no error"
             except moea2a.InvalidArgument as e:
-                q.put((rank, None if "multiple of 128" in e.detail else e.detail))
-            comm.destroy()
-        except Exception as e:
-            q.put((rank, repr(e)))
+                return None if "multiple of 128" in e.detail else e.detail
     results = run_ranks(2, main)
     assert all(v is None for v in results.values()), results
 
@@ -150,25 +128,21 @@ def test_version_matches_the_package():
 
 
 def test_handles_release_once_and_refuse_use_after():
-    def main(rank, ep, uid, q):
-        try:
-            with moea2a.Comm(ep, rank, uid) as comm:
-                with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host") as moe:
-                    assert moe.max_recv_rows() == ep * CAP
-                try:
-                    moe.max_recv_rows()
-                    q.put((rank, "a closed MoE context answered"))
-                    return
-                except moea2a.StateError:
-                    pass
-                assert comm.size == ep and comm.rank == rank
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host") as moe:
+                assert moe.max_recv_rows() == ep * CAP
             try:
-                comm.rank
-                q.put((rank, "a destroyed communicator answered"))
+                moe.max_recv_rows()
+                return "a closed MoE context answered"
             except moea2a.StateError:
-                q.put((rank, None))
-        except Exception as e:
-            q.put((rank, repr(e)))
+                pass
+            assert comm.size == ep and comm.rank == rank
+        try:
+            comm.rank
+            return "a destroyed communicator answered"
+        except moea2a.StateError:
+            return None
     results = run_ranks(2, main)
     assert all(v is None for v in results.values()), results
 
