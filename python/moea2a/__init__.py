@@ -416,8 +416,9 @@ class MoE(_Handle):
 
 
 def _stream(stream):
-    """A CUDA stream: None (the default stream, or the current torch stream when torch
-    is loaded and CUDA is in use), an int address, or a torch.cuda.Stream."""
+    """A CUDA stream for the C calls: None is the default stream (pass
+    torch.cuda.current_stream() to order with PyTorch's work), an int its address, or
+    anything with .cuda_stream (a torch.cuda.Stream). Host memory ignores it."""
     if stream is None:
         return None
     if isinstance(stream, int):
