@@ -170,6 +170,22 @@ static void add_rounded(moea2a_datatype_t dt, const float *partial, size_t hidde
     }
 }
 
+/* acc[h] += the rows of the token's destinations (map[0..nd)) on node `only` (all of
+ * them when only < 0), in the map's ascending rank order. */
+static void add_token_rows(const m2a_route_t *r, const int32_t *map, int nd, const int *node, int only,
+                           moea2a_datatype_t dtype, size_t hidden, size_t row_bytes, const unsigned char *self_rows,
+                           const unsigned char *landing, const int *stage_index, float *acc)
+{
+    for (int d = 0; d < nd; d++) {
+        int rank = map[d] / r->cap, slot = map[d] % r->cap;
+        if (only >= 0 && node[rank] != only) continue;
+        const unsigned char *row = rank == r->me
+                                       ? self_rows + (size_t)slot * row_bytes
+                                       : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
+        accumulate(dtype, row, hidden, acc);
+    }
+}
+
 int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                             size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
                             const int *stage_index, const int *node, int nodes, void *out)
@@ -182,28 +198,21 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
         int nd = 0;
         while (nd < r->k && map[nd] >= 0) nd++;
         memset(total, 0, sizeof(float) * hidden);
-        /* One pass per node holding rows of t, in ascending node order (one pass on
-         * one node); within it the node's ranks in ascending order, as the map holds
-         * them: the fixed summation order of moea2a_moe(3). */
-        for (int cur = -1;;) {
-            int next = -1; /* the smallest node above cur among the token's ranks */
-            for (int d = 0; d < nd; d++) {
-                int q = nodes > 1 ? node[map[d] / r->cap] : 0;
-                if (q > cur && (next < 0 || q < next)) next = q;
+        if (nodes <= 1) { /* one node: the ranks in ascending order, rounded once */
+            add_token_rows(r, map, nd, node, -1, dtype, hidden, row_bytes, self_rows, landing, stage_index, total);
+        } else { /* per node holding rows of t, in ascending node order: the node-grouped order of moea2a_moe(3) */
+            for (int cur = -1;;) {
+                int next = -1; /* the smallest node above cur among the token's ranks */
+                for (int d = 0; d < nd; d++) {
+                    int q = node[map[d] / r->cap];
+                    if (q > cur && (next < 0 || q < next)) next = q;
+                }
+                if (next < 0) break;
+                memset(acc, 0, sizeof(float) * hidden);
+                add_token_rows(r, map, nd, node, next, dtype, hidden, row_bytes, self_rows, landing, stage_index, acc);
+                add_rounded(dtype, acc, hidden, total);
+                cur = next;
             }
-            if (next < 0) break;
-            memset(acc, 0, sizeof(float) * hidden);
-            for (int d = 0; d < nd; d++) {
-                int rank = map[d] / r->cap, slot = map[d] % r->cap;
-                if (nodes > 1 && node[rank] != next) continue;
-                const unsigned char *row =
-                    rank == r->me ? self_rows + (size_t)slot * row_bytes
-                                  : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
-                accumulate(dtype, row, hidden, acc);
-            }
-            if (nodes <= 1) memcpy(total, acc, sizeof(float) * hidden); /* one node: its partial, rounded once */
-            else add_rounded(dtype, acc, hidden, total);
-            cur = next;
         }
         store_row(dtype, total, hidden, (unsigned char *)out + (size_t)t * row_bytes);
     }
