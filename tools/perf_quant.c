@@ -18,59 +18,40 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* One variant of a format: its buffers' sizes and its two calls. g is the NVFP4 global
- * scale (in the memory of the call; unused by FP8). */
+/* One variant of a format: NVFP4 (128x4 scales, global scale g in the memory of the
+ * call), or FP8 with fp32 or UE8M0 scales, MN-major. */
 typedef struct {
     const char *name;
-    size_t (*code_bytes)(size_t M, size_t K);
-    size_t (*scale_bytes)(size_t M, size_t K);
-    moea2a_result_t (*quantize)(const void *x, size_t M, size_t K, const float *g, void *q, void *s, void *stream);
-    moea2a_result_t (*dequantize)(const void *q, const void *s, const float *g, size_t M, size_t K, void *out,
-                                  void *stream);
+    int fp8;
+    unsigned flags; /* FP8: MOEA2A_FP8_UE8M0 or 0 */
 } variant_t;
 
-static size_t fp4_codes(size_t M, size_t K) { return M * K / 2; }
-static size_t fp4_scales(size_t M, size_t K)
+static size_t code_bytes(const variant_t *v, size_t M, size_t K) { return v->fp8 ? M * K : M * K / 2; }
+
+static size_t scale_bytes(const variant_t *v, size_t M, size_t K)
 {
     size_t b = 0;
-    moea2a_fp4_sf_bytes(MOEA2A_SF_128X4, M, K, &b);
+    if (v->fp8) moea2a_fp8_scale_bytes(MOEA2A_FP8_SCALES_MN_MAJOR, v->flags, M, K, &b);
+    else moea2a_fp4_sf_bytes(MOEA2A_SF_128X4, M, K, &b);
     return b;
 }
-static moea2a_result_t fp4_q(const void *x, size_t M, size_t K, const float *g, void *q, void *s, void *st)
+
+static moea2a_result_t quantize(const variant_t *v, const void *x, size_t M, size_t K, const float *g, void *q,
+                                void *s, void *st)
 {
-    return moea2a_fp4_quantize(x, MOEA2A_BFLOAT16, M, K, g, q, s, MOEA2A_SF_128X4, st);
-}
-static moea2a_result_t fp4_d(const void *q, const void *s, const float *g, size_t M, size_t K, void *out, void *st)
-{
-    return moea2a_fp4_dequantize(q, s, MOEA2A_SF_128X4, g, M, K, out, MOEA2A_BFLOAT16, st);
+    return v->fp8 ? moea2a_fp8_quantize(x, MOEA2A_BFLOAT16, M, K, q, s, MOEA2A_FP8_SCALES_MN_MAJOR, v->flags, st)
+                  : moea2a_fp4_quantize(x, MOEA2A_BFLOAT16, M, K, g, q, s, MOEA2A_SF_128X4, st);
 }
 
-static size_t fp8_codes(size_t M, size_t K) { return M * K; }
-#define FP8_VARIANT(tag, flags)                                                                                   \
-    static size_t fp8_scales_##tag(size_t M, size_t K)                                                          \
-    {                                                                                                           \
-        size_t b = 0;                                                                                           \
-        moea2a_fp8_scale_bytes(MOEA2A_FP8_SCALES_MN_MAJOR, flags, M, K, &b);                                    \
-        return b;                                                                                               \
-    }                                                                                                           \
-    static moea2a_result_t fp8_q_##tag(const void *x, size_t M, size_t K, const float *g, void *q, void *s,      \
-                                       void *st)                                                                \
-    {                                                                                                           \
-        (void)g;                                                                                                \
-        return moea2a_fp8_quantize(x, MOEA2A_BFLOAT16, M, K, q, s, MOEA2A_FP8_SCALES_MN_MAJOR, flags, st);      \
-    }                                                                                                           \
-    static moea2a_result_t fp8_d_##tag(const void *q, const void *s, const float *g, size_t M, size_t K,         \
-                                       void *out, void *st)                                                     \
-    {                                                                                                           \
-        (void)g;                                                                                                \
-        return moea2a_fp8_dequantize(q, s, MOEA2A_FP8_SCALES_MN_MAJOR, flags, M, K, out, MOEA2A_BFLOAT16, st);  \
-    }
-FP8_VARIANT(f32, 0)
-FP8_VARIANT(ue8m0, MOEA2A_FP8_UE8M0)
+static moea2a_result_t dequantize(const variant_t *v, const void *q, const void *s, const float *g, size_t M, size_t K,
+                                  void *out, void *st)
+{
+    return v->fp8 ? moea2a_fp8_dequantize(q, s, MOEA2A_FP8_SCALES_MN_MAJOR, v->flags, M, K, out, MOEA2A_BFLOAT16, st)
+                  : moea2a_fp4_dequantize(q, s, MOEA2A_SF_128X4, g, M, K, out, MOEA2A_BFLOAT16, st);
+}
 
-static const variant_t fp4_variants[] = {{"nvfp4", fp4_codes, fp4_scales, fp4_q, fp4_d}};
-static const variant_t fp8_variants[] = {{"fp8", fp8_codes, fp8_scales_f32, fp8_q_f32, fp8_d_f32},
-                                         {"fp8-ue8m0", fp8_codes, fp8_scales_ue8m0, fp8_q_ue8m0, fp8_d_ue8m0}};
+static const variant_t fp4_variants[] = {{"nvfp4", 0, 0}};
+static const variant_t fp8_variants[] = {{"fp8", 1, 0}, {"fp8-ue8m0", 1, MOEA2A_FP8_UE8M0}};
 
 static void row(const char *op, const char *variant, double bytes, double t, double copy_bw, const char *wrong)
 {
@@ -116,14 +97,14 @@ int perf_quant(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
     long wrong_all = 0;
     for (int v = 0; v < nv; v++) {
         const variant_t *V = &vs[v];
-        size_t cb = V->code_bytes(M, K), sb = V->scale_bytes(M, K);
+        size_t cb = code_bytes(V, M, K), sb = scale_bytes(V, M, K);
         void *q = perf_alloc(m, cb), *s = perf_alloc(m, sb);
         unsigned char *hq = malloc(cb), *hs = malloc(sb), *cq = malloc(cb), *cs = malloc(sb);
         if (!q || !s || !hq || !hs || !cq || !cs) return fprintf(stderr, "moea2a_perf --op %s: out of memory\n", op), 1;
         /* checked round: device (or host) against the host reference */
         long wrong = 0;
-        V->quantize(hx, M, K, &hg, hq, hs, NULL);
-        if (V->quantize(x, M, K, g, q, s, m->stream) != MOEA2A_SUCCESS)
+        quantize(V, hx, M, K, &hg, hq, hs, NULL);
+        if (quantize(V, x, M, K, g, q, s, m->stream) != MOEA2A_SUCCESS)
             return fprintf(stderr, "%s quantize: %s\n", V->name, moea2a_last_error(NULL)), 1;
         perf_download(m, cq, q, cb);
         perf_download(m, cs, s, sb);
@@ -132,13 +113,13 @@ int perf_quant(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
         /* each call iters times back to back after its warm-up, timed by events on the
          * stream (launch gaps included, host round trips not) */
         for (int it = 0; it < o->warmup; it++) {
-            V->quantize(x, M, K, g, q, s, m->stream);
-            V->dequantize(q, s, g, M, K, x2, m->stream);
+            quantize(V, x, M, K, g, q, s, m->stream);
+            dequantize(V, q, s, g, M, K, x2, m->stream);
         }
         perf_mark(m, 0);
-        for (int it = 0; it < o->iters; it++) V->quantize(x, M, K, g, q, s, m->stream);
+        for (int it = 0; it < o->iters; it++) quantize(V, x, M, K, g, q, s, m->stream);
         perf_mark(m, 1);
-        for (int it = 0; it < o->iters; it++) V->dequantize(q, s, g, M, K, x2, m->stream);
+        for (int it = 0; it < o->iters; it++) dequantize(V, q, s, g, M, K, x2, m->stream);
         perf_mark(m, 2);
         double t_q = perf_span(m, 0, 1) / o->iters, t_d = perf_span(m, 1, 2) / o->iters;
         double bytes = 2.0 * (double)n + (double)cb + (double)sb;
