@@ -352,12 +352,14 @@ class MoE(_Handle):
         wire = kw.get("wire")
         self.wires = list(wire) if isinstance(wire, (list, tuple)) else [wire] + [None] * (len(plist) - 1)
         self.hidden, self.top_k, self.combine_dtype = int(hidden), top_k, kw.get("combine_dtype", "bf16")
-        # where the buffers live, as the library decides it (memory="auto": CUDA when the
-        # communicator moves CUDA memory): the sizes say which memory the workspace takes
-        s = C.WorkspaceSizes()
-        s.size, s.version = ctypes.sizeof(C.WorkspaceSizes), _VERSION_CODE
-        _check(_lib.moea2a_moe_workspace_size(comm.handle, ctypes.byref(c), ctypes.byref(s)), comm.handle)
-        self.memory_kind = "cuda" if s.device_bytes else "host"
+        # where the buffers live: as asked, or for memory="auto" as the library decides
+        # (CUDA when the communicator moves CUDA memory), which the sizes tell
+        self.memory_kind = {C.MEMORY_HOST: "host", C.MEMORY_CUDA: "cuda"}.get(c.memory)
+        if self.memory_kind is None:
+            s = C.WorkspaceSizes()
+            s.size, s.version = ctypes.sizeof(C.WorkspaceSizes), _VERSION_CODE
+            _check(_lib.moea2a_moe_workspace_size(comm.handle, ctypes.byref(c), ctypes.byref(s)), comm.handle)
+            self.memory_kind = "cuda" if s.device_bytes else "host"
         self._h = ctypes.c_void_p()
         _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
         self._pays = (ctypes.c_void_p * max(1, len(plist)))()
