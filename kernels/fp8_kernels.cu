@@ -1,7 +1,12 @@
-/* FP8 block quantization kernels: one warp per block of 128 values of a row, each lane
- * four consecutive values (one 8- or 16-byte load, one 4-byte store of codes). The
- * arithmetic is lib/fp8_math.h's, the host reference's, so the bits are the same;
- * tests/test_fp8.c compares them. */
+/* FP8 block quantization kernels: one thread per 16 consecutive values of a row (32
+ * or 64 bytes in, 16 bytes of codes out), eight threads per block of 128. They give
+ * the bits of the host reference (lib/fp8_math.h) by cheaper means: the amax from the
+ * values' bits (|x| orders like its bit pattern), the hardware E4M3 and 16-bit
+ * conversions (round to nearest even, saturating; the reference's rounding), NaN
+ * results in the reference's canonical pattern. tests/test_fp8.c compares the bits. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "fp8_kernels.h"
@@ -9,100 +14,160 @@
 
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kThreads = 256;
+constexpr int kGroup = 16;                            /* values per thread */
+constexpr int kPerBlock = M2A_FP8_BLOCK / kGroup;     /* threads per block of 128: 8 */
+constexpr uint32_t kMaxGroups = 1u << 30;             /* per launch: 32-bit indices */
 
-/* Four consecutive values in and out as fp32: bf16 and fp16 through the reference
- * conversions (lib/convert.h), so the bits are the host's. */
-template <float (*ToF32)(uint16_t), uint16_t (*FromF32)(float)> struct Io16 {
-    static __device__ void load4(const void *x, size_t i, float *v)
-    {
-        const uint2 w = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(x) + i);
-        v[0] = ToF32((uint16_t)w.x), v[1] = ToF32((uint16_t)(w.x >> 16));
-        v[2] = ToF32((uint16_t)w.y), v[3] = ToF32((uint16_t)(w.y >> 16));
+/* Sixteen values of group b as fp32, and the fp32 bits of their largest magnitude
+ * (at or above the infinity pattern: a non-finite value). */
+template <moea2a_datatype_t T> __device__ __forceinline__ uint32_t load16(const void *x, uint32_t b, bool live, float *v)
+{
+    constexpr int NV = T == MOEA2A_FLOAT32 ? 4 : 2;
+    const uint4 *src = reinterpret_cast<const uint4 *>(x) + NV * (size_t)b;
+    uint4 raw[NV];
+#pragma unroll
+    for (int c = 0; c < NV; c++) raw[c] = live ? __ldcs(src + c) : make_uint4(0, 0, 0, 0);
+    uint32_t am = 0;
+    if (T == MOEA2A_FLOAT32) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[4 * c + i] = __uint_as_float(w[i]), am = max(am, w[i] & 0x7fffffffu);
+        }
+        return am;
     }
-    static __device__ void store4(void *o, size_t i, const float *v)
-    {
-        uint2 w;
-        w.x = FromF32(v[0]) | (uint32_t)FromF32(v[1]) << 16;
-        w.y = FromF32(v[2]) | (uint32_t)FromF32(v[3]) << 16;
-        *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(o) + i) = w;
+    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+        if (T == MOEA2A_BFLOAT16) {
+            v[2 * i] = __uint_as_float(w[i] << 16);
+            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        } else { /* exact widening; a NaN's payload does not matter (its block's codes are 0) */
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
     }
-};
-template <moea2a_datatype_t T> struct Io;
-template <> struct Io<MOEA2A_BFLOAT16> : Io16<m2a_bf16_to_f32, m2a_f32_to_bf16> {};
-template <> struct Io<MOEA2A_FLOAT16> : Io16<m2a_f16_to_f32, m2a_f32_to_f16> {};
-template <> struct Io<MOEA2A_FLOAT32> {
-    static __device__ void load4(const void *x, size_t i, float *v)
-    {
-        const float4 w = *reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
-        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
-    }
-    static __device__ void store4(void *o, size_t i, const float *v)
-    {
-        *reinterpret_cast<float4 *>(static_cast<float *>(o) + i) = make_float4(v[0], v[1], v[2], v[3]);
-    }
-};
+    const uint32_t a16 = max(m & 0xffffu, m >> 16);
+    if (T == MOEA2A_BFLOAT16) return a16 << 16;
+    return a16 >= 0x7c00u ? 0x7f800000u | (a16 & 0x3ffu) << 13 : __float_as_uint(__half2float(__ushort_as_half((unsigned short)a16)));
+}
 
-/* Units are (row, block) pairs in row order; a warp takes every kWarps x gridDim.x-th. */
+/* Group b = (row r, 16-value group gi of g_n per row); the grid strides by a multiple
+ * of 8 groups, so the 8 threads of a block of 128 are adjacent lanes, and (r, gi)
+ * advance by the constant stride without divisions. Loops are warp-uniform so every
+ * lane reaches every shuffle. */
 template <moea2a_datatype_t T>
-__global__ void __launch_bounds__(kThreads) quantize(const void *x, size_t m, size_t k, uint32_t *q,
-                                                     unsigned char *scales, int layout, int ue8m0)
+__global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t groups, uint32_t g_n, uint4 *q,
+                                                     unsigned char *scales, int layout, int ue8m0, size_t r0, size_t m_pad)
 {
     const int lane = threadIdx.x & 31;
-    const size_t nkb = k / M2A_FP8_BLOCK, units = m * nkb, m_pad = (m + 3) / 4 * 4;
-    for (size_t u = (size_t)blockIdx.x * kWarps + threadIdx.x / 32; u < units; u += (size_t)gridDim.x * kWarps) {
-        const size_t r = u / nkb, kb = u - r * nkb, at = r * k + kb * M2A_FP8_BLOCK + 4 * (size_t)lane;
-        float v[4];
-        Io<T>::load4(x, at, v);
-        uint32_t amax_bits = 0; /* |v| as bits: ordered like the values for non-NaN */
-        int finite = 1;
+    const uint32_t step = gridDim.x * blockDim.x, step_r = step / g_n, step_g = step % g_n, nkb = g_n / kPerBlock;
+    uint32_t b = blockIdx.x * blockDim.x + threadIdx.x, r = b / g_n, gi = b % g_n;
+    for (; b - lane < groups; b += step, r += step_r, gi += step_g) {
+        if (gi >= g_n) gi -= g_n, r++;
+        const bool live = b < groups;
+        float v[kGroup];
+        uint32_t am = load16<T>(x, b, live, v);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            finite &= isfinite(v[i]) != 0;
-            amax_bits = max(amax_bits, m2a_f32_bits(v[i]) & 0x7fffffffu);
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
-        finite = __all_sync(0xffffffffu, finite);
+        for (int o = kPerBlock / 2; o; o >>= 1) am = max(am, __shfl_xor_sync(0xffffffffu, am, o));
+        const bool finite = am < 0x7f800000u;
         float mul;
-        const uint32_t s = m2a_fp8_scale(m2a_bits_f32(amax_bits), finite, ue8m0, &mul);
-        uint32_t codes = 0;
+        const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (finite) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) codes |= (uint32_t)m2a_fp8_code(v[i], mul, finite) << (8 * i);
-        q[at / 4] = codes;
-        if (lane == 0) {
-            unsigned char *dst = scales + m2a_fp8_scale_offset(layout, ue8m0, r, kb, nkb, m_pad);
+            for (int i = 0; i < kGroup / 2; i++) {
+                const __nv_fp8x2_storage_t c =
+                    __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * mul, v[2 * i + 1] * mul), __NV_SATFINITE, __NV_E4M3);
+                w[i / 2] |= (uint32_t)c << (16 * (i % 2));
+            }
+        }
+        if (!live) continue;
+        __stcs(q + b, make_uint4(w[0], w[1], w[2], w[3]));
+        if (gi % kPerBlock == 0) {
+            unsigned char *dst = scales + m2a_fp8_scale_offset(layout, ue8m0, r0 + r, gi / kPerBlock, nkb, m_pad);
             if (ue8m0) *dst = (unsigned char)s;
             else *reinterpret_cast<uint32_t *>(dst) = s;
         }
     }
 }
 
-template <moea2a_datatype_t T>
-__global__ void __launch_bounds__(kThreads) dequantize(const uint32_t *q, const unsigned char *scales, int layout,
-                                                       int ue8m0, size_t m, size_t k, void *out)
+/* 16-bit results: the hardware's round to nearest even, NaN as the reference writes
+ * the canonical NaN (lib/convert.h). */
+template <moea2a_datatype_t T> __device__ __forceinline__ uint32_t pack2(float a, float b)
 {
-    const int lane = threadIdx.x & 31;
-    const size_t nkb = k / M2A_FP8_BLOCK, units = m * nkb, m_pad = (m + 3) / 4 * 4;
-    for (size_t u = (size_t)blockIdx.x * kWarps + threadIdx.x / 32; u < units; u += (size_t)gridDim.x * kWarps) {
-        const size_t r = u / nkb, kb = u - r * nkb, at = r * k + kb * M2A_FP8_BLOCK + 4 * (size_t)lane;
-        const unsigned char *src = scales + m2a_fp8_scale_offset(layout, ue8m0, r, kb, nkb, m_pad);
-        const float s = m2a_fp8_scale_value(ue8m0 ? *src : *reinterpret_cast<const uint32_t *>(src), ue8m0);
-        const uint32_t codes = q[at / 4];
-        float v[4];
+    uint16_t h[2];
+    const float f[2] = {a, b};
 #pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = m2a_fp8_value((uint8_t)(codes >> (8 * i)), s);
-        Io<T>::store4(out, at, v);
+    for (int i = 0; i < 2; i++) {
+        if (T == MOEA2A_BFLOAT16) h[i] = f[i] != f[i] ? (uint16_t)0x7fc0u : __bfloat16_as_ushort(__float2bfloat16_rn(f[i]));
+        else h[i] = f[i] != f[i] ? (uint16_t)0x7e00u : __half_as_ushort(__float2half_rn(f[i]));
+    }
+    return h[0] | (uint32_t)h[1] << 16;
+}
+
+/* Dequantize, one thread per 16 codes (16 bytes in; 32 or 64 out). */
+template <moea2a_datatype_t T>
+__global__ void __launch_bounds__(kThreads) dequantize(const uint4 *q, const unsigned char *scales, int layout, int ue8m0,
+                                                       uint32_t groups, uint32_t g_n, size_t r0, size_t m_pad, void *out)
+{
+    const uint32_t step = gridDim.x * blockDim.x, step_r = step / g_n, step_g = step % g_n, nkb = g_n / kPerBlock;
+    uint32_t b = blockIdx.x * blockDim.x + threadIdx.x, r = b / g_n, gi = b % g_n;
+    for (; b < groups; b += step, r += step_r, gi += step_g) {
+        if (gi >= g_n) gi -= g_n, r++;
+        const unsigned char *src = scales + m2a_fp8_scale_offset(layout, ue8m0, r0 + r, gi / kPerBlock, nkb, m_pad);
+        const float s = m2a_fp8_scale_value(ue8m0 ? *src : *reinterpret_cast<const uint32_t *>(src), ue8m0);
+        const uint4 c4 = __ldcs(q + b);
+        const uint32_t c[4] = {c4.x, c4.y, c4.z, c4.w};
+        float v[kGroup];
+#pragma unroll
+        for (int i = 0; i < kGroup / 2; i++) { /* E4M3 -> fp16 is exact; one rounding: the product */
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+            v[2 * i] = f.x * s, v[2 * i + 1] = f.y * s;
+        }
+        if (T == MOEA2A_FLOAT32) {
+            float4 *o = reinterpret_cast<float4 *>(out) + 4 * (size_t)b;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float t[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) t[j] = v[4 * i + j] != v[4 * i + j] ? __uint_as_float(M2A_FP8_NAN_SCALE) : v[4 * i + j];
+                __stcs(o + i, make_float4(t[0], t[1], t[2], t[3]));
+            }
+        } else {
+            uint4 *o = reinterpret_cast<uint4 *>(out) + 2 * (size_t)b;
+            __stcs(o, make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
+            __stcs(o + 1, make_uint4(pack2<T>(v[8], v[9]), pack2<T>(v[10], v[11]), pack2<T>(v[12], v[13]),
+                                     pack2<T>(v[14], v[15])));
+        }
     }
 }
 
-/* Enough warps to fill the device (8 blocks of 256 per SM), fewer for small tensors. */
-int grid_for(size_t units)
+/* Enough threads to fill the device (8 blocks of 256 per SM), fewer for small tensors. */
+int grid_for(uint32_t groups)
 {
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const size_t b = (units + kWarps - 1) / kWarps, cap = (size_t)sms * 8;
+    const uint32_t b = (groups + kThreads - 1) / kThreads, cap = (uint32_t)sms * 8;
     return (int)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+/* A tensor in launches of at most kMaxGroups groups (whole rows): row r0 of a launch
+ * is the tensor's row r0 for the scales; values, codes and outputs are offset. */
+template <typename Launch> int by_rows(size_t m, size_t k, Launch launch)
+{
+    const size_t g_n = k / kGroup, step = kMaxGroups / g_n;
+    if (step == 0) return (int)cudaErrorInvalidValue; /* a row of over 2^34 values */
+    for (size_t r0 = 0; r0 < m; r0 += step) {
+        const uint32_t groups = (uint32_t)((m - r0 < step ? m - r0 : step) * g_n);
+        launch(r0, groups, (uint32_t)g_n, grid_for(groups));
+    }
+    return (int)cudaGetLastError();
 }
 
 } // namespace
@@ -112,31 +177,43 @@ extern "C" int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, siz
                                      int layout, int ue8m0, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    const size_t nkb = k / M2A_FP8_BLOCK, bytes = m2a_fp8_scale_bytes(layout, ue8m0, m, nkb);
+    const size_t nkb = k / M2A_FP8_BLOCK, m_pad = (m + 3) / 4 * 4, esz = xtype == MOEA2A_FLOAT32 ? 4 : 2;
+    const size_t bytes = m2a_fp8_scale_bytes(layout, ue8m0, m, nkb);
     /* padding rows (MN-major) and unused bytes of UE8M0 words are 0 */
     if (bytes != m * nkb * (ue8m0 ? 1 : 4)) cudaMemsetAsync(scales, 0, bytes, s);
-    const int grid = grid_for(m * nkb);
-    uint32_t *qw = static_cast<uint32_t *>(q);
     unsigned char *sb = static_cast<unsigned char *>(scales);
-    switch (xtype) {
-    case MOEA2A_BFLOAT16: quantize<MOEA2A_BFLOAT16><<<grid, kThreads, 0, s>>>(x, m, k, qw, sb, layout, ue8m0); break;
-    case MOEA2A_FLOAT16: quantize<MOEA2A_FLOAT16><<<grid, kThreads, 0, s>>>(x, m, k, qw, sb, layout, ue8m0); break;
-    default: quantize<MOEA2A_FLOAT32><<<grid, kThreads, 0, s>>>(x, m, k, qw, sb, layout, ue8m0); break;
-    }
-    return (int)cudaGetLastError();
+    return by_rows(m, k, [&](size_t r0, uint32_t groups, uint32_t g_n, int grid) {
+        const void *xs = static_cast<const char *>(x) + r0 * k * esz;
+        uint4 *qs = reinterpret_cast<uint4 *>(static_cast<unsigned char *>(q) + r0 * k);
+        switch (xtype) {
+        case MOEA2A_BFLOAT16:
+            quantize<MOEA2A_BFLOAT16><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
+            break;
+        case MOEA2A_FLOAT16:
+            quantize<MOEA2A_FLOAT16><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
+            break;
+        default: quantize<MOEA2A_FLOAT32><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
+        }
+    });
 }
 
 extern "C" int m2a_cuda_fp8_dequantize(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k,
                                        void *out, moea2a_datatype_t otype, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    const int grid = grid_for(m * (k / M2A_FP8_BLOCK));
-    const uint32_t *qw = static_cast<const uint32_t *>(q);
+    const size_t m_pad = (m + 3) / 4 * 4, esz = otype == MOEA2A_FLOAT32 ? 4 : 2;
     const unsigned char *sb = static_cast<const unsigned char *>(scales);
-    switch (otype) {
-    case MOEA2A_BFLOAT16: dequantize<MOEA2A_BFLOAT16><<<grid, kThreads, 0, s>>>(qw, sb, layout, ue8m0, m, k, out); break;
-    case MOEA2A_FLOAT16: dequantize<MOEA2A_FLOAT16><<<grid, kThreads, 0, s>>>(qw, sb, layout, ue8m0, m, k, out); break;
-    default: dequantize<MOEA2A_FLOAT32><<<grid, kThreads, 0, s>>>(qw, sb, layout, ue8m0, m, k, out); break;
-    }
-    return (int)cudaGetLastError();
+    return by_rows(m, k, [&](size_t r0, uint32_t groups, uint32_t g_n, int grid) {
+        const uint4 *qs = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(q) + r0 * k);
+        void *o = static_cast<char *>(out) + r0 * k * esz;
+        switch (otype) {
+        case MOEA2A_BFLOAT16:
+            dequantize<MOEA2A_BFLOAT16><<<grid, kThreads, 0, s>>>(qs, sb, layout, ue8m0, groups, g_n, r0, m_pad, o);
+            break;
+        case MOEA2A_FLOAT16:
+            dequantize<MOEA2A_FLOAT16><<<grid, kThreads, 0, s>>>(qs, sb, layout, ue8m0, groups, g_n, r0, m_pad, o);
+            break;
+        default: dequantize<MOEA2A_FLOAT32><<<grid, kThreads, 0, s>>>(qs, sb, layout, ue8m0, groups, g_n, r0, m_pad, o);
+        }
+    });
 }

@@ -12,10 +12,14 @@
 extern "C" {
 #endif
 
-#define M2A_K_MAX_ARRAYS (MOEA2A_MOE_MAX_PAYLOADS + 3)
+/* byte arrays (a payload as given, or a quantized one's codes, scales [, global
+ * scale]), then ids, [weights,] the source index: moe_layout.h's M2A_MOE_MAX_ARRAYS */
+#define M2A_K_MAX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS + 3)
+#define M2A_K_MAX_BYTE_ARRAYS (M2A_K_MAX_ARRAYS - 3)
 
 /* Everything the kernels need, passed by value. Pointers are device pointers. */
 typedef struct {
+    /* num_payloads: the byte arrays, arrays 0..num_payloads-1, copied from payloads.p[] */
     int ep, me, k, num_experts, cap, num_payloads, weights, narrays;
     int32_t invalid_id;
     const int32_t *owner;       /* [E] */
@@ -27,7 +31,7 @@ typedef struct {
 } m2a_kparams_t;
 
 typedef struct {
-    const void *p[MOEA2A_MOE_MAX_PAYLOADS];
+    const void *p[M2A_K_MAX_BYTE_ARRAYS];
 } m2a_kpayloads_t;
 
 /* send_counts[ep], send_map[n][k] (rank*cap+slot ascending by rank, then -1),

@@ -18,6 +18,7 @@
 #include "fp8_kernels.h"
 #include "moe_fast.h"
 #include "moe_kernels.h"
+#include "wire_kernels.h"
 
 #define MOEA2A_CUDA_ABI_VERSION 1
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
@@ -56,7 +57,7 @@ typedef struct moea2a_cuda_v1 {
     int (*stream_query)(void *stream);
     int (*stream_synchronize)(void *stream);
 
-    /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h, fp8_kernels.h). */
+    /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h, fp8_kernels.h, wire_kernels.h). */
     int (*route)(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                  unsigned long long *stats, void *stream);
     int (*pack)(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
@@ -82,5 +83,8 @@ typedef struct moea2a_cuda_v1 {
                         int ue8m0, void *stream);
     int (*fp8_dequantize)(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k, void *out,
                           moea2a_datatype_t otype, void *stream);
+    /* quantize on dispatch (kernels/wire_kernels.h) */
+    int (*wire_finish)(const m2a_kwire_t *w, int ep, int stride, const int32_t *counts, void *stream);
+    int (*wire_fill)(float *dst, size_t n, void *stream);
 } moea2a_cuda_v1_t;
 #endif

@@ -33,21 +33,9 @@ typedef struct {
 static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const m2a_moe_backend_t *b,
                        m2a_moe_layout_t *l)
 {
-    m2a_moe_backend_size_t bs = {0, 0};
+    m2a_moe_backend_size_t bs = {0, 0, 0};
     if (b->size) b->size(ep, &bs);
-    m2a_moe_layout(cfg, ep, staged, bs.ctl_bytes, bs.pinned_bytes, l);
-}
-
-/* Quantize on dispatch runs on the host path so far: CUDA contexts that ask for it get
- * a clear refusal rather than rows in another format than the config says. */
-static moea2a_result_t wire_supported(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
-{
-    for (int i = 0; cuda && i < c->num_payloads; i++)
-        if (c->wire[i].format != MOEA2A_WIRE_AS_IS)
-            return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                             "moea2a_moe: payload %d is quantized on dispatch (wire[%d]); this release does that on "
-                             "host memory only, not yet on CUDA memory", i, i);
-    return MOEA2A_SUCCESS;
+    m2a_moe_layout(cfg, ep, staged, &bs, l);
 }
 
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
@@ -65,7 +53,6 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
     if (!m2a_transport_for(comm, MOEA2A_MEM_HOST))
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_moe: the MoE headers need a host-memory transport (ucx)");
     p->cuda = mem == MOEA2A_MEMORY_CUDA;
-    M2A_TRY(wire_supported(comm, &p->cfg, p->cuda));
     M2A_TRY(m2a_topo_load(NULL, &p->topo));
     /* Placement (GPU, NUMA node, memory shared) follows the real host, whatever nodes
      * the communicator's node map emulates; whether a peer is local follows the map. */
@@ -130,7 +117,6 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         int cuda = mem == MOEA2A_MEMORY_CUDA || (mem == MOEA2A_MEMORY_AUTO && topo->ngpus > 0);
         if (cuda && topo->ngpus == 0)
             r = m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: CUDA memory asked for, but the topology has no GPU", fn);
-        if (r == MOEA2A_SUCCESS) r = wire_supported(NULL, &cfg, cuda);
         for (int p = 0; p < layout->ep; p++) {
             node[p] = p / rpn;
             gpu[p] = m2a_topo_place(topo, p % rpn, rpn, cuda).gpu;

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe_layout.h"
 #include "moea2a.h"
 
 /* Which halves one call performs (the kernels' M2A_FAST_* have these values). */
@@ -27,15 +28,9 @@ typedef struct {
     const void *const *payloads;
 } m2a_dispatch_args_t;
 
-/* What a backend adds to the workspace formula: its control regions (in the aux part
- * of the workspace) and its share of the pinned host mirror. */
-typedef struct {
-    size_t ctl_bytes, pinned_bytes;
-} m2a_moe_backend_size_t;
-
 typedef struct m2a_moe_backend {
     const char *name;
-    /* pure: its additions to the formula for ep ranks (NULL: none) */
+    /* pure: its additions to the formula for ep ranks (NULL: none; moe_layout.h) */
     void (*size)(int ep, m2a_moe_backend_size_t *out);
     /* collective: the workspace, staging and tables of moe->l (the core's layout);
      * MOEA2A_ERR_UNAVAILABLE on every rank when it cannot serve this communicator */

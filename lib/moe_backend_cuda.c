@@ -6,6 +6,13 @@
 #include "moe_cuda.h"
 #include "moe_generic.h"
 
+/* the sender's quantized rows (the pack kernel copies them as bytes) */
+static void cuda_size(int ep, m2a_moe_backend_size_t *out)
+{
+    (void)ep;
+    out->quantized_rows = 1;
+}
+
 static m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize, m2a_moe_cuda_combine,
                                     m2a_moe_cuda_wait};
 
@@ -25,5 +32,5 @@ static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_cuda = {
-    "cuda", NULL, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
+    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
 };

@@ -22,6 +22,7 @@ static void nvlink_size(int ep, m2a_moe_backend_size_t *out)
 {
     out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
+    out->quantized_rows = 1;
 }
 
 /* The CUDA calls go through the CUDA module: nvlink_alloc loads it (m2a_moe_cuda_begin)
@@ -204,8 +205,11 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
 {
     fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
-    memset(&pay, 0, sizeof(pay));
-    for (int i = 0; status == MOEA2A_SUCCESS && payloads && i < moe->cfg.num_payloads; i++) pay.p[i] = payloads[i];
+    moea2a_result_t r = m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, &pay);
+    if (r != MOEA2A_SUCCESS) { /* the peers wait for this launch: it goes, as a failed rank's */
+        status = r;
+        memset(&pay, 0, sizeof(pay));
+    }
     (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
     int e = OPS->fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, phases, stream);
@@ -213,7 +217,10 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, e, "dispatch kernel launch");
     }
-    return MOEA2A_SUCCESS;
+    if (r != MOEA2A_SUCCESS) st->poisoned = r;
+    if (r == MOEA2A_SUCCESS && status == MOEA2A_SUCCESS && (phases & M2A_FAST_RECV))
+        r = m2a_moe_cuda_wire_finish(moe, stride, stream);
+    return r;
 }
 
 /* One combine launch; status != MOEA2A_SUCCESS: this rank's checks failed; its peers'

@@ -41,13 +41,21 @@ moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes)
     return MOEA2A_SUCCESS;
 }
 
+_Static_assert(M2A_K_MAX_ARRAYS == M2A_MOE_MAX_ARRAYS, "the kernels' arrays and the layout's differ");
+
+static int is_byte_array(int kind)
+{
+    return kind == M2A_ARR_PAYLOAD || kind == M2A_ARR_SCALES || kind == M2A_ARR_GLOBAL;
+}
+
 static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
 {
     const m2a_moe_layout_t *l = &moe->l;
     const moea2a_moe_config_t *c = &moe->cfg;
     memset(kp, 0, sizeof(*kp));
     kp->ep = moe->comm->nranks, kp->me = moe->comm->rank, kp->k = c->top_k, kp->num_experts = c->num_experts;
-    kp->cap = c->max_tokens_per_rank, kp->num_payloads = c->num_payloads;
+    kp->cap = c->max_tokens_per_rank;
+    for (int a = 0; a < l->narrays; a++) kp->num_payloads += is_byte_array(l->array[a].kind); /* they come first */
     kp->weights = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, kp->narrays = l->narrays;
     kp->invalid_id = c->invalid_expert_id;
     kp->owner = (const int32_t *)(moe->ws + l->owner);
@@ -160,14 +168,74 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
     return MOEA2A_SUCCESS;
 }
 
+moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
+                                     m2a_kpayloads_t *pay)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    const moea2a_moe_config_t *c = &moe->cfg;
+    memset(pay, 0, sizeof(*pay));
+    if (!payloads) return MOEA2A_SUCCESS;
+    for (int i = 0; i < c->num_payloads && n > 0; i++) {
+        const moea2a_wire_t *w = &c->wire[i];
+        if (w->format == MOEA2A_WIRE_AS_IS) continue;
+        size_t e = c->payloads[i].elems_per_token;
+        moea2a_datatype_t t = c->payloads[i].dtype;
+        unsigned char *codes = moe->ws + l->send_codes[i], *scales = moe->ws + l->send_scales[i];
+        if (w->format == MOEA2A_WIRE_FP8) {
+            CU(comm, OPS->fp8_quantize(payloads[i], t, (size_t)n, e, codes, scales, MOEA2A_FP8_SCALES_ROW_MAJOR,
+                                       (w->flags & MOEA2A_FP8_UE8M0) != 0, stream));
+            continue;
+        }
+        /* NVFP4: one global scale over the call's tokens, carried by each row */
+        float *g = (float *)(moe->ws + l->send_global[i]);
+        CU(comm, OPS->fp4_global_scale(payloads[i], t, (size_t)n * e, g, stream));
+        CU(comm, OPS->fp4_quantize(payloads[i], t, (size_t)n, e, g, codes, scales, MOEA2A_SF_LINEAR, stream));
+        CU(comm, OPS->wire_fill(g, (size_t)n, stream));
+    }
+    for (int a = 0; a < l->narrays; a++) {
+        const m2a_moe_array_t *ar = &l->array[a];
+        int i = ar->payload, as_is = ar->kind == M2A_ARR_PAYLOAD && c->wire[i].format == MOEA2A_WIRE_AS_IS;
+        if (!is_byte_array(ar->kind)) break;
+        pay->p[a] = as_is                          ? payloads[i]
+                    : ar->kind == M2A_ARR_PAYLOAD ? (const void *)(moe->ws + l->send_codes[i])
+                    : ar->kind == M2A_ARR_SCALES  ? (const void *)(moe->ws + l->send_scales[i])
+                                                  : (const void *)(moe->ws + l->send_global[i]);
+    }
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    const moea2a_moe_config_t *c = &moe->cfg;
+    const int32_t *counts = (const int32_t *)(moe->ws + l->recv_counts);
+    int ep = comm->nranks;
+    for (int i = 0; i < c->num_payloads; i++) {
+        const moea2a_wire_t *w = &c->wire[i];
+        if (w->format == MOEA2A_WIRE_AS_IS) continue;
+        int nvfp4 = w->format == MOEA2A_WIRE_NVFP4;
+        m2a_kwire_t kw = {l->wire_scale_row[i], moe->ws + l->wire_scales[i],
+                          !nvfp4 && w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR ? moe->ws + l->wire_final[i] : NULL,
+                          nvfp4 ? (const float *)(moe->ws + l->wire_global_rows[i]) : NULL,
+                          nvfp4 ? (float *)(moe->ws + l->wire_global[i]) : NULL};
+        CU(comm, OPS->wire_finish(&kw, ep, stride, counts, stream));
+        if (nvfp4 && w->scale_layout != MOEA2A_SF_LINEAR)
+            CU(comm, OPS->fp4_sf_convert(kw.rows, MOEA2A_SF_LINEAR, moe->ws + l->wire_final[i], w->scale_layout,
+                                         (size_t)ep * (size_t)stride, c->payloads[i].elems_per_token, counts, stride,
+                                         stream));
+    }
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     void *s = stream;
     m2a_kpayloads_t pay;
-    memset(&pay, 0, sizeof(pay));
-    for (int i = 0; i < moe->cfg.num_payloads && a->payloads; i++) pay.p[i] = a->payloads[i];
+    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, s, &pay));
     CU(comm, OPS->copy_async(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks, M2A_CUDA_H2D, s));
     CU(comm, OPS->pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
                                         (const int32_t *)(moe->ws + l->send_map), moe->ws,
@@ -182,7 +250,7 @@ moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream
                                                  (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index),
                                                  !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
                                                  (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, stream));
-    return MOEA2A_SUCCESS;
+    return m2a_moe_cuda_wire_finish(moe, stride, stream);
 }
 
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)

@@ -6,6 +6,7 @@
 #define M2A_MOE_CUDA_H
 #include "moe.h"
 #include "moe_backend.h"
+#include "moe_kernels.h"
 
 moea2a_result_t m2a_moe_cuda_free_memory(moea2a_comm_t comm, size_t *free_bytes);
 /* Before the workspace: this rank's device, the pinned mirror (mapped). */
@@ -23,7 +24,17 @@ void m2a_moe_cuda_free_workspace(moea2a_moe_t moe);
 moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
                                    int64_t *dedup);
 moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream);
+/* sanitize, then m2a_moe_cuda_wire_finish */
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);
+/* The byte arrays' sources for a dispatch's kernels (kparams' num_payloads of them): a
+ * payload as given, or, for one sent quantized, its codes, scales [and global scale]
+ * made first in the workspace from the caller's rows on the stream, once per token
+ * (the standalone quantize kernels: their bits). */
+moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
+                                     m2a_kpayloads_t *pay);
+/* After a dispatch landed (counts in the workspace): quantized payloads' padding
+ * scales 0, the scales in the wire's layout, NVFP4's global scale per source. */
+moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *stream);
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
 void m2a_moe_cuda_wait(void *stream); /* phase timing only */
 #endif

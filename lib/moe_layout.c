@@ -156,7 +156,7 @@ static size_t take(size_t *at, size_t bytes)
     return off;
 }
 
-void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t backend_ctl, size_t backend_pinned,
+void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_moe_backend_size_t *backend,
                     m2a_moe_layout_t *l)
 {
     memset(l, 0, sizeof(*l));
@@ -188,7 +188,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
     l->node = take(&at, 4 * n);                        /* rank -> node: the combine order across nodes */
     l->stats = take(&at, 16);                          /* invalid and merged entries */
-    l->backend_ctl = take(&at, backend_ctl); /* e.g. the load/store path's signals and counters */
+    l->backend_ctl = take(&at, backend->ctl_bytes); /* e.g. the load/store path's signals and counters */
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
         size_t start = at;
@@ -203,6 +203,11 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
                     l->wire_final[i] = take(&at, m2a_sf_bytes(w->scale_layout, n * cap, c->payloads[i].elems_per_token / 16));
             } else if (w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR) { /* [ep][scale words][cap rounded up to 4] */
                 l->wire_final[i] = take(&at, n * l->wire_scale_row[i] * ((cap + 3) / 4 * 4));
+            }
+            if (backend->quantized_rows) { /* this rank's tokens quantized, then sent as bytes */
+                l->send_codes[i] = take(&at, cap * l->row_bytes[i]);
+                l->send_scales[i] = take(&at, cap * l->wire_scale_row[i]);
+                if (w->format == MOEA2A_WIRE_NVFP4) l->send_global[i] = take(&at, cap * 4);
             }
         }
         l->bytes_payload[i] = at - start;
@@ -236,7 +241,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, size_t bac
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2 + m2a_align(16);
-    l->pinned_backend = l->pinned, l->pinned += m2a_align(backend_pinned); /* e.g. a device error record's copy */
+    l->pinned_backend = l->pinned, l->pinned += m2a_align(backend->pinned_bytes); /* e.g. a device error record's copy */
 }
 
 size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride)

@@ -38,7 +38,7 @@ typedef struct {
 } m2a_moe_array_t;
 
 /* payloads (as given, or codes + scales [+ global scale] when quantized), ids, weights,
- * source index; the kernels (M2A_K_MAX_ARRAYS) see configs without quantized payloads */
+ * source index (the kernels' M2A_K_MAX_ARRAYS is the same bound) */
 #define M2A_MOE_MAX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS + 3)
 
 /* Quantize on dispatch, per payload: the bytes of a token's codes and of its scales
@@ -66,6 +66,10 @@ typedef struct {
     size_t wire_scale_row[MOEA2A_MOE_MAX_PAYLOADS], wire_scales[MOEA2A_MOE_MAX_PAYLOADS];
     size_t wire_global_rows[MOEA2A_MOE_MAX_PAYLOADS], wire_global[MOEA2A_MOE_MAX_PAYLOADS];
     size_t wire_final[MOEA2A_MOE_MAX_PAYLOADS];
+    /* backends that quantize before sending (quantized_rows): this rank's tokens
+     * quantized, [cap][code row], [cap][scale row], NVFP4 [cap][4] (else 0) */
+    size_t send_codes[MOEA2A_MOE_MAX_PAYLOADS], send_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;
     m2a_moe_array_t array[M2A_MOE_MAX_ARRAYS];
@@ -79,8 +83,17 @@ size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t
  * it into *out with defaults applied. */
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out);
-/* backend_ctl, backend_pinned: what the context's backend adds (m2a_moe_backend_t.size). */
-void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, size_t backend_ctl, size_t backend_pinned,
+/* What a backend adds to the workspace formula: its control regions (in the aux part
+ * of the workspace), its share of the pinned host mirror, and whether it quantizes a
+ * payload sent quantized into the workspace before sending (the sender's rows of the
+ * formula: the CUDA backends, whose kernels then copy codes and scales as bytes). */
+typedef struct {
+    size_t ctl_bytes, pinned_bytes;
+    int quantized_rows;
+} m2a_moe_backend_size_t;
+
+/* backend: what the context's backend adds (m2a_moe_backend_t.size). */
+void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, const m2a_moe_backend_size_t *backend,
                     m2a_moe_layout_t *l);
 
 /* Thread blocks (SMs) each load/store kernel uses unless num_sms or MOEA2A_NUM_SMS

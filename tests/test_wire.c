@@ -1,11 +1,15 @@
-/* Quantize on dispatch on host memory: a payload given in bf16, fp16 or fp32 and sent
- * as FP8 (both scale kinds, both layouts) or NVFP4 (three scale layouts) arrives
- * bit for bit as if each rank had quantized its tokens with the standalone calls and
+/* Quantize on dispatch: a payload given in bf16, fp16 or fp32 and sent as FP8 (both
+ * scale kinds, both layouts) or NVFP4 (three scale layouts) arrives bit for bit as if
+ * each rank had quantized its tokens with the standalone calls (on the host) and
  * dispatched the codes and row scales as plain payloads: codes, scales in the wire's
  * layout with padding rows 0, NVFP4's per-source global scales, next to a payload sent
  * as is; one call and the split halves; random routings with invalid ids, idle ranks,
  * several strides; the sizes of the arrays against the formula of moea2a_moe(3); a
- * wire mismatch between ranks; and the config checks. */
+ * wire mismatch between ranks; and the config checks. On host memory always; on CUDA
+ * memory, load/store and generic paths, on as many GPUs as the machine has (SKIP
+ * without one). */
+#include "config.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +17,15 @@
 #include "mix.h"
 #include "moea2a.h"
 #include "tap.h"
+
+#if defined(MOEA2A_HAVE_CUDA) && defined(MOEA2A_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+#define WITH_CUDA 1
+#else
+#define WITH_CUDA 0
+#endif
 
 #define WATCHDOG 300.0
 #define A(x) (((size_t)(x) + 127) / 128 * 128)
@@ -36,6 +49,56 @@ static const wire_case_t cases[] = {
 #define NCASES ((int)(sizeof(cases) / sizeof(cases[0])))
 
 static size_t dsize(moea2a_datatype_t t) { return t == MOEA2A_FLOAT32 ? 4 : 2; }
+
+/* Where a run keeps the context's buffers: host memory, or CUDA memory on the
+ * load/store (nvlink) or the generic path. The test's own data stays on the host;
+ * put() copies an input where the context wants it, get() a result back. */
+typedef struct {
+    int cuda, nvlink, ndev;
+} where_t;
+
+static void *put(const where_t *m, const void *h, size_t bytes)
+{
+#if WITH_CUDA
+    if (m->cuda) {
+        void *d = NULL;
+        if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) return NULL;
+        if (bytes) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+        return d;
+    }
+#endif
+    (void)m;
+    void *c = malloc(bytes ? bytes : 1);
+    if (bytes) memcpy(c, h, bytes);
+    return c;
+}
+
+static void drop(const where_t *m, void *p)
+{
+#if WITH_CUDA
+    if (m->cuda) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    (void)m;
+    free(p);
+}
+
+/* a host copy of a result array (free it) */
+static void *get(const where_t *m, const void *p, size_t bytes)
+{
+    void *h = calloc(1, bytes ? bytes : 1);
+#if WITH_CUDA
+    if (m->cuda) {
+        if (p && bytes) cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost);
+        return h;
+    }
+#endif
+    (void)m;
+    if (p && bytes) memcpy(h, p, bytes);
+    return h;
+}
 
 /* Scale bytes of one row as the standalone calls write them (row-major / linear). */
 static size_t scale_row(const wire_case_t *w)
@@ -63,6 +126,7 @@ static moea2a_moe_config_t config_for(const wire_case_t *w, int E, int k, int ca
 {
     moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
     c.num_experts = E, c.top_k = k, c.max_tokens_per_rank = cap, c.memory = MOEA2A_MEMORY_HOST;
+    c.hidden = 64, c.combine_dtype = MOEA2A_BFLOAT16; /* a combine: the load/store path's gate */
     if (quantized) {
         c.num_payloads = 2;
         c.payloads[0] = (moea2a_payload_desc_t){w->dtype, w->elems};
@@ -110,18 +174,20 @@ static unsigned char *expected_scales(const wire_case_t *w, const unsigned char 
     return padded;
 }
 
-static int run_case(moea2a_comm_t comm, int me, int ep, int ci, uint64_t seed)
+static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci, uint64_t seed)
 {
     const wire_case_t *w = &cases[ci];
     int fails = 0, E = 4 * ep + (int)(seed % 5), k = 1 + (int)(seed % 4), cap = 9;
     moea2a_moe_config_t cq = config_for(w, E, k, cap, 1), cp = config_for(w, E, k, cap, 0);
+    cq.memory = cp.memory = m->cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
+    if (m->cuda && !m->nvlink) cq.flags |= MOEA2A_MOE_NO_NVLINK, cp.flags |= MOEA2A_MOE_NO_NVLINK;
     moea2a_moe_t mq, mp;
     if (moea2a_moe_create(&mq, comm, &cq) || moea2a_moe_create(&mp, comm, &cp)) {
         RANK_EXPECT(fails, me, 0, "create: %s", moea2a_last_error(comm));
         return 1;
     }
     /* the arrays' sizes: codes, row scales [, per-row and per-source global scales]
-     * [, the scales in the wire's layout] */
+     * [, the scales in the wire's layout] [, CUDA: the sender's quantized rows] */
     moea2a_moe_workspace_sizes_t sz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
     moea2a_moe_workspace_size(comm, &cq, &sz);
     size_t slots = (size_t)ep * cap, want = A(slots * code_row(w)) + A(slots * scale_row(w));
@@ -135,6 +201,8 @@ static int run_case(moea2a_comm_t comm, int me, int ep, int ci, uint64_t seed)
     } else if (w->layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
         want += A((size_t)ep * scale_row(w) * ((cap + 3) / 4 * 4));
     }
+    if (m->cuda) want += A((size_t)cap * code_row(w)) + A((size_t)cap * scale_row(w)) +
+                         (w->format == MOEA2A_WIRE_NVFP4 ? A((size_t)cap * 4) : 0);
     RANK_EXPECT(fails, me, sz.payload_bytes[0] == want && sz.payload_bytes[1] == A(slots * 12),
                 "case %d: payload bytes %zu, the formula says %zu", ci, sz.payload_bytes[0], want);
 
@@ -150,7 +218,7 @@ static int run_case(moea2a_comm_t comm, int me, int ep, int ci, uint64_t seed)
     moea2a_allgather(&mine, all, 8, MOEA2A_UINT8, comm, NULL);
     for (int q = 0; q < ep; q++) stride = all[q] > stride ? (int)all[q] : stride;
     void *x = make_values(w, me, seed, n);
-    /* quantized by the caller, with the standalone calls, as one tensor of n rows */
+    /* quantized by the caller, with the standalone calls on the host, as one tensor of n rows */
     unsigned char *q = malloc(code_row(w) * (size_t)n + 16), *s = malloc(scale_row(w) * (size_t)n + 16);
     float g = 1.0f, *gs = malloc(4 * (size_t)(n + 1));
     if (w->format == MOEA2A_WIRE_FP8) {
@@ -160,71 +228,99 @@ static int run_case(moea2a_comm_t comm, int me, int ep, int ci, uint64_t seed)
         moea2a_fp4_quantize(x, w->dtype, (size_t)n, w->elems, &g, q, s, MOEA2A_SF_LINEAR, NULL);
     }
     for (int i = 0; i < n; i++) gs[i] = g;
-    const void *pq[2] = {x, side}, *pp[4] = {q, side, s, gs};
+    size_t xbytes = (size_t)n * w->elems * dsize(w->dtype);
+    void *dx = put(m, x, xbytes), *dside = put(m, side, 12 * (size_t)cap), *dq = put(m, q, code_row(w) * (size_t)n);
+    void *ds = put(m, s, scale_row(w) * (size_t)n), *dgs = put(m, gs, 4 * (size_t)n);
+    int32_t *dids = put(m, ids, sizeof(int32_t) * (size_t)(n * k));
+    const void *pq[2] = {dx, dside}, *pp[4] = {dq, dside, ds, dgs};
     moea2a_dispatch_result_t rq = MOEA2A_DISPATCH_RESULT_INITIALIZER, rp = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     /* a first dispatch of cap tokens fills rows that the second one leaves as padding:
      * their scales must read 0 again */
     int32_t *all_ids = malloc(sizeof(int32_t) * (size_t)(cap * k));
     for (int i = 0; i < cap * k; i++) all_ids[i] = i % E;
     void *xf = make_values(w, me, seed + 99, cap);
-    moea2a_result_t r0 = moea2a_dispatch(mq, cap, all_ids, NULL, (const void *[2]){xf, side}, cap, &rq, NULL);
+    void *dall = put(m, all_ids, sizeof(int32_t) * (size_t)(cap * k)), *dxf = put(m, xf, (size_t)cap * w->elems * dsize(w->dtype));
+    moea2a_result_t r0 = moea2a_dispatch(mq, cap, dall, NULL, (const void *[2]){dxf, dside}, cap, &rq, NULL);
     RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: first dispatch: %s", ci, moea2a_last_error(comm));
+    if (r0 == MOEA2A_SUCCESS) { /* the load/store path: the next dispatch follows a combine */
+        void *zero = calloc(slots, 128), *dzero = put(m, zero, slots * 128), *out = calloc((size_t)cap, 128);
+        void *dout = put(m, out, (size_t)cap * 128);
+        r0 = moea2a_combine(mq, dzero, dout, NULL);
+        RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: combine: %s", ci, moea2a_last_error(comm));
+        drop(m, dzero), drop(m, dout), free(zero), free(out);
+    }
     free(all_ids), free(xf);
     moea2a_result_t r1;
     if (seed % 4 == 1) { /* the split halves: quantized in the send half, finished in the receive half */
-        r1 = moea2a_dispatch_send(mq, n, ids, NULL, pq, stride, NULL);
+        r1 = moea2a_dispatch_send(mq, n, dids, NULL, pq, stride, NULL);
         if (r1 == MOEA2A_SUCCESS) r1 = moea2a_dispatch_recv(mq, &rq, NULL);
     } else {
-        r1 = moea2a_dispatch(mq, n, ids, NULL, pq, stride, &rq, NULL);
+        r1 = moea2a_dispatch(mq, n, dids, NULL, pq, stride, &rq, NULL);
     }
-    moea2a_result_t r2 = moea2a_dispatch(mp, n, ids, NULL, pp, stride, &rp, NULL);
+    moea2a_result_t r2 = moea2a_dispatch(mp, n, dids, NULL, pp, stride, &rp, NULL);
     RANK_EXPECT(fails, me, r1 == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "case %d: dispatch: %s", ci,
                 moea2a_last_error(comm));
     if (r1 == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS) {
-        RANK_EXPECT(fails, me, !memcmp(rq.recv_counts, rp.recv_counts, 4 * (size_t)ep), "case %d: counts differ", ci);
+        size_t rows = (size_t)ep * (size_t)stride;
+        int32_t *cq_ = get(m, rq.recv_counts, 4 * (size_t)ep), *cp_ = get(m, rp.recv_counts, 4 * (size_t)ep);
+        unsigned char *codes_q = get(m, rq.payloads[0], rows * code_row(w)), *codes_p = get(m, rp.payloads[0], rows * code_row(w));
+        unsigned char *side_q = get(m, rq.payloads[1], rows * 12), *side_p = get(m, rp.payloads[1], rows * 12);
+        unsigned char *rows_p = get(m, rp.payloads[2], rows * scale_row(w));
+        RANK_EXPECT(fails, me, !memcmp(cq_, cp_, 4 * (size_t)ep), "case %d: counts differ", ci);
         RANK_EXPECT(fails, me, rq.payload_row_bytes[0] == code_row(w), "case %d: code row %zu", ci, rq.payload_row_bytes[0]);
         int codes = 1, side_ok = 1;
         for (int src = 0; src < ep; src++)
-            for (int i = 0; i < rq.recv_counts[src]; i++) {
+            for (int i = 0; i < cp_[src]; i++) {
                 size_t slot = (size_t)src * stride + (size_t)i;
-                codes &= !memcmp((unsigned char *)rq.payloads[0] + slot * code_row(w),
-                                 (unsigned char *)rp.payloads[0] + slot * code_row(w), code_row(w));
-                side_ok &= !memcmp((unsigned char *)rq.payloads[1] + slot * 12, (unsigned char *)rp.payloads[1] + slot * 12, 12);
+                codes &= !memcmp(codes_q + slot * code_row(w), codes_p + slot * code_row(w), code_row(w));
+                side_ok &= !memcmp(side_q + slot * 12, side_p + slot * 12, 12);
             }
         RANK_EXPECT(fails, me, codes, "case %d: codes differ from quantize-then-dispatch", ci);
         RANK_EXPECT(fails, me, side_ok, "case %d: the payload sent as is differs", ci);
         size_t eb = 0;
-        unsigned char *es = expected_scales(w, rp.payloads[2], rp.recv_counts, ep, stride, &eb);
-        RANK_EXPECT(fails, me, rq.payload_scales[0] && rq.payload_scale_bytes[0] == eb && !memcmp(rq.payload_scales[0], es, eb),
+        unsigned char *es = expected_scales(w, rows_p, cp_, ep, stride, &eb);
+        unsigned char *got = get(m, rq.payload_scales[0], eb);
+        RANK_EXPECT(fails, me, rq.payload_scales[0] && rq.payload_scale_bytes[0] == eb && !memcmp(got, es, eb),
                     "case %d: scales (%zu bytes, expected %zu) differ from quantize-then-dispatch in the wire's layout", ci,
                     rq.payload_scale_bytes[0], eb);
-        free(es);
+        free(es), free(got);
         if (w->format == MOEA2A_WIRE_NVFP4) {
+            float *gq = get(m, rq.payload_global_scales[0], 4 * (size_t)ep), *gp = get(m, rp.payloads[3], 4 * rows);
             int gok = rq.payload_global_scales[0] != NULL;
             for (int src = 0; gok && src < ep; src++) {
-                float want_g = rp.recv_counts[src] > 0 ? ((const float *)rp.payloads[3])[(size_t)src * stride] : 0.0f;
-                gok &= !memcmp(&rq.payload_global_scales[0][src], &want_g, 4);
+                float want_g = cp_[src] > 0 ? gp[(size_t)src * stride] : 0.0f;
+                gok &= !memcmp(&gq[src], &want_g, 4);
             }
             RANK_EXPECT(fails, me, gok, "case %d: global scales per source differ", ci);
+            free(gq), free(gp);
         } else {
             RANK_EXPECT(fails, me, rq.payload_global_scales[0] == NULL, "case %d: FP8 has no global scales", ci);
         }
         RANK_EXPECT(fails, me, rq.payload_scales[1] == NULL && rq.payload_scale_bytes[1] == 0,
                     "case %d: a payload sent as is has no scales", ci);
+        free(cq_), free(cp_), free(codes_q), free(codes_p), free(side_q), free(side_p), free(rows_p);
     }
     moea2a_moe_destroy(mq), moea2a_moe_destroy(mp);
+    drop(m, dx), drop(m, dside), drop(m, dq), drop(m, ds), drop(m, dgs), drop(m, dids), drop(m, dall), drop(m, dxf);
     free(ids), free(side), free(x), free(q), free(s), free(gs);
     return fails;
 }
 
 static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
-    (void)arg;
+    const where_t *m = arg;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+#if WITH_CUDA
+    if (m->cuda) {
+        if (cudaSetDevice(me % m->ndev) != cudaSuccess) return 1;
+        cfg.cuda_device = me % m->ndev;
+    }
+#endif
     moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, &cfg)) return 1;
     int fails = 0;
     for (int ci = 0; ci < NCASES && fails < 5; ci++)
-        for (uint64_t seed = 1; seed <= 4; seed++) fails += run_case(comm, me, ep, ci, seed * 101 + (uint64_t)ci);
+        for (uint64_t seed = 1; seed <= 4; seed++) fails += run_case(comm, m, me, ep, ci, seed * 101 + (uint64_t)ci);
     moea2a_comm_destroy(comm);
     return fails > 100 ? 100 : fails;
 }
@@ -264,17 +360,24 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     c.wire[1].flags = MOEA2A_FP8_UE8M0; /* payload 1 goes as is */
     r = moea2a_moe_workspace_size(comm, &c, &sz);
     RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "flags on a payload sent as is: %s", moea2a_last_error(comm));
-    /* CUDA memory: refused with a reason, on a machine layout with a GPU */
+    /* CUDA memory, sized on a machine layout with GPUs: the sender's quantized rows
+     * (A(cap code) + A(cap srow)) on top of what host memory needs */
     c = config_for(&cases[0], 8, 2, 4, 1);
-    c.memory = MOEA2A_MEMORY_CUDA;
     moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
     const char *top = getenv("top_srcdir");
     char xml[1024];
     snprintf(xml, sizeof(xml), "%s/tests/topologies/4gpu-nvlink.xml", top ? top : ".");
     lay.ep = 4, lay.topology_xml = xml;
+    moea2a_moe_workspace_sizes_t host = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    c.memory = MOEA2A_MEMORY_HOST;
+    moea2a_result_t rh = moea2a_moe_workspace_size_layout(&lay, &c, &host);
+    c.memory = MOEA2A_MEMORY_CUDA;
     r = moea2a_moe_workspace_size_layout(&lay, &c, &sz);
-    RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "not yet on CUDA memory"),
-                "quantize on dispatch on CUDA memory: %s (%s)", moea2a_strerror(r), moea2a_last_error(NULL));
+    RANK_EXPECT(fails, me, rh == MOEA2A_SUCCESS && r == MOEA2A_SUCCESS &&
+                               sz.payload_bytes[0] == host.payload_bytes[0] + A(4 * code_row(&cases[0])) +
+                                                          A(4 * scale_row(&cases[0])),
+                "quantize on dispatch on CUDA memory, sized: %s (%s); payload bytes %zu, host %zu", moea2a_strerror(r),
+                moea2a_last_error(NULL), sz.payload_bytes[0], host.payload_bytes[0]);
     moea2a_comm_destroy(comm);
     return fails;
 }
@@ -299,12 +402,36 @@ static int mismatch_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* On CUDA memory: 1, 2 and 4 ranks, one GPU each, both CUDA paths. */
+static void cuda_runs(void)
+{
+#if WITH_CUDA
+    int ndev = gpu_count();
+    for (int n = 1; n <= 4; n *= 2)
+        for (int nvlink = 1; nvlink >= 0; nvlink--) {
+            const char *path = nvlink ? "load/store" : "generic NCCL";
+            if (n > ndev) {
+                tap_skip(ndev ? "not enough GPUs" : "no CUDA device", "quantize on dispatch on %d GPU(s), %s path", n, path);
+                continue;
+            }
+            where_t m = {1, nvlink, ndev};
+            local_ranks_result_t res;
+            local_ranks_run(n, wire_rank, &m, WATCHDOG, &res);
+            tap_ok(res.failed == 0, "quantize on dispatch on %d GPU(s), %s path, equals quantize-then-dispatch (host "
+                                    "quantization) bit for bit: FP8 and NVFP4, every scale layout", n, path);
+        }
+#else
+    tap_skip("no CUDA device (built without CUDA or NCCL)", "quantize on dispatch on CUDA memory");
+#endif
+}
+
 int main(void)
 {
     static const int sizes[] = {1, 2, 3, 4};
+    where_t host = {0, 0, 0};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         local_ranks_result_t res;
-        local_ranks_run(sizes[i], wire_rank, NULL, WATCHDOG, &res);
+        local_ranks_run(sizes[i], wire_rank, &host, WATCHDOG, &res);
         tap_ok(res.failed == 0, "quantize on dispatch equals quantize-then-dispatch bit for bit on %d rank(s): FP8 (fp32 "
                                 "and UE8M0 scales, row- and MN-major), NVFP4 (linear, 128x4, 8x4 scales, global scales)",
                sizes[i]);
@@ -313,7 +440,8 @@ int main(void)
     local_ranks_run(2, mismatch_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "ranks that disagree on a payload's wire format: MOEA2A_ERR_MISMATCH on every rank");
     local_ranks_run(1, config_rank, NULL, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "config checks: block multiples, float dtypes, layouts, flags, unused wire entries, CUDA "
-                            "memory refused with a reason");
+    tap_ok(res.failed == 0, "config checks: block multiples, float dtypes, layouts, flags, unused wire entries; CUDA "
+                            "memory's sizes");
+    cuda_runs();
     return tap_done();
 }

@@ -23,7 +23,8 @@
 # generic path (done in every run unless turned off). With a base tarball staged
 # (prepare.sh BASE=<rev>), the A/B block builds it too and runs the same benchmarks
 # with both builds, alternating, AB_ROUNDS times (default 3): AB_RANKS GPUs (default
-# 2), AB_TOKENS (default 128,4096), and --op fp4 on one GPU; AB=0 skips it.
+# 2), AB_TOKENS (default 128,4096), and --op fp4 on one GPU; AB=0 skips it. WIRE=0 skips
+# quantize on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -142,6 +143,14 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" --tokens 4096 --dtype $dt --iters "${ITERS:-30}" \
         --warmup 10 | grep -E " 4096 |Out of"
   done
+  if [ "${WIRE:-1}" != 0 ]; then
+    echo "== quantize on dispatch (--wire, checked) next to quantize + dispatch (--baseline), ${FP4RANKS:-4} GPUs"
+    for w in fp8 fp8-ue8m0 nvfp4; do
+      timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" --tokens "${WIRE_TOKENS:-128,4096}" \
+          --dtype bf16 --wire $w --baseline --check 1 --iters "${ITERS:-30}" --warmup 10 |
+        grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
+    done
+  fi
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \

@@ -1,0 +1,63 @@
+/* Quantize on dispatch around the copies (wire_kernels.h). Small, memory-bound passes
+ * over scale rows: warps per row, threads per word. */
+#include <cuda_runtime.h>
+
+#include "wire_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+/* Every padding row's scales to 0, a warp per row; MN-major words; global scales. */
+__global__ void __launch_bounds__(kThreads) finish(m2a_kwire_t w, int ep, int stride, const int32_t *counts)
+{
+    const size_t rows = (size_t)ep * (size_t)stride, lane = threadIdx.x & 31;
+    const size_t gthreads = (size_t)gridDim.x * blockDim.x, gtid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t row = gtid / 32; row < rows; row += gthreads / 32) {
+        const int src = (int)(row / (size_t)stride), r = (int)(row % (size_t)stride);
+        if (r < counts[src]) continue;
+        unsigned char *p = w.rows + row * w.srow;
+        for (size_t b = lane; b < w.srow; b += 32) p[b] = 0;
+    }
+    if (w.mn) { /* [src][word][r]: row r's word, 0 past the source's count and stride */
+        const size_t words = w.srow / 4, pad = ((size_t)stride + 3) / 4 * 4, total = (size_t)ep * words * pad;
+        for (size_t i = gtid; i < total; i += gthreads) {
+            const size_t r = i % pad, wd = (i / pad) % words, src = i / pad / words;
+            uint32_t v = 0;
+            if (r < (size_t)counts[src])
+                v = *reinterpret_cast<const uint32_t *>(w.rows + (src * (size_t)stride + r) * w.srow + 4 * wd);
+            reinterpret_cast<uint32_t *>(w.mn)[i] = v;
+        }
+    }
+    if (w.g)
+        for (size_t src = gtid; src < (size_t)ep; src += gthreads)
+            w.g[src] = counts[src] > 0 ? w.g_rows[src * (size_t)stride] : 0.0f;
+}
+
+__global__ void __launch_bounds__(kThreads) fill(float *dst, size_t n)
+{
+    const float v = dst[0];
+    for (size_t i = 1 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = v;
+}
+
+int blocks_for(size_t items)
+{
+    const size_t b = (items + kThreads - 1) / kThreads;
+    return (int)(b < 1 ? 1 : b > 1024 ? 1024 : b);
+}
+
+} // namespace
+
+extern "C" int m2a_cuda_wire_finish(const m2a_kwire_t *w, int ep, int stride, const int32_t *counts, void *stream)
+{
+    const size_t rows = (size_t)ep * (size_t)stride, mn = w->mn ? (size_t)ep * (w->srow / 4) * ((size_t)stride + 3) : 0;
+    finish<<<blocks_for(32 * rows > mn ? 32 * rows : mn), kThreads, 0, (cudaStream_t)stream>>>(*w, ep, stride, counts);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_wire_fill(float *dst, size_t n, void *stream)
+{
+    if (n > 1) fill<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, n);
+    return (int)cudaGetLastError();
+}
