@@ -249,14 +249,39 @@ __global__ void sf_convert(const unsigned char *src, int sl, unsigned char *dst,
     }
 }
 
-/* amax over |x| by the bits (NaN ranks above inf, as on the host), then g. */
-template <moea2a_datatype_t T> __global__ void amax_bits(const void *x, size_t n, unsigned int *amax)
+/* amax over |x| by the bits (NaN ranks above inf, as on the host), then g: 16-byte
+ * loads (8 values of 16 bits with a SIMD max, or 4 of fp32) where x is aligned, the
+ * rest one by one; a block's maximum leaves as one atomic (one per warp took ~650 us
+ * for 4096 x 7168 values on an H100: 900,000 atomics on one word). 16-bit maxima
+ * widen at the end: the widening orders like the bits, NaNs included. */
+template <moea2a_datatype_t T> __global__ void __launch_bounds__(256) amax_bits(const void *x, size_t n, unsigned int *amax)
 {
-    unsigned int local = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    constexpr size_t per = T == MOEA2A_FLOAT32 ? 4 : 8;
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
+    const size_t nv = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / per : 0;
+    unsigned int local = 0, m16 = 0;
+    for (size_t i = tid; i < nv; i += step) {
+        const uint4 w = __ldcs(reinterpret_cast<const uint4 *>(x) + i);
+        if (T == MOEA2A_FLOAT32)
+            local = max(local, max(max(w.x & 0x7fffffffu, w.y & 0x7fffffffu), max(w.z & 0x7fffffffu, w.w & 0x7fffffffu)));
+        else
+            m16 = __vmaxu2(m16, __vmaxu2(__vmaxu2(w.x & 0x7fff7fffu, w.y & 0x7fff7fffu),
+                                         __vmaxu2(w.z & 0x7fff7fffu, w.w & 0x7fff7fffu)));
+    }
+    if (T != MOEA2A_FLOAT32 && m16) {
+        const uint16_t a16 = (uint16_t)max(m16 & 0xffffu, m16 >> 16);
+        local = T == MOEA2A_BFLOAT16 ? (uint32_t)a16 << 16 : __float_as_uint(m2a_f16_to_f32(a16));
+    }
+    for (size_t i = nv * per + tid; i < n; i += step)
         local = max(local, __float_as_uint(In<T>::at(x, i)) & 0x7fffffffu);
     for (int off = 16; off > 0; off /= 2) local = max(local, __shfl_down_sync(0xffffffffu, local, off));
-    if ((threadIdx.x & 31) == 0 && local) atomicMax(amax, local);
+    __shared__ unsigned int warp_max[8];
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = local;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++) local = max(local, warp_max[w]);
+        if (local) atomicMax(amax, local);
+    }
 }
 
 __global__ void global_from_amax(const unsigned int *amax, float *g)
@@ -272,22 +297,6 @@ int grid_for(size_t work)
 
 } // namespace
 
-extern "C" int m2a_cuda_fp4_global_scale(const void *x, moea2a_datatype_t xtype, size_t count, float *g, void *stream)
-{
-    cudaStream_t s = (cudaStream_t)stream;
-    unsigned int *amax = reinterpret_cast<unsigned int *>(g); /* g doubles as the scratch word */
-    cudaMemsetAsync(amax, 0, sizeof(unsigned int), s);
-    if (count) {
-        switch (xtype) {
-        case MOEA2A_BFLOAT16: amax_bits<MOEA2A_BFLOAT16><<<grid_for(count), 256, 0, s>>>(x, count, amax); break;
-        case MOEA2A_FLOAT16: amax_bits<MOEA2A_FLOAT16><<<grid_for(count), 256, 0, s>>>(x, count, amax); break;
-        default: amax_bits<MOEA2A_FLOAT32><<<grid_for(count), 256, 0, s>>>(x, count, amax); break;
-        }
-    }
-    global_from_amax<<<1, 1, 0, s>>>(amax, g);
-    return (int)cudaGetLastError();
-}
-
 /* Resident blocks: the quantize kernel loads its table once per block, then strides. */
 static int resident_grid(size_t work)
 {
@@ -295,6 +304,22 @@ static int resident_grid(size_t work)
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     size_t b = (work + 255) / 256, cap = (size_t)sms * 8;
     return (int)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+extern "C" int m2a_cuda_fp4_global_scale(const void *x, moea2a_datatype_t xtype, size_t count, float *g, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned int *amax = reinterpret_cast<unsigned int *>(g); /* g doubles as the scratch word */
+    cudaMemsetAsync(amax, 0, sizeof(unsigned int), s);
+    if (count) {
+        switch (xtype) {
+        case MOEA2A_BFLOAT16: amax_bits<MOEA2A_BFLOAT16><<<resident_grid(count / 8), 256, 0, s>>>(x, count, amax); break;
+        case MOEA2A_FLOAT16: amax_bits<MOEA2A_FLOAT16><<<resident_grid(count / 8), 256, 0, s>>>(x, count, amax); break;
+        default: amax_bits<MOEA2A_FLOAT32><<<resident_grid(count / 8), 256, 0, s>>>(x, count, amax); break;
+        }
+    }
+    global_from_amax<<<1, 1, 0, s>>>(amax, g);
+    return (int)cudaGetLastError();
 }
 
 /* Rows per launch, a multiple of 128 (a whole number of scale tiles in every layout,

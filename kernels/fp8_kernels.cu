@@ -1,16 +1,15 @@
 /* FP8 block quantization kernels: one thread per 16 consecutive values of a row (32
  * or 64 bytes in, 16 bytes of codes out), eight threads per block of 128. They give
- * the bits of the host reference (lib/fp8_math.h) by cheaper means: the amax from the
- * values' bits (|x| orders like its bit pattern), the hardware E4M3 and 16-bit
- * conversions (round to nearest even, saturating; the reference's rounding), NaN
- * results in the reference's canonical pattern. tests/test_fp8.c compares the bits. */
+ * the bits of the host reference (lib/fp8_math.h) through kernels/fp8_device.cuh and,
+ * dequantizing, the hardware conversions with NaN results in the reference's canonical
+ * pattern. tests/test_gpu.c compares the bits. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "fp8_device.cuh"
 #include "fp8_kernels.h"
-#include "fp8_math.h"
 
 namespace {
 
@@ -18,43 +17,6 @@ constexpr int kThreads = 256;
 constexpr int kGroup = 16;                            /* values per thread */
 constexpr int kPerBlock = M2A_FP8_BLOCK / kGroup;     /* threads per block of 128: 8 */
 constexpr uint32_t kMaxGroups = 1u << 30;             /* per launch: 32-bit indices */
-
-/* Sixteen values of group b as fp32, and the fp32 bits of their largest magnitude
- * (at or above the infinity pattern: a non-finite value). */
-template <moea2a_datatype_t T> __device__ __forceinline__ uint32_t load16(const void *x, uint32_t b, bool live, float *v)
-{
-    constexpr int NV = T == MOEA2A_FLOAT32 ? 4 : 2;
-    const uint4 *src = reinterpret_cast<const uint4 *>(x) + NV * (size_t)b;
-    uint4 raw[NV];
-#pragma unroll
-    for (int c = 0; c < NV; c++) raw[c] = live ? __ldcs(src + c) : make_uint4(0, 0, 0, 0);
-    uint32_t am = 0;
-    if (T == MOEA2A_FLOAT32) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[4 * c + i] = __uint_as_float(w[i]), am = max(am, w[i] & 0x7fffffffu);
-        }
-        return am;
-    }
-    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-    uint32_t m = 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        m = __vmaxu2(m, w[i] & 0x7fff7fffu);
-        if (T == MOEA2A_BFLOAT16) {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        } else { /* exact widening; a NaN's payload does not matter (its block's codes are 0) */
-            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-            v[2 * i] = f.x, v[2 * i + 1] = f.y;
-        }
-    }
-    const uint32_t a16 = max(m & 0xffffu, m >> 16);
-    if (T == MOEA2A_BFLOAT16) return a16 << 16;
-    return a16 >= 0x7c00u ? 0x7f800000u | (a16 & 0x3ffu) << 13 : __float_as_uint(__half2float(__ushort_as_half((unsigned short)a16)));
-}
 
 /* Group b = (row r, 16-value group gi of g_n per row); the grid strides by a multiple
  * of 8 groups, so the 8 threads of a block of 128 are adjacent lanes, and (r, gi)
@@ -71,21 +33,14 @@ __global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t gro
         if (gi >= g_n) gi -= g_n, r++;
         const bool live = b < groups;
         float v[kGroup];
-        uint32_t am = load16<T>(x, b, live, v);
+        uint32_t am = m2a_fp8_load<T, kGroup>(x, b, live, v);
 #pragma unroll
         for (int o = kPerBlock / 2; o; o >>= 1) am = max(am, __shfl_xor_sync(0xffffffffu, am, o));
         const bool finite = am < 0x7f800000u;
         float mul;
         const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (finite) {
-#pragma unroll
-            for (int i = 0; i < kGroup / 2; i++) {
-                const __nv_fp8x2_storage_t c =
-                    __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * mul, v[2 * i + 1] * mul), __NV_SATFINITE, __NV_E4M3);
-                w[i / 2] |= (uint32_t)c << (16 * (i % 2));
-            }
-        }
+        uint32_t w[4];
+        m2a_fp8_encode<kGroup>(v, mul, finite, w);
         if (!live) continue;
         __stcs(q + b, make_uint4(w[0], w[1], w[2], w[3]));
         if (gi % kPerBlock == 0) {

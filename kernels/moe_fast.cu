@@ -37,6 +37,7 @@
 #endif
 
 #include "convert.h"
+#include "fp8_device.cuh"
 #include "moe_fast.h"
 
 namespace {
@@ -281,8 +282,48 @@ constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, units are
 __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
 {
     uint32_t n = 0;
-    for (int a = 0; a < p.num_payloads; a++) n += (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
+    for (int a = 0; a < p.num_payloads; a++) n += p.fuse[a] < 0 ? 0 : (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
     return n;
+}
+
+/* One warp quantizes values [off, off + len) of a token's row (src: the row; len a
+ * multiple of 128) to FP8 and writes the codes and the blocks' scales at m destinations
+ * (codes[d], scales[d]: the destination's code and scale rows): a pass covers 256
+ * values, a half-warp per block of 128, 8 values per lane (kernels/fp8_device.cuh: the
+ * standalone kernel's arithmetic, so its bits). With UE8M0 the unit holding the row's
+ * last block also zeroes the unused bytes of the last scale word, as the standalone
+ * call does. */
+template <moea2a_datatype_t T>
+__device__ void quantize_unit(const void *src, size_t off, size_t len, size_t row_len, bool ue8m0,
+                              unsigned char *const *codes, unsigned char *const *scales, int m, int lane)
+{
+    const size_t nkb = row_len / M2A_FP8_BLOCK, words = (nkb + 3) / 4;
+    for (size_t v0 = off; v0 < off + len; v0 += 2 * M2A_FP8_BLOCK) {
+        const size_t at = v0 + 8 * (size_t)lane;
+        const bool live = at < off + len;
+        float v[8];
+        uint32_t am = m2a_fp8_load<T, 8>(src, at / 8, live, v);
+#pragma unroll
+        for (int o = 8; o; o >>= 1) am = max(am, __shfl_xor_sync(0xffffffffu, am, o));
+        const bool finite = am < 0x7f800000u;
+        float mul;
+        const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
+        uint32_t w[2];
+        m2a_fp8_encode<8>(v, mul, finite, w);
+        if (!live) continue;
+        const size_t kb = at / M2A_FP8_BLOCK;
+        for (int d = 0; d < m; d++) {
+            *reinterpret_cast<uint2 *>(codes[d] + at) = make_uint2(w[0], w[1]);
+            if (lane % 16) continue;
+            if (!ue8m0) {
+                reinterpret_cast<uint32_t *>(scales[d])[kb] = s;
+                continue;
+            }
+            scales[d][kb] = (unsigned char)s;
+            if (kb == nkb - 1)
+                for (size_t b = nkb; b < 4 * words; b++) scales[d][b] = 0;
+        }
+    }
 }
 
 /* Copies unit u (token u / per_token, one kSeg segment of one array's row) to the
@@ -297,11 +338,33 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
     uint32_t seg = (uint32_t)(u % per_token);
     int a = 0;
     for (;; a++) { /* the array whose row holds the segment */
-        const uint32_t na = (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
+        const uint32_t na = p.fuse[a] < 0 ? 0 : (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
         if (seg < na) break;
         seg -= na;
     }
     const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
+    if (p.fuse[a] > 0) { /* FP8 codes (one byte per value) and scales made from the caller's row here */
+        const int dt = p.fuse_dtype[a];
+        const size_t es = dt == MOEA2A_FLOAT32 ? 4 : 2;
+        const void *row = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width * es;
+        for (int d0 = 0; d0 < nd; d0 += kDst) {
+            unsigned char *codes[kDst], *scales[kDst];
+            const int m = nd - d0 < kDst ? nd - d0 : kDst;
+            for (int d = 0; d < m; d++) {
+                int rank;
+                size_t r;
+                dest(d0 + d, &rank, &r);
+                codes[d] = f.peer[rank] + p.ws_off[a] + r * width;
+                scales[d] = f.peer[rank] + p.ws_off[a + 1] + r * p.width[a + 1];
+            }
+            const bool ue = p.fuse[a] == 2;
+            const int lane = threadIdx.x & 31;
+            if (dt == MOEA2A_BFLOAT16) quantize_unit<MOEA2A_BFLOAT16>(row, off, len, width, ue, codes, scales, m, lane);
+            else if (dt == MOEA2A_FLOAT16) quantize_unit<MOEA2A_FLOAT16>(row, off, len, width, ue, codes, scales, m, lane);
+            else quantize_unit<MOEA2A_FLOAT32>(row, off, len, width, ue, codes, scales, m, lane);
+        }
+        return;
+    }
     const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
     for (int d0 = 0; d0 < nd; d0 += kDst) {
         unsigned char *dst[kDst];

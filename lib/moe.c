@@ -317,7 +317,12 @@ static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int
                   "%s: topk_weights is NULL but the context carries weights", fn);
     M2A_CHECK_ARG(comm, payloads || c->num_payloads == 0, "%s: payloads is NULL with %d payloads configured", fn,
                   c->num_payloads);
-    for (int i = 0; i < c->num_payloads; i++) M2A_CHECK_ARG(comm, payloads[i], "%s: payloads[%d] is NULL", fn, i);
+    for (int i = 0; i < c->num_payloads; i++) {
+        M2A_CHECK_ARG(comm, payloads[i], "%s: payloads[%d] is NULL", fn, i);
+        /* the quantize kernels read whole 16-byte vectors */
+        M2A_CHECK_ARG(comm, !moe->cuda || c->wire[i].format == MOEA2A_WIRE_AS_IS || (uintptr_t)payloads[i] % 16 == 0,
+                      "%s: payloads[%d] (quantized on dispatch, CUDA memory) must be 16-byte aligned", fn, i);
+    }
     const void *ptrs[2] = {ids, weights};
     for (int i = 0; i < 2 + c->num_payloads; i++) {
         const void *ptr = i < 2 ? ptrs[i] : payloads[i - 2];

@@ -201,8 +201,9 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     } else if (w->layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
         want += A((size_t)ep * scale_row(w) * ((cap + 3) / 4 * 4));
     }
-    if (m->cuda) want += A((size_t)cap * code_row(w)) + A((size_t)cap * scale_row(w)) +
-                         (w->format == MOEA2A_WIRE_NVFP4 ? A((size_t)cap * 4) : 0);
+    if (m->cuda && (w->format == MOEA2A_WIRE_NVFP4 || !m->nvlink)) /* load/store FP8: quantized in the copies */
+        want += A((size_t)cap * code_row(w)) + A((size_t)cap * scale_row(w)) +
+                (w->format == MOEA2A_WIRE_NVFP4 ? A((size_t)cap * 4) : 0);
     RANK_EXPECT(fails, me, sz.payload_bytes[0] == want && sz.payload_bytes[1] == A(slots * 12),
                 "case %d: payload bytes %zu, the formula says %zu", ci, sz.payload_bytes[0], want);
 
@@ -321,6 +322,26 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     int fails = 0;
     for (int ci = 0; ci < NCASES && fails < 5; ci++)
         for (uint64_t seed = 1; seed <= 4; seed++) fails += run_case(comm, m, me, ep, ci, seed * 101 + (uint64_t)ci);
+    if (m->cuda) { /* the kernels read 16-byte vectors: a misaligned payload is refused, on every rank */
+        moea2a_moe_config_t c = config_for(&cases[0], 4 * ep, 2, 4, 1);
+        c.memory = MOEA2A_MEMORY_CUDA;
+        if (!m->nvlink) c.flags |= MOEA2A_MOE_NO_NVLINK;
+        moea2a_moe_t moe;
+        if (moea2a_moe_create(&moe, comm, &c) == MOEA2A_SUCCESS) {
+            int32_t hids[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+            unsigned char *zeros = calloc(1, 4 * 640 * 2 + 64);
+            unsigned char *dx = put(m, zeros, 4 * 640 * 2 + 64), *dside = put(m, zeros, 4 * 12);
+            int32_t *dids = put(m, hids, sizeof(hids));
+            moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+            moea2a_result_t r = moea2a_dispatch(moe, 4, dids, NULL, (const void *[2]){dx + 2, dside}, 0, &res, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "aligned"),
+                        "a misaligned quantized payload: %s (%s)", moea2a_strerror(r), moea2a_last_error(comm));
+            moea2a_moe_destroy(moe);
+            drop(m, dx), drop(m, dside), drop(m, dids), free(zeros);
+        } else {
+            RANK_EXPECT(fails, me, 0, "create: %s", moea2a_last_error(comm));
+        }
+    }
     moea2a_comm_destroy(comm);
     return fails > 100 ? 100 : fails;
 }
@@ -360,9 +381,10 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     c.wire[1].flags = MOEA2A_FP8_UE8M0; /* payload 1 goes as is */
     r = moea2a_moe_workspace_size(comm, &c, &sz);
     RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "flags on a payload sent as is: %s", moea2a_last_error(comm));
-    /* CUDA memory, sized on a machine layout with GPUs: the sender's quantized rows
-     * (A(cap code) + A(cap srow)) on top of what host memory needs */
-    c = config_for(&cases[0], 8, 2, 4, 1);
+    /* CUDA memory, sized on a machine layout with GPUs (the load/store path): NVFP4
+     * adds the sender's quantized rows (A(cap code) + A(cap srow) + A(cap 4)) to what
+     * host memory needs; FP8, quantized in the copies, adds nothing */
+    c = config_for(&cases[4], 8, 2, 4, 1);
     moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
     const char *top = getenv("top_srcdir");
     char xml[1024];
@@ -374,10 +396,18 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     c.memory = MOEA2A_MEMORY_CUDA;
     r = moea2a_moe_workspace_size_layout(&lay, &c, &sz);
     RANK_EXPECT(fails, me, rh == MOEA2A_SUCCESS && r == MOEA2A_SUCCESS &&
-                               sz.payload_bytes[0] == host.payload_bytes[0] + A(4 * code_row(&cases[0])) +
-                                                          A(4 * scale_row(&cases[0])),
+                               sz.payload_bytes[0] == host.payload_bytes[0] + A(4 * code_row(&cases[4])) +
+                                                          A(4 * scale_row(&cases[4])) + A(4 * 4),
                 "quantize on dispatch on CUDA memory, sized: %s (%s); payload bytes %zu, host %zu", moea2a_strerror(r),
                 moea2a_last_error(NULL), sz.payload_bytes[0], host.payload_bytes[0]);
+    c = config_for(&cases[0], 8, 2, 4, 1);
+    c.memory = MOEA2A_MEMORY_HOST;
+    rh = moea2a_moe_workspace_size_layout(&lay, &c, &host);
+    c.memory = MOEA2A_MEMORY_CUDA;
+    r = moea2a_moe_workspace_size_layout(&lay, &c, &sz);
+    RANK_EXPECT(fails, me, rh == MOEA2A_SUCCESS && r == MOEA2A_SUCCESS && sz.payload_bytes[0] == host.payload_bytes[0],
+                "FP8 on the load/store path needs no sender rows: payload bytes %zu, host %zu", sz.payload_bytes[0],
+                host.payload_bytes[0]);
     moea2a_comm_destroy(comm);
     return fails;
 }
@@ -418,7 +448,7 @@ static void cuda_runs(void)
             local_ranks_result_t res;
             local_ranks_run(n, wire_rank, &m, WATCHDOG, &res);
             tap_ok(res.failed == 0, "quantize on dispatch on %d GPU(s), %s path, equals quantize-then-dispatch (host "
-                                    "quantization) bit for bit: FP8 and NVFP4, every scale layout", n, path);
+                                    "quantization) bit for bit: FP8 and NVFP4, every scale layout; a misaligned payload refused", n, path);
         }
 #else
     tap_skip("no CUDA device (built without CUDA or NCCL)", "quantize on dispatch on CUDA memory");
