@@ -288,42 +288,63 @@ __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
 
 /* One warp quantizes values [off, off + len) of a token's row (src: the row; len a
  * multiple of 128) to FP8 and writes the codes and the blocks' scales at m destinations
- * (codes[d], scales[d]: the destination's code and scale rows): a pass covers 256
+ * (codes[d], scales[d]: the destination's code and scale rows). A pass covers 256
  * values, a half-warp per block of 128, 8 values per lane (kernels/fp8_device.cuh: the
- * standalone kernel's arithmetic, so its bits). With UE8M0 the unit holding the row's
- * last block also zeroes the unused bytes of the last scale word, as the standalone
- * call does. */
+ * standalone kernel's arithmetic, so its bits); kBatch passes load before any is
+ * quantized, so that several vectors per lane are in flight. With UE8M0 the unit
+ * holding the row's last block also zeroes the unused bytes of the last scale word, as
+ * the standalone call does. */
+constexpr int kBatch = 4;
 template <moea2a_datatype_t T>
-__device__ void quantize_unit(const void *src, size_t off, size_t len, size_t row_len, bool ue8m0,
-                              unsigned char *const *codes, unsigned char *const *scales, int m, int lane)
+__device__ __forceinline__ void quantize_values(const void *src, size_t off, size_t len, size_t row_len, bool ue8m0,
+                                                unsigned char *const *codes, unsigned char *const *scales, int m,
+                                                int lane)
 {
     const size_t nkb = row_len / M2A_FP8_BLOCK, words = (nkb + 3) / 4;
-    for (size_t v0 = off; v0 < off + len; v0 += 2 * M2A_FP8_BLOCK) {
-        const size_t at = v0 + 8 * (size_t)lane;
-        const bool live = at < off + len;
-        float v[8];
-        uint32_t am = m2a_fp8_load<T, 8>(src, at / 8, live, v);
+    for (size_t b0 = off; b0 < off + len; b0 += kBatch * 2 * M2A_FP8_BLOCK) {
+        float v[kBatch][8];
+        uint32_t am[kBatch];
 #pragma unroll
-        for (int o = 8; o; o >>= 1) am = max(am, __shfl_xor_sync(0xffffffffu, am, o));
-        const bool finite = am < 0x7f800000u;
-        float mul;
-        const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
-        uint32_t w[2];
-        m2a_fp8_encode<8>(v, mul, finite, w);
-        if (!live) continue;
-        const size_t kb = at / M2A_FP8_BLOCK;
-        for (int d = 0; d < m; d++) {
-            *reinterpret_cast<uint2 *>(codes[d] + at) = make_uint2(w[0], w[1]);
-            if (lane % 16) continue;
-            if (!ue8m0) {
-                reinterpret_cast<uint32_t *>(scales[d])[kb] = s;
-                continue;
+        for (int j = 0; j < kBatch; j++) {
+            const size_t at = b0 + (size_t)j * 2 * M2A_FP8_BLOCK + 8 * (size_t)lane;
+            am[j] = m2a_fp8_load<T, 8>(src, at / 8, at < off + len, v[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+            const size_t at = b0 + (size_t)j * 2 * M2A_FP8_BLOCK + 8 * (size_t)lane;
+#pragma unroll
+            for (int o = 8; o; o >>= 1) am[j] = max(am[j], __shfl_xor_sync(0xffffffffu, am[j], o));
+            const bool finite = am[j] < 0x7f800000u;
+            float mul;
+            const uint32_t s = m2a_fp8_scale(__uint_as_float(am[j]), finite, ue8m0, &mul);
+            uint32_t w[2];
+            m2a_fp8_encode<8>(v[j], mul, finite, w);
+            if (at >= off + len) continue;
+            const size_t kb = at / M2A_FP8_BLOCK;
+            for (int d = 0; d < m; d++) {
+                *reinterpret_cast<uint2 *>(codes[d] + at) = make_uint2(w[0], w[1]);
+                if (lane % 16) continue;
+                if (!ue8m0) {
+                    reinterpret_cast<uint32_t *>(scales[d])[kb] = s;
+                    continue;
+                }
+                scales[d][kb] = (unsigned char)s;
+                if (kb == nkb - 1)
+                    for (size_t x = nkb; x < 4 * words; x++) scales[d][x] = 0;
             }
-            scales[d][kb] = (unsigned char)s;
-            if (kb == nkb - 1)
-                for (size_t b = nkb; b < 4 * words; b++) scales[d][b] = 0;
         }
     }
+}
+
+/* Not inlined: the copy path of plain rows keeps its registers (inlined, the
+ * quantization made the dispatch kernel spill). */
+__device__ __noinline__ void quantize_unit(const void *src, int dtype, size_t off, size_t len, size_t row_len,
+                                           bool ue8m0, unsigned char *const *codes, unsigned char *const *scales, int m)
+{
+    const int lane = threadIdx.x & 31;
+    if (dtype == MOEA2A_BFLOAT16) quantize_values<MOEA2A_BFLOAT16>(src, off, len, row_len, ue8m0, codes, scales, m, lane);
+    else if (dtype == MOEA2A_FLOAT16) quantize_values<MOEA2A_FLOAT16>(src, off, len, row_len, ue8m0, codes, scales, m, lane);
+    else quantize_values<MOEA2A_FLOAT32>(src, off, len, row_len, ue8m0, codes, scales, m, lane);
 }
 
 /* Copies unit u (token u / per_token, one kSeg segment of one array's row) to the
@@ -347,21 +368,20 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
         const int dt = p.fuse_dtype[a];
         const size_t es = dt == MOEA2A_FLOAT32 ? 4 : 2;
         const void *row = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width * es;
+        /* the destinations' rows in local memory (indexed at run time), not registers:
+         * held in registers they made the whole kernel spill */
+        unsigned char *rows[2 * kDst];
         for (int d0 = 0; d0 < nd; d0 += kDst) {
-            unsigned char *codes[kDst], *scales[kDst];
             const int m = nd - d0 < kDst ? nd - d0 : kDst;
+#pragma unroll 1
             for (int d = 0; d < m; d++) {
                 int rank;
                 size_t r;
                 dest(d0 + d, &rank, &r);
-                codes[d] = f.peer[rank] + p.ws_off[a] + r * width;
-                scales[d] = f.peer[rank] + p.ws_off[a + 1] + r * p.width[a + 1];
+                rows[d] = f.peer[rank] + p.ws_off[a] + r * width;
+                rows[kDst + d] = f.peer[rank] + p.ws_off[a + 1] + r * p.width[a + 1];
             }
-            const bool ue = p.fuse[a] == 2;
-            const int lane = threadIdx.x & 31;
-            if (dt == MOEA2A_BFLOAT16) quantize_unit<MOEA2A_BFLOAT16>(row, off, len, width, ue, codes, scales, m, lane);
-            else if (dt == MOEA2A_FLOAT16) quantize_unit<MOEA2A_FLOAT16>(row, off, len, width, ue, codes, scales, m, lane);
-            else quantize_unit<MOEA2A_FLOAT32>(row, off, len, width, ue, codes, scales, m, lane);
+            quantize_unit(row, dt, off, len, width, p.fuse[a] == 2, rows, rows + kDst, m);
         }
         return;
     }
