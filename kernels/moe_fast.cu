@@ -37,7 +37,6 @@
 #endif
 
 #include "convert.h"
-#include "fp8_device.cuh"
 #include "moe_fast.h"
 
 namespace {
@@ -278,124 +277,48 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
 constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, units are split evenly */
 
-/* Segments (kSeg bytes) of one token's payload rows, all arrays: the copy units. */
+/* The copy units: kSeg-byte segments of a token's payload rows, all byte arrays laid
+ * end to end, so that a unit may span arrays. A payload quantized on dispatch carries
+ * a short scale row (and NVFP4 a 4-byte global scale) next to its codes; as units of
+ * their own they tripled the units of such a payload, and each unit costs a counter
+ * grab and a map read. Each array starts 16-byte aligned in that concatenation, so a
+ * piece of it starts 16-byte aligned in its row (16-byte copies where rows allow). */
+__device__ __forceinline__ size_t span16(size_t width) { return (width + 15) / 16 * 16; }
+
 __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
 {
-    uint32_t n = 0;
-    for (int a = 0; a < p.num_payloads; a++) n += p.fuse[a] < 0 ? 0 : (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
-    return n;
+    size_t bytes = 0;
+    for (int a = 0; a < p.num_payloads; a++) bytes += span16(p.width[a]);
+    return (uint32_t)((bytes + kSeg - 1) / kSeg);
 }
 
-/* One warp quantizes values [off, off + len) of a token's row (src: the row; len a
- * multiple of 128) to FP8 and writes the codes and the blocks' scales at m destinations
- * (codes[d], scales[d]: the destination's code and scale rows). A pass covers 256
- * values, a half-warp per block of 128, 8 values per lane (kernels/fp8_device.cuh: the
- * standalone kernel's arithmetic, so its bits); kBatch passes load before any is
- * quantized, so that several vectors per lane are in flight. With UE8M0 the unit
- * holding the row's last block also zeroes the unused bytes of the last scale word, as
- * the standalone call does. */
-constexpr int kBatch = 4;
-template <moea2a_datatype_t T>
-__device__ __forceinline__ void quantize_values(const void *src, size_t off, size_t len, size_t row_len, bool ue8m0,
-                                                unsigned char *const *codes, unsigned char *const *scales, int m,
-                                                int lane)
-{
-    const size_t nkb = row_len / M2A_FP8_BLOCK, words = (nkb + 3) / 4;
-    for (size_t b0 = off; b0 < off + len; b0 += kBatch * 2 * M2A_FP8_BLOCK) {
-        float v[kBatch][8];
-        uint32_t am[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; j++) {
-            const size_t at = b0 + (size_t)j * 2 * M2A_FP8_BLOCK + 8 * (size_t)lane;
-            am[j] = m2a_fp8_load<T, 8>(src, at / 8, at < off + len, v[j]);
-        }
-#pragma unroll
-        for (int j = 0; j < kBatch; j++) {
-            const size_t at = b0 + (size_t)j * 2 * M2A_FP8_BLOCK + 8 * (size_t)lane;
-#pragma unroll
-            for (int o = 8; o; o >>= 1) am[j] = max(am[j], __shfl_xor_sync(0xffffffffu, am[j], o));
-            const bool finite = am[j] < 0x7f800000u;
-            float mul;
-            const uint32_t s = m2a_fp8_scale(__uint_as_float(am[j]), finite, ue8m0, &mul);
-            uint32_t w[2];
-            m2a_fp8_encode<8>(v[j], mul, finite, w);
-            if (at >= off + len) continue;
-            const size_t kb = at / M2A_FP8_BLOCK;
-            for (int d = 0; d < m; d++) {
-                *reinterpret_cast<uint2 *>(codes[d] + at) = make_uint2(w[0], w[1]);
-                if (lane % 16) continue;
-                if (!ue8m0) {
-                    reinterpret_cast<uint32_t *>(scales[d])[kb] = s;
-                    continue;
-                }
-                scales[d][kb] = (unsigned char)s;
-                if (kb == nkb - 1)
-                    for (size_t x = nkb; x < 4 * words; x++) scales[d][x] = 0;
-            }
-        }
-    }
-}
-
-/* Not inlined: the copy path of plain rows keeps its registers (inlined, the
- * quantization made the dispatch kernel spill). */
-__device__ __noinline__ void quantize_unit(const void *src, int dtype, size_t off, size_t len, size_t row_len,
-                                           bool ue8m0, unsigned char *const *codes, unsigned char *const *scales, int m)
-{
-    const int lane = threadIdx.x & 31;
-    if (dtype == MOEA2A_BFLOAT16) quantize_values<MOEA2A_BFLOAT16>(src, off, len, row_len, ue8m0, codes, scales, m, lane);
-    else if (dtype == MOEA2A_FLOAT16) quantize_values<MOEA2A_FLOAT16>(src, off, len, row_len, ue8m0, codes, scales, m, lane);
-    else quantize_values<MOEA2A_FLOAT32>(src, off, len, row_len, ue8m0, codes, scales, m, lane);
-}
-
-/* Copies unit u (token u / per_token, one kSeg segment of one array's row) to the
- * token's nd destinations, kDst at a time; dest(d, &rank, &row) gives destination
- * d's rank and receive row. One warp, warp-uniform arguments. */
+/* Copies unit u (token u / per_token, the bytes [lo, lo + kSeg) of its arrays end to
+ * end) to the token's nd destinations, kDst at a time; dest(d, &rank, &row) gives
+ * destination d's rank and receive row. One warp, warp-uniform arguments. */
 template <typename Dest>
 __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
                           int nd, Dest dest)
 {
     const m2a_kparams_t &p = f.p;
     const int t = (int)(u / per_token);
-    uint32_t seg = (uint32_t)(u % per_token);
-    int a = 0;
-    for (;; a++) { /* the array whose row holds the segment */
-        const uint32_t na = p.fuse[a] < 0 ? 0 : (uint32_t)((p.width[a] + kSeg - 1) / kSeg);
-        if (seg < na) break;
-        seg -= na;
-    }
-    const size_t width = p.width[a], off = (size_t)seg * kSeg, len = width - off < kSeg ? width - off : kSeg;
-    if (p.fuse[a] > 0) { /* FP8 codes (one byte per value) and scales made from the caller's row here */
-        const int dt = p.fuse_dtype[a];
-        const size_t es = dt == MOEA2A_FLOAT32 ? 4 : 2;
-        const void *row = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width * es;
-        /* the destinations' rows in local memory (indexed at run time), not registers:
-         * held in registers they made the whole kernel spill */
-        unsigned char *rows[2 * kDst];
+    const size_t lo = (size_t)(u % per_token) * kSeg, hi = lo + kSeg;
+    size_t start = 0; /* of array a, end to end */
+    for (int a = 0; a < p.num_payloads && start < hi; start += span16(p.width[a]), a++) {
+        const size_t width = p.width[a];
+        if (start + width <= lo) continue;
+        const size_t off = lo > start ? lo - start : 0, len = (start + width < hi ? start + width : hi) - start - off;
+        const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
         for (int d0 = 0; d0 < nd; d0 += kDst) {
+            unsigned char *dst[kDst];
             const int m = nd - d0 < kDst ? nd - d0 : kDst;
-#pragma unroll 1
             for (int d = 0; d < m; d++) {
                 int rank;
-                size_t r;
-                dest(d0 + d, &rank, &r);
-                rows[d] = f.peer[rank] + p.ws_off[a] + r * width;
-                rows[kDst + d] = f.peer[rank] + p.ws_off[a + 1] + r * p.width[a + 1];
+                size_t row;
+                dest(d0 + d, &rank, &row);
+                dst[d] = f.peer[rank] + p.ws_off[a] + row * width + off;
             }
-            quantize_unit(row, dt, off, len, width, p.fuse[a] == 2, rows, rows + kDst, m);
+            copy_row(src, dst, m, len, threadIdx.x & 31);
         }
-        return;
-    }
-    const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
-    for (int d0 = 0; d0 < nd; d0 += kDst) {
-        unsigned char *dst[kDst];
-        const int m = nd - d0 < kDst ? nd - d0 : kDst;
-        for (int d = 0; d < m; d++) {
-            int rank;
-            size_t row;
-            dest(d0 + d, &rank, &row);
-            dst[d] = f.peer[rank] + p.ws_off[a] + row * width + off;
-        }
-        copy_row(src, dst, m, len, threadIdx.x & 31);
     }
 }
 
@@ -406,7 +329,7 @@ __device__ long long warp_share(long long total, long long gw)
     return total * gw / ((long long)gridDim.x * kWarps);
 }
 
-/* The payload rows, in units of (token, kSeg segment of one array's row) that warps
+/* The payload rows, in units of (token, kSeg segment of its rows end to end) that warps
  * take from a counter: an SM that the links serve faster takes more units, so all
  * blocks end at about the same time (a static split left the links idle while the
  * slowest blocks finished), and a few tokens still spread over every SM. A token's

@@ -28,13 +28,6 @@ typedef struct {
     int nodes;                  /* nodes of the communicator: above 1, combine sums per node first */
     size_t record;
     size_t width[M2A_K_MAX_ARRAYS], ws_off[M2A_K_MAX_ARRAYS], rec_off[M2A_K_MAX_ARRAYS];
-    /* The load/store dispatch quantizes FP8 payloads in its copies (moe_fast.cu; all 0
-     * on the generic path, whose send half quantized first): fuse[a] = 1 (fp32 scales)
-     * or 2 (UE8M0): byte array a holds the codes of the payload of dtype fuse_dtype[a]
-     * read at payloads.p[a], and array a + 1 its scales, written by a's copy units
-     * (fuse[a + 1] = -1: no units of its own). */
-    signed char fuse[M2A_K_MAX_BYTE_ARRAYS];
-    int fuse_dtype[M2A_K_MAX_BYTE_ARRAYS];
 } m2a_kparams_t;
 
 typedef struct {

@@ -22,7 +22,7 @@ static void nvlink_size(int ep, m2a_moe_backend_size_t *out)
 {
     out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
-    out->quantized_rows = 1u << MOEA2A_WIRE_NVFP4; /* FP8: quantized in the copies */
+    out->quantized_rows = 1u << MOEA2A_WIRE_FP8 | 1u << MOEA2A_WIRE_NVFP4;
 }
 
 /* The CUDA calls go through the CUDA module: nvlink_alloc loads it (m2a_moe_cuda_begin)
@@ -54,7 +54,6 @@ static void fast_params(moea2a_moe_t moe)
     fast_state_t *st = moe->state;
     m2a_fast_t *f = &st->f;
     f->p = *(const m2a_kparams_t *)moe->kparams;
-    m2a_moe_cuda_fuse_fp8(moe, &f->p); /* FP8 on the wire: quantized in the copies */
     f->sig = l->backend_ctl; /* the regions of nvlink_size, in order */
     f->blocks = f->sig + m2a_align(M2A_FAST_SIG_BYTES(moe->comm->nranks));
     f->ctl = f->blocks + m2a_align(M2A_FAST_BLOCK_BYTES);
@@ -206,8 +205,7 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
 {
     fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
-    moea2a_result_t r =
-        m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, st->f.p.fuse, stream, &pay);
+    moea2a_result_t r = m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, &pay);
     if (r != MOEA2A_SUCCESS) { /* the peers wait for this launch: it goes, as a failed rank's */
         status = r;
         memset(&pay, 0, sizeof(pay));

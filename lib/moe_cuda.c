@@ -168,27 +168,8 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
     return MOEA2A_SUCCESS;
 }
 
-int m2a_moe_codes_array(const m2a_moe_layout_t *l, int payload)
-{
-    for (int a = 0; a < l->narrays; a++)
-        if (l->array[a].kind == M2A_ARR_PAYLOAD && l->array[a].payload == payload) return a;
-    return -1;
-}
-
-void m2a_moe_cuda_fuse_fp8(const moea2a_moe_t moe, m2a_kparams_t *kp)
-{
-    const moea2a_moe_config_t *c = &moe->cfg;
-    for (int i = 0; i < c->num_payloads; i++) {
-        if (c->wire[i].format != MOEA2A_WIRE_FP8) continue;
-        int a = m2a_moe_codes_array(&moe->l, i); /* codes, then its scales */
-        kp->fuse[a] = (c->wire[i].flags & MOEA2A_FP8_UE8M0) ? 2 : 1;
-        kp->fuse_dtype[a] = (int)c->payloads[i].dtype;
-        kp->fuse[a + 1] = -1;
-    }
-}
-
-moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, const signed char *fuse,
-                                     void *stream, m2a_kpayloads_t *pay)
+moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
+                                     m2a_kpayloads_t *pay)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
@@ -197,7 +178,7 @@ moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const 
     if (!payloads) return MOEA2A_SUCCESS;
     for (int i = 0; i < c->num_payloads && n > 0; i++) {
         const moea2a_wire_t *w = &c->wire[i];
-        if (w->format == MOEA2A_WIRE_AS_IS || (fuse && fuse[m2a_moe_codes_array(l, i)] > 0)) continue;
+        if (w->format == MOEA2A_WIRE_AS_IS) continue;
         size_t e = c->payloads[i].elems_per_token;
         moea2a_datatype_t t = c->payloads[i].dtype;
         unsigned char *codes = moe->ws + l->send_codes[i], *scales = moe->ws + l->send_scales[i];
@@ -216,10 +197,6 @@ moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const 
         const m2a_moe_array_t *ar = &l->array[a];
         int i = ar->payload, as_is = ar->kind == M2A_ARR_PAYLOAD && c->wire[i].format == MOEA2A_WIRE_AS_IS;
         if (!is_byte_array(ar->kind)) break;
-        if (fuse && fuse[a]) { /* the kernel reads the caller's rows and writes codes and scales */
-            pay->p[a] = fuse[a] > 0 ? payloads[i] : NULL;
-            continue;
-        }
         pay->p[a] = as_is                          ? payloads[i]
                     : ar->kind == M2A_ARR_PAYLOAD ? (const void *)(moe->ws + l->send_codes[i])
                     : ar->kind == M2A_ARR_SCALES  ? (const void *)(moe->ws + l->send_scales[i])
@@ -258,7 +235,7 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a
     const m2a_moe_layout_t *l = &moe->l;
     void *s = stream;
     m2a_kpayloads_t pay;
-    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, NULL, s, &pay));
+    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, s, &pay));
     CU(comm, OPS->copy_async(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks, M2A_CUDA_H2D, s));
     CU(comm, OPS->pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
                                         (const int32_t *)(moe->ws + l->send_map), moe->ws,

@@ -29,14 +29,9 @@ moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream
 /* The byte arrays' sources for a dispatch's kernels (kparams' num_payloads of them): a
  * payload as given, or, for one sent quantized, its codes, scales [and global scale]
  * made first in the workspace from the caller's rows on the stream, once per token
- * (the standalone quantize kernels: their bits); or, where fuse (the kernels'
- * kparams.fuse, NULL: none) says the kernel quantizes in its copies, the caller's rows. */
-moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, const signed char *fuse,
-                                     void *stream, m2a_kpayloads_t *pay);
-/* The load/store kernels quantize FP8 payloads in their copies: marks them in kp. */
-void m2a_moe_cuda_fuse_fp8(const moea2a_moe_t moe, m2a_kparams_t *kp);
-/* The array that carries payload i's rows (its codes when quantized). */
-int m2a_moe_codes_array(const m2a_moe_layout_t *l, int payload);
+ * (the standalone quantize kernels: their bits). */
+moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
+                                     m2a_kpayloads_t *pay);
 /* After a dispatch landed (counts in the workspace): quantized payloads' padding
  * scales 0, the scales in the wire's layout, NVFP4's global scale per source. */
 moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *stream);

@@ -201,7 +201,7 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     } else if (w->layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
         want += A((size_t)ep * scale_row(w) * ((cap + 3) / 4 * 4));
     }
-    if (m->cuda && (w->format == MOEA2A_WIRE_NVFP4 || !m->nvlink)) /* load/store FP8: quantized in the copies */
+    if (m->cuda) /* the sender's quantized rows */
         want += A((size_t)cap * code_row(w)) + A((size_t)cap * scale_row(w)) +
                 (w->format == MOEA2A_WIRE_NVFP4 ? A((size_t)cap * 4) : 0);
     RANK_EXPECT(fails, me, sz.payload_bytes[0] == want && sz.payload_bytes[1] == A(slots * 12),
@@ -381,9 +381,8 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     c.wire[1].flags = MOEA2A_FP8_UE8M0; /* payload 1 goes as is */
     r = moea2a_moe_workspace_size(comm, &c, &sz);
     RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT, "flags on a payload sent as is: %s", moea2a_last_error(comm));
-    /* CUDA memory, sized on a machine layout with GPUs (the load/store path): NVFP4
-     * adds the sender's quantized rows (A(cap code) + A(cap srow) + A(cap 4)) to what
-     * host memory needs; FP8, quantized in the copies, adds nothing */
+    /* CUDA memory, sized on a machine layout with GPUs: the sender's quantized rows
+     * (A(cap code) + A(cap srow) [+ A(cap 4) NVFP4]) on top of what host memory needs */
     c = config_for(&cases[4], 8, 2, 4, 1);
     moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
     const char *top = getenv("top_srcdir");
@@ -405,9 +404,10 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     rh = moea2a_moe_workspace_size_layout(&lay, &c, &host);
     c.memory = MOEA2A_MEMORY_CUDA;
     r = moea2a_moe_workspace_size_layout(&lay, &c, &sz);
-    RANK_EXPECT(fails, me, rh == MOEA2A_SUCCESS && r == MOEA2A_SUCCESS && sz.payload_bytes[0] == host.payload_bytes[0],
-                "FP8 on the load/store path needs no sender rows: payload bytes %zu, host %zu", sz.payload_bytes[0],
-                host.payload_bytes[0]);
+    RANK_EXPECT(fails, me, rh == MOEA2A_SUCCESS && r == MOEA2A_SUCCESS &&
+                               sz.payload_bytes[0] == host.payload_bytes[0] + A(4 * code_row(&cases[0])) +
+                                                          A(4 * scale_row(&cases[0])),
+                "FP8 on CUDA memory, sized: payload bytes %zu, host %zu", sz.payload_bytes[0], host.payload_bytes[0]);
     moea2a_comm_destroy(comm);
     return fails;
 }
