@@ -165,8 +165,9 @@ int info_workspace(const char *spec_in)
             snprintf(buf, sizeof(buf), "ep x cap x %zu B (%s)", es * c.payloads[i].elems_per_token,
                      moea2a_datatype_name(c.payloads[i].dtype));
         else /* codes, row scales, the wire's layout (moea2a_moe(3), "Quantize on dispatch") */
-            snprintf(buf, sizeof(buf), "%s given, quantized on dispatch to %s: codes and scales",
-                     moea2a_datatype_name(c.payloads[i].dtype), c.wire[i].format == MOEA2A_WIRE_FP8 ? "FP8" : "NVFP4");
+            snprintf(buf, sizeof(buf), "%s given, quantized on dispatch to %s: codes and scales%s",
+                     moea2a_datatype_name(c.payloads[i].dtype), c.wire[i].format == MOEA2A_WIRE_FP8 ? "FP8" : "NVFP4",
+                     cuda ? ", the sender's quantized rows" : "");
         char name[32];
         snprintf(name, sizeof(name), "payload %d", i);
         line(name, s.payload_bytes[i], buf);
@@ -175,9 +176,14 @@ int info_workspace(const char *spec_in)
     if (s.weights_bytes) line("topk weights", s.weights_bytes, "ep x cap x k x 4 B");
     line("combine", s.combine_bytes, "ep x cap x hidden (combine dtype)");
     line("workspace", s.workspace_bytes, cuda ? "device memory" : "host memory");
-    snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), %s on NUMA %d", s.staged_peers,
-             s.record_bytes, cuda ? "pinned host" : "host", s.numa_node);
+    if (cuda)
+        snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), device memory", s.staged_peers,
+                 s.record_bytes);
+    else
+        snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), host on NUMA %d",
+                 s.staged_peers, s.record_bytes, s.numa_node);
     line("staging", s.staging_bytes, buf);
+    if (cuda) line("pinned mirror", s.pinned_host_bytes, "counts, headers, stats [, error record]: pinned host memory");
     if (a.mem_limit > 0) {
         size_t budget = (size_t)a.mem_limit, need = cuda ? s.device_bytes : s.total_bytes;
         if (need <= budget) {
