@@ -203,11 +203,19 @@ typedef enum {
     MOEA2A_PLACEMENT_MAP = 1         /* expert_to_rank[E] says */
 } moea2a_placement_t;
 
+/* How dispatch delivers rows (moea2a_moe(3), "Expert-major layout"). */
+typedef enum {
+    MOEA2A_LAYOUT_RANK_MAJOR = 0,  /* [ep][stride] slots per source rank (default) */
+    MOEA2A_LAYOUT_EXPERT_MAJOR = 1 /* also each local expert's rows contiguous and aligned */
+} moea2a_recv_layout_t;
+
 /* moea2a_moe_config_t.flags */
 #define MOEA2A_MOE_NO_SANITIZE (1u << 0)       /* no rewriting of received ids (moea2a_moe(3)) */
 #define MOEA2A_MOE_REWRITE_NONLOCAL (1u << 1)  /* also set ids owned by other ranks to invalid */
 #define MOEA2A_MOE_CARRY_WEIGHTS (1u << 2)     /* dispatch delivers topk_weights too */
 #define MOEA2A_MOE_NO_NVLINK (1u << 3)         /* never the load/store (NVLink) path */
+#define MOEA2A_MOE_WEIGHTED_COMBINE (1u << 4)  /* expert-major: combine multiplies rows by router weights */
+#define MOEA2A_MOE_ZERO_PADDING (1u << 5)      /* expert-major: alignment padding rows' payloads written 0 */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */
@@ -248,6 +256,9 @@ typedef struct {
     moea2a_memory_t memory;
     int num_sms;          /* load/store path: SMs per kernel; 0 = MOEA2A_NUM_SMS (default 48) */
     moea2a_wire_t wire[MOEA2A_MOE_MAX_PAYLOADS]; /* per payload; zero (as is) by default */
+    moea2a_recv_layout_t layout; /* rank-major (default) or expert-major */
+    int expert_alignment;        /* expert-major: each expert's rows start at a multiple; 1..1024, 0 = 1 */
+    int64_t max_expert_rows;     /* expert-major: rows a rank may hold, padding included; 0 = the worst case */
 } moea2a_moe_config_t;
 
 #define MOEA2A_MOE_CONFIG_INITIALIZER                                                          \
@@ -276,6 +287,7 @@ typedef struct {
     int numa_node;               /* where host staging is placed; -1 unknown */
     int gpu;                     /* this rank's GPU in the topology; -1 none */
     char nic[32];                /* NIC nearest this rank's GPU or NUMA node; "" none */
+    size_t expert_bytes;         /* expert-major layout: its rows, per-row arrays and combine rows */
 } moea2a_moe_workspace_sizes_t;
 
 #define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER { sizeof(moea2a_moe_workspace_sizes_t), MOEA2A_VERSION_CODE }
@@ -318,6 +330,23 @@ typedef struct {
     void *payload_scales[MOEA2A_MOE_MAX_PAYLOADS];
     size_t payload_scale_bytes[MOEA2A_MOE_MAX_PAYLOADS];
     const float *payload_global_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    /* Expert-major layout (config layout; 0 / NULL otherwise), in the context's memory:
+     * this rank's num_local_experts experts in ascending global id; local expert j's
+     * rows are [expert_offsets[j], expert_offsets[j] + expert_counts[j]), one per
+     * (source token, expert) pair in ascending (source rank, source token) order,
+     * expert_offsets[j] a multiple of expert_alignment, expert_offsets[num_local_experts]
+     * = expert_rows (alignment padding included). Per row: expert_payloads[i] (row bytes
+     * of payload i), expert_ids (the global expert id; invalid_expert_id on padding rows),
+     * expert_src_rank, expert_src_token, expert_topk_slot (the token's first top-k slot
+     * naming the expert) and expert_weights (that slot's router weight; NULL without
+     * MOEA2A_MOE_CARRY_WEIGHTS). The rank-major arrays above are delivered too. */
+    int num_local_experts;
+    const int32_t *expert_counts;  /* [num_local_experts] */
+    const int32_t *expert_offsets; /* [num_local_experts + 1] */
+    int64_t expert_rows;
+    void *expert_payloads[MOEA2A_MOE_MAX_PAYLOADS];
+    const int32_t *expert_ids, *expert_src_rank, *expert_src_token, *expert_topk_slot;
+    const float *expert_weights;
 } moea2a_dispatch_result_t;
 
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }

@@ -16,6 +16,7 @@
 #include "moe_backend.h"
 #include "moe_core.h"
 #include "moe_cuda.h"
+#include "moe_expert.h"
 
 /* ---- planning: config, placement, layout ------------------------------------ */
 
@@ -38,6 +39,17 @@ static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const
     m2a_moe_layout(cfg, ep, staged, &bs, l);
 }
 
+/* The expert-major layout is built on the host in this release: CUDA contexts that ask
+ * for it get a clear refusal rather than rank-major rows. */
+static moea2a_result_t expert_layout_supported(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
+{
+    if (cuda && c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR)
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                         "moea2a_moe: layout=MOEA2A_LAYOUT_EXPERT_MAJOR runs on host memory in this release, not yet "
+                         "on CUDA memory");
+    return MOEA2A_SUCCESS;
+}
+
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
 {
     int ep = comm->nranks;
@@ -53,6 +65,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
     if (!m2a_transport_for(comm, MOEA2A_MEM_HOST))
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_moe: the MoE headers need a host-memory transport (ucx)");
     p->cuda = mem == MOEA2A_MEMORY_CUDA;
+    M2A_TRY(expert_layout_supported(comm, &p->cfg, p->cuda));
     M2A_TRY(m2a_topo_load(NULL, &p->topo));
     /* Placement (GPU, NUMA node, memory shared) follows the real host, whatever nodes
      * the communicator's node map emulates; whether a peer is local follows the map. */
@@ -117,6 +130,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         int cuda = mem == MOEA2A_MEMORY_CUDA || (mem == MOEA2A_MEMORY_AUTO && topo->ngpus > 0);
         if (cuda && topo->ngpus == 0)
             r = m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: CUDA memory asked for, but the topology has no GPU", fn);
+        if (r == MOEA2A_SUCCESS) r = expert_layout_supported(NULL, &cfg, cuda);
         for (int p = 0; p < layout->ep; p++) {
             node[p] = p / rpn;
             gpu[p] = m2a_topo_place(topo, p % rpn, rpn, cuda).gpu;
@@ -258,7 +272,7 @@ moea2a_result_t moea2a_moe_status(moea2a_moe_t moe)
 moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows)
 {
     M2A_CHECK_ARG(NULL, moe && rows, "moea2a_moe_max_recv_rows: moe and rows must not be NULL");
-    *rows = (size_t)moe->comm->nranks * (size_t)moe->cfg.max_tokens_per_rank;
+    *rows = m2a_moe_expert_major(moe) ? moe->l.ex_rows : (size_t)moe->comm->nranks * (size_t)moe->cfg.max_tokens_per_rank;
     return MOEA2A_SUCCESS;
 }
 
@@ -266,7 +280,7 @@ moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer)
 {
     M2A_CHECK_ARG(NULL, moe && buffer, "moea2a_moe_combine_buffer: moe and buffer must not be NULL");
     M2A_CHECK_ARG(moe->comm, moe->cfg.hidden > 0, "moea2a_moe_combine_buffer: the context was created with hidden=0");
-    *buffer = moe->ws + moe->l.combine;
+    *buffer = moe->ws + (m2a_moe_expert_major(moe) ? moe->l.ex_combine : moe->l.combine);
     return MOEA2A_SUCCESS;
 }
 
@@ -383,6 +397,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     if (mine == MOEA2A_SUCCESS) mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, result, M2A_MOE_BOTH, stream));
+    if (m2a_moe_expert_major(moe)) M2A_TRY(m2a_moe_expert_dispatch(moe, result)); /* a failure leaves it idle */
     moe->step = M2A_MOE_DISPATCHED;
     return MOEA2A_SUCCESS;
 }
@@ -406,6 +421,13 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
     /* local: a rejected receive leaves the dispatch pending (call it again) */
     M2A_TRY(check_result_arg(moe->comm, fn, result));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));
+    if (m2a_moe_expert_major(moe)) {
+        moea2a_result_t r = m2a_moe_expert_dispatch(moe, result);
+        if (r != MOEA2A_SUCCESS) { /* on every rank: this dispatch is over, the next may come */
+            moe->step = M2A_MOE_IDLE;
+            return r;
+        }
+    }
     moe->step = M2A_MOE_DISPATCHED;
     return MOEA2A_SUCCESS;
 }
@@ -436,6 +458,8 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_out(moe, fn, out);
     if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
+    if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
+        mine = m2a_moe_expert_combine(moe, expert_out), expert_out = NULL;
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, out, M2A_MOE_BOTH, stream));
     moe->step = M2A_MOE_IDLE;
     return MOEA2A_SUCCESS;
@@ -446,6 +470,8 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
     static const char fn[] = "moea2a_combine_send";
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
+    if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
+        mine = m2a_moe_expert_combine(moe, expert_out), expert_out = NULL;
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, NULL, M2A_MOE_SEND, stream));
     moe->step = M2A_MOE_COMBINE_SENT;
     return MOEA2A_SUCCESS;

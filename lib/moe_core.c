@@ -10,6 +10,8 @@
 /* What every rank must agree on, compared field by field at create. */
 typedef struct {
     int32_t status, num_experts, top_k, cap, num_payloads, combine_dtype, invalid_id, placement, flags, memory, num_sms;
+    int32_t layout, expert_alignment;
+    int64_t max_expert_rows;
     int32_t dtypes[MOEA2A_MOE_MAX_PAYLOADS];
     int32_t wire[MOEA2A_MOE_MAX_PAYLOADS]; /* format | scale layout << 8 | flags << 16 */
     uint64_t elems[MOEA2A_MOE_MAX_PAYLOADS], hidden, map_hash;
@@ -25,6 +27,7 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     d.num_payloads = c->num_payloads, d.combine_dtype = c->combine_dtype, d.invalid_id = c->invalid_expert_id;
     d.placement = c->placement, d.flags = (int32_t)c->flags, d.memory = c->memory, d.hidden = c->hidden;
     d.num_sms = c->num_sms;
+    d.layout = c->layout, d.expert_alignment = c->expert_alignment, d.max_expert_rows = c->max_expert_rows;
     for (int i = 0; i < c->num_payloads; i++) {
         d.dtypes[i] = c->payloads[i].dtype, d.elems[i] = c->payloads[i].elems_per_token;
         d.wire[i] = (int32_t)c->wire[i].format | c->wire[i].scale_layout << 8 | (int32_t)(c->wire[i].flags << 16);
@@ -58,11 +61,13 @@ moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, c
             const digest_t *a = &all[comm->rank], *b = &all[q];
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
                           "moea2a_moe_create: rank %d passed a different config (experts %d/%d, top_k %d/%d, "
-                          "max_tokens_per_rank %d/%d, payloads %d/%d, hidden %llu/%llu, flags 0x%x/0x%x, num_sms %d/%d: this "
-                          "rank/rank %d; MOEA2A_NVLINK and MOEA2A_NUM_SMS count too)",
+                          "max_tokens_per_rank %d/%d, payloads %d/%d, hidden %llu/%llu, flags 0x%x/0x%x, num_sms %d/%d, "
+                          "layout %d/%d, expert_alignment %d/%d, max_expert_rows %lld/%lld: this rank/rank %d; "
+                          "MOEA2A_NVLINK and MOEA2A_NUM_SMS count too)",
                           q, a->num_experts, b->num_experts, a->top_k, b->top_k, a->cap, b->cap, a->num_payloads,
                           b->num_payloads, (unsigned long long)a->hidden, (unsigned long long)b->hidden, a->flags,
-                          b->flags, a->num_sms, b->num_sms, q);
+                          b->flags, a->num_sms, b->num_sms, a->layout, b->layout, a->expert_alignment,
+                          b->expert_alignment, (long long)a->max_expert_rows, (long long)b->max_expert_rows, q);
         }
     }
     free(all);

@@ -219,3 +219,136 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
     free(acc);
     return 0;
 }
+
+/* ---- the expert-major layout ------------------------------------------------------ */
+
+/* The local expert a valid slot's top-k entry s names, or -1 (invalid, another rank's,
+ * or an expert the token named in an earlier slot, whose row it shares). */
+static int local_entry(const m2a_route_t *r, const int32_t *ids, const int32_t *local_of, int s)
+{
+    int32_t e = ids[s];
+    if (m2a_expert_invalid(r, e) || r->owner[e] != r->me) return -1;
+    for (int p = 0; p < s; p++)
+        if (ids[p] == e) return -1;
+    return local_of[e];
+}
+
+int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *c, const m2a_moe_layout_t *l,
+                               int stride, unsigned char *ws, int *num_local)
+{
+    const int32_t *counts = (const int32_t *)(ws + l->recv_counts), *ids = (const int32_t *)(ws + l->ids);
+    const int32_t *src_index = (const int32_t *)(ws + l->src_index);
+    const float *w = l->weights ? (const float *)(ws + l->weights) : NULL;
+    int32_t *ecount = (int32_t *)(ws + l->ex_counts), *eoff = (int32_t *)(ws + l->ex_offsets);
+    int32_t *map = (int32_t *)(ws + l->ex_map), *xid = (int32_t *)(ws + l->ex_ids);
+    int32_t *xrank = (int32_t *)(ws + l->ex_src_rank), *xtok = (int32_t *)(ws + l->ex_src_token);
+    int32_t *xslot = (int32_t *)(ws + l->ex_slot);
+    float *xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
+    int32_t *local_of = malloc(sizeof(int32_t) * (size_t)r->num_experts), el = 0, k = r->k;
+    if (!local_of) return -2;
+    for (int e = 0; e < r->num_experts; e++) local_of[e] = r->owner[e] == r->me ? el++ : -1;
+    *num_local = el;
+    /* counts, then aligned offsets */
+    memset(ecount, 0, sizeof(int32_t) * (size_t)el);
+    for (int src = 0; src < r->ep; src++)
+        for (int i = 0; i < counts[src]; i++) {
+            const int32_t *t = ids + ((size_t)src * (size_t)stride + (size_t)i) * (size_t)k;
+            for (int s = 0; s < k; s++) {
+                int j = local_entry(r, t, local_of, s);
+                if (j >= 0) ecount[j]++;
+            }
+        }
+    const int64_t align = c->expert_alignment;
+    int64_t total = 0;
+    for (int j = 0; j < el; j++) total += (ecount[j] + align - 1) / align * align;
+    if (total > (int64_t)l->ex_rows) {
+        free(local_of);
+        return -1;
+    }
+    eoff[0] = 0;
+    for (int j = 0; j < el; j++) eoff[j + 1] = eoff[j] + (int32_t)((ecount[j] + align - 1) / align * align);
+    /* the rows, in ascending (source rank, source token) order within each expert */
+    int32_t *cursor = malloc(sizeof(int32_t) * (size_t)(el + 1));
+    if (!cursor) {
+        free(local_of);
+        return -2;
+    }
+    memcpy(cursor, eoff, sizeof(int32_t) * (size_t)el);
+    for (int src = 0; src < r->ep; src++)
+        for (int i = 0; i < counts[src]; i++) {
+            size_t slot = (size_t)src * (size_t)stride + (size_t)i;
+            const int32_t *t = ids + slot * (size_t)k;
+            int32_t *m = map + slot * (size_t)k;
+            for (int s = 0; s < k; s++) {
+                int j = local_entry(r, t, local_of, s);
+                m[s] = -1;
+                if (j < 0) { /* a repeat of an earlier slot's local expert shares that row */
+                    for (int p = 0; p < s; p++)
+                        if (t[p] == t[s] && m[p] >= 0) m[s] = m[p];
+                    continue;
+                }
+                int32_t row = cursor[j]++;
+                m[s] = row, xid[row] = t[s], xrank[row] = src, xtok[row] = src_index[slot], xslot[row] = s;
+                if (xw) xw[row] = w[slot * (size_t)k + (size_t)s];
+                for (int a = 0; a < c->num_payloads; a++)
+                    memcpy(ws + l->ex_payload[a] + (size_t)row * l->row_bytes[a],
+                           ws + l->payload[a] + slot * l->row_bytes[a], l->row_bytes[a]);
+            }
+        }
+    /* alignment gaps: invalid id, no source; payload 0 if asked */
+    for (int j = 0; j < el; j++)
+        for (int32_t row = eoff[j] + ecount[j]; row < eoff[j + 1]; row++) {
+            xid[row] = r->invalid_id, xrank[row] = -1, xtok[row] = -1, xslot[row] = -1;
+            if (xw) xw[row] = 0.0f;
+            for (int a = 0; (c->flags & MOEA2A_MOE_ZERO_PADDING) && a < c->num_payloads; a++)
+                memset(ws + l->ex_payload[a] + (size_t)row * l->row_bytes[a], 0, l->row_bytes[a]);
+        }
+    free(local_of), free(cursor);
+    return total;
+}
+
+/* Products rounded to fp32 before each add: GCC would otherwise contract them into
+ * fused multiply-adds where the target has them, and the bits would differ from the
+ * devices'. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+static void add_weighted(moea2a_datatype_t dt, const unsigned char *row, size_t hidden, float w, float *acc)
+{
+    for (size_t h = 0; h < hidden; h++) {
+        float x;
+        if (dt == MOEA2A_FLOAT32) {
+            memcpy(&x, row + 4 * h, 4);
+        } else {
+            uint16_t v;
+            memcpy(&v, row + 2 * h, 2);
+            x = dt == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(v) : m2a_f16_to_f32(v);
+        }
+        float p = w * x;
+        acc[h] += p;
+    }
+}
+
+int m2a_host_expert_fold(const m2a_route_t *r, const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int stride,
+                         const unsigned char *rows, unsigned char *ws)
+{
+    const int32_t *counts = (const int32_t *)(ws + l->recv_counts), *map = (const int32_t *)(ws + l->ex_map);
+    const float *w = (c->flags & MOEA2A_MOE_WEIGHTED_COMBINE) ? (const float *)(ws + l->weights) : NULL;
+    size_t hidden = c->hidden, k = (size_t)r->k;
+    float *acc = malloc(sizeof(float) * (hidden ? hidden : 1));
+    if (!acc) return -1;
+    for (int src = 0; src < r->ep; src++)
+        for (int i = 0; i < counts[src]; i++) {
+            size_t slot = (size_t)src * (size_t)stride + (size_t)i;
+            memset(acc, 0, sizeof(float) * hidden);
+            for (size_t s = 0; s < k; s++) { /* ascending top-k slot */
+                int32_t row = map[slot * k + s];
+                if (row >= 0)
+                    add_weighted(c->combine_dtype, rows + (size_t)row * l->combine_row, hidden,
+                                 w ? w[slot * k + s] : 1.0f, acc);
+            }
+            store_row(c->combine_dtype, acc, hidden, ws + l->combine + slot * l->combine_row);
+        }
+    free(acc);
+    return 0;
+}

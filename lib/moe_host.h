@@ -68,4 +68,19 @@ void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stri
 int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                              size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
                              const int *stage_index, const int *node, int nodes, void *out);
+/* The expert-major layout (moea2a_moe(3)), from the rank-major arrays a dispatch left
+ * in ws at this stride: per local expert (ascending global id) its rows in ascending
+ * (source rank, source token) order from an offset aligned to expert_alignment, the
+ * per-row arrays, and the map from (slot, top-k slot) to row that the combine folds
+ * back by. Returns the rows used, padding included; -1 over l->ex_rows (no row
+ * written), -2 out of memory. *num_local: this rank's experts. */
+int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *c, const m2a_moe_layout_t *l,
+                               int stride, unsigned char *ws, int *num_local);
+/* The expert side's rows ([rows][hidden] of combine_dtype) folded into each valid
+ * slot's rank-major combine row (ws + l->combine): over the slot's top-k entries in
+ * ascending order, the row of each local one times its router weight (1 without
+ * MOEA2A_MOE_WEIGHTED_COMBINE), each product rounded to fp32, summed in fp32 from 0,
+ * rounded once to combine_dtype. -1 out of memory. */
+int m2a_host_expert_fold(const m2a_route_t *r, const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int stride,
+                         const unsigned char *rows, unsigned char *ws);
 #endif

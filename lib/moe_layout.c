@@ -79,12 +79,65 @@ static int workspace_fits(const moea2a_moe_config_t *c, int ep)
     }
     es = 4;
     if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
+    if (c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR) { /* rows bounded by 2^31 (checked first), each below the record */
+        size_t per = record + c->hidden * es + 16;
+        if (!m2a_mul_ok((size_t)c->max_expert_rows, per, &term) || !m2a_add_ok(total, term, &total) ||
+            !m2a_mul3_ok(slots, (size_t)c->top_k, 4, &term) || !m2a_add_ok(total, term, &total))
+            return 0;
+    }
     /* combine rows and their staging; then ids, weights and the staged records */
     if (!m2a_mul3_ok(slots, c->hidden, es, &term) || !m2a_add_ok(total, term, &total) || !m2a_add_ok(total, term, &total))
         return 0;
     if (!m2a_mul_ok(slots, record, &term) || !m2a_add_ok(total, term, &total) || !m2a_add_ok(total, term, &total))
         return 0;
     return total < ((size_t)1 << 63);
+}
+
+int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep)
+{
+    if (c->placement != MOEA2A_PLACEMENT_MAP) return (c->num_experts + ep - 1) / ep;
+    int *n = calloc((size_t)ep, sizeof(int)), most = 0;
+    if (!n) return c->num_experts; /* a bound all the same */
+    for (int e = 0; e < c->num_experts; e++) n[c->expert_to_rank[e]]++;
+    for (int r = 0; r < ep; r++) most = n[r] > most ? n[r] : most;
+    free(n);
+    return most;
+}
+
+/* The expert-major layout's settings, after placement and flags are checked: its bound
+ * on rows (0: the worst case, ep x cap x min(k, local experts) pairs plus each
+ * expert's alignment gap) resolved into out. */
+static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config_t *c, int ep)
+{
+    static const char fn[] = "moea2a_moe config";
+    const unsigned only = MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING;
+    M2A_CHECK_ARG(comm, c->layout == MOEA2A_LAYOUT_RANK_MAJOR || c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR,
+                  "%s: layout=%d is unknown", fn, (int)c->layout);
+    if (c->layout == MOEA2A_LAYOUT_RANK_MAJOR) {
+        M2A_CHECK_ARG(comm, !(c->flags & only) && c->expert_alignment == 0 && c->max_expert_rows == 0,
+                      "%s: expert_alignment, max_expert_rows, MOEA2A_MOE_WEIGHTED_COMBINE and MOEA2A_MOE_ZERO_PADDING "
+                      "belong to layout=MOEA2A_LAYOUT_EXPERT_MAJOR", fn);
+        return MOEA2A_SUCCESS;
+    }
+    if (c->expert_alignment == 0) c->expert_alignment = 1;
+    M2A_CHECK_ARG(comm, c->expert_alignment >= 1 && c->expert_alignment <= 1024,
+                  "%s: expert_alignment=%d must be in 1..1024", fn, c->expert_alignment);
+    M2A_CHECK_ARG(comm, !(c->flags & MOEA2A_MOE_WEIGHTED_COMBINE) || (c->flags & MOEA2A_MOE_CARRY_WEIGHTS),
+                  "%s: MOEA2A_MOE_WEIGHTED_COMBINE needs the router weights: set MOEA2A_MOE_CARRY_WEIGHTS", fn);
+    for (int i = 0; i < c->num_payloads; i++)
+        if (c->wire[i].format != MOEA2A_WIRE_AS_IS)
+            return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                             "%s: the expert-major layout does not take payloads quantized on dispatch (wire[%d]) in "
+                             "this release", fn, i);
+    int el = m2a_moe_max_local_experts(c, ep), per = c->top_k < el ? c->top_k : el;
+    long long worst = (long long)ep * c->max_tokens_per_rank * per + (long long)el * (c->expert_alignment - 1);
+    M2A_CHECK_ARG(comm, c->max_expert_rows >= 0, "%s: max_expert_rows=%lld is negative", fn,
+                  (long long)c->max_expert_rows);
+    if (c->max_expert_rows == 0 || c->max_expert_rows > worst) c->max_expert_rows = worst;
+    M2A_CHECK_ARG(comm, c->max_expert_rows < (1LL << 31),
+                  "%s: %lld expert-major rows (ep x cap x min(k, local experts) + alignment gaps) must stay below 2^31: "
+                  "set max_expert_rows", fn, (long long)c->max_expert_rows);
+    return MOEA2A_SUCCESS;
 }
 
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
@@ -130,8 +183,9 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
                           "%s: expert_to_rank[%d]=%d is not a rank (0..%d)", fn, e, c->expert_to_rank[e], ep - 1);
     }
     M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
-                                       MOEA2A_MOE_NO_NVLINK)),
+                                       MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING)),
                   "%s: unknown flags 0x%x", fn, c->flags);
+    M2A_TRY(check_expert_layout(comm, out, ep));
     /* the load/store path: MOEA2A_NVLINK=0 turns it off; its SM budget */
     long nvlink = 1, sms = out->num_sms;
     M2A_TRY(m2a_param_int(comm, "MOEA2A_NVLINK", &nvlink));
@@ -218,6 +272,21 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->weights = take(&at, weights ? n * cap * k * 4 : 0);
     l->bytes_combine = m2a_align(n * cap * l->combine_row);
     l->combine = take(&at, n * cap * l->combine_row);
+    if (c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR) { /* R rows: payloads, per-row arrays, combine rows */
+        size_t start = at, R = (size_t)c->max_expert_rows, el = (size_t)m2a_moe_max_local_experts(c, ep);
+        l->ex_rows = R, l->ex_experts = el;
+        l->ex_map = take(&at, 4 * n * cap * k); /* (slot, top-k slot) -> row, -1 */
+        l->ex_counts = take(&at, 4 * el);
+        l->ex_offsets = take(&at, 4 * (el + 1));
+        for (int i = 0; i < c->num_payloads; i++) l->ex_payload[i] = take(&at, R * l->row_bytes[i]);
+        l->ex_ids = take(&at, 4 * R);
+        l->ex_src_rank = take(&at, 4 * R);
+        l->ex_src_token = take(&at, 4 * R);
+        l->ex_slot = take(&at, 4 * R);
+        l->ex_weights = weights ? take(&at, 4 * R) : 0;
+        l->ex_combine = take(&at, R * l->combine_row);
+        l->bytes_expert = at - start;
+    }
     l->workspace = at;
 
     size_t rec = 0;
@@ -299,6 +368,7 @@ moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe
     s->ids_bytes = l->bytes_ids;
     s->weights_bytes = l->bytes_weights;
     s->combine_bytes = l->bytes_combine;
+    s->expert_bytes = l->bytes_expert;
     s->record_bytes = l->record;
     s->staged_peers = staged;
     s->nvlink_peers = nvlink;

@@ -70,6 +70,12 @@ typedef struct {
      * quantized, [cap][code row], [cap][scale row], NVFP4 [cap][4] (else 0) */
     size_t send_codes[MOEA2A_MOE_MAX_PAYLOADS], send_scales[MOEA2A_MOE_MAX_PAYLOADS];
     size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
+    /* the expert-major layout (else 0): ex_rows rows (max_expert_rows), ex_experts the
+     * most experts a rank holds; the map from (slot, top-k slot) to row, per-expert
+     * counts and offsets, rows of each payload, per-row ids, source rank, source token,
+     * top-k slot [, weight], and the combine rows the expert side writes */
+    size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;
     m2a_moe_array_t array[M2A_MOE_MAX_ARRAYS];
@@ -79,6 +85,8 @@ typedef struct {
  * dispatch result's payload_scale_bytes). */
 size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride);
 
+/* The most experts one of ep ranks holds under the config's placement. */
+int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep);
 /* Checks a caller's config (size/version, ranges, overflow) for ep ranks and copies
  * it into *out with defaults applied. */
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,

@@ -14,6 +14,7 @@
 
 typedef struct {
     int ep, hidden, topk, experts, cap, weights, rpn, rank;
+    int align, expert_rows; /* align=N (1..1024): the expert-major layout; expert_rows=N: its bound */
     moea2a_datatype_t dtype, combine;
     moea2a_memory_t memory;
     const char *topology;
@@ -61,7 +62,8 @@ static int parse_args(char *spec, ws_args_t *a)
         *v++ = 0;
         int *ip = !strcmp(kv, "ep") ? &a->ep : !strcmp(kv, "hidden") ? &a->hidden : !strcmp(kv, "topk") ? &a->topk
                 : !strcmp(kv, "experts") ? &a->experts : !strcmp(kv, "cap") ? &a->cap : !strcmp(kv, "weights") ? &a->weights
-                : !strcmp(kv, "ranks_per_node") ? &a->rpn : !strcmp(kv, "rank") ? &a->rank : NULL;
+                : !strcmp(kv, "ranks_per_node") ? &a->rpn : !strcmp(kv, "rank") ? &a->rank
+                : !strcmp(kv, "align") ? &a->align : !strcmp(kv, "expert_rows") ? &a->expert_rows : NULL;
         if (ip) *ip = atoi(v);
         else if (!strcmp(kv, "dtype") && !parse_dtype(v, &a->dtype)) continue;
         else if (!strcmp(kv, "combine") && !parse_dtype(v, &a->combine)) continue;
@@ -91,6 +93,10 @@ static moea2a_moe_config_t config_of(const ws_args_t *a)
     }
     if (a->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
     c.wire[0] = a->wire;
+    if (a->align > 0 || a->expert_rows > 0) {
+        c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, c.expert_alignment = a->align, c.max_expert_rows = a->expert_rows;
+        if (a->weights) c.flags |= MOEA2A_MOE_WEIGHTED_COMBINE;
+    }
     return c;
 }
 
@@ -139,7 +145,7 @@ static void line(const char *what, size_t bytes, const char *how)
 
 int info_workspace(const char *spec_in)
 {
-    ws_args_t a = {1, 7168, 8, 256, 1024, 0, 0, 0, MOEA2A_BFLOAT16, MOEA2A_BFLOAT16, MOEA2A_MEMORY_AUTO, NULL, 0};
+    ws_args_t a = {1, 7168, 8, 256, 1024, 0, 0, 0, 0, 0, MOEA2A_BFLOAT16, MOEA2A_BFLOAT16, MOEA2A_MEMORY_AUTO, NULL, 0};
     char spec[2048];
     snprintf(spec, sizeof(spec), "%s", spec_in ? spec_in : "");
     if (parse_args(spec, &a)) return 2;
@@ -175,6 +181,7 @@ int info_workspace(const char *spec_in)
     line("topk ids", s.ids_bytes, "ep x cap x k x 4 B");
     if (s.weights_bytes) line("topk weights", s.weights_bytes, "ep x cap x k x 4 B");
     line("combine", s.combine_bytes, "ep x cap x hidden (combine dtype)");
+    if (s.expert_bytes) line("expert-major", s.expert_bytes, "local experts' rows, per-row arrays, combine rows");
     line("workspace", s.workspace_bytes, cuda ? "device memory" : "host memory");
     if (cuda)
         snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), device memory", s.staged_peers,

@@ -150,6 +150,8 @@ static void usage(FILE *f)
             "  -q, --wire F         quantize the payload on dispatch: fp8, fp8-ue8m0 (MN-major scales)\n"
             "                       or nvfp4 (128x4 scales); with --baseline also quantize, then dispatch\n"
             "                       the codes and scales as plain payloads (the q+dispatch row)\n"
+            "  -L, --layout L       rank (default) or expert[:ALIGN] (the expert-major layout, its rows\n"
+            "                       aligned to ALIGN, default 128; the rank-major rows follow, same run)\n"
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
@@ -170,10 +172,10 @@ int main(int argc, char **argv)
         {"weights", no_argument, 0, 'W'},          {"baseline", no_argument, 0, 'B'},
         {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
         {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
-        {"wire", required_argument, 0, 'q'},
+        {"wire", required_argument, 0, 'q'},       {"layout", required_argument, 0, 'L'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
         case 'o':
@@ -202,6 +204,16 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "fp8-ue8m0")) o.wire = PERF_WIRE_FP8_UE8M0;
             else if (!strcmp(optarg, "nvfp4")) o.wire = PERF_WIRE_NVFP4;
             else { usage(stderr); return 2; }
+            break;
+        case 'L':
+            if (!strcmp(optarg, "rank")) o.expert_align = 0;
+            else if (!strncmp(optarg, "expert", 6) && (!optarg[6] || optarg[6] == ':'))
+                o.expert_align = optarg[6] ? atoi(optarg + 7) : 128;
+            else { usage(stderr); return 2; }
+            if (o.expert_align < 0 || o.expert_align > 1024 || (optarg[6] == ':' && o.expert_align < 1)) {
+                usage(stderr);
+                return 2;
+            }
             break;
         case 'H': o.hidden = atoi(optarg); break;
         case 'k': o.topk = atoi(optarg); break;

@@ -29,6 +29,7 @@ typedef struct {
     int sms[PERF_MAX_TOKEN_SIZES], nsms; /* --sms: SM budgets (num_sms) to run each size at */
     int split;                          /* --split: the split halves, and their overlap with a GEMM */
     int wire;                           /* --wire: payload 0 quantized on dispatch (PERF_WIRE_*) */
+    int expert_align;                   /* --layout expert[:ALIGN]: the expert-major layout (0: rank-major) */
 } perf_opts_t;
 
 double perf_now(void);

@@ -256,6 +256,7 @@ static moea2a_moe_config_t config_of(const perf_opts_t *o, int T, int cuda)
         c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, (size_t)o->hidden / 16};
     }
     c.wire[0] = wire_of(o->wire);
+    if (o->expert_align) c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, c.expert_alignment = o->expert_align;
     c.hidden = (size_t)o->hidden, c.combine_dtype = MOEA2A_BFLOAT16;
     c.memory = cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
     if (o->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
@@ -331,7 +332,26 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
         }
     void *cbuf;
     moea2a_moe_combine_buffer(moe, &cbuf);
-    perf_upload(m, cbuf, rows, slots * hidden * 2);
+    if (o->expert_align && d.expert_rows >= 0) { /* one row per expert row: the token's value on its first, 0 after */
+        size_t er = (size_t)d.expert_rows;
+        int32_t *xr = malloc(4 * er + 4), *xt = malloc(4 * er + 4);
+        unsigned char *seen = calloc(slots + (size_t)b->ep * (size_t)b->T + 1, 1);
+        uint16_t *xrows = calloc(er * hidden + 1, 2);
+        if (!xr || !xt || !seen || !xrows) {
+            *res = MOEA2A_ERR_NO_MEMORY;
+            return 0;
+        }
+        perf_download(m, xr, d.expert_src_rank, 4 * er);
+        perf_download(m, xt, d.expert_src_token, 4 * er);
+        for (size_t x = 0; x < er; x++) {
+            if (xr[x] < 0 || seen[(size_t)xr[x] * (size_t)b->T + (size_t)xt[x]]++) continue;
+            for (size_t h = 0; h < hidden; h++) xrows[x * hidden + h] = bf16_of_int(ret_value(xr[x], xt[x], b->rank, h));
+        }
+        perf_upload(m, cbuf, xrows, er * hidden * 2);
+        free(xr), free(xt), free(seen), free(xrows);
+    } else {
+        perf_upload(m, cbuf, rows, slots * hidden * 2);
+    }
     if (!(*res = moea2a_combine(moe, NULL, d_out, m->stream))) {
         perf_download(m, out, d_out, b->crow * (size_t)b->T);
         for (int t = 0; t < b->T; t++)
@@ -358,11 +378,14 @@ typedef struct {
     long wrong;
 } row_t;
 
-static void print_row(int T, const char *op, double bytes, double remote, double t, double vs, const char *wrong)
+static const char *row_tag = ""; /* "rank-": the rank-major rows printed next to --layout expert's */
+
+static void print_row(int T, const char *op_in, double bytes, double remote, double t, double vs, const char *wrong)
 {
-    char ratio[16] = "";
+    char ratio[16] = "", op[40];
+    snprintf(op, sizeof(op), "%s%s", row_tag, op_in);
     if (vs > 0) snprintf(ratio, sizeof(ratio), "%.2fx", vs / t);
-    printf("  %8d %-15s %13.0f %10.2f %11.3f %11.3f %7s %8s\n", T, op, bytes, t * 1e6, bytes / t / 1e9, remote / t / 1e9,
+    printf("  %8d %-20s %13.0f %10.2f %11.3f %11.3f %7s %8s\n", T, op, bytes, t * 1e6, bytes / t / 1e9, remote / t / 1e9,
            wrong, ratio);
 }
 
@@ -685,14 +708,22 @@ int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
                "%d iterations (%d warm-up)\n",
                ep, m->cuda ? "cuda" : "host", o->hidden, o->topk, o->experts, moea2a_datatype_name(o->dtype),
                o->weights ? " + weights" : "", o->skew, o->iters, o->warmup);
-        printf("#\n# %8s %-15s %13s %10s %11s %11s %7s %8s\n", "tokens", "op", "bytes", "time(us)", "algbw(GB/s)",
+        printf("#\n# %8s %-20s %13s %10s %11s %11s %7s %8s\n", "tokens", "op", "bytes", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "#wrong", "vs base");
     }
     double busbw_sum = 0;
     int any_wrong = 0, nsms = o->nsms ? o->nsms : 1;
+    perf_opts_t rank_major = *o;
+    rank_major.expert_align = 0;
     for (int si = 0; si < nsms; si++)
-        for (int ti = 0; ti < o->ntokens; ti++)
+        for (int ti = 0; ti < o->ntokens; ti++) {
+            row_tag = "";
             if (run_tokens(comm, m, o, ti, o->nsms ? o->sms[si] : 0, &busbw_sum, &any_wrong)) return 1;
+            if (!o->expert_align) continue;
+            row_tag = "rank-"; /* the same size in the rank-major layout, same run */
+            if (run_tokens(comm, m, &rank_major, ti, o->nsms ? o->sms[si] : 0, &busbw_sum, &any_wrong)) return 1;
+        }
+    row_tag = "";
     if (rank == 0) {
         printf("#\n# time: the slowest rank's mean per call, CUDA events between calls (host memory: the clock);\n"
                "#   roundtrip-b2b: the pairs with no event between them; roundtrip-graph: one CUDA graph of every\n"

@@ -48,7 +48,8 @@ class MoeConfig(ctypes.Structure):
                 ("payloads", PayloadDesc * MAX_PAYLOADS), ("combine_dtype", ctypes.c_int), ("hidden", ctypes.c_size_t),
                 ("invalid_expert_id", ctypes.c_int32), ("placement", ctypes.c_int),
                 ("expert_to_rank", ctypes.POINTER(ctypes.c_int32)), ("flags", ctypes.c_uint), ("memory", ctypes.c_int),
-                ("num_sms", ctypes.c_int), ("wire", Wire * MAX_PAYLOADS)]
+                ("num_sms", ctypes.c_int), ("wire", Wire * MAX_PAYLOADS),
+                ("layout", ctypes.c_int), ("expert_alignment", ctypes.c_int), ("max_expert_rows", ctypes.c_int64)]
 
 
 class WorkspaceSizes(ctypes.Structure):
@@ -58,7 +59,8 @@ class WorkspaceSizes(ctypes.Structure):
                 ("aux_bytes", ctypes.c_size_t), ("payload_bytes", ctypes.c_size_t * MAX_PAYLOADS),
                 ("ids_bytes", ctypes.c_size_t), ("weights_bytes", ctypes.c_size_t), ("combine_bytes", ctypes.c_size_t),
                 ("record_bytes", ctypes.c_size_t), ("staged_peers", ctypes.c_int), ("nvlink_peers", ctypes.c_int),
-                ("numa_node", ctypes.c_int), ("gpu", ctypes.c_int), ("nic", ctypes.c_char * 32)]
+                ("numa_node", ctypes.c_int), ("gpu", ctypes.c_int), ("nic", ctypes.c_char * 32),
+                ("expert_bytes", ctypes.c_size_t)]
 
 
 class DispatchResult(ctypes.Structure):
@@ -72,7 +74,12 @@ class DispatchResult(ctypes.Structure):
                 ("internode_rows", ctypes.c_int64), ("internode_bytes", ctypes.c_int64),
                 ("payload_scales", ctypes.c_void_p * MAX_PAYLOADS),
                 ("payload_scale_bytes", ctypes.c_size_t * MAX_PAYLOADS),
-                ("payload_global_scales", ctypes.POINTER(ctypes.c_float) * MAX_PAYLOADS)]
+                ("payload_global_scales", ctypes.POINTER(ctypes.c_float) * MAX_PAYLOADS),
+                ("num_local_experts", ctypes.c_int), ("expert_counts", ctypes.POINTER(ctypes.c_int32)),
+                ("expert_offsets", ctypes.POINTER(ctypes.c_int32)), ("expert_rows", ctypes.c_int64),
+                ("expert_payloads", ctypes.c_void_p * MAX_PAYLOADS), ("expert_ids", ctypes.POINTER(ctypes.c_int32)),
+                ("expert_src_rank", ctypes.POINTER(ctypes.c_int32)), ("expert_src_token", ctypes.POINTER(ctypes.c_int32)),
+                ("expert_topk_slot", ctypes.POINTER(ctypes.c_int32)), ("expert_weights", ctypes.POINTER(ctypes.c_float))]
 
 
 def _candidates():

@@ -1,0 +1,384 @@
+/* The expert-major layout on host memory, against an oracle that works from every
+ * rank's inputs (regenerated here from a shared seed), not from the library's results:
+ * which local expert rows each rank must hold, in which order and at which aligned
+ * offsets, their per-row arrays and payloads, the padding rows; then the weighted
+ * combine, whose sums the oracle forms in the order moea2a_moe(3) fixes (products
+ * rounded to fp32, ascending top-k slot, each rank's row rounded to the combine dtype,
+ * the ranks' rows added in ascending rank order). Random configurations (1-4 ranks,
+ * tokens naming several experts of one rank, repeated and invalid ids, idle ranks,
+ * alignments 1, 8, 64, 128, weights on and off, zero padding, bf16 and fp32 combine,
+ * the split halves, the context's expert buffer or the caller's); a bound on expert
+ * rows that one rank exceeds (MOEA2A_ERR_CAPACITY on every rank, the next call fine);
+ * the config checks; the workspace formula. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "local_ranks.h"
+#include "mix.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#define WATCHDOG 300.0
+#define A(x) (((size_t)(x) + 127) / 128 * 128)
+#define ELEMS 6 /* payload 0: bf16 x 6 */
+
+static const int aligns[] = {1, 8, 64, 128};
+
+typedef struct {
+    int ep, E, k, cap, align, weights, weighted, zero, split, own_buffer, max_rows;
+    moea2a_datatype_t cdt;
+    size_t hidden;
+    uint64_t seed;
+} cfg_t;
+
+static int urand(uint64_t *s, int lo, int hi) { return lo + (int)((*s = mix(*s)) % (uint64_t)(hi - lo + 1)); }
+
+/* rank q's inputs: n tokens; ids (invalid and repeated ones), weights, payload values */
+static int tokens_of(const cfg_t *c, int q)
+{
+    uint64_t s = c->seed * 977 + (uint64_t)q;
+    int n = urand(&s, 0, c->cap);
+    return q == 1 && c->seed % 3 == 0 ? 0 : n; /* an idle rank sometimes */
+}
+static int32_t id_of(const cfg_t *c, int q, int t, int j)
+{
+    uint64_t s = c->seed * 1315423911u + (uint64_t)q * 100003 + (uint64_t)t * 131 + (uint64_t)j;
+    int v = urand(&s, -1, c->E + 1); /* -1 and E, E + 1: invalid */
+    if (j > 0 && v % 5 == 0) return id_of(c, q, t, j - 1); /* a repeat of the previous slot */
+    return v;
+}
+static float weight_of(const cfg_t *c, int q, int t, int j)
+{
+    uint64_t s = c->seed * 31 + (uint64_t)q * 7919 + (uint64_t)t * 17 + (uint64_t)j;
+    return (float)((int)(mix(s) % 2001) - 1000) / 337.0f;
+}
+static uint16_t pay_of(int q, int t, int h) { return (uint16_t)(q * 1000 + t * 10 + h); }
+
+static int owner_of(const cfg_t *c, int e)
+{
+    int per = c->E / c->ep, rem = c->E % c->ep; /* contiguous placement */
+    int big = rem * (per + 1);
+    return e < big ? e / (per + 1) : rem + (e - big) / per;
+}
+static int valid(const cfg_t *c, int32_t e) { return e >= 0 && e < c->E; }
+/* slot j names e for the first time in the token */
+static int first(const cfg_t *c, int q, int t, int j)
+{
+    for (int p = 0; p < j; p++)
+        if (id_of(c, q, t, p) == id_of(c, q, t, j)) return 0;
+    return 1;
+}
+
+/* what the expert side writes for (expert e, source rank, source token): exact in bf16 */
+static float y_of(int e, int src, int tok, size_t h)
+{
+    return (float)((int)((h * 31 + (size_t)e * 17 + (size_t)src * 7 + (size_t)tok * 3) % 97) - 48) / 8.0f;
+}
+
+static float to_dtype(moea2a_datatype_t dt, float f)
+{
+    if (dt == MOEA2A_FLOAT32) return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even (finite values here) */
+    u &= 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void put(moea2a_datatype_t dt, unsigned char *row, size_t h, float f)
+{
+    if (dt == MOEA2A_FLOAT32) {
+        memcpy(row + 4 * h, &f, 4);
+        return;
+    }
+    uint32_t u;
+    f = to_dtype(dt, f);
+    memcpy(&u, &f, 4);
+    uint16_t v = (uint16_t)(u >> 16);
+    memcpy(row + 2 * h, &v, 2);
+}
+static float get(moea2a_datatype_t dt, const unsigned char *row, size_t h)
+{
+    float f;
+    if (dt == MOEA2A_FLOAT32) {
+        memcpy(&f, row + 4 * h, 4);
+        return f;
+    }
+    uint16_t v;
+    memcpy(&v, row + 2 * h, 2);
+    uint32_t u = (uint32_t)v << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static moea2a_moe_config_t config_of(const cfg_t *c)
+{
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = c->E, m.top_k = c->k, m.max_tokens_per_rank = c->cap, m.memory = MOEA2A_MEMORY_HOST;
+    m.num_payloads = 1;
+    m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, ELEMS};
+    m.hidden = c->hidden, m.combine_dtype = c->cdt, m.invalid_expert_id = -1;
+    m.flags = (c->weights ? MOEA2A_MOE_CARRY_WEIGHTS : 0) | (c->weighted ? MOEA2A_MOE_WEIGHTED_COMBINE : 0) |
+              (c->zero ? MOEA2A_MOE_ZERO_PADDING : 0);
+    m.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, m.expert_alignment = c->align, m.max_expert_rows = c->max_rows;
+    return m;
+}
+
+/* One expert-major row the oracle expects. */
+typedef struct {
+    int src, tok, slot;
+    int32_t e;
+} row_t;
+
+static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
+{
+    int fails = 0, ep = c->ep, k = c->k, n = tokens_of(c, me);
+    moea2a_moe_config_t mc = config_of(c);
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &mc)) {
+        RANK_EXPECT(fails, me, 0, "create: %s", moea2a_last_error(comm));
+        return 1;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(c->cap * k + 1));
+    float *w = malloc(sizeof(float) * (size_t)(c->cap * k + 1));
+    uint16_t *pay = malloc(2 * (size_t)(c->cap * ELEMS + 1));
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) ids[t * k + j] = id_of(c, me, t, j), w[t * k + j] = weight_of(c, me, t, j);
+        for (int h = 0; h < ELEMS; h++) pay[t * ELEMS + h] = pay_of(me, t, h);
+    }
+    const void *pays[1] = {pay};
+    moea2a_dispatch_result_t r = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t rc;
+    if (c->split) {
+        rc = moea2a_dispatch_send(moe, n, ids, c->weights ? w : NULL, pays, 0, NULL);
+        if (rc == MOEA2A_SUCCESS) rc = moea2a_dispatch_recv(moe, &r, NULL);
+    } else {
+        rc = moea2a_dispatch(moe, n, ids, c->weights ? w : NULL, pays, 0, &r, NULL);
+    }
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(comm));
+    if (rc != MOEA2A_SUCCESS) goto done;
+
+    /* the oracle: this rank's local experts, their rows in (source rank, token) order */
+    int el = 0, lo = -1;
+    for (int e = 0; e < c->E; e++)
+        if (owner_of(c, e) == me) el++, lo = lo < 0 ? e : lo;
+    int64_t want_rows = 0;
+    row_t *rows = malloc(sizeof(row_t) * (size_t)(ep * c->cap * k + 1));
+    int *cnt = calloc((size_t)el + 1, sizeof(int)), nrows = 0;
+    for (int j = 0; j < el; j++) {
+        int32_t e = lo + j;
+        for (int q = 0; q < ep; q++)
+            for (int t = 0; t < tokens_of(c, q); t++)
+                for (int s = 0; s < k; s++)
+                    if (id_of(c, q, t, s) == e && first(c, q, t, s)) rows[nrows++] = (row_t){q, t, s, e}, cnt[j]++;
+        want_rows += (cnt[j] + c->align - 1) / c->align * c->align;
+    }
+    RANK_EXPECT(fails, me, r.num_local_experts == el && r.expert_rows == want_rows,
+                "%d local experts and %lld rows, expected %d and %lld", r.num_local_experts, (long long)r.expert_rows, el,
+                (long long)want_rows);
+    if (r.num_local_experts != el || r.expert_rows != want_rows) goto done_rows;
+    {
+        int at = 0, bad_rows = 0, bad_pad = 0;
+        int64_t off = 0;
+        for (int j = 0; j < el; j++) {
+            RANK_EXPECT(fails, me, r.expert_counts[j] == cnt[j] && r.expert_offsets[j] == off,
+                        "expert %d: count %d offset %d, expected %d and %lld", lo + j, r.expert_counts[j],
+                        r.expert_offsets[j], cnt[j], (long long)off);
+            for (int i = 0; i < cnt[j]; i++, at++) {
+                const row_t *x = &rows[at];
+                size_t row = (size_t)off + (size_t)i;
+                bad_rows += r.expert_ids[row] != x->e || r.expert_src_rank[row] != x->src ||
+                            r.expert_src_token[row] != x->tok || r.expert_topk_slot[row] != x->slot;
+                if (c->weights) {
+                    float ww = weight_of(c, x->src, x->tok, x->slot);
+                    bad_rows += memcmp(&r.expert_weights[row], &ww, 4) != 0;
+                }
+                for (int h = 0; h < ELEMS; h++) {
+                    uint16_t v;
+                    memcpy(&v, (unsigned char *)r.expert_payloads[0] + row * 2 * ELEMS + 2 * h, 2);
+                    bad_rows += v != pay_of(x->src, x->tok, h);
+                }
+            }
+            int64_t end = off + (cnt[j] + c->align - 1) / c->align * c->align;
+            for (int64_t row = off + cnt[j]; row < end; row++) {
+                bad_pad += r.expert_ids[row] != -1 || r.expert_src_rank[row] != -1 || r.expert_src_token[row] != -1;
+                for (int h = 0; c->zero && h < ELEMS; h++) {
+                    uint16_t v;
+                    memcpy(&v, (unsigned char *)r.expert_payloads[0] + (size_t)row * 2 * ELEMS + 2 * h, 2);
+                    bad_pad += v != 0;
+                }
+            }
+            off = end;
+        }
+        RANK_EXPECT(fails, me, r.expert_offsets[el] == want_rows, "offsets[%d] = %d", el, r.expert_offsets[el]);
+        RANK_EXPECT(fails, me, bad_rows == 0, "%d expert-major row fields differ from the oracle", bad_rows);
+        RANK_EXPECT(fails, me, bad_pad == 0, "%d padding row fields wrong", bad_pad);
+        RANK_EXPECT(fails, me, (r.expert_weights != NULL) == (c->weights != 0), "expert_weights %s",
+                    r.expert_weights ? "set" : "NULL");
+    }
+
+    /* combine: the expert side's rows (padding rows hold NaN: they must be ignored) */
+    {
+        size_t crow = c->hidden * (c->cdt == MOEA2A_FLOAT32 ? 4 : 2);
+        void *buf;
+        unsigned char *mine = NULL;
+        if (c->own_buffer) mine = malloc(crow * (size_t)(want_rows + 1));
+        else moea2a_moe_combine_buffer(moe, &buf), mine = buf;
+        for (int64_t row = 0; row < want_rows; row++)
+            for (size_t h = 0; h < c->hidden; h++) {
+                int src = r.expert_src_rank[row];
+                put(c->cdt, mine + (size_t)row * crow, h,
+                    src < 0 ? NAN : y_of(r.expert_ids[row], src, r.expert_src_token[row], h));
+            }
+        unsigned char *out = malloc(crow * (size_t)(n + 1));
+        rc = moea2a_combine(moe, c->own_buffer ? mine : NULL, out, NULL);
+        RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+        int wrong = 0;
+        for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
+            for (size_t h = 0; h < c->hidden; h++) {
+                float total = 0.0f;
+                for (int q = 0; q < ep; q++) { /* each destination rank's row, ascending */
+                    float acc = 0.0f;
+                    int hit = 0;
+                    for (int s = 0; s < k; s++) {
+                        int32_t e = id_of(c, me, t, s);
+                        if (!valid(c, e) || owner_of(c, e) != q) continue;
+                        float p = (c->weighted ? weight_of(c, me, t, s) : 1.0f) * y_of(e, me, t, h);
+                        acc += p, hit = 1;
+                    }
+                    if (hit) total += to_dtype(c->cdt, acc);
+                }
+                float want = to_dtype(c->cdt, total), got = get(c->cdt, out + (size_t)t * crow, h);
+                wrong += memcmp(&want, &got, 4) != 0;
+            }
+        RANK_EXPECT(fails, me, wrong == 0, "%d combined values differ from the oracle", wrong);
+        free(out);
+        if (c->own_buffer) free(mine);
+    }
+done_rows:
+    free(rows), free(cnt);
+done:
+    moea2a_moe_destroy(moe);
+    free(ids), free(w), free(pay);
+    return fails;
+}
+
+static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    for (uint64_t seed = 1; seed <= 24 && fails < 5; seed++) {
+        uint64_t s = seed * 7 + (uint64_t)ep;
+        cfg_t c = {ep, 0, 0, 0, aligns[seed % 4], 0, 0, 0, 0, 0, 0, MOEA2A_BFLOAT16, 0, seed};
+        c.E = urand(&s, 1, 6 * ep), c.k = urand(&s, 1, 8), c.cap = urand(&s, 1, 24);
+        c.weights = seed % 2, c.weighted = c.weights && seed % 4 != 1, c.zero = seed % 3 == 0;
+        c.split = seed % 5 == 2, c.own_buffer = seed % 2 == 0;
+        c.cdt = seed % 3 == 1 ? MOEA2A_FLOAT32 : MOEA2A_BFLOAT16, c.hidden = (size_t)urand(&s, 1, 40);
+        fails += run_case(comm, &c, me);
+    }
+    moea2a_comm_destroy(comm);
+    return fails > 100 ? 100 : fails;
+}
+
+/* One rank is sent more rows than max_expert_rows: CAPACITY on every rank, naming it;
+ * the context then serves a call that fits. */
+static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    cfg_t c = {ep, 2 * ep, 2, 8, 4, 0, 0, 0, 0, 0, 8, MOEA2A_BFLOAT16, 8, 5};
+    moea2a_moe_config_t mc = config_of(&c);
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &mc)) return 1;
+    size_t bound = 0;
+    moea2a_moe_max_recv_rows(moe, &bound);
+    RANK_EXPECT(fails, me, bound == 8, "max_recv_rows %zu, expected max_expert_rows 8", bound);
+    int32_t ids[16];
+    uint16_t pay[8 * ELEMS] = {0};
+    const void *pays[1] = {pay};
+    for (int t = 0; t < 8; t++) ids[2 * t] = 0, ids[2 * t + 1] = 1; /* every rank: 8 tokens to experts 0, 1 of rank 0 */
+    moea2a_dispatch_result_t r = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t rc = moea2a_dispatch(moe, 8, ids, NULL, pays, 0, &r, NULL);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_CAPACITY && strstr(moea2a_last_error(comm), "rank 0") &&
+                               strstr(moea2a_last_error(comm), "max_expert_rows"),
+                "over max_expert_rows on rank 0: %s (%s)", moea2a_strerror(rc), moea2a_last_error(comm));
+    rc = moea2a_dispatch(moe, 1, ids, NULL, pays, 0, &r, NULL); /* rank 0: ep = 3 rows per expert, 4 aligned: 8 fit */
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "a call that fits, after: %s", moea2a_last_error(comm));
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+static int checks_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    cfg_t c = {ep, 10, 3, 16, 8, 1, 1, 0, 0, 0, 0, MOEA2A_BFLOAT16, 32, 1};
+    moea2a_moe_workspace_sizes_t sz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    moea2a_moe_config_t m = config_of(&c);
+    RANK_EXPECT(fails, me, moea2a_moe_workspace_size(comm, &m, &sz) == MOEA2A_SUCCESS, "sizes: %s",
+                moea2a_last_error(comm));
+    /* the formula: R = ep cap min(k, local experts) + local experts (alignment - 1) */
+    size_t el = (size_t)(10 + ep - 1) / (size_t)ep, R = (size_t)ep * 16 * 3 + el * 7, want = A(4 * (size_t)ep * 16 * 3) + A(4 * el) + A(4 * (el + 1)) +
+                                                          A(R * 2 * ELEMS) + 5 * A(4 * R) + A(R * 32 * 2);
+    RANK_EXPECT(fails, me, sz.expert_bytes == want, "expert_bytes %zu, the formula says %zu", sz.expert_bytes, want);
+    m = config_of(&c), m.expert_alignment = 2000;
+    moea2a_result_t rc = moea2a_moe_workspace_size(comm, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "expert_alignment"),
+                "alignment 2000: %s", moea2a_last_error(comm));
+    m = config_of(&c), m.flags &= ~MOEA2A_MOE_CARRY_WEIGHTS;
+    rc = moea2a_moe_workspace_size(comm, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "CARRY_WEIGHTS"),
+                "weighted combine without weights: %s", moea2a_last_error(comm));
+    m = config_of(&c), m.layout = MOEA2A_LAYOUT_RANK_MAJOR;
+    rc = moea2a_moe_workspace_size(comm, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "EXPERT_MAJOR"),
+                "expert-major settings on the rank-major layout: %s", moea2a_last_error(comm));
+    m = config_of(&c), m.layout = (moea2a_recv_layout_t)7;
+    rc = moea2a_moe_workspace_size(comm, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_INVALID_ARGUMENT, "an unknown layout: %s", moea2a_last_error(comm));
+    m = config_of(&c), m.max_expert_rows = -3;
+    rc = moea2a_moe_workspace_size(comm, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_INVALID_ARGUMENT, "negative max_expert_rows: %s", moea2a_last_error(comm));
+    m = config_of(&c), m.payloads[0].elems_per_token = 128, m.wire[0].format = MOEA2A_WIRE_FP8;
+    rc = moea2a_moe_workspace_size(comm, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_UNAVAILABLE, "with a payload quantized on dispatch: %s (%s)",
+                moea2a_strerror(rc), moea2a_last_error(comm));
+    /* CUDA memory, on a machine layout with GPUs: not in this release, said so */
+    m = config_of(&c), m.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    const char *top = getenv("top_srcdir");
+    char xml[1024];
+    snprintf(xml, sizeof(xml), "%s/tests/topologies/4gpu-nvlink.xml", top ? top : ".");
+    lay.ep = 4, lay.topology_xml = xml;
+    rc = moea2a_moe_workspace_size_layout(&lay, &m, &sz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "CUDA memory"),
+                "on CUDA memory: %s (%s)", moea2a_strerror(rc), moea2a_last_error(NULL));
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+int main(void)
+{
+    for (int ep = 1; ep <= 4; ep++) {
+        local_ranks_result_t res;
+        local_ranks_run(ep, random_rank, NULL, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "expert-major layout on %d rank(s): rows, offsets, per-row arrays, padding and the "
+                                "weighted combine equal the oracle bit for bit (24 random configurations)", ep);
+    }
+    local_ranks_result_t res;
+    local_ranks_run(3, capacity_rank, NULL, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "more expert rows than max_expert_rows on one rank: MOEA2A_ERR_CAPACITY on every rank, "
+                            "then a call that fits");
+    local_ranks_run(2, checks_rank, NULL, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "config checks (alignment, weights, layout, bound, quantized payloads, CUDA memory) and "
+                            "the workspace formula");
+    return tap_done();
+}
