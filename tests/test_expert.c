@@ -7,7 +7,8 @@
  * the ranks' rows added in ascending rank order). Random configurations (1-4 ranks,
  * tokens naming several experts of one rank, repeated and invalid ids, idle ranks,
  * alignments 1, 8, 64, 128, weights on and off, zero padding, bf16 and fp32 combine,
- * the split halves, the context's expert buffer or the caller's); a bound on expert
+ * the split halves of dispatch and combine, the context's expert buffer or the
+ * caller's); a bound on expert
  * rows that one rank exceeds (MOEA2A_ERR_CAPACITY on every rank, the next call fine);
  * the config checks; the workspace formula. */
 #include <math.h>
@@ -232,7 +233,12 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
                     src < 0 ? NAN : y_of(r.expert_ids[row], src, r.expert_src_token[row], h));
             }
         unsigned char *out = malloc(crow * (size_t)(n + 1));
-        rc = moea2a_combine(moe, c->own_buffer ? mine : NULL, out, NULL);
+        if (c->split) { /* the halves: folded in the send half */
+            rc = moea2a_combine_send(moe, c->own_buffer ? mine : NULL, NULL);
+            if (rc == MOEA2A_SUCCESS) rc = moea2a_combine_recv(moe, out, NULL);
+        } else {
+            rc = moea2a_combine(moe, c->own_buffer ? mine : NULL, out, NULL);
+        }
         RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
         int wrong = 0;
         for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
