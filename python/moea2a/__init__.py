@@ -216,7 +216,8 @@ _MEMORY = {"auto": C.MEMORY_AUTO, "host": C.MEMORY_HOST, "cuda": C.MEMORY_CUDA}
 
 def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16", payloads=None,
                 combine_dtype="bf16", weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
-                expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True):
+                expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
+                expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False):
     c = C.MoeConfig()
     c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
     c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
@@ -232,7 +233,12 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
         c.wire[i].format, c.wire[i].scale_layout, c.wire[i].flags = _WIRES[wires[i]]
     c.combine_dtype, c.hidden, c.invalid_expert_id = _dtype(combine_dtype), int(hidden), invalid_expert_id
     c.flags = ((0 if sanitize else C.MOE_NO_SANITIZE) | (C.MOE_REWRITE_NONLOCAL if rewrite_nonlocal else 0) |
-               (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK))
+               (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK) |
+               (C.MOE_WEIGHTED_COMBINE if weighted_combine else 0) | (C.MOE_ZERO_PADDING if zero_padding else 0))
+    if layout not in ("rank", "expert"):
+        raise InvalidArgument(1, "layout must be 'rank' or 'expert'")
+    c.layout = C.LAYOUT_EXPERT_MAJOR if layout == "expert" else C.LAYOUT_RANK_MAJOR
+    c.expert_alignment, c.max_expert_rows = int(expert_alignment), int(max_expert_rows)
     if memory not in _MEMORY:
         raise InvalidArgument(1, f"memory must be one of {', '.join(_MEMORY)}")
     c.memory, c.num_sms = _MEMORY[memory], num_sms
@@ -270,7 +276,7 @@ class DispatchResult:
 
     def __getattr__(self, name):  # the counts and shape, read from the C result when asked
         if name in ("ep", "stride", "top_k", "total_recv", "invalid_entries", "sent_rows", "deduplicated",
-                    "internode_rows", "internode_bytes"):
+                    "internode_rows", "internode_bytes", "num_local_experts", "expert_rows"):
             return getattr(self._r, name)
         if name == "nvlink":
             return bool(self._r.nvlink)
@@ -329,6 +335,50 @@ class DispatchResult:
         n = len(self._moe.payload_dtypes)
         return [self._view(self._r.payload_scales[i], (self._r.payload_scale_bytes[i],), "uint8") for i in range(n)]
 
+    # The expert-major layout (MoE(layout="expert")): None in the rank-major one.
+    def _expert(self, field, shape, np_dtype):
+        return self._view(ctypes.cast(getattr(self._r, field), ctypes.c_void_p).value, shape, np_dtype)
+
+    @property
+    def expert_counts(self):
+        """[num_local_experts] rows of each local expert (ascending global id)."""
+        return self._expert("expert_counts", (self._r.num_local_experts,), "int32")
+
+    @property
+    def expert_offsets(self):
+        """[num_local_experts + 1] each expert's first row (aligned); the last: expert_rows."""
+        return self._expert("expert_offsets", (self._r.num_local_experts + 1,), "int32")
+
+    @property
+    def expert_payloads(self):
+        """per payload [expert_rows, row]: each local expert's rows, contiguous."""
+        out = []
+        for i, dt in enumerate(self._moe.payload_dtypes):
+            npdt = _NP_DTYPE[dt]
+            width = self._r.payload_row_bytes[i] // _np().dtype(npdt).itemsize
+            out.append(self._view(self._r.expert_payloads[i], (self._r.expert_rows, width), npdt))
+        return out
+
+    @property
+    def expert_ids(self):
+        return self._expert("expert_ids", (self._r.expert_rows,), "int32")
+
+    @property
+    def expert_src_rank(self):
+        return self._expert("expert_src_rank", (self._r.expert_rows,), "int32")
+
+    @property
+    def expert_src_token(self):
+        return self._expert("expert_src_token", (self._r.expert_rows,), "int32")
+
+    @property
+    def expert_topk_slot(self):
+        return self._expert("expert_topk_slot", (self._r.expert_rows,), "int32")
+
+    @property
+    def expert_weights(self):
+        return self._expert("expert_weights", (self._r.expert_rows,), "float32")
+
     @property
     def global_scales(self):
         n = len(self._moe.payload_dtypes)
@@ -341,7 +391,10 @@ class MoE(_Handle):
     describe the payload and the combine rows; payloads=[(dtype, elems), ...] several
     payloads; wire="fp8" | "fp8-mn" | "fp8-ue8m0" | "fp8-ue8m0-mn" | "nvfp4" |
     "nvfp4-128x4" | "nvfp4-8x4" quantizes payload 0 on dispatch (or a list, one entry
-    per payload); weights=True carries router weights; memory "auto", "host", "cuda"."""
+    per payload); weights=True carries router weights; memory "auto", "host", "cuda";
+    layout="expert" (expert_alignment, max_expert_rows, weighted_combine, zero_padding)
+    also delivers each local expert's rows contiguously, and combine then takes one row
+    per expert row (moea2a_moe(3), "Expert-major layout"; host memory)."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"
 
@@ -373,8 +426,9 @@ class MoE(_Handle):
         return rows.value
 
     def combine_buffer(self):
-        """The context's combine buffer [ep * cap, hidden] (host memory: a NumPy view):
-        expert outputs written there need no copy (combine(None))."""
+        """The context's combine buffer [ep * cap, hidden] ([max_expert_rows, hidden] in
+        the expert-major layout; host memory: a NumPy view): expert outputs written there
+        need no copy (combine(None))."""
         p = ctypes.c_void_p()
         _check(_lib.moea2a_moe_combine_buffer(self.handle, ctypes.byref(p)), self.comm)
         if self.memory_kind == "cuda":
@@ -402,9 +456,9 @@ class MoE(_Handle):
         return DispatchResult(self, r)
 
     def combine(self, expert_out=None, out=None, stream=None):
-        """expert_out [ep, stride, hidden] of the combine dtype (None: the combine
-        buffer); out [num_tokens, hidden] of the last dispatch (host memory: allocated
-        when None)."""
+        """expert_out [ep, stride, hidden] of the combine dtype ([expert_rows, hidden] in
+        the expert-major layout; None: the combine buffer); out [num_tokens, hidden] of
+        the last dispatch (host memory: allocated when None)."""
         if out is None:
             if self.memory_kind == "cuda":
                 raise InvalidArgument(1, "combine on CUDA memory needs out")

@@ -68,6 +68,54 @@ def test_dispatch_combine_match_the_reference(ep):
         assert all(v is None for v in results.values()), results
 
 
+def expert_main(rank, ep, uid, seed):
+    """Expert-major: each local expert's rows in (source rank, token) order from aligned
+    offsets; combine with the router weights, whose sums (products rounded to fp32,
+    ascending slot, per rank rounded, then the ranks in order) the oracle repeats."""
+    comm = moea2a.Comm(ep, rank, uid)
+    moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="fp32", combine_dtype="fp32", memory="host", weights=True,
+                     layout="expert", expert_alignment=8, weighted_combine=True)
+    ids, x = tokens(rank, seed)
+    w = (np.arange(ids.size, dtype=np.float32).reshape(ids.shape) % 7 + 1) / np.float32(3)
+    res = moe.dispatch(x, ids, w)
+    local = [e for e in range(E) if owner(e, ep) == rank]
+    assert res.num_local_experts == len(local)
+    off = 0
+    for j, e in enumerate(local):
+        rows = [(src, t, s) for src in range(ep) for t, row in enumerate(tokens(src, seed)[0])
+                for s in range(K) if row[s] == e and e not in list(row[:s])]
+        assert res.expert_counts[j] == len(rows) and res.expert_offsets[j] == off
+        for i, (src, t, s) in enumerate(rows):
+            assert (res.expert_ids[off + i], res.expert_src_rank[off + i], res.expert_src_token[off + i],
+                    res.expert_topk_slot[off + i]) == (e, src, t, s)
+            assert np.array_equal(res.expert_payloads[0][off + i], tokens(src, seed)[1][t])
+        off += -(-len(rows) // 8) * 8
+    assert res.expert_rows == off
+    rows = np.zeros((res.expert_rows, H), dtype=np.float32)
+    for i in range(res.expert_rows):
+        if res.expert_src_rank[i] >= 0:
+            rows[i] = res.expert_payloads[0][i] * np.float32(res.expert_ids[i] + 1)
+    out = moe.combine(rows)
+    for t in range(len(ids)):
+        want = np.zeros(H, dtype=np.float32)
+        for q in dests(ids[t], ep):
+            acc = np.zeros(H, dtype=np.float32)
+            for s in range(K):
+                e = int(ids[t, s])
+                if 0 <= e < E and owner(e, ep) == q:
+                    acc = acc + w[t, s] * (x[t] * np.float32(e + 1))
+            want = want + acc
+        assert np.array_equal(out[t], want), (t, out[t][:4], want[:4])
+    moe.close()
+    comm.destroy()
+
+
+@pytest.mark.parametrize("ep", [1, 2, 3])
+def test_expert_major_layout(ep):
+    results = run_ranks(ep, expert_main, 3)
+    assert all(v is None for v in results.values()), results
+
+
 def wire_main(rank, ep, uid):
     comm = moea2a.Comm(ep, rank, uid)
     moe = moea2a.MoE(comm, E, K, CAP, hidden=256, dtype="bf16", wire="fp8-mn", memory="host")
