@@ -7,8 +7,18 @@
 #include "bootstrap.h"
 #include "moe_expert.h"
 
-/* Every rank's rows this call (or -1: out of memory); CAPACITY or NO_MEMORY on every
- * rank when one rank is over its bound or out of memory. */
+/* Whether some rank could be sent more rows than the bound: a bound below the worst
+ * case (the config's default) must be agreed on after each dispatch. */
+static int bound_can_bind(const moea2a_moe_t moe)
+{
+    const moea2a_moe_config_t *c = &moe->cfg;
+    long long el = (long long)moe->l.ex_experts, per = c->top_k < el ? c->top_k : el;
+    return c->max_expert_rows < (long long)moe->comm->nranks * c->max_tokens_per_rank * per +
+                                    el * (c->expert_alignment - 1);
+}
+
+/* Every rank's rows this call (-1: over the bound); CAPACITY on every rank when one
+ * rank is over its bound. */
 static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
 {
     moea2a_comm_t comm = moe->comm;
@@ -18,10 +28,7 @@ static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
     all[comm->rank] = mine;
     moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(int64_t));
     for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
-        if (all[q] == -2)
-            r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: rank %d ran out of memory building the "
-                                                      "expert-major layout", q);
-        else if (all[q] < 0)
+        if (all[q] < 0)
             r = m2a_error(comm, MOEA2A_ERR_CAPACITY,
                           "moea2a_dispatch: rank %d received more expert-major rows (alignment gaps included) than "
                           "max_expert_rows=%lld: raise max_expert_rows (0: the worst case)", q,
@@ -36,7 +43,10 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
     const m2a_moe_layout_t *l = &moe->l;
     int num_local = 0;
     int64_t rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
-    M2A_TRY(agree_rows(moe, rows));
+    /* at the worst-case bound no rank can be over it: no round trip for the agreement */
+    if (bound_can_bind(moe)) M2A_TRY(agree_rows(moe, rows));
+    else if (rows < 0)
+        return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: expert-major rows over the worst case");
     if (!result) return MOEA2A_SUCCESS;
     /* the fields sit past what a caller built against an earlier header has */
     moea2a_dispatch_result_t full;

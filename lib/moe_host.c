@@ -244,8 +244,7 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
     int32_t *xrank = (int32_t *)(ws + l->ex_src_rank), *xtok = (int32_t *)(ws + l->ex_src_token);
     int32_t *xslot = (int32_t *)(ws + l->ex_slot);
     float *xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
-    int32_t *local_of = malloc(sizeof(int32_t) * (size_t)r->num_experts), el = 0, k = r->k;
-    if (!local_of) return -2;
+    int32_t *local_of = (int32_t *)(ws + l->ex_scratch), el = 0, k = r->k;
     for (int e = 0; e < r->num_experts; e++) local_of[e] = r->owner[e] == r->me ? el++ : -1;
     *num_local = el;
     /* counts, then aligned offsets */
@@ -261,18 +260,11 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
     const int64_t align = c->expert_alignment;
     int64_t total = 0;
     for (int j = 0; j < el; j++) total += (ecount[j] + align - 1) / align * align;
-    if (total > (int64_t)l->ex_rows) {
-        free(local_of);
-        return -1;
-    }
+    if (total > (int64_t)l->ex_rows) return -1;
     eoff[0] = 0;
     for (int j = 0; j < el; j++) eoff[j + 1] = eoff[j] + (int32_t)((ecount[j] + align - 1) / align * align);
     /* the rows, in ascending (source rank, source token) order within each expert */
-    int32_t *cursor = malloc(sizeof(int32_t) * (size_t)(el + 1));
-    if (!cursor) {
-        free(local_of);
-        return -2;
-    }
+    int32_t *cursor = local_of + r->num_experts;
     memcpy(cursor, eoff, sizeof(int32_t) * (size_t)el);
     for (int src = 0; src < r->ep; src++)
         for (int i = 0; i < counts[src]; i++) {
@@ -303,7 +295,6 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
             for (int a = 0; (c->flags & MOEA2A_MOE_ZERO_PADDING) && a < c->num_payloads; a++)
                 memset(ws + l->ex_payload[a] + (size_t)row * l->row_bytes[a], 0, l->row_bytes[a]);
         }
-    free(local_of), free(cursor);
     return total;
 }
 

@@ -72,8 +72,8 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
  * in ws at this stride: per local expert (ascending global id) its rows in ascending
  * (source rank, source token) order from an offset aligned to expert_alignment, the
  * per-row arrays, and the map from (slot, top-k slot) to row that the combine folds
- * back by. Returns the rows used, padding included; -1 over l->ex_rows (no row
- * written), -2 out of memory. *num_local: this rank's experts. */
+ * back by. Returns the rows used, padding included, or -1 over l->ex_rows (no row
+ * written). *num_local: this rank's experts. */
 int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *c, const m2a_moe_layout_t *l,
                                int stride, unsigned char *ws, int *num_local);
 /* The expert side's rows ([rows][hidden] of combine_dtype) folded into each valid

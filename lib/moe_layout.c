@@ -278,6 +278,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
         l->ex_map = take(&at, 4 * n * cap * k); /* (slot, top-k slot) -> row, -1 */
         l->ex_counts = take(&at, 4 * el);
         l->ex_offsets = take(&at, 4 * (el + 1));
+        l->ex_scratch = take(&at, 4 * (size_t)c->num_experts + 4 * (el + 1)); /* expert -> local index; cursors */
         for (int i = 0; i < c->num_payloads; i++) l->ex_payload[i] = take(&at, R * l->row_bytes[i]);
         l->ex_ids = take(&at, 4 * R);
         l->ex_src_rank = take(&at, 4 * R);

@@ -72,9 +72,10 @@ typedef struct {
     size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
     /* the expert-major layout (else 0): ex_rows rows (max_expert_rows), ex_experts the
      * most experts a rank holds; the map from (slot, top-k slot) to row, per-expert
-     * counts and offsets, rows of each payload, per-row ids, source rank, source token,
+     * counts and offsets, the expansion's scratch (expert -> local index, cursors), rows
+     * of each payload, per-row ids, source rank, source token,
      * top-k slot [, weight], and the combine rows the expert side writes */
-    size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_scratch, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;
