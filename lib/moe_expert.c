@@ -1,7 +1,6 @@
 /* The expert-major layout around the backends (moe_expert.h). The arithmetic is the
  * host reference's (moe_host.c); this file orders it, agrees on capacity and fills the
  * result. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "bootstrap.h"
@@ -11,10 +10,7 @@
  * case (the config's default) must be agreed on after each dispatch. */
 static int bound_can_bind(const moea2a_moe_t moe)
 {
-    const moea2a_moe_config_t *c = &moe->cfg;
-    long long el = (long long)moe->l.ex_experts, per = c->top_k < el ? c->top_k : el;
-    return c->max_expert_rows < (long long)moe->comm->nranks * c->max_tokens_per_rank * per +
-                                    el * (c->expert_alignment - 1);
+    return moe->cfg.max_expert_rows < m2a_moe_expert_worst_rows(&moe->cfg, moe->comm->nranks);
 }
 
 /* Every rank's rows this call (-1: over the bound); CAPACITY on every rank when one
@@ -23,8 +19,8 @@ static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
 {
     moea2a_comm_t comm = moe->comm;
     int n = comm->nranks;
-    int64_t *all = calloc((size_t)n, sizeof(int64_t));
-    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
+    int64_t *all = (int64_t *)(moe->ws + moe->l.ex_scratch); /* the scratch's first words (moe_layout.h) */
+    memset(all, 0, sizeof(int64_t) * (size_t)n);
     all[comm->rank] = mine;
     moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(int64_t));
     for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
@@ -34,7 +30,6 @@ static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
                           "max_expert_rows=%lld: raise max_expert_rows (0: the worst case)", q,
                           (long long)moe->cfg.max_expert_rows);
     }
-    free(all);
     return r;
 }
 

@@ -104,6 +104,12 @@ int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep)
     return most;
 }
 
+long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep)
+{
+    int el = m2a_moe_max_local_experts(c, ep), per = c->top_k < el ? c->top_k : el;
+    return (long long)ep * c->max_tokens_per_rank * per + (long long)el * (c->expert_alignment - 1);
+}
+
 /* The expert-major layout's settings, after placement and flags are checked: its bound
  * on rows (0: the worst case, ep x cap x min(k, local experts) pairs plus each
  * expert's alignment gap) resolved into out. */
@@ -129,8 +135,7 @@ static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config
             return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                              "%s: the expert-major layout does not take payloads quantized on dispatch (wire[%d]) in "
                              "this release", fn, i);
-    int el = m2a_moe_max_local_experts(c, ep), per = c->top_k < el ? c->top_k : el;
-    long long worst = (long long)ep * c->max_tokens_per_rank * per + (long long)el * (c->expert_alignment - 1);
+    long long worst = m2a_moe_expert_worst_rows(c, ep);
     M2A_CHECK_ARG(comm, c->max_expert_rows >= 0, "%s: max_expert_rows=%lld is negative", fn,
                   (long long)c->max_expert_rows);
     if (c->max_expert_rows == 0 || c->max_expert_rows > worst) c->max_expert_rows = worst;
@@ -278,7 +283,8 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
         l->ex_map = take(&at, 4 * n * cap * k); /* (slot, top-k slot) -> row, -1 */
         l->ex_counts = take(&at, 4 * el);
         l->ex_offsets = take(&at, 4 * (el + 1));
-        l->ex_scratch = take(&at, 4 * (size_t)c->num_experts + 4 * (el + 1)); /* expert -> local index; cursors */
+        /* every rank's row count (the bound's agreement), expert -> local index, cursors */
+        l->ex_scratch = take(&at, 4 * (size_t)c->num_experts + 4 * (el + 1) + 8 * n);
         for (int i = 0; i < c->num_payloads; i++) l->ex_payload[i] = take(&at, R * l->row_bytes[i]);
         l->ex_ids = take(&at, 4 * R);
         l->ex_src_rank = take(&at, 4 * R);

@@ -72,8 +72,8 @@ typedef struct {
     size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
     /* the expert-major layout (else 0): ex_rows rows (max_expert_rows), ex_experts the
      * most experts a rank holds; the map from (slot, top-k slot) to row, per-expert
-     * counts and offsets, the expansion's scratch (expert -> local index, cursors), rows
-     * of each payload, per-row ids, source rank, source token,
+     * counts and offsets, scratch (every rank's row count as int64 [ep], expert ->
+     * local index [E], cursors [experts + 1]), rows of each payload, per-row ids, source rank, source token,
      * top-k slot [, weight], and the combine rows the expert side writes */
     size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_scratch, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
@@ -88,6 +88,9 @@ size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t
 
 /* The most experts one of ep ranks holds under the config's placement. */
 int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep);
+/* The expert-major rows no rank can exceed: ep x cap x min(k, most local experts) pairs
+ * plus each of those experts' alignment gap (the config's alignment resolved). */
+long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep);
 /* Checks a caller's config (size/version, ranges, overflow) for ep ranks and copies
  * it into *out with defaults applied. */
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,

@@ -333,7 +333,7 @@ static int checks_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
                 moea2a_last_error(comm));
     /* the formula: R = ep cap min(k, local experts) + local experts (alignment - 1) */
     size_t el = (size_t)(10 + ep - 1) / (size_t)ep, R = (size_t)ep * 16 * 3 + el * 7;
-    size_t want = A(4 * (size_t)ep * 16 * 3) + A(4 * el) + A(4 * (el + 1)) + A(4 * 10 + 4 * (el + 1)) +
+    size_t want = A(4 * (size_t)ep * 16 * 3) + A(4 * el) + A(4 * (el + 1)) + A(4 * 10 + 4 * (el + 1) + 8 * (size_t)ep) +
                   A(R * 2 * ELEMS) + 5 * A(4 * R) + A(R * 32 * 2);
     RANK_EXPECT(fails, me, sz.expert_bytes == want, "expert_bytes %zu, the formula says %zu", sz.expert_bytes, want);
     m = config_of(&c), m.expert_alignment = 2000;
