@@ -339,7 +339,8 @@ typedef struct {
      * of payload i), expert_ids (the global expert id; invalid_expert_id on padding rows),
      * expert_src_rank, expert_src_token, expert_topk_slot (the token's first top-k slot
      * naming the expert) and expert_weights (that slot's router weight; NULL without
-     * MOEA2A_MOE_CARRY_WEIGHTS). The rank-major arrays above are delivered too. */
+     * MOEA2A_MOE_CARRY_WEIGHTS); padding rows: source rank, token and slot -1, weight 0.
+     * The rank-major arrays above are delivered too. */
     int num_local_experts;
     const int32_t *expert_counts;  /* [num_local_experts] */
     const int32_t *expert_offsets; /* [num_local_experts + 1] */
