@@ -298,25 +298,32 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
     return total;
 }
 
-/* Products rounded to fp32 before each add: GCC would otherwise contract them into
- * fused multiply-adds where the target has them, and the bits would differ from the
- * devices'. */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("fp-contract=off")))
-#endif
+/* Products rounded to fp32 before each add (the library builds with -ffp-contract=off:
+ * configure.ac), as the devices and moea2a_moe(3) round them. */
 static void add_weighted(moea2a_datatype_t dt, const unsigned char *row, size_t hidden, float w, float *acc)
 {
-    for (size_t h = 0; h < hidden; h++) {
-        float x;
-        if (dt == MOEA2A_FLOAT32) {
+    /* a loop per dtype, so that the compiler can vectorize each */
+    if (dt == MOEA2A_FLOAT32) {
+        for (size_t h = 0; h < hidden; h++) {
+            float x;
             memcpy(&x, row + 4 * h, 4);
-        } else {
+            float p = w * x;
+            acc[h] += p;
+        }
+    } else if (dt == MOEA2A_BFLOAT16) {
+        for (size_t h = 0; h < hidden; h++) {
             uint16_t v;
             memcpy(&v, row + 2 * h, 2);
-            x = dt == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(v) : m2a_f16_to_f32(v);
+            float p = w * m2a_bf16_to_f32(v);
+            acc[h] += p;
         }
-        float p = w * x;
-        acc[h] += p;
+    } else {
+        for (size_t h = 0; h < hidden; h++) {
+            uint16_t v;
+            memcpy(&v, row + 2 * h, 2);
+            float p = w * m2a_f16_to_f32(v);
+            acc[h] += p;
+        }
     }
 }
 

@@ -380,6 +380,34 @@ typedef struct {
 
 static const char *row_tag = ""; /* "rank-": the rank-major rows printed next to --layout expert's */
 
+/* --layout expert: what the expert-major run of a size measured, for the line that sets
+ * it against the rank-major run of the same size (issue's bound: rank-major time + 1.25 x
+ * the extra local bytes / the copy bandwidth measured in the same run) */
+static struct {
+    double td, tc, extra_d, extra_c, rows, pairs, recv;
+} expert_run;
+
+/* Host memory's copy bandwidth on this rank (GB/s): the best of a few memcpy of 64 MiB. */
+static double host_copy_gbs(void)
+{
+    size_t bytes = (size_t)64 << 20;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    double best = 0;
+    if (!a || !b) {
+        free(a), free(b);
+        return 0;
+    }
+    memset(a, 1, bytes), memset(b, 2, bytes);
+    for (int i = 0; i < 5; i++) {
+        double t0 = perf_now();
+        memcpy(b, a, bytes);
+        double t = perf_now() - t0;
+        if (t > 0 && 2.0 * (double)bytes / t / 1e9 > best) best = 2.0 * (double)bytes / t / 1e9; /* read + write */
+    }
+    free(a), free(b);
+    return best;
+}
+
 static void print_row(int T, const char *op_in, double bytes, double remote, double t, double vs, const char *wrong)
 {
     char ratio[16] = "", op[40];
@@ -592,6 +620,21 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     }
     if (m->cuda) perf_download(m, &self_rows, d.recv_counts + rank, 4);
     else self_rows = d.recv_counts[rank];
+    if (o->expert_align) { /* the (token, expert) rows written and read once more with their per-row
+                              arrays; in the combine, read and folded into the received tokens' rows */
+        double rows = (double)d.expert_rows, recv = (double)d.total_recv, pairs = 0, tmp2;
+        int32_t *cnt = malloc(4 * (size_t)(d.num_local_experts + 1));
+        if (!cnt) FAIL("rank %d: out of memory\n", rank);
+        perf_download(m, cnt, d.expert_counts, 4 * (size_t)d.num_local_experts);
+        for (int j = 0; j < d.num_local_experts; j++) pairs += cnt[j];
+        free(cnt);
+        TRY(perf_reduce(comm, 0, rows, &tmp2, &expert_run.rows));
+        TRY(perf_reduce(comm, 0, pairs, &tmp2, &expert_run.pairs));
+        TRY(perf_reduce(comm, 0, recv, &tmp2, &expert_run.recv));
+        expert_run.rows /= ep, expert_run.pairs /= ep, expert_run.recv /= ep;
+        expert_run.extra_d = 2.0 * expert_run.pairs * ((double)b.row + 20.0);
+        expert_run.extra_c = expert_run.pairs * (double)b.crow + expert_run.recv * (double)b.crow;
+    }
     r.bytes_d = (double)d.sent_rows * (double)total_row;
     r.remote_d = (double)(d.sent_rows - self_rows) * (double)total_row;
     r.bytes_c = (double)d.total_recv * (double)b.crow;
@@ -681,6 +724,21 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
                    T, c ? "after both halves" : "between the halves", (sd + sc) * 1e6, gemm * 1e6, r.gemm_m, r.gemm_sms,
                    (sd + sc + 2 * gemm) * 1e6, ovl[c] * 1e6, 100.0 * (sd + sc + 2 * gemm - ovl[c]) / (sd + sc));
         if (qd > 0) print_row(T, "q+dispatch", bytes_d, remote_d, qd, 0, "");
+        if (o->expert_align) { /* kept for the rank-major run of this size, which follows */
+            expert_run.td = td, expert_run.tc = tc;
+        } else if (*row_tag && expert_run.td > 0) {
+            double bw = m->cuda ? 0 : host_copy_gbs();
+            if (bw > 0)
+                printf("#   expert-major %d tokens: %.0f rows per rank with the alignment gaps, %.0f (token, expert) "
+                       "rows (%.2f per received token); extra local bytes dispatch %.0f, combine %.0f; copy %.1f "
+                       "GB/s; dispatch %.2f us against rank-major + 1.25 x extra / copy = %.2f us, combine %.2f us "
+                       "against %.2f us\n",
+                       T, expert_run.rows, expert_run.pairs, expert_run.recv > 0 ? expert_run.pairs / expert_run.recv : 0.0,
+                       expert_run.extra_d, expert_run.extra_c, bw, expert_run.td * 1e6,
+                       (td + 1.25 * expert_run.extra_d / (bw * 1e9)) * 1e6, expert_run.tc * 1e6,
+                       (tc + 1.25 * expert_run.extra_c / (bw * 1e9)) * 1e6);
+            expert_run.td = 0;
+        }
         if (o->baseline) {
             print_row(T, "base-dispatch", bytes_d, remote_d, bd, 0, "");
             print_row(T, "base-combine", bytes_c, remote_c, bc, 0, "");
