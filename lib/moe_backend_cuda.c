@@ -10,7 +10,7 @@
 static void cuda_size(int ep, m2a_moe_backend_size_t *out)
 {
     (void)ep;
-    out->quantized_rows = 1u << MOEA2A_WIRE_FP8 | 1u << MOEA2A_WIRE_NVFP4;
+    out->quantized_rows = 1;
 }
 
 static m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize, m2a_moe_cuda_combine,

@@ -22,7 +22,7 @@ static void nvlink_size(int ep, m2a_moe_backend_size_t *out)
 {
     out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
-    out->quantized_rows = 1u << MOEA2A_WIRE_FP8 | 1u << MOEA2A_WIRE_NVFP4;
+    out->quantized_rows = 1;
 }
 
 /* The CUDA calls go through the CUDA module: nvlink_alloc loads it (m2a_moe_cuda_begin)

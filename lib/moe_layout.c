@@ -263,7 +263,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
             } else if (w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR) { /* [ep][scale words][cap rounded up to 4] */
                 l->wire_final[i] = take(&at, n * l->wire_scale_row[i] * ((cap + 3) / 4 * 4));
             }
-            if (backend->quantized_rows & (1u << w->format)) { /* this rank's tokens quantized, then sent as bytes */
+            if (backend->quantized_rows) { /* this rank's tokens quantized, then sent as bytes */
                 l->send_codes[i] = take(&at, cap * l->row_bytes[i]);
                 l->send_scales[i] = take(&at, cap * l->wire_scale_row[i]);
                 if (w->format == MOEA2A_WIRE_NVFP4) l->send_global[i] = take(&at, cap * 4);

@@ -66,7 +66,7 @@ typedef struct {
     size_t wire_scale_row[MOEA2A_MOE_MAX_PAYLOADS], wire_scales[MOEA2A_MOE_MAX_PAYLOADS];
     size_t wire_global_rows[MOEA2A_MOE_MAX_PAYLOADS], wire_global[MOEA2A_MOE_MAX_PAYLOADS];
     size_t wire_final[MOEA2A_MOE_MAX_PAYLOADS];
-    /* formats a backend quantizes before sending (quantized_rows): this rank's tokens
+    /* backends that quantize before sending (quantized_rows): this rank's tokens
      * quantized, [cap][code row], [cap][scale row], NVFP4 [cap][4] (else 0) */
     size_t send_codes[MOEA2A_MOE_MAX_PAYLOADS], send_scales[MOEA2A_MOE_MAX_PAYLOADS];
     size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
@@ -96,13 +96,12 @@ long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep);
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out);
 /* What a backend adds to the workspace formula: its control regions (in the aux part
- * of the workspace), its share of the pinned host mirror, and the wire formats it
- * quantizes into the workspace before sending (bit 1 << moea2a_wire_format_t: the
- * sender's rows of the formula, for CUDA kernels that then copy codes and scales as
- * bytes). */
+ * of the workspace), its share of the pinned host mirror, and whether it quantizes
+ * payloads sent quantized into the workspace before sending (the sender's rows of the
+ * formula, for CUDA kernels that then copy codes and scales as bytes). */
 typedef struct {
     size_t ctl_bytes, pinned_bytes;
-    unsigned quantized_rows;
+    int quantized_rows;
 } m2a_moe_backend_size_t;
 
 /* backend: what the context's backend adds (m2a_moe_backend_t.size). */
