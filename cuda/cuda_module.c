@@ -48,6 +48,13 @@ static int set_async(void *ptr, int value, size_t bytes, void *stream)
 static int device_synchronize(void) { return (int)cudaDeviceSynchronize(); }
 static int stream_query(void *stream) { return (int)cudaStreamQuery((cudaStream_t)stream); }
 static int stream_synchronize(void *stream) { return (int)cudaStreamSynchronize((cudaStream_t)stream); }
+static int stream_capturing(void *stream, int *capturing)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    int rc = (int)cudaStreamIsCapturing((cudaStream_t)stream, &st);
+    *capturing = st == cudaStreamCaptureStatusActive;
+    return rc;
+}
 
 #ifdef M2A_FAST_PROFILE
 #define PROFILE_REPORT m2a_fast_profile_report
@@ -77,6 +84,7 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .device_synchronize = device_synchronize,
     .stream_query = stream_query,
     .stream_synchronize = stream_synchronize,
+    .stream_capturing = stream_capturing,
     .route = m2a_cuda_route,
     .pack = m2a_cuda_pack,
     .sanitize = m2a_cuda_sanitize,
@@ -92,4 +100,6 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .fp8_dequantize = m2a_cuda_fp8_dequantize,
     .wire_finish = m2a_cuda_wire_finish,
     .wire_fill = m2a_cuda_wire_fill,
+    .expert_expand = m2a_cuda_expert_expand,
+    .expert_fold = m2a_cuda_expert_fold,
 };

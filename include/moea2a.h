@@ -216,6 +216,7 @@ typedef enum {
 #define MOEA2A_MOE_NO_NVLINK (1u << 3)         /* never the load/store (NVLink) path */
 #define MOEA2A_MOE_WEIGHTED_COMBINE (1u << 4)  /* expert-major: combine multiplies rows by router weights */
 #define MOEA2A_MOE_ZERO_PADDING (1u << 5)      /* expert-major: alignment padding rows' payloads written 0 */
+#define MOEA2A_MOE_HOST_EXPERT_COUNTS (1u << 6) /* expert-major, CUDA memory: counts and offsets copied to the host too */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */
@@ -340,7 +341,10 @@ typedef struct {
      * expert_src_rank, expert_src_token, expert_topk_slot (the token's first top-k slot
      * naming the expert) and expert_weights (that slot's router weight; NULL without
      * MOEA2A_MOE_CARRY_WEIGHTS); padding rows: source rank, token and slot -1, weight 0.
-     * The rank-major arrays above are delivered too. */
+     * The rank-major arrays above are delivered too. On CUDA memory the layout is
+     * built on the stream: expert_rows is -1 there unless the host waited for it
+     * (max_expert_rows below the worst case, whose agreement waits), and
+     * expert_offsets[num_local_experts] on the device always holds it. */
     int num_local_experts;
     const int32_t *expert_counts;  /* [num_local_experts] */
     const int32_t *expert_offsets; /* [num_local_experts + 1] */
@@ -348,6 +352,11 @@ typedef struct {
     void *expert_payloads[MOEA2A_MOE_MAX_PAYLOADS];
     const int32_t *expert_ids, *expert_src_rank, *expert_src_token, *expert_topk_slot;
     const float *expert_weights;
+    /* The counts and offsets in host memory: with MOEA2A_MOE_HOST_EXPERT_COUNTS on CUDA
+     * memory, pinned copies made on the stream (read them once the stream has passed
+     * the dispatch, e.g. after cudaStreamSynchronize); on host memory, expert_counts
+     * and expert_offsets themselves; NULL otherwise. */
+    const int32_t *expert_counts_host, *expert_offsets_host;
 } moea2a_dispatch_result_t;
 
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }

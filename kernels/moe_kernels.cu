@@ -3,10 +3,12 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
-#include "convert.h"
+#include "elem.cuh"
 #include "moe_kernels.h"
 
 namespace {
+
+using m2a_elem::Elem;
 
 constexpr int kScanThreads = 512;
 
@@ -138,26 +140,6 @@ __global__ void sanitize(m2a_kparams_t p, int stride, const int32_t *__restrict_
         }
     }
 }
-
-template <moea2a_datatype_t DT> struct Elem;
-template <> struct Elem<MOEA2A_FLOAT32> {
-    static __device__ float load(const unsigned char *r, size_t h) { return reinterpret_cast<const float *>(r)[h]; }
-    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<float *>(r)[h] = v; }
-    static __device__ float round(float v) { return v; }
-    static constexpr size_t size = 4;
-};
-template <> struct Elem<MOEA2A_BFLOAT16> {
-    static __device__ float load(const unsigned char *r, size_t h) { return m2a_bf16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
-    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_bf16(v); }
-    static __device__ float round(float v) { return m2a_bf16_to_f32(m2a_f32_to_bf16(v)); }
-    static constexpr size_t size = 2;
-};
-template <> struct Elem<MOEA2A_FLOAT16> {
-    static __device__ float load(const unsigned char *r, size_t h) { return m2a_f16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
-    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_f16(v); }
-    static __device__ float round(float v) { return m2a_f16_to_f32(m2a_f32_to_f16(v)); }
-    static constexpr size_t size = 2;
-};
 
 constexpr int kMaxDest = 64; /* destinations per token kept in shared memory */
 

@@ -18,9 +18,10 @@
 #include "fp8_kernels.h"
 #include "moe_fast.h"
 #include "moe_kernels.h"
+#include "expert_kernels.h"
 #include "wire_kernels.h"
 
-#define MOEA2A_CUDA_ABI_VERSION 1
+#define MOEA2A_CUDA_ABI_VERSION 2 /* 2: the expert-major layout's kernels */
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -56,6 +57,8 @@ typedef struct moea2a_cuda_v1 {
     /* 0 when the stream's work is done, M2A_CUDA_NOT_READY while it runs, else an error. */
     int (*stream_query)(void *stream);
     int (*stream_synchronize)(void *stream);
+    /* *capturing = 1 while the stream is being captured into a graph */
+    int (*stream_capturing)(void *stream, int *capturing);
 
     /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h, fp8_kernels.h, wire_kernels.h). */
     int (*route)(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
@@ -86,5 +89,9 @@ typedef struct moea2a_cuda_v1 {
     /* quantize on dispatch (kernels/wire_kernels.h) */
     int (*wire_finish)(const m2a_kwire_t *w, int ep, int stride, const int32_t *counts, void *stream);
     int (*wire_fill)(float *dst, size_t n, void *stream);
+    /* the expert-major layout (kernels/expert_kernels.h) */
+    int (*expert_expand)(const m2a_kexpert_t *x, int stride, void *stream);
+    int (*expert_fold)(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden, int weighted,
+                       const unsigned char *rows, unsigned char *combine, void *stream);
 } moea2a_cuda_v1_t;
 #endif

@@ -39,17 +39,6 @@ static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const
     m2a_moe_layout(cfg, ep, staged, &bs, l);
 }
 
-/* The expert-major layout is built on the host in this release: CUDA contexts that ask
- * for it get a clear refusal rather than rank-major rows. */
-static moea2a_result_t expert_layout_supported(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
-{
-    if (cuda && c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR)
-        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                         "moea2a_moe: layout=MOEA2A_LAYOUT_EXPERT_MAJOR runs on host memory in this release, not yet "
-                         "on CUDA memory");
-    return MOEA2A_SUCCESS;
-}
-
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
 {
     int ep = comm->nranks;
@@ -65,7 +54,6 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
     if (!m2a_transport_for(comm, MOEA2A_MEM_HOST))
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_moe: the MoE headers need a host-memory transport (ucx)");
     p->cuda = mem == MOEA2A_MEMORY_CUDA;
-    M2A_TRY(expert_layout_supported(comm, &p->cfg, p->cuda));
     M2A_TRY(m2a_topo_load(NULL, &p->topo));
     /* Placement (GPU, NUMA node, memory shared) follows the real host, whatever nodes
      * the communicator's node map emulates; whether a peer is local follows the map. */
@@ -130,7 +118,6 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         int cuda = mem == MOEA2A_MEMORY_CUDA || (mem == MOEA2A_MEMORY_AUTO && topo->ngpus > 0);
         if (cuda && topo->ngpus == 0)
             r = m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: CUDA memory asked for, but the topology has no GPU", fn);
-        if (r == MOEA2A_SUCCESS) r = expert_layout_supported(NULL, &cfg, cuda);
         for (int p = 0; p < layout->ep; p++) {
             node[p] = p / rpn;
             gpu[p] = m2a_topo_place(topo, p % rpn, rpn, cuda).gpu;
@@ -397,7 +384,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     if (mine == MOEA2A_SUCCESS) mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, result, M2A_MOE_BOTH, stream));
-    if (m2a_moe_expert_major(moe)) M2A_TRY(m2a_moe_expert_dispatch(moe, result)); /* a failure leaves it idle */
+    if (m2a_moe_expert_major(moe)) M2A_TRY(m2a_moe_expert_dispatch(moe, result, stream)); /* a failure leaves it idle */
     moe->step = M2A_MOE_DISPATCHED;
     return MOEA2A_SUCCESS;
 }
@@ -422,7 +409,7 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
     M2A_TRY(check_result_arg(moe->comm, fn, result));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));
     if (m2a_moe_expert_major(moe)) {
-        moea2a_result_t r = m2a_moe_expert_dispatch(moe, result);
+        moea2a_result_t r = m2a_moe_expert_dispatch(moe, result, stream);
         if (r != MOEA2A_SUCCESS) { /* on every rank: this dispatch is over, the next may come */
             moe->step = M2A_MOE_IDLE;
             return r;
@@ -459,7 +446,7 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     moea2a_result_t mine = check_combine_out(moe, fn, out);
     if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
     if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
-        mine = m2a_moe_expert_combine(moe, expert_out), expert_out = NULL;
+        mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, out, M2A_MOE_BOTH, stream));
     moe->step = M2A_MOE_IDLE;
     return MOEA2A_SUCCESS;
@@ -471,7 +458,7 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
     if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
-        mine = m2a_moe_expert_combine(moe, expert_out), expert_out = NULL;
+        mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, NULL, M2A_MOE_SEND, stream));
     moe->step = M2A_MOE_COMBINE_SENT;
     return MOEA2A_SUCCESS;

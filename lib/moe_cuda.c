@@ -67,6 +67,20 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
 }
 
+/* The expert-major kernels' fixed table: each expert's index among this rank's, -1
+ * for another rank's (the host reference builds the same one per call). */
+static moea2a_result_t expert_tables(moea2a_moe_t moe)
+{
+    int E = moe->cfg.num_experts, el = 0;
+    int32_t *local_of = malloc(sizeof(int32_t) * (size_t)E);
+    if (!local_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    for (int e = 0; e < E; e++) local_of[e] = moe->h_owner[e] == moe->comm->rank ? el++ : -1;
+    int rc = OPS->copy(moe->ws + moe->l.ex_local_of, local_of, 4 * (size_t)E, M2A_CUDA_H2D);
+    free(local_of);
+    CU(moe->comm, rc);
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe)
 {
     moea2a_comm_t comm = moe->comm;
@@ -100,6 +114,7 @@ moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
     CU(comm, OPS->copy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->copy(moe->ws + l->node, moe->comm->nodes.node, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->set(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));
+    if (moe->cfg.layout == MOEA2A_LAYOUT_EXPERT_MAJOR) M2A_TRY(expert_tables(moe));
     CU(comm, OPS->sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
                                             (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));
     CU(comm, OPS->device_synchronize());
@@ -157,7 +172,7 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
     const m2a_moe_layout_t *l = &moe->l;
     void *s = stream;
     unsigned long long *stats = (unsigned long long *)(moe->ws + l->stats);
-    unsigned long long *h_stats = (unsigned long long *)(moe->pinned + l->pinned - m2a_align(16));
+    unsigned long long *h_stats = (unsigned long long *)(moe->pinned + l->pinned_stats);
     CU(comm, OPS->set_async(stats, 0, 16, s));
     CU(comm, OPS->route(moe->kparams, n, ids, (int32_t *)(moe->ws + l->send_counts),
                                          (int32_t *)(moe->ws + l->send_map), stats, s));
@@ -269,4 +284,74 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
 void m2a_moe_cuda_wait(void *stream)
 {
     (void)OPS->stream_synchronize(stream);
+}
+
+/* The expert-major kernels' view of the workspace. */
+static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    const moea2a_moe_config_t *c = &moe->cfg;
+    unsigned char *ws = moe->ws;
+    memset(x, 0, sizeof(*x));
+    x->ep = moe->comm->nranks, x->k = c->top_k, x->num_experts = c->num_experts, x->num_local = num_local;
+    x->num_payloads = c->num_payloads, x->align = c->expert_alignment;
+    x->zero_padding = (c->flags & MOEA2A_MOE_ZERO_PADDING) != 0;
+    x->invalid_id = c->invalid_expert_id, x->max_rows = (int64_t)l->ex_rows;
+    x->recv_counts = (const int32_t *)(ws + l->recv_counts);
+    x->ids = (const int32_t *)(ws + l->ids), x->src_index = (const int32_t *)(ws + l->src_index);
+    x->weights = l->weights ? (const float *)(ws + l->weights) : NULL;
+    x->local_of = (const int32_t *)(ws + l->ex_local_of);
+    x->part_counts = (int32_t *)(ws + l->ex_parts);
+    x->counts = (int32_t *)(ws + l->ex_counts), x->offsets = (int32_t *)(ws + l->ex_offsets);
+    x->rows = (int64_t *)(ws + l->ex_used);
+    x->map = (int32_t *)(ws + l->ex_map);
+    x->xid = (int32_t *)(ws + l->ex_ids), x->xrank = (int32_t *)(ws + l->ex_src_rank);
+    x->xtok = (int32_t *)(ws + l->ex_src_token), x->xslot = (int32_t *)(ws + l->ex_slot);
+    x->xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
+    for (int i = 0; i < c->num_payloads; i++)
+        x->payload[i] = ws + l->payload[i], x->ex_payload[i] = ws + l->ex_payload[i], x->row_bytes[i] = l->row_bytes[i];
+}
+
+_Static_assert(M2A_EXPERT_MAX_PARTS == M2A_EXPERT_PARTS, "the kernels' parts and the layout's differ");
+
+moea2a_result_t m2a_moe_cuda_expert_expand(moea2a_moe_t moe, int num_local, int stride, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    m2a_kexpert_t x;
+    fill_kexpert(moe, num_local, &x);
+    int rc = OPS->expert_expand(&x, stride, stream);
+    if (rc == M2A_CUDA_NOT_SUPPORTED)
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_dispatch: %d local experts: the expert-major kernels take "
+                         "at most 65535", num_local);
+    CU(comm, rc);
+    if (moe->cfg.flags & MOEA2A_MOE_HOST_EXPERT_COUNTS) { /* rows, counts, offsets: one copy each */
+        unsigned char *h = moe->pinned + l->pinned_expert;
+        size_t el = (size_t)num_local;
+        CU(comm, OPS->copy_async(h, moe->ws + l->ex_used, 8, M2A_CUDA_D2H, stream));
+        if (el) CU(comm, OPS->copy_async(h + 8, moe->ws + l->ex_counts, 4 * el, M2A_CUDA_D2H, stream));
+        CU(comm, OPS->copy_async(h + 8 + 4 * l->ex_experts, moe->ws + l->ex_offsets, 4 * (el + 1), M2A_CUDA_D2H, stream));
+    }
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t *rows, int *capturing)
+{
+    *capturing = 0;
+    CU(moe->comm, OPS->stream_capturing(stream, capturing));
+    if (*capturing) return MOEA2A_SUCCESS;
+    M2A_TRY(bounded_sync(moe, stream, "moea2a_dispatch (expert-major rows)"));
+    CU(moe->comm, OPS->copy(rows, moe->ws + moe->l.ex_used, 8, M2A_CUDA_D2H));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    m2a_kexpert_t x;
+    fill_kexpert(moe, num_local, &x);
+    CU(moe->comm, OPS->expert_fold(&x, moe->stride, moe->cfg.combine_dtype, moe->cfg.hidden,
+                                   (moe->cfg.flags & MOEA2A_MOE_WEIGHTED_COMBINE) != 0, rows, moe->ws + l->combine,
+                                   stream));
+    return MOEA2A_SUCCESS;
 }

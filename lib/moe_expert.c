@@ -1,9 +1,12 @@
 /* The expert-major layout around the backends (moe_expert.h). The arithmetic is the
- * host reference's (moe_host.c); this file orders it, agrees on capacity and fills the
- * result. */
+ * host reference's (moe_host.c) on host memory and the CUDA kernels' (moe_cuda.h,
+ * kernels/expert_kernels.cu: the same bits) on CUDA memory; this file orders it,
+ * agrees on capacity and fills the result. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "bootstrap.h"
+#include "moe_cuda.h"
 #include "moe_expert.h"
 
 /* Whether some rank could be sent more rows than the bound: a bound below the worst
@@ -13,34 +16,72 @@ static int bound_can_bind(const moea2a_moe_t moe)
     return moe->cfg.max_expert_rows < m2a_moe_expert_worst_rows(&moe->cfg, moe->comm->nranks);
 }
 
-/* Every rank's rows this call (-1: over the bound); CAPACITY on every rank when one
- * rank is over its bound. */
+/* What a rank tells the others about its rows this call (else its row count). */
+enum { ROWS_OVER = -1, ROWS_CAPTURING = -2 };
+
+/* Every rank's rows this call; CAPACITY on every rank when one rank is over its
+ * bound, UNAVAILABLE when one rank's stream is being captured (its rows unknown). */
 static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
 {
     moea2a_comm_t comm = moe->comm;
     int n = comm->nranks;
-    int64_t *all = (int64_t *)(moe->ws + moe->l.ex_scratch); /* the scratch's first words (moe_layout.h) */
-    memset(all, 0, sizeof(int64_t) * (size_t)n);
+    int64_t *all = calloc((size_t)n, sizeof(int64_t)); /* 8 bytes a rank: peers time out if this fails */
+    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
     all[comm->rank] = mine;
     moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(int64_t));
     for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
-        if (all[q] < 0)
+        if (all[q] == ROWS_CAPTURING)
+            r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                          "moea2a_dispatch: rank %d's stream is being captured into a CUDA graph, and max_expert_rows=%lld "
+                          "below the worst case makes the host wait for the rows: capture with max_expert_rows=0",
+                          q, (long long)moe->cfg.max_expert_rows);
+        else if (all[q] < 0)
             r = m2a_error(comm, MOEA2A_ERR_CAPACITY,
                           "moea2a_dispatch: rank %d received more expert-major rows (alignment gaps included) than "
                           "max_expert_rows=%lld: raise max_expert_rows (0: the worst case)", q,
                           (long long)moe->cfg.max_expert_rows);
     }
+    free(all);
     return r;
 }
 
-moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result_t *result)
+/* This rank's experts (ascending global id are its local indexes). */
+static int local_experts(const moea2a_moe_t moe)
+{
+    int el = 0;
+    for (int e = 0; e < moe->cfg.num_experts; e++) el += moe->h_owner[e] == moe->comm->rank;
+    return el;
+}
+
+/* The layout on the stream; the rows only where the agreement needs them (-1: not
+ * known on the host). */
+static moea2a_result_t expand_cuda(moea2a_moe_t moe, int num_local, void *stream, int64_t *rows)
+{
+    *rows = -1;
+    M2A_TRY(m2a_moe_cuda_expert_expand(moe, num_local, moe->stride, stream));
+    if (!bound_can_bind(moe)) return MOEA2A_SUCCESS;
+    int capturing = 0;
+    moea2a_result_t r = m2a_moe_cuda_expert_rows(moe, stream, rows, &capturing);
+    if (r != MOEA2A_SUCCESS) return r;
+    if (capturing) *rows = ROWS_CAPTURING;
+    else if (*rows < 0) *rows = ROWS_OVER;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
-    int num_local = 0;
-    int64_t rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
+    int num_local = local_experts(moe);
+    int64_t rows;
+    if (moe->cuda) {
+        M2A_TRY(expand_cuda(moe, num_local, stream, &rows));
+    } else {
+        rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
+        if (rows < 0) rows = ROWS_OVER;
+    }
     /* at the worst-case bound no rank can be over it: no round trip for the agreement */
     if (bound_can_bind(moe)) M2A_TRY(agree_rows(moe, rows));
-    else if (rows < 0)
+    else if (!moe->cuda && rows < 0)
         return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: expert-major rows over the worst case");
     if (!result) return MOEA2A_SUCCESS;
     /* the fields sit past what a caller built against an earlier header has */
@@ -59,13 +100,21 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
     full.expert_src_token = (const int32_t *)(ws + l->ex_src_token);
     full.expert_topk_slot = (const int32_t *)(ws + l->ex_slot);
     full.expert_weights = l->ex_weights ? (const float *)(ws + l->ex_weights) : NULL;
+    if (!moe->cuda) {
+        full.expert_counts_host = full.expert_counts, full.expert_offsets_host = full.expert_offsets;
+    } else if (moe->cfg.flags & MOEA2A_MOE_HOST_EXPERT_COUNTS) { /* moe_cuda.h: rows, counts, offsets */
+        const unsigned char *h = moe->pinned + l->pinned_expert;
+        full.expert_counts_host = (const int32_t *)(h + 8);
+        full.expert_offsets_host = (const int32_t *)(h + 8 + 4 * l->ex_experts);
+    }
     memcpy(result, &full, have);
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_expert_combine(moea2a_moe_t moe, const void *expert_out)
+moea2a_result_t m2a_moe_expert_combine(moea2a_moe_t moe, const void *expert_out, void *stream)
 {
     const unsigned char *rows = expert_out ? expert_out : moe->ws + moe->l.ex_combine;
+    if (moe->cuda) return m2a_moe_cuda_expert_fold(moe, local_experts(moe), rows, stream);
     if (m2a_host_expert_fold(&moe->route, &moe->cfg, &moe->l, moe->stride, rows, moe->ws))
         return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     return MOEA2A_SUCCESS;

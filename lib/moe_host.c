@@ -244,7 +244,7 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
     int32_t *xrank = (int32_t *)(ws + l->ex_src_rank), *xtok = (int32_t *)(ws + l->ex_src_token);
     int32_t *xslot = (int32_t *)(ws + l->ex_slot);
     float *xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
-    int32_t *local_of = (int32_t *)(ws + l->ex_scratch + 8 * (size_t)r->ep), el = 0, k = r->k; /* moe_layout.h */
+    int32_t *local_of = (int32_t *)(ws + l->ex_local_of), el = 0, k = r->k;
     for (int e = 0; e < r->num_experts; e++) local_of[e] = r->owner[e] == r->me ? el++ : -1;
     *num_local = el;
     /* counts, then aligned offsets */
@@ -264,7 +264,7 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
     eoff[0] = 0;
     for (int j = 0; j < el; j++) eoff[j + 1] = eoff[j] + (int32_t)((ecount[j] + align - 1) / align * align);
     /* the rows, in ascending (source rank, source token) order within each expert */
-    int32_t *cursor = local_of + r->num_experts;
+    int32_t *cursor = (int32_t *)(ws + l->ex_cursors);
     memcpy(cursor, eoff, sizeof(int32_t) * (size_t)el);
     for (int src = 0; src < r->ep; src++)
         for (int i = 0; i < counts[src]; i++) {

@@ -116,12 +116,13 @@ long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep)
 static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config_t *c, int ep)
 {
     static const char fn[] = "moea2a_moe config";
-    const unsigned only = MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING;
+    const unsigned only = MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING | MOEA2A_MOE_HOST_EXPERT_COUNTS;
     M2A_CHECK_ARG(comm, c->layout == MOEA2A_LAYOUT_RANK_MAJOR || c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR,
                   "%s: layout=%d is unknown", fn, (int)c->layout);
     if (c->layout == MOEA2A_LAYOUT_RANK_MAJOR) {
         M2A_CHECK_ARG(comm, !(c->flags & only) && c->expert_alignment == 0 && c->max_expert_rows == 0,
-                      "%s: expert_alignment, max_expert_rows, MOEA2A_MOE_WEIGHTED_COMBINE and MOEA2A_MOE_ZERO_PADDING "
+                      "%s: expert_alignment, max_expert_rows, MOEA2A_MOE_WEIGHTED_COMBINE, MOEA2A_MOE_ZERO_PADDING and "
+                      "MOEA2A_MOE_HOST_EXPERT_COUNTS "
                       "belong to layout=MOEA2A_LAYOUT_EXPERT_MAJOR", fn);
         return MOEA2A_SUCCESS;
     }
@@ -188,7 +189,8 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
                           "%s: expert_to_rank[%d]=%d is not a rank (0..%d)", fn, e, c->expert_to_rank[e], ep - 1);
     }
     M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
-                                       MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING)),
+                                       MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING |
+                                       MOEA2A_MOE_HOST_EXPERT_COUNTS)),
                   "%s: unknown flags 0x%x", fn, c->flags);
     M2A_TRY(check_expert_layout(comm, out, ep));
     /* the load/store path: MOEA2A_NVLINK=0 turns it off; its SM budget */
@@ -283,8 +285,11 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
         l->ex_map = take(&at, 4 * n * cap * k); /* (slot, top-k slot) -> row, -1 */
         l->ex_counts = take(&at, 4 * el);
         l->ex_offsets = take(&at, 4 * (el + 1));
-        /* every rank's row count (the bound's agreement), expert -> local index, cursors */
-        l->ex_scratch = take(&at, 4 * (size_t)c->num_experts + 4 * (el + 1) + 8 * n);
+        /* rows used, expert -> local index, the host's cursors, the device's part counts */
+        l->ex_scratch = at;
+        l->ex_used = at, l->ex_local_of = at + 8, l->ex_cursors = l->ex_local_of + 4 * (size_t)c->num_experts;
+        l->ex_parts = l->ex_cursors + 4 * (el + 1);
+        take(&at, 8 + 4 * (size_t)c->num_experts + 4 * (el + 1) + 4 * M2A_EXPERT_PARTS * el);
         for (int i = 0; i < c->num_payloads; i++) l->ex_payload[i] = take(&at, R * l->row_bytes[i]);
         l->ex_ids = take(&at, 4 * R);
         l->ex_src_rank = take(&at, 4 * R);
@@ -316,8 +321,11 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->stage_recv = take(&s, peers * cap * l->combine_row);
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
-    l->pinned = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2 + m2a_align(16);
+    l->pinned_stats = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;
+    l->pinned = l->pinned_stats + m2a_align(16);
     l->pinned_backend = l->pinned, l->pinned += m2a_align(backend->pinned_bytes); /* e.g. a device error record's copy */
+    if (l->ex_rows) /* the expert-major counts as the host reads them */
+        l->pinned_expert = l->pinned, l->pinned += m2a_align(8 + 4 * l->ex_experts + 4 * (l->ex_experts + 1));
 }
 
 size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride)

@@ -37,6 +37,10 @@ typedef struct {
     int payload;   /* the payload it belongs to (payload, scales, global) */
 } m2a_moe_array_t;
 
+/* The device's expert-major kernels split the slots into at most this many parts
+ * (kernels/expert_kernels.h has the same bound). */
+#define M2A_EXPERT_PARTS 16
+
 /* payloads (as given, or codes + scales [+ global scale] when quantized), ids, weights,
  * source index (the kernels' M2A_K_MAX_ARRAYS is the same bound) */
 #define M2A_MOE_MAX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS + 3)
@@ -56,7 +60,8 @@ typedef struct {
     /* staging: dispatch records to, and records or combine rows from, staged peers */
     size_t stage_send, stage_recv, staging;
     size_t pinned; /* CUDA contexts: host mirror of counts and headers, then the backend's share */
-    size_t pinned_backend;
+    size_t pinned_stats, pinned_backend;
+    size_t pinned_expert; /* expert-major: rows (int64), counts, offsets as the host gets them */
     size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
     size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
     /* quantize on dispatch, per payload sent quantized (else 0): its scales as they
@@ -72,10 +77,13 @@ typedef struct {
     size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
     /* the expert-major layout (else 0): ex_rows rows (max_expert_rows), ex_experts the
      * most experts a rank holds; the map from (slot, top-k slot) to row, per-expert
-     * counts and offsets, scratch (every rank's row count as int64 [ep], expert ->
-     * local index [E], cursors [experts + 1]), rows of each payload, per-row ids, source rank, source token,
-     * top-k slot [, weight], and the combine rows the expert side writes */
-    size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_scratch, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
+     * counts and offsets, one scratch region, rows of each payload, per-row ids, source
+     * rank, source token, top-k slot [, weight], and the combine rows the expert side
+     * writes. The scratch holds, in order: the rows used (int64), expert -> local index
+     * [E], the host's cursors [experts + 1], the device's counts per part of the slots
+     * [M2A_EXPERT_PARTS][experts] */
+    size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t ex_scratch, ex_used, ex_local_of, ex_cursors, ex_parts;
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;

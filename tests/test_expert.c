@@ -10,7 +10,12 @@
  * the split halves of dispatch and combine, the context's expert buffer or the
  * caller's); a bound on expert
  * rows that one rank exceeds (MOEA2A_ERR_CAPACITY on every rank, the next call fine);
- * the config checks; the workspace formula. */
+ * the config checks; the workspace formula. The same cases run on CUDA memory, on the
+ * load/store and the NCCL paths, on as many GPUs as the machine has (one per rank;
+ * SKIP without one), with the layout's counts copied to the host, a binding bound, and
+ * dispatch and combine captured into CUDA graphs and replayed. */
+#include "config.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,18 +24,27 @@
 #include "mix.h"
 #include "moea2a.h"
 #include "tap.h"
+#ifdef MOEA2A_HAVE_CUDA
+#include "gpu_util.h"
+#endif
 
 #define WATCHDOG 300.0
 #define A(x) (((size_t)(x) + 127) / 128 * 128)
-#define ELEMS 6 /* payload 0: bf16 x 6 */
+#define MAX_ELEMS 64 /* payload 0: bf16 x 6 (rows of 12 bytes) or x 64 (16-byte aligned) */
 
 static const int aligns[] = {1, 8, 64, 128};
+
+typedef enum { ON_HOST, ON_NVLINK, ON_NCCL } memory_path_t;
 
 typedef struct {
     int ep, E, k, cap, align, weights, weighted, zero, split, own_buffer, max_rows;
     moea2a_datatype_t cdt;
     size_t hidden;
     uint64_t seed;
+    /* CUDA memory: which path, the counts copied to the host, dispatch and combine
+     * captured into graphs and replayed; payload 0's elements */
+    memory_path_t path;
+    int host_counts, graph, elems;
 } cfg_t;
 
 static int urand(uint64_t *s, int lo, int hi) { return lo + (int)((*s = mix(*s)) % (uint64_t)(hi - lo + 1)); }
@@ -116,12 +130,14 @@ static float get(moea2a_datatype_t dt, const unsigned char *row, size_t h)
 static moea2a_moe_config_t config_of(const cfg_t *c)
 {
     moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
-    m.num_experts = c->E, m.top_k = c->k, m.max_tokens_per_rank = c->cap, m.memory = MOEA2A_MEMORY_HOST;
+    m.num_experts = c->E, m.top_k = c->k, m.max_tokens_per_rank = c->cap;
+    m.memory = c->path == ON_HOST ? MOEA2A_MEMORY_HOST : MOEA2A_MEMORY_CUDA;
     m.num_payloads = 1;
-    m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, ELEMS};
+    m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, (size_t)(c->elems ? c->elems : 6)};
     m.hidden = c->hidden, m.combine_dtype = c->cdt, m.invalid_expert_id = -1;
     m.flags = (c->weights ? MOEA2A_MOE_CARRY_WEIGHTS : 0) | (c->weighted ? MOEA2A_MOE_WEIGHTED_COMBINE : 0) |
-              (c->zero ? MOEA2A_MOE_ZERO_PADDING : 0);
+              (c->zero ? MOEA2A_MOE_ZERO_PADDING : 0) | (c->path == ON_NCCL ? MOEA2A_MOE_NO_NVLINK : 0) |
+              (c->host_counts ? MOEA2A_MOE_HOST_EXPERT_COUNTS : 0);
     m.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, m.expert_alignment = c->align, m.max_expert_rows = c->max_rows;
     return m;
 }
@@ -132,9 +148,135 @@ typedef struct {
     int32_t e;
 } row_t;
 
+/* ---- memory of the context's kind ------------------------------------------------ */
+
+static int on_cuda(const cfg_t *c) { return c->path != ON_HOST; }
+
+/* bytes in the context's memory, a copy of h (NULL: uninitialized) */
+static void *ctx_alloc(const cfg_t *c, const void *h, size_t bytes)
+{
+    void *p = NULL;
+#ifdef MOEA2A_HAVE_CUDA
+    if (on_cuda(c)) {
+        if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) return NULL;
+        if (h && bytes) cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice);
+        return p;
+    }
+#endif
+    (void)c;
+    p = calloc(1, bytes ? bytes : 1);
+    if (p && h && bytes) memcpy(p, h, bytes);
+    return p;
+}
+static void ctx_free(const cfg_t *c, void *p)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (on_cuda(c)) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    (void)c;
+    free(p);
+}
+/* host -> the context's memory, and a host copy of the context's memory (free it) */
+static void ctx_put(const cfg_t *c, void *dst, const void *src, size_t bytes)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (on_cuda(c)) {
+        cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+        return;
+    }
+#endif
+    (void)c;
+    memcpy(dst, src, bytes);
+}
+static void *fetch(const cfg_t *c, const void *p, size_t bytes)
+{
+    void *h = calloc(1, bytes ? bytes : 1);
+    if (!h || !p || !bytes) return h;
+#ifdef MOEA2A_HAVE_CUDA
+    if (on_cuda(c)) {
+        cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost);
+        return h;
+    }
+#endif
+    (void)c;
+    memcpy(h, p, bytes);
+    return h;
+}
+
+/* A dispatch or combine call, as the case makes it: one call or its halves, on the
+ * default stream or captured into a graph that is then launched. */
+typedef struct {
+    int dispatch;
+    int n;
+    const int32_t *ids;
+    const float *w;
+    const void *const *pays;
+    moea2a_dispatch_result_t *r;
+    const void *expert_out;
+    void *out;
+} call_t;
+
+static moea2a_result_t issue(const cfg_t *c, moea2a_moe_t moe, const call_t *a, void *stream)
+{
+    moea2a_result_t rc;
+    if (a->dispatch) {
+        if (!c->split) return moea2a_dispatch(moe, a->n, a->ids, a->w, a->pays, 0, a->r, stream);
+        rc = moea2a_dispatch_send(moe, a->n, a->ids, a->w, a->pays, 0, stream);
+        return rc ? rc : moea2a_dispatch_recv(moe, a->r, stream);
+    }
+    if (!c->split) return moea2a_combine(moe, a->expert_out, a->out, stream);
+    rc = moea2a_combine_send(moe, a->expert_out, stream);
+    return rc ? rc : moea2a_combine_recv(moe, a->out, stream);
+}
+
+static moea2a_result_t run_call(const cfg_t *c, moea2a_moe_t moe, const call_t *a)
+{
+#ifdef MOEA2A_HAVE_CUDA
+    if (c->graph) {
+        cudaStream_t s;
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        if (cudaStreamCreate(&s) != cudaSuccess) return MOEA2A_ERR_CUDA;
+        moea2a_result_t rc = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) ? MOEA2A_ERR_CUDA : 0;
+        if (!rc) rc = issue(c, moe, a, s);
+        if (cudaStreamEndCapture(s, &g) != cudaSuccess && !rc) rc = MOEA2A_ERR_CUDA;
+        if (!rc && cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) rc = MOEA2A_ERR_CUDA;
+        if (!rc && (cudaGraphLaunch(ge, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess))
+            rc = MOEA2A_ERR_CUDA;
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        cudaStreamDestroy(s);
+        return rc;
+    }
+    if (on_cuda(c)) {
+        moea2a_result_t rc = issue(c, moe, a, NULL);
+        return rc ? rc : cudaDeviceSynchronize() != cudaSuccess ? MOEA2A_ERR_CUDA : MOEA2A_SUCCESS;
+    }
+#endif
+    return issue(c, moe, a, NULL);
+}
+
+/* The layout as the host reads it. */
+typedef struct {
+    int32_t *counts, *offsets, *ids, *src, *tok, *slot;
+    float *w;
+    unsigned char *pay;
+    int64_t rows;
+} got_t;
+
+static void got_free(got_t *g)
+{
+    free(g->counts), free(g->offsets), free(g->ids), free(g->src), free(g->tok), free(g->slot), free(g->w);
+    free(g->pay);
+}
+
 static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
 {
-    int fails = 0, ep = c->ep, k = c->k, n = tokens_of(c, me);
+    int fails = 0, ep = c->ep, k = c->k, n = tokens_of(c, me), elems = c->elems ? c->elems : 6;
+    size_t prow = 2 * (size_t)elems;
     moea2a_moe_config_t mc = config_of(c);
     moea2a_moe_t moe;
     if (moea2a_moe_create(&moe, comm, &mc)) {
@@ -143,20 +285,21 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
     }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(c->cap * k + 1));
     float *w = malloc(sizeof(float) * (size_t)(c->cap * k + 1));
-    uint16_t *pay = malloc(2 * (size_t)(c->cap * ELEMS + 1));
+    uint16_t *pay = malloc(prow * (size_t)(c->cap + 1));
     for (int t = 0; t < n; t++) {
         for (int j = 0; j < k; j++) ids[t * k + j] = id_of(c, me, t, j), w[t * k + j] = weight_of(c, me, t, j);
-        for (int h = 0; h < ELEMS; h++) pay[t * ELEMS + h] = pay_of(me, t, h);
+        for (int h = 0; h < elems; h++) pay[t * elems + h] = pay_of(me, t, h);
     }
-    const void *pays[1] = {pay};
+    int32_t *d_ids = ctx_alloc(c, ids, 4 * (size_t)(n * k));
+    float *d_w = ctx_alloc(c, w, 4 * (size_t)(n * k));
+    void *d_pay = ctx_alloc(c, pay, prow * (size_t)n);
+    const void *pays[1] = {d_pay};
     moea2a_dispatch_result_t r = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    moea2a_result_t rc;
-    if (c->split) {
-        rc = moea2a_dispatch_send(moe, n, ids, c->weights ? w : NULL, pays, 0, NULL);
-        if (rc == MOEA2A_SUCCESS) rc = moea2a_dispatch_recv(moe, &r, NULL);
-    } else {
-        rc = moea2a_dispatch(moe, n, ids, c->weights ? w : NULL, pays, 0, &r, NULL);
-    }
+    got_t g = {0};
+    row_t *rows = NULL;
+    int *cnt = NULL;
+    call_t dc = {1, n, d_ids, c->weights ? d_w : NULL, pays, &r, NULL, NULL};
+    moea2a_result_t rc = run_call(c, moe, &dc);
     RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(comm));
     if (rc != MOEA2A_SUCCESS) goto done;
 
@@ -165,8 +308,9 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
     for (int e = 0; e < c->E; e++)
         if (owner_of(c, e) == me) el++, lo = lo < 0 ? e : lo;
     int64_t want_rows = 0;
-    row_t *rows = malloc(sizeof(row_t) * (size_t)(ep * c->cap * k + 1));
-    int *cnt = calloc((size_t)el + 1, sizeof(int)), nrows = 0;
+    rows = malloc(sizeof(row_t) * (size_t)(ep * c->cap * k + 1));
+    cnt = calloc((size_t)el + 1, sizeof(int));
+    int nrows = 0;
     for (int j = 0; j < el; j++) {
         int32_t e = lo + j;
         for (int q = 0; q < ep; q++)
@@ -175,44 +319,64 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
                     if (id_of(c, q, t, s) == e && first(c, q, t, s)) rows[nrows++] = (row_t){q, t, s, e}, cnt[j]++;
         want_rows += (cnt[j] + c->align - 1) / c->align * c->align;
     }
-    RANK_EXPECT(fails, me, r.num_local_experts == el && r.expert_rows == want_rows,
-                "%d local experts and %lld rows, expected %d and %lld", r.num_local_experts, (long long)r.expert_rows, el,
+    /* CUDA memory: the rows are known on the host only where the host waited for them */
+    int64_t want_reported = on_cuda(c) && !c->max_rows ? -1 : want_rows;
+    RANK_EXPECT(fails, me, r.num_local_experts == el && r.expert_rows == want_reported,
+                "%d local experts and %lld rows reported, expected %d and %lld", r.num_local_experts,
+                (long long)r.expert_rows, el, (long long)want_reported);
+    if (r.num_local_experts != el) goto done;
+    g.counts = fetch(c, r.expert_counts, 4 * (size_t)el);
+    g.offsets = fetch(c, r.expert_offsets, 4 * (size_t)(el + 1));
+    g.rows = g.offsets[el];
+    RANK_EXPECT(fails, me, g.rows == want_rows, "offsets[%d] = %lld rows, expected %lld", el, (long long)g.rows,
                 (long long)want_rows);
-    if (r.num_local_experts != el || r.expert_rows != want_rows) goto done_rows;
+    if (g.rows != want_rows) goto done;
+    if (c->host_counts || !on_cuda(c)) /* the host's copies: the same counts and offsets */
+        RANK_EXPECT(fails, me,
+                    r.expert_counts_host && r.expert_offsets_host &&
+                        !memcmp(r.expert_counts_host, g.counts, 4 * (size_t)el) &&
+                        !memcmp(r.expert_offsets_host, g.offsets, 4 * (size_t)(el + 1)),
+                    "host counts and offsets %s", r.expert_counts_host ? "differ" : "missing");
+    else
+        RANK_EXPECT(fails, me, !r.expert_counts_host && !r.expert_offsets_host, "host counts without the flag");
+    size_t R = (size_t)want_rows;
+    g.ids = fetch(c, r.expert_ids, 4 * R), g.src = fetch(c, r.expert_src_rank, 4 * R);
+    g.tok = fetch(c, r.expert_src_token, 4 * R), g.slot = fetch(c, r.expert_topk_slot, 4 * R);
+    g.w = r.expert_weights ? fetch(c, r.expert_weights, 4 * R) : NULL;
+    g.pay = fetch(c, r.expert_payloads[0], prow * R);
     {
         int at = 0, bad_rows = 0, bad_pad = 0;
         int64_t off = 0;
         for (int j = 0; j < el; j++) {
-            RANK_EXPECT(fails, me, r.expert_counts[j] == cnt[j] && r.expert_offsets[j] == off,
-                        "expert %d: count %d offset %d, expected %d and %lld", lo + j, r.expert_counts[j],
-                        r.expert_offsets[j], cnt[j], (long long)off);
+            RANK_EXPECT(fails, me, g.counts[j] == cnt[j] && g.offsets[j] == off,
+                        "expert %d: count %d offset %d, expected %d and %lld", lo + j, g.counts[j], g.offsets[j], cnt[j],
+                        (long long)off);
             for (int i = 0; i < cnt[j]; i++, at++) {
                 const row_t *x = &rows[at];
                 size_t row = (size_t)off + (size_t)i;
-                bad_rows += r.expert_ids[row] != x->e || r.expert_src_rank[row] != x->src ||
-                            r.expert_src_token[row] != x->tok || r.expert_topk_slot[row] != x->slot;
-                if (c->weights) {
+                bad_rows += g.ids[row] != x->e || g.src[row] != x->src || g.tok[row] != x->tok || g.slot[row] != x->slot;
+                if (c->weights && g.w) {
                     float ww = weight_of(c, x->src, x->tok, x->slot);
-                    bad_rows += memcmp(&r.expert_weights[row], &ww, 4) != 0;
+                    bad_rows += memcmp(&g.w[row], &ww, 4) != 0;
                 }
-                for (int h = 0; h < ELEMS; h++) {
+                for (int h = 0; h < elems; h++) {
                     uint16_t v;
-                    memcpy(&v, (unsigned char *)r.expert_payloads[0] + row * 2 * ELEMS + 2 * h, 2);
+                    memcpy(&v, g.pay + row * prow + 2 * (size_t)h, 2);
                     bad_rows += v != pay_of(x->src, x->tok, h);
                 }
             }
             int64_t end = off + (cnt[j] + c->align - 1) / c->align * c->align;
             for (int64_t row = off + cnt[j]; row < end; row++) {
-                bad_pad += r.expert_ids[row] != -1 || r.expert_src_rank[row] != -1 || r.expert_src_token[row] != -1;
-                for (int h = 0; c->zero && h < ELEMS; h++) {
+                bad_pad += g.ids[row] != -1 || g.src[row] != -1 || g.tok[row] != -1 || g.slot[row] != -1;
+                if (g.w) bad_pad += g.w[row] != 0.0f;
+                for (int h = 0; c->zero && h < elems; h++) {
                     uint16_t v;
-                    memcpy(&v, (unsigned char *)r.expert_payloads[0] + (size_t)row * 2 * ELEMS + 2 * h, 2);
+                    memcpy(&v, g.pay + (size_t)row * prow + 2 * (size_t)h, 2);
                     bad_pad += v != 0;
                 }
             }
             off = end;
         }
-        RANK_EXPECT(fails, me, r.expert_offsets[el] == want_rows, "offsets[%d] = %d", el, r.expert_offsets[el]);
         RANK_EXPECT(fails, me, bad_rows == 0, "%d expert-major row fields differ from the oracle", bad_rows);
         RANK_EXPECT(fails, me, bad_pad == 0, "%d padding row fields wrong", bad_pad);
         RANK_EXPECT(fails, me, (r.expert_weights != NULL) == (c->weights != 0), "expert_weights %s",
@@ -221,25 +385,21 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
 
     /* combine: the expert side's rows (padding rows hold NaN: they must be ignored) */
     {
-        size_t crow = c->hidden * (c->cdt == MOEA2A_FLOAT32 ? 4 : 2);
+        size_t crow = c->hidden * (c->cdt == MOEA2A_FLOAT32 ? 4 : 2), nb = crow * (size_t)(want_rows + 1);
+        unsigned char *mine = malloc(nb), *dst = NULL;
         void *buf;
-        unsigned char *mine = NULL;
-        if (c->own_buffer) mine = malloc(crow * (size_t)(want_rows + 1));
-        else moea2a_moe_combine_buffer(moe, &buf), mine = buf;
         for (int64_t row = 0; row < want_rows; row++)
             for (size_t h = 0; h < c->hidden; h++) {
-                int src = r.expert_src_rank[row];
-                put(c->cdt, mine + (size_t)row * crow, h,
-                    src < 0 ? NAN : y_of(r.expert_ids[row], src, r.expert_src_token[row], h));
+                int src = g.src[row];
+                put(c->cdt, mine + (size_t)row * crow, h, src < 0 ? NAN : y_of(g.ids[row], src, g.tok[row], h));
             }
-        unsigned char *out = malloc(crow * (size_t)(n + 1));
-        if (c->split) { /* the halves: folded in the send half */
-            rc = moea2a_combine_send(moe, c->own_buffer ? mine : NULL, NULL);
-            if (rc == MOEA2A_SUCCESS) rc = moea2a_combine_recv(moe, out, NULL);
-        } else {
-            rc = moea2a_combine(moe, c->own_buffer ? mine : NULL, out, NULL);
-        }
+        if (c->own_buffer) dst = ctx_alloc(c, mine, nb);
+        else moea2a_moe_combine_buffer(moe, &buf), ctx_put(c, buf, mine, (size_t)want_rows * crow);
+        unsigned char *d_out = ctx_alloc(c, NULL, crow * (size_t)(n + 1));
+        call_t cc = {0, 0, NULL, NULL, NULL, NULL, c->own_buffer ? dst : NULL, d_out};
+        rc = run_call(c, moe, &cc); /* the split halves fold in the send half */
         RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+        unsigned char *out = fetch(c, d_out, crow * (size_t)(n + 1));
         int wrong = 0;
         for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
             for (size_t h = 0; h < c->hidden; h++) {
@@ -259,30 +419,42 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
                 wrong += memcmp(&want, &got, 4) != 0;
             }
         RANK_EXPECT(fails, me, wrong == 0, "%d combined values differ from the oracle", wrong);
-        free(out);
-        if (c->own_buffer) free(mine);
+        free(out), free(mine);
+        ctx_free(c, d_out);
+        if (dst) ctx_free(c, dst);
     }
-done_rows:
-    free(rows), free(cnt);
 done:
+    got_free(&g);
+    free(rows), free(cnt);
     moea2a_moe_destroy(moe);
+    ctx_free(c, d_ids), ctx_free(c, d_w), ctx_free(c, d_pay);
     free(ids), free(w), free(pay);
     return fails;
 }
 
 static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
-    (void)arg;
+    const memory_path_t path = *(const memory_path_t *)arg;
     moea2a_comm_t comm;
+#ifdef MOEA2A_HAVE_CUDA
+    int ndev = 0;
+    if (path != ON_HOST && (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(me % ndev) != cudaSuccess))
+        return 1;
+#endif
     if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
     int fails = 0;
     for (uint64_t seed = 1; seed <= 24 && fails < 5; seed++) {
         uint64_t s = seed * 7 + (uint64_t)ep;
-        cfg_t c = {ep, 0, 0, 0, aligns[seed % 4], 0, 0, 0, 0, 0, 0, MOEA2A_BFLOAT16, 0, seed};
+        cfg_t c = {ep, 0, 0, 0, aligns[seed % 4], 0, 0, 0, 0, 0, 0, MOEA2A_BFLOAT16, 0, seed, path, 0, 0, 6};
         c.E = urand(&s, 1, 6 * ep), c.k = urand(&s, 1, 8), c.cap = urand(&s, 1, 24);
         c.weights = seed % 2, c.weighted = c.weights && seed % 4 != 1, c.zero = seed % 3 == 0;
         c.split = seed % 5 == 2, c.own_buffer = seed % 2 == 0;
         c.cdt = seed % 3 == 1 ? MOEA2A_FLOAT32 : MOEA2A_BFLOAT16, c.hidden = (size_t)urand(&s, 1, 40);
+        c.elems = seed % 4 < 2 ? 6 : MAX_ELEMS;
+        c.host_counts = path != ON_HOST && seed % 2 == 1;
+        c.graph = path == ON_NVLINK && seed % 3 == 2;
+        if (seed > 20) /* larger: several parts of the slots on the device, 16-byte rows */
+            c.cap = 4200 + urand(&s, 0, 900), c.E = 8 * ep + urand(&s, 0, 8), c.k = 8, c.elems = MAX_ELEMS;
         fails += run_case(comm, &c, me);
     }
     moea2a_comm_destroy(comm);
@@ -290,14 +462,20 @@ static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 }
 
 /* One rank is sent more rows than max_expert_rows: CAPACITY on every rank, naming it;
- * the context then serves a call that fits. */
+ * the context then serves a call that fits; on CUDA memory the same call captured into
+ * a graph is refused on every rank (the bound makes the host wait). */
 static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
-    (void)arg;
+    const memory_path_t path = *(const memory_path_t *)arg;
     moea2a_comm_t comm;
+#ifdef MOEA2A_HAVE_CUDA
+    int ndev = 0;
+    if (path != ON_HOST && (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(me % ndev) != cudaSuccess))
+        return 1;
+#endif
     if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
     int fails = 0;
-    cfg_t c = {ep, 2 * ep, 2, 8, 4, 0, 0, 0, 0, 0, 8, MOEA2A_BFLOAT16, 8, 5};
+    cfg_t c = {ep, 2 * ep, 2, 8, 4, 0, 0, 0, 0, 0, 8, MOEA2A_BFLOAT16, 8, 5, path, 0, 0, 6};
     moea2a_moe_config_t mc = config_of(&c);
     moea2a_moe_t moe;
     if (moea2a_moe_create(&moe, comm, &mc)) return 1;
@@ -305,16 +483,38 @@ static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     moea2a_moe_max_recv_rows(moe, &bound);
     RANK_EXPECT(fails, me, bound == 8, "max_recv_rows %zu, expected max_expert_rows 8", bound);
     int32_t ids[16];
-    uint16_t pay[8 * ELEMS] = {0};
-    const void *pays[1] = {pay};
+    uint16_t pay[8 * 6] = {0};
     for (int t = 0; t < 8; t++) ids[2 * t] = 0, ids[2 * t + 1] = 1; /* every rank: 8 tokens to experts 0, 1 of rank 0 */
+    int32_t *d_ids = ctx_alloc(&c, ids, sizeof(ids));
+    void *d_pay = ctx_alloc(&c, pay, sizeof(pay));
+    const void *pays[1] = {d_pay};
     moea2a_dispatch_result_t r = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    moea2a_result_t rc = moea2a_dispatch(moe, 8, ids, NULL, pays, 0, &r, NULL);
+    call_t dc = {1, 8, d_ids, NULL, pays, &r, NULL, NULL};
+    moea2a_result_t rc = run_call(&c, moe, &dc);
     RANK_EXPECT(fails, me, rc == MOEA2A_ERR_CAPACITY && strstr(moea2a_last_error(comm), "rank 0") &&
                                strstr(moea2a_last_error(comm), "max_expert_rows"),
                 "over max_expert_rows on rank 0: %s (%s)", moea2a_strerror(rc), moea2a_last_error(comm));
-    rc = moea2a_dispatch(moe, 1, ids, NULL, pays, 0, &r, NULL); /* rank 0: ep = 3 rows per expert, 4 aligned: 8 fit */
-    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "a call that fits, after: %s", moea2a_last_error(comm));
+    dc.n = 1; /* rank 0: ep = 3 rows per expert, 4 aligned: 8 fit */
+    rc = run_call(&c, moe, &dc);
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS && r.expert_rows == (me == 0 ? 2 * c.align : 0), "a call that fits, after: %s (%lld rows)",
+                moea2a_last_error(comm), (long long)r.expert_rows);
+    unsigned char *d_out = ctx_alloc(&c, NULL, 2 * c.hidden);
+    call_t cc = {0, 0, NULL, NULL, NULL, NULL, NULL, d_out}; /* back to idle */
+    if (rc == MOEA2A_SUCCESS) {
+        rc = run_call(&c, moe, &cc);
+        RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "its combine: %s", moea2a_last_error(comm));
+    }
+    if (path == ON_NVLINK) {
+        c.graph = 1;
+        rc = run_call(&c, moe, &dc);
+        RANK_EXPECT(fails, me, rc == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "graph"),
+                    "a binding bound inside graph capture: %s (%s)", moea2a_strerror(rc), moea2a_last_error(comm));
+        c.graph = 0;
+        rc = run_call(&c, moe, &dc);
+        RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "the same call outside capture, after: %s", moea2a_last_error(comm));
+        if (rc == MOEA2A_SUCCESS) run_call(&c, moe, &cc);
+    }
+    ctx_free(&c, d_ids), ctx_free(&c, d_pay), ctx_free(&c, d_out);
     moea2a_moe_destroy(moe);
     moea2a_comm_destroy(comm);
     return fails;
@@ -333,8 +533,8 @@ static int checks_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
                 moea2a_last_error(comm));
     /* the formula: R = ep cap min(k, local experts) + local experts (alignment - 1) */
     size_t el = (size_t)(10 + ep - 1) / (size_t)ep, R = (size_t)ep * 16 * 3 + el * 7;
-    size_t want = A(4 * (size_t)ep * 16 * 3) + A(4 * el) + A(4 * (el + 1)) + A(4 * 10 + 4 * (el + 1) + 8 * (size_t)ep) +
-                  A(R * 2 * ELEMS) + 5 * A(4 * R) + A(R * 32 * 2);
+    size_t want = A(4 * (size_t)ep * 16 * 3) + A(4 * el) + A(4 * (el + 1)) + A(8 + 4 * 10 + 4 * (el + 1) + 4 * 16 * el) +
+                  A(R * 2 * 6) + 5 * A(4 * R) + A(R * 32 * 2);
     RANK_EXPECT(fails, me, sz.expert_bytes == want, "expert_bytes %zu, the formula says %zu", sz.expert_bytes, want);
     m = config_of(&c), m.expert_alignment = 2000;
     moea2a_result_t rc = moea2a_moe_workspace_size(comm, &m, &sz);
@@ -358,34 +558,69 @@ static int checks_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     rc = moea2a_moe_workspace_size(comm, &m, &sz);
     RANK_EXPECT(fails, me, rc == MOEA2A_ERR_UNAVAILABLE, "with a payload quantized on dispatch: %s (%s)",
                 moea2a_strerror(rc), moea2a_last_error(comm));
-    /* CUDA memory, on a machine layout with GPUs: not in this release, said so */
+    /* CUDA memory, on a machine layout with GPUs: sized, with the counts' pinned copy */
     m = config_of(&c), m.memory = MOEA2A_MEMORY_CUDA;
     moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
     const char *top = getenv("top_srcdir");
     char xml[1024];
     snprintf(xml, sizeof(xml), "%s/tests/topologies/4gpu-nvlink.xml", top ? top : ".");
     lay.ep = 4, lay.topology_xml = xml;
-    rc = moea2a_moe_workspace_size_layout(&lay, &m, &sz);
-    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "CUDA memory"),
-                "on CUDA memory: %s (%s)", moea2a_strerror(rc), moea2a_last_error(NULL));
+    moea2a_moe_workspace_sizes_t cz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER, rz = cz;
+    rc = moea2a_moe_workspace_size_layout(&lay, &m, &cz);
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "on CUDA memory: %s (%s)", moea2a_strerror(rc), moea2a_last_error(NULL));
+    m.layout = MOEA2A_LAYOUT_RANK_MAJOR, m.expert_alignment = 0, m.flags &= ~MOEA2A_MOE_WEIGHTED_COMBINE;
+    rc = moea2a_moe_workspace_size_layout(&lay, &m, &rz);
+    size_t el4 = (size_t)(10 + 3) / 4;
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS && cz.pinned_host_bytes == rz.pinned_host_bytes + A(8 + 4 * el4 + 4 * (el4 + 1)),
+                "pinned bytes %zu, rank-major %zu: the counts' copy is A(8 + 4 el + 4 (el + 1))", cz.pinned_host_bytes,
+                rz.pinned_host_bytes);
     moea2a_comm_destroy(comm);
     return fails;
 }
 
 int main(void)
 {
+    const memory_path_t host = ON_HOST;
     for (int ep = 1; ep <= 4; ep++) {
         local_ranks_result_t res;
-        local_ranks_run(ep, random_rank, NULL, WATCHDOG, &res);
+        local_ranks_run(ep, random_rank, (void *)&host, WATCHDOG, &res);
         tap_ok(res.failed == 0, "expert-major layout on %d rank(s): rows, offsets, per-row arrays, padding and the "
                                 "weighted combine equal the oracle bit for bit (24 random configurations)", ep);
     }
     local_ranks_result_t res;
-    local_ranks_run(3, capacity_rank, NULL, WATCHDOG, &res);
+    local_ranks_run(3, capacity_rank, (void *)&host, WATCHDOG, &res);
     tap_ok(res.failed == 0, "more expert rows than max_expert_rows on one rank: MOEA2A_ERR_CAPACITY on every rank, "
                             "then a call that fits");
     local_ranks_run(2, checks_rank, NULL, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "config checks (alignment, weights, layout, bound, quantized payloads, CUDA memory) and "
-                            "the workspace formula");
+    tap_ok(res.failed == 0, "config checks (alignment, weights, layout, bound, quantized payloads) and the workspace "
+                            "formula, host and CUDA memory");
+    static const memory_path_t paths[] = {ON_NVLINK, ON_NCCL};
+    static const char *const names[] = {"load/store", "NCCL"};
+#ifdef MOEA2A_HAVE_CUDA
+    int ndev = gpu_count();
+#else
+    int ndev = 0;
+#endif
+    for (int i = 0; i < 2; i++) {
+        for (int ep = 1; ep <= 4; ep *= 2) {
+            if (ep > ndev) {
+                tap_skip(ndev ? "not enough GPUs" : "no CUDA device",
+                         "expert-major layout on CUDA memory, %s path, %d rank(s)", names[i], ep);
+                continue;
+            }
+            local_ranks_run(ep, random_rank, (void *)&paths[i], WATCHDOG, &res);
+            tap_ok(res.failed == 0, "expert-major layout on CUDA memory, %s path, %d rank(s): the oracle's bits "
+                                    "(24 random configurations%s)", names[i], ep, i == 0 ? ", graphs among them" : "");
+        }
+        if (ndev < 1) {
+            tap_skip("no CUDA device", "CAPACITY on CUDA memory, %s path", names[i]);
+            continue;
+        }
+        int ep = ndev < 3 ? ndev : 3;
+        local_ranks_run(ep, capacity_rank, (void *)&paths[i], WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA memory, %s path, %d rank(s): over max_expert_rows is MOEA2A_ERR_CAPACITY on every "
+                                "rank, then a call that fits%s", names[i], ep,
+               i == 0 ? "; a binding bound inside graph capture UNAVAILABLE" : "");
+    }
     return tap_done();
 }

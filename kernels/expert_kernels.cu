@@ -1,0 +1,305 @@
+/* The expert-major layout on the device (expert_kernels.h). The order of rows is
+ * decided by counts and block-wide prefix sums, never by atomics: three passes, each a
+ * block per (local expert, part of the slots):
+ *   count   how many valid slots name the expert, per part (and the map cleared)
+ *   fill    aligned offsets from the counts (each block sums what precedes it), then a
+ *           prefix sum over its part's slots in slot order: each row's index and arrays
+ *   copy    a block per slot: its payload rows read once, written to each of its rows
+ * A slot's order is ascending (source rank, source token), as the host reference's. */
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include "elem.cuh"
+#include "expert_kernels.h"
+
+namespace {
+
+using m2a_elem::Elem;
+
+constexpr int kThreads = 512;     /* count and fill: slots per step of a block */
+constexpr int kCopyThreads = 256; /* copy and fold: a block per slot */
+constexpr int kSlotsPerPart = 4096;
+
+__device__ __forceinline__ bool invalid_id(const m2a_kexpert_t &x, int32_t e)
+{
+    return e < 0 || e >= x.num_experts || e == x.invalid_id;
+}
+
+/* Whether slot (src, i) holds a token: i below the source's count. */
+__device__ __forceinline__ bool valid_slot(const m2a_kexpert_t &x, int stride, size_t slot)
+{
+    return (int)(slot % (size_t)stride) < x.recv_counts[slot / (size_t)stride];
+}
+
+/* The first top-k slot of token row t naming local expert j (the row's owner), -1 if
+ * none: later repeats of that expert share its row. */
+__device__ __forceinline__ int first_slot(const m2a_kexpert_t &x, const int32_t *t, int j)
+{
+    for (int s = 0; s < x.k; s++) {
+        const int32_t e = t[s];
+        if (!invalid_id(x, e) && x.local_of[e] == j) return s;
+    }
+    return -1;
+}
+
+/* Part p of `parts` equal runs of the slots. */
+__device__ __forceinline__ void part_range(int p, int parts, size_t slots, size_t *begin, size_t *end)
+{
+    const size_t span = (slots + (size_t)parts - 1) / (size_t)parts, b = (size_t)p * span;
+    *begin = b < slots ? b : slots;
+    *end = b + span < slots ? b + span : slots;
+}
+
+/* Block (j, p): part p's slots naming local expert j (blocks past the experts only
+ * clear). Every block clears the map of the slots of its part it is assigned. */
+__global__ void __launch_bounds__(kThreads) count(m2a_kexpert_t x, int stride, int parts)
+{
+    const int j = blockIdx.x, p = blockIdx.y, blocks = gridDim.x;
+    size_t begin, end;
+    part_range(p, parts, (size_t)x.ep * (size_t)stride, &begin, &end);
+    int n = 0;
+    for (size_t base = begin; base < end; base += kThreads) {
+        const size_t slot = base + threadIdx.x;
+        int has = 0;
+        if (slot < end && valid_slot(x, stride, slot)) {
+            const int32_t *t = x.ids + slot * (size_t)x.k;
+            has = j < x.num_local && first_slot(x, t, j) >= 0;
+            if ((slot - begin) % (size_t)blocks == (size_t)j)
+                for (int s = 0; s < x.k; s++) x.map[slot * (size_t)x.k + s] = -1;
+        }
+        n += __syncthreads_count(has);
+    }
+    if (threadIdx.x == 0 && j < x.num_local) x.part_counts[p * x.num_local + j] = n;
+}
+
+__global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, int parts)
+{
+    typedef cub::BlockReduce<long long, kThreads> Reduce;
+    typedef cub::BlockScan<int, kThreads> Scan;
+    __shared__ union {
+        typename Reduce::TempStorage reduce;
+        typename Scan::TempStorage scan;
+    } tmp;
+    __shared__ long long s_total, s_before;
+    const int j = blockIdx.x, p = blockIdx.y, el = x.num_local;
+    const long long a = x.align;
+    /* every expert's rows rounded up to the alignment: the total, and those before j */
+    long long total = 0, before = 0;
+    for (int q = threadIdx.x; q < el; q += kThreads) {
+        long long c = 0;
+        for (int pp = 0; pp < parts; pp++) c += x.part_counts[pp * el + q];
+        const long long rounded = (c + a - 1) / a * a;
+        total += rounded;
+        if (q < j) before += rounded;
+    }
+    total = Reduce(tmp.reduce).Sum(total);
+    __syncthreads();
+    before = Reduce(tmp.reduce).Sum(before);
+    if (threadIdx.x == 0) s_total = total, s_before = before;
+    __syncthreads();
+    total = s_total, before = s_before;
+    const bool lead = p == 0 && threadIdx.x == 0;
+    if (total > x.max_rows) { /* over the bound: nothing is written */
+        if (lead && j == 0) *x.rows = -1;
+        return;
+    }
+    if (j >= el) { /* a rank with no experts */
+        if (lead && j == 0) x.offsets[0] = 0, *x.rows = 0;
+        return;
+    }
+    int count = 0, base = 0;
+    for (int pp = 0; pp < parts; pp++) {
+        const int c = x.part_counts[pp * el + j];
+        count += c;
+        if (pp < p) base += c;
+    }
+    const int32_t off = (int32_t)before, end_off = (int32_t)(before + (count + a - 1) / a * a);
+    if (lead) {
+        x.counts[j] = count, x.offsets[j] = off;
+        if (j == el - 1) x.offsets[el] = (int32_t)total, *x.rows = total;
+    }
+    size_t begin, end;
+    part_range(p, parts, (size_t)x.ep * (size_t)stride, &begin, &end);
+    int32_t next = off + base;
+    for (size_t b0 = begin; b0 < end; b0 += kThreads) {
+        const size_t slot = b0 + threadIdx.x;
+        const int32_t *t = x.ids + slot * (size_t)x.k;
+        const int s0 = slot < end && valid_slot(x, stride, slot) ? first_slot(x, t, j) : -1;
+        int pos, taken;
+        Scan(tmp.scan).ExclusiveSum(s0 >= 0 ? 1 : 0, pos, taken);
+        if (s0 >= 0) {
+            const int32_t row = next + pos, e = t[s0];
+            x.xid[row] = e, x.xrank[row] = (int32_t)(slot / (size_t)stride), x.xtok[row] = x.src_index[slot];
+            x.xslot[row] = s0;
+            if (x.xw) x.xw[row] = x.weights[slot * (size_t)x.k + s0];
+            for (int s = s0; s < x.k; s++)
+                if (t[s] == e) x.map[slot * (size_t)x.k + s] = row;
+        }
+        next += taken;
+        __syncthreads(); /* the scan's storage is reused */
+    }
+    if (p == parts - 1) /* the alignment gap after the expert's rows */
+        for (int32_t row = off + count + (int32_t)threadIdx.x; row < end_off; row += kThreads) {
+            x.xid[row] = x.invalid_id, x.xrank[row] = -1, x.xtok[row] = -1, x.xslot[row] = -1;
+            if (x.xw) x.xw[row] = 0.0f;
+        }
+}
+
+/* Slot items first (each valid slot's payload rows to its distinct rows), then, with
+ * zero_padding, one item per possible gap row (num_local x align). */
+template <typename V>
+__global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride)
+{
+    extern __shared__ int32_t s_rows[]; /* [k]: the slot's distinct rows */
+    __shared__ int s_n;
+    if (*x.rows < 0) return;
+    const size_t slots = (size_t)x.ep * (size_t)stride;
+    const size_t items = slots + (x.zero_padding ? (size_t)x.num_local * (size_t)x.align : 0);
+    for (size_t item = blockIdx.x; item < items; item += gridDim.x) {
+        if (item >= slots) { /* a gap row, if this one is inside a gap */
+            const size_t q = item - slots, j = q / (size_t)x.align;
+            const int32_t row = x.offsets[j] + x.counts[j] + (int32_t)(q % (size_t)x.align);
+            if (row >= x.offsets[j + 1]) continue;
+            for (int a = 0; a < x.num_payloads; a++) {
+                V *dst = reinterpret_cast<V *>(x.ex_payload[a] + (size_t)row * x.row_bytes[a]);
+                for (size_t c = threadIdx.x; c < x.row_bytes[a] / sizeof(V); c += kCopyThreads) dst[c] = V();
+            }
+            continue;
+        }
+        if (!valid_slot(x, stride, item)) continue;
+        if (threadIdx.x == 0) {
+            int n = 0;
+            for (int s = 0; s < x.k; s++) {
+                const int32_t r = x.map[item * (size_t)x.k + s];
+                bool seen = r < 0;
+                for (int d = 0; d < n && !seen; d++) seen = s_rows[d] == r;
+                if (!seen) s_rows[n++] = r;
+            }
+            s_n = n;
+        }
+        __syncthreads();
+        const int n = s_n;
+        for (int a = 0; a < x.num_payloads; a++) {
+            const size_t rb = x.row_bytes[a], chunks = rb / sizeof(V);
+            const V *src = reinterpret_cast<const V *>(x.payload[a] + item * rb);
+            for (size_t c = threadIdx.x; c < chunks; c += kCopyThreads) {
+                const V v = src[c];
+                for (int d = 0; d < n; d++) reinterpret_cast<V *>(x.ex_payload[a] + (size_t)s_rows[d] * rb)[c] = v;
+            }
+        }
+        __syncthreads(); /* s_rows is the next slot's */
+    }
+}
+
+/* One combine element's product, rounded to fp32 before it is added (no FMA): the
+ * host's arithmetic under -ffp-contract=off. */
+__device__ __forceinline__ float add_product(float acc, float w, float v) { return __fadd_rn(acc, __fmul_rn(w, v)); }
+
+/* A block per valid slot: its combine row from the rows its map names, ascending top-k
+ * slot. VEC: 16 bytes per step (rows and pointers 16-byte aligned). */
+template <moea2a_datatype_t DT, bool VEC>
+__global__ void __launch_bounds__(kCopyThreads)
+    fold(m2a_kexpert_t x, int stride, size_t hidden, int weighted, const unsigned char *rows, unsigned char *combine)
+{
+    extern __shared__ int32_t s_map[]; /* [k] rows, then [k] weights */
+    float *s_w = reinterpret_cast<float *>(s_map + x.k);
+    constexpr int V = VEC ? 16 / (int)Elem<DT>::size : 1;
+    const size_t row_bytes = Elem<DT>::size * hidden, steps = hidden / V;
+    const size_t slots = (size_t)x.ep * (size_t)stride;
+    for (size_t slot = blockIdx.x; slot < slots; slot += gridDim.x) {
+        if (!valid_slot(x, stride, slot)) continue;
+        for (int s = threadIdx.x; s < x.k; s += kCopyThreads) {
+            s_map[s] = x.map[slot * (size_t)x.k + s];
+            s_w[s] = weighted ? x.weights[slot * (size_t)x.k + s] : 1.0f;
+        }
+        __syncthreads();
+        unsigned char *out = combine + slot * row_bytes;
+        for (size_t c = threadIdx.x; c < steps; c += kCopyThreads) {
+            float acc[V];
+#pragma unroll
+            for (int v = 0; v < V; v++) acc[v] = 0.0f;
+            for (int s = 0; s < x.k; s++) {
+                const int32_t r = s_map[s];
+                if (r < 0) continue;
+                const unsigned char *in = rows + (size_t)r * row_bytes;
+                if (VEC) {
+                    const int4 raw = reinterpret_cast<const int4 *>(in)[c];
+                    const unsigned char *b = reinterpret_cast<const unsigned char *>(&raw);
+#pragma unroll
+                    for (int v = 0; v < V; v++) acc[v] = add_product(acc[v], s_w[s], Elem<DT>::load(b, (size_t)v));
+                } else {
+                    acc[0] = add_product(acc[0], s_w[s], Elem<DT>::load(in, c));
+                }
+            }
+            if (VEC) {
+                int4 res;
+                unsigned char *rb = reinterpret_cast<unsigned char *>(&res);
+#pragma unroll
+                for (int v = 0; v < V; v++) Elem<DT>::store(rb, (size_t)v, acc[v]);
+                reinterpret_cast<int4 *>(out)[c] = res;
+            } else {
+                Elem<DT>::store(out, c, acc[0]);
+            }
+        }
+        __syncthreads(); /* s_map is the next slot's */
+    }
+}
+
+int blocks_for(size_t items)
+{
+    return (int)(items < 1 ? 1 : items > 4096 ? 4096 : items);
+}
+
+int parts_for(size_t slots)
+{
+    const size_t p = (slots + kSlotsPerPart - 1) / kSlotsPerPart;
+    return (int)(p < 1 ? 1 : p > M2A_EXPERT_MAX_PARTS ? M2A_EXPERT_MAX_PARTS : p);
+}
+
+template <moea2a_datatype_t DT>
+void launch_fold(const m2a_kexpert_t *x, int stride, size_t hidden, int weighted, const unsigned char *rows,
+                 unsigned char *combine, bool vec, cudaStream_t s)
+{
+    const size_t slots = (size_t)x->ep * (size_t)stride, shm = 8 * (size_t)x->k;
+    if (vec) fold<DT, true><<<blocks_for(slots), kCopyThreads, shm, s>>>(*x, stride, hidden, weighted, rows, combine);
+    else fold<DT, false><<<blocks_for(slots), kCopyThreads, shm, s>>>(*x, stride, hidden, weighted, rows, combine);
+}
+
+} // namespace
+
+extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const size_t slots = (size_t)x->ep * (size_t)stride;
+    const int parts = parts_for(slots);
+    const dim3 grid(x->num_local > 0 ? x->num_local : 1, parts);
+    if (grid.x > 65535u) return (int)cudaErrorNotSupported;
+    count<<<grid, kThreads, 0, s>>>(*x, stride, parts);
+    fill<<<grid, kThreads, 0, s>>>(*x, stride, parts);
+    bool vec = true;
+    for (int a = 0; a < x->num_payloads; a++)
+        vec = vec && x->row_bytes[a] % 16 == 0 && ((uintptr_t)x->payload[a] | (uintptr_t)x->ex_payload[a]) % 16 == 0;
+    const size_t items = slots + (x->zero_padding ? (size_t)x->num_local * (size_t)x->align : 0);
+    if (x->num_payloads > 0) {
+        const size_t shm = 4 * (size_t)x->k;
+        if (vec) copy<int4><<<blocks_for(items), kCopyThreads, shm, s>>>(*x, stride);
+        else copy<unsigned char><<<blocks_for(items), kCopyThreads, shm, s>>>(*x, stride);
+    }
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_expert_fold(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden,
+                                    int weighted, const unsigned char *rows, unsigned char *combine, void *stream)
+{
+    if (hidden == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    const size_t es = dtype == MOEA2A_FLOAT32 ? 4 : 2;
+    const bool vec = (es * hidden) % 16 == 0 && ((uintptr_t)rows | (uintptr_t)combine) % 16 == 0;
+    switch (dtype) {
+    case MOEA2A_FLOAT32: launch_fold<MOEA2A_FLOAT32>(x, stride, hidden, weighted, rows, combine, vec, s); break;
+    case MOEA2A_FLOAT16: launch_fold<MOEA2A_FLOAT16>(x, stride, hidden, weighted, rows, combine, vec, s); break;
+    default: launch_fold<MOEA2A_BFLOAT16>(x, stride, hidden, weighted, rows, combine, vec, s); break;
+    }
+    return (int)cudaGetLastError();
+}
