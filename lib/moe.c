@@ -379,6 +379,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
 {
     static const char fn[] = "moea2a_dispatch";
     M2A_TRY(enter(moe, fn, M2A_MOE_IDLE, 0));
+    M2A_TRY(m2a_moe_expert_check_stream(moe, fn, stream)); /* local: nothing has started */
     /* Every check, result's included, travels to the peers: a rejected call fails everywhere. */
     moea2a_result_t mine = check_result_arg(moe->comm, fn, result);
     if (mine == MOEA2A_SUCCESS) mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
@@ -394,6 +395,7 @@ moea2a_result_t moea2a_dispatch_send(moea2a_moe_t moe, int n, const int32_t *ids
 {
     static const char fn[] = "moea2a_dispatch_send";
     M2A_TRY(enter(moe, fn, M2A_MOE_IDLE, 0));
+    M2A_TRY(m2a_moe_expert_check_stream(moe, fn, stream)); /* local: nothing has started */
     moea2a_result_t mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, NULL, M2A_MOE_SEND, stream));
@@ -405,6 +407,7 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
 {
     static const char fn[] = "moea2a_dispatch_recv";
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCH_SENT, 0));
+    M2A_TRY(m2a_moe_expert_check_stream(moe, fn, stream)); /* local: nothing has started */
     /* local: a rejected receive leaves the dispatch pending (call it again) */
     M2A_TRY(check_result_arg(moe->comm, fn, result));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));

@@ -335,11 +335,14 @@ moea2a_result_t m2a_moe_cuda_expert_expand(moea2a_moe_t moe, int num_local, int 
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t *rows, int *capturing)
+moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capturing)
 {
-    *capturing = 0;
     CU(moe->comm, OPS->stream_capturing(stream, capturing));
-    if (*capturing) return MOEA2A_SUCCESS;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t *rows)
+{
     M2A_TRY(bounded_sync(moe, stream, "moea2a_dispatch (expert-major rows)"));
     CU(moe->comm, OPS->copy(rows, moe->ws + moe->l.ex_used, 8, M2A_CUDA_D2H));
     return MOEA2A_SUCCESS;

@@ -41,9 +41,10 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
  * mirror (l->pinned_expert). */
 moea2a_result_t m2a_moe_cuda_expert_expand(moea2a_moe_t moe, int num_local, int stride, void *stream);
 /* Waits for the stream (bounded) and reads the rows the expand used (-1: over the
- * bound); *capturing, without a wait, while the stream is being captured into a graph
- * (the caller makes that a collective error). */
-moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t *rows, int *capturing);
+ * bound). */
+moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t *rows);
+/* Whether the stream is being captured into a graph. */
+moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capturing);
 /* The expert side's rows folded into the rank-major combine rows (ws + l->combine). */
 moea2a_result_t m2a_moe_cuda_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
 void m2a_moe_cuda_wait(void *stream); /* phase timing only */

@@ -16,11 +16,8 @@ static int bound_can_bind(const moea2a_moe_t moe)
     return moe->cfg.max_expert_rows < m2a_moe_expert_worst_rows(&moe->cfg, moe->comm->nranks);
 }
 
-/* What a rank tells the others about its rows this call (else its row count). */
-enum { ROWS_OVER = -1, ROWS_CAPTURING = -2 };
-
-/* Every rank's rows this call; CAPACITY on every rank when one rank is over its
- * bound, UNAVAILABLE when one rank's stream is being captured (its rows unknown). */
+/* Every rank's rows this call (-1: over the bound); CAPACITY on every rank when one
+ * rank is over its bound. */
 static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
 {
     moea2a_comm_t comm = moe->comm;
@@ -30,12 +27,7 @@ static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
     all[comm->rank] = mine;
     moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(int64_t));
     for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
-        if (all[q] == ROWS_CAPTURING)
-            r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                          "moea2a_dispatch: rank %d's stream is being captured into a CUDA graph, and max_expert_rows=%lld "
-                          "below the worst case makes the host wait for the rows: capture with max_expert_rows=0",
-                          q, (long long)moe->cfg.max_expert_rows);
-        else if (all[q] < 0)
+        if (all[q] < 0)
             r = m2a_error(comm, MOEA2A_ERR_CAPACITY,
                           "moea2a_dispatch: rank %d received more expert-major rows (alignment gaps included) than "
                           "max_expert_rows=%lld: raise max_expert_rows (0: the worst case)", q,
@@ -53,19 +45,25 @@ static int local_experts(const moea2a_moe_t moe)
     return el;
 }
 
+moea2a_result_t m2a_moe_expert_check_stream(moea2a_moe_t moe, const char *fn, void *stream)
+{
+    if (!moe->cuda || !m2a_moe_expert_major(moe) || !bound_can_bind(moe)) return MOEA2A_SUCCESS;
+    int capturing = 0;
+    M2A_TRY(m2a_moe_cuda_capturing(moe, stream, &capturing));
+    if (!capturing) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE,
+                     "%s: the stream is being captured into a CUDA graph, but max_expert_rows=%lld (below the worst case) "
+                     "makes the host wait for each dispatch's rows: capture with max_expert_rows=0 (the worst case)",
+                     fn, (long long)moe->cfg.max_expert_rows);
+}
+
 /* The layout on the stream; the rows only where the agreement needs them (-1: not
  * known on the host). */
 static moea2a_result_t expand_cuda(moea2a_moe_t moe, int num_local, void *stream, int64_t *rows)
 {
     *rows = -1;
     M2A_TRY(m2a_moe_cuda_expert_expand(moe, num_local, moe->stride, stream));
-    if (!bound_can_bind(moe)) return MOEA2A_SUCCESS;
-    int capturing = 0;
-    moea2a_result_t r = m2a_moe_cuda_expert_rows(moe, stream, rows, &capturing);
-    if (r != MOEA2A_SUCCESS) return r;
-    if (capturing) *rows = ROWS_CAPTURING;
-    else if (*rows < 0) *rows = ROWS_OVER;
-    return MOEA2A_SUCCESS;
+    return bound_can_bind(moe) ? m2a_moe_cuda_expert_rows(moe, stream, rows) : MOEA2A_SUCCESS;
 }
 
 moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream)
@@ -77,7 +75,6 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
         M2A_TRY(expand_cuda(moe, num_local, stream, &rows));
     } else {
         rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
-        if (rows < 0) rows = ROWS_OVER;
     }
     /* at the worst-case bound no rank can be over it: no round trip for the agreement */
     if (bound_can_bind(moe)) M2A_TRY(agree_rows(moe, rows));

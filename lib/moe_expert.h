@@ -15,9 +15,12 @@ static inline int m2a_moe_expert_major(const moea2a_moe_t moe)
  * its fields in result (NULL: the send half of a split call has none). Over
  * max_expert_rows on any rank: MOEA2A_ERR_CAPACITY on every rank, naming the rank and
  * the bound to raise; no expert-major row is written then. On CUDA memory a bound below
- * the worst case makes the host wait for the rows (refused, on every rank, while a
- * stream is being captured). */
+ * the worst case makes the host wait for the rows. */
 moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream);
+/* Local, before a dispatch or its halves start anything: MOEA2A_ERR_UNAVAILABLE when
+ * the host would have to wait for the rows (CUDA memory, a bound below the worst case)
+ * but the stream is being captured into a graph. */
+moea2a_result_t m2a_moe_expert_check_stream(moea2a_moe_t moe, const char *fn, void *stream);
 /* Local, before a combine's send half: the expert side's rows (expert_out, or the
  * context's expert-major combine buffer when NULL) folded into the rank-major combine
  * buffer, which the backend then sends. */

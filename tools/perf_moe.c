@@ -290,6 +290,17 @@ static long check_wire_row(const perf_opts_t *o, const bench_t *b, int src, int 
     return wrong;
 }
 
+/* The expert-major rows of a dispatch: on CUDA memory the host is not told (-1), the
+ * last offset on the device holds them. */
+static int64_t expert_rows_of(const perf_mem_t *m, const moea2a_dispatch_result_t *d)
+{
+    if (d->expert_rows >= 0 || !d->expert_offsets) return d->expert_rows;
+    int32_t rows = 0;
+    perf_sync(m);
+    perf_download(m, &rows, d->expert_offsets + d->num_local_experts, 4);
+    return rows;
+}
+
 /* One dispatch + combine checked exactly (results read back to the host); returns
  * wrong elements on this rank. */
 static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b, const perf_opts_t *o,
@@ -332,8 +343,9 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
         }
     void *cbuf;
     moea2a_moe_combine_buffer(moe, &cbuf);
-    if (o->expert_align && d.expert_rows >= 0) { /* one row per expert row: the token's value on its first, 0 after */
-        size_t er = (size_t)d.expert_rows;
+    int64_t expert_rows = o->expert_align ? expert_rows_of(m, &d) : -1;
+    if (expert_rows >= 0) { /* one row per expert row: the token's value on its first, 0 after */
+        size_t er = (size_t)expert_rows;
         int32_t *xr = malloc(4 * er + 4), *xt = malloc(4 * er + 4);
         unsigned char *seen = calloc(slots + (size_t)b->ep * (size_t)b->T + 1, 1);
         uint16_t *xrows = calloc(er * hidden + 1, 2);
@@ -406,6 +418,27 @@ static double host_copy_gbs(void)
     }
     free(a), free(b);
     return best;
+}
+
+/* The copy bandwidth of this rank's memory (GB/s, bytes read + written): memcpy on the
+ * host, a device-to-device copy of 256 MiB on the GPU. */
+static double copy_gbs(perf_mem_t *m)
+{
+    if (!m->cuda) return host_copy_gbs();
+    size_t bytes = (size_t)256 << 20;
+    void *a = perf_alloc(m, bytes), *b = perf_alloc(m, bytes);
+    double bw = 0;
+    if (a && b) {
+        perf_copy(m, b, a, bytes);
+        perf_mark(m, 0);
+        for (int i = 0; i < 5; i++) perf_copy(m, b, a, bytes);
+        perf_mark(m, 1);
+        double t = perf_span(m, 0, 1) / 5;
+        bw = t > 0 ? 2.0 * (double)bytes / t / 1e9 : 0;
+    }
+    if (a) perf_free(m, a);
+    if (b) perf_free(m, b);
+    return bw;
 }
 
 static void print_row(int T, const char *op_in, double bytes, double remote, double t, double vs, const char *wrong)
@@ -622,7 +655,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     else self_rows = d.recv_counts[rank];
     if (o->expert_align) { /* the (token, expert) rows written and read once more with their per-row
                               arrays; in the combine, read and folded into the received tokens' rows */
-        double rows = (double)d.expert_rows, recv = (double)d.total_recv, pairs = 0, tmp2;
+        double rows = (double)expert_rows_of(m, &d), recv = (double)d.total_recv, pairs = 0, tmp2;
         int32_t *cnt = malloc(4 * (size_t)(d.num_local_experts + 1));
         if (!cnt) FAIL("rank %d: out of memory\n", rank);
         perf_download(m, cnt, d.expert_counts, 4 * (size_t)d.num_local_experts);
@@ -727,7 +760,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         if (o->expert_align) { /* kept for the rank-major run of this size, which follows */
             expert_run.td = td, expert_run.tc = tc;
         } else if (*row_tag && expert_run.td > 0) {
-            double bw = m->cuda ? 0 : host_copy_gbs();
+            double bw = copy_gbs(m);
             if (bw > 0)
                 printf("#   expert-major %d tokens: %.0f rows per rank with the alignment gaps, %.0f (token, expert) "
                        "rows (%.2f per received token); extra local bytes dispatch %.0f, combine %.0f; copy %.1f "

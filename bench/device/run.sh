@@ -25,6 +25,8 @@
 # with both builds, alternating, AB_ROUNDS times (default 3): AB_RANKS GPUs (default
 # 2), AB_TOKENS (default 128,4096), and --op fp4 on one GPU; AB=0 skips it. WIRE=0 skips
 # quantize on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
+# EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
+# FP4RANKS; EXPERT_TOKENS, default 128,4096).
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -150,6 +152,12 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
           --dtype bf16 --wire $w --baseline --check 1 --iters "${ITERS:-30}" --warmup 10 |
         grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
     done
+  fi
+  if [ "${EXPERT:-1}" != 0 ]; then
+    echo "== expert-major layout (--layout expert:128, checked) next to rank-major, ${EXPERT_RANKS:-${FP4RANKS:-4}} GPUs"
+    timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "${EXPERT_RANKS:-${FP4RANKS:-4}}" \
+        --tokens "${EXPERT_TOKENS:-128,4096}" --layout expert:128 --check 1 --iters "${ITERS:-30}" --warmup 10 |
+      grep -E "dispatch|combine|expert-major|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
   fi
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
