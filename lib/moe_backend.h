@@ -48,6 +48,10 @@ typedef struct m2a_moe_backend {
                                void *stream);
     /* non-blocking: an error recorded where the host did not wait (NULL: never) */
     moea2a_result_t (*status)(moea2a_moe_t moe);
+    /* Collective, after a dispatch that no combine will answer (the expert-major layout
+     * over its bound on some rank, on every rank): what the next dispatch needs (NULL:
+     * nothing). */
+    moea2a_result_t (*drop)(moea2a_moe_t moe, void *stream);
 } m2a_moe_backend_t;
 
 extern const m2a_moe_backend_t m2a_moe_backend_host, m2a_moe_backend_cuda, m2a_moe_backend_nvlink;

@@ -32,5 +32,5 @@ static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_cuda = {
-    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
+    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL, NULL,
 };

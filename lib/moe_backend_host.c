@@ -129,5 +129,5 @@ static moea2a_result_t host_alloc(moea2a_moe_t moe)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_host = {
-    "host", NULL, host_alloc, host_release, m2a_generic_dispatch, m2a_generic_combine, NULL,
+    "host", NULL, host_alloc, host_release, m2a_generic_dispatch, m2a_generic_combine, NULL, NULL,
 };

@@ -303,7 +303,14 @@ static moea2a_result_t nvlink_combine(moea2a_moe_t moe, moea2a_result_t status, 
     return status;
 }
 
+/* A dispatch's peers wait, before writing here again, for this rank's combine to have
+ * begun (the gate): a combine of no tokens passes it without reading a row. */
+static moea2a_result_t nvlink_drop(moea2a_moe_t moe, void *stream)
+{
+    return nvlink_combine(moe, MOEA2A_SUCCESS, NULL, NULL, M2A_MOE_BOTH, stream);
+}
+
 const m2a_moe_backend_t m2a_moe_backend_nvlink = {
-    "nvlink", nvlink_size, nvlink_alloc, nvlink_release, nvlink_dispatch, nvlink_combine, fast_status,
+    "nvlink", nvlink_size, nvlink_alloc, nvlink_release, nvlink_dispatch, nvlink_combine, fast_status, nvlink_drop,
 };
 

@@ -77,7 +77,12 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
         rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
     }
     /* at the worst-case bound no rank can be over it: no round trip for the agreement */
-    if (bound_can_bind(moe)) M2A_TRY(agree_rows(moe, rows));
+    if (bound_can_bind(moe)) {
+        moea2a_result_t r = agree_rows(moe, rows);
+        if (r == MOEA2A_ERR_CAPACITY && moe->backend->drop) /* on every rank: no combine follows */
+            (void)moe->backend->drop(moe, stream);
+        if (r != MOEA2A_SUCCESS) return r;
+    }
     else if (!moe->cuda && rows < 0)
         return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: expert-major rows over the worst case");
     if (!result) return MOEA2A_SUCCESS;

@@ -26,7 +26,7 @@
 # 2), AB_TOKENS (default 128,4096), and --op fp4 on one GPU; AB=0 skips it. WIRE=0 skips
 # quantize on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
-# FP4RANKS; EXPERT_TOKENS, default 128,4096).
+# FP4RANKS; EXPERT_TOKENS, default 128,4096); BENCH=expert runs only that benchmark.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -137,6 +137,13 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     fi
   fi
   [ "${BENCH:-1}" = 0 ] && exit 0
+  expert_block() {
+    echo "== expert-major layout (--layout expert:128, checked) next to rank-major, ${EXPERT_RANKS:-${FP4RANKS:-4}} GPUs"
+    timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "${EXPERT_RANKS:-${FP4RANKS:-4}}" \
+        --tokens "${EXPERT_TOKENS:-128,4096}" --layout expert:128 --check 1 --iters "${ITERS:-30}" --warmup 10 |
+      grep -E "dispatch|combine|expert-major|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
+  }
+  if [ "${BENCH:-1}" = expert ]; then expert_block; exit 0; fi # that block only
   echo "== NVFP4 and FP8 quantize/dequantize vs copy, 1 GPU"
   timeout 120 ./tools/moea2a_perf --op fp4 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
   timeout 120 ./tools/moea2a_perf --op fp8 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
@@ -153,12 +160,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
         grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
     done
   fi
-  if [ "${EXPERT:-1}" != 0 ]; then
-    echo "== expert-major layout (--layout expert:128, checked) next to rank-major, ${EXPERT_RANKS:-${FP4RANKS:-4}} GPUs"
-    timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "${EXPERT_RANKS:-${FP4RANKS:-4}}" \
-        --tokens "${EXPERT_TOKENS:-128,4096}" --layout expert:128 --check 1 --iters "${ITERS:-30}" --warmup 10 |
-      grep -E "dispatch|combine|expert-major|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
-  fi
+  [ "${EXPERT:-1}" != 0 ] && expert_block
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \
