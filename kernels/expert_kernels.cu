@@ -20,6 +20,7 @@ using m2a_elem::Elem;
 constexpr int kThreads = 512;     /* count and fill: slots per step of a block */
 constexpr int kCopyThreads = 256; /* copy and fold: a block per slot */
 constexpr int kSlotsPerPart = 4096;
+constexpr int kMaxTopK = 1024; /* the config's bound on top_k */
 
 __device__ __forceinline__ bool invalid_id(const m2a_kexpert_t &x, int32_t e)
 {
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
 template <typename V>
 __global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride)
 {
-    extern __shared__ int32_t s_rows[]; /* [k]: the slot's distinct rows */
+    __shared__ int32_t s_rows[kMaxTopK]; /* the slot's distinct rows */
     __shared__ int s_n;
     if (*x.rows < 0) return;
     const size_t slots = (size_t)x.ep * (size_t)stride;
@@ -202,8 +203,8 @@ template <moea2a_datatype_t DT, bool VEC>
 __global__ void __launch_bounds__(kCopyThreads)
     fold(m2a_kexpert_t x, int stride, size_t hidden, int weighted, const unsigned char *rows, unsigned char *combine)
 {
-    extern __shared__ int32_t s_map[]; /* [k] rows, then [k] weights */
-    float *s_w = reinterpret_cast<float *>(s_map + x.k);
+    __shared__ int32_t s_map[kMaxTopK]; /* the slot's rows */
+    __shared__ float s_w[kMaxTopK];      /* and their weights */
     constexpr int V = VEC ? 16 / (int)Elem<DT>::size : 1;
     const size_t row_bytes = Elem<DT>::size * hidden, steps = hidden / V;
     const size_t slots = (size_t)x.ep * (size_t)stride;
@@ -261,9 +262,9 @@ template <moea2a_datatype_t DT>
 void launch_fold(const m2a_kexpert_t *x, int stride, size_t hidden, int weighted, const unsigned char *rows,
                  unsigned char *combine, bool vec, cudaStream_t s)
 {
-    const size_t slots = (size_t)x->ep * (size_t)stride, shm = 8 * (size_t)x->k;
-    if (vec) fold<DT, true><<<blocks_for(slots), kCopyThreads, shm, s>>>(*x, stride, hidden, weighted, rows, combine);
-    else fold<DT, false><<<blocks_for(slots), kCopyThreads, shm, s>>>(*x, stride, hidden, weighted, rows, combine);
+    const size_t slots = (size_t)x->ep * (size_t)stride;
+    if (vec) fold<DT, true><<<blocks_for(slots), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
+    else fold<DT, false><<<blocks_for(slots), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
 }
 
 } // namespace
@@ -274,7 +275,7 @@ extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *
     const size_t slots = (size_t)x->ep * (size_t)stride;
     const int parts = parts_for(slots);
     const dim3 grid(x->num_local > 0 ? x->num_local : 1, parts);
-    if (grid.x > 65535u) return (int)cudaErrorNotSupported;
+    if (grid.x > 65535u || x->k > kMaxTopK) return (int)cudaErrorNotSupported;
     count<<<grid, kThreads, 0, s>>>(*x, stride, parts);
     fill<<<grid, kThreads, 0, s>>>(*x, stride, parts);
     bool vec = true;
@@ -282,9 +283,8 @@ extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *
         vec = vec && x->row_bytes[a] % 16 == 0 && ((uintptr_t)x->payload[a] | (uintptr_t)x->ex_payload[a]) % 16 == 0;
     const size_t items = slots + (x->zero_padding ? (size_t)x->num_local * (size_t)x->align : 0);
     if (x->num_payloads > 0) {
-        const size_t shm = 4 * (size_t)x->k;
-        if (vec) copy<int4><<<blocks_for(items), kCopyThreads, shm, s>>>(*x, stride);
-        else copy<unsigned char><<<blocks_for(items), kCopyThreads, shm, s>>>(*x, stride);
+        if (vec) copy<int4><<<blocks_for(items), kCopyThreads, 0, s>>>(*x, stride);
+        else copy<unsigned char><<<blocks_for(items), kCopyThreads, 0, s>>>(*x, stride);
     }
     return (int)cudaGetLastError();
 }
