@@ -33,15 +33,16 @@ __device__ __forceinline__ bool valid_slot(const m2a_kexpert_t &x, int stride, s
     return (int)(slot % (size_t)stride) < x.recv_counts[slot / (size_t)stride];
 }
 
-/* The first top-k slot of token row t naming local expert j (the row's owner), -1 if
- * none: later repeats of that expert share its row. */
-__device__ __forceinline__ int first_slot(const m2a_kexpert_t &x, const int32_t *t, int j)
+/* The first top-k slot of token row t naming expert e (a local expert's global id,
+ * valid unless it is the invalid id), -1 if none: later repeats of e share its row.
+ * Comparisons only, no table lookup per id: the k loads issue together. */
+__device__ __forceinline__ int first_slot(const m2a_kexpert_t &x, const int32_t *t, int32_t e)
 {
-    for (int s = 0; s < x.k; s++) {
-        const int32_t e = t[s];
-        if (!invalid_id(x, e) && x.local_of[e] == j) return s;
-    }
-    return -1;
+    if (e == x.invalid_id) return -1;
+    int first = -1;
+    for (int s = x.k - 1; s >= 0; s--)
+        if (t[s] == e) first = s;
+    return first;
 }
 
 /* Part p of `parts` equal runs of the slots. */
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) count(m2a_kexpert_t x, int stride, i
         int has = 0;
         if (slot < end && valid_slot(x, stride, slot)) {
             const int32_t *t = x.ids + slot * (size_t)x.k;
-            has = j < x.num_local && first_slot(x, t, j) >= 0;
+            has = j < x.num_local && first_slot(x, t, x.global_of[j]) >= 0;
             if ((slot - begin) % (size_t)blocks == (size_t)j)
                 for (int s = 0; s < x.k; s++) x.map[slot * (size_t)x.k + s] = -1;
         }
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
     for (size_t b0 = begin; b0 < end; b0 += kThreads) {
         const size_t slot = b0 + threadIdx.x;
         const int32_t *t = x.ids + slot * (size_t)x.k;
-        const int s0 = slot < end && valid_slot(x, stride, slot) ? first_slot(x, t, j) : -1;
+        const int s0 = slot < end && valid_slot(x, stride, slot) ? first_slot(x, t, x.global_of[j]) : -1;
         int pos, taken;
         Scan(tmp.scan).ExclusiveSum(s0 >= 0 ? 1 : 0, pos, taken);
         if (s0 >= 0) {

@@ -27,7 +27,7 @@ typedef struct {
     const int32_t *recv_counts;           /* [ep] */
     const int32_t *ids, *src_index;       /* rank-major [ep][stride][k], [ep][stride] */
     const float *weights;                 /* rank-major [ep][stride][k]; NULL unless carried */
-    const int32_t *local_of;              /* [E]: this rank's index of the expert, -1 another rank's */
+    const int32_t *global_of;             /* [num_local]: the global id of each local expert */
     int32_t *part_counts;                 /* [M2A_EXPERT_MAX_PARTS][num_local] */
     int32_t *counts, *offsets;            /* [num_local], [num_local + 1] */
     int64_t *rows;                        /* rows used, padding included; -1 over max_rows */

@@ -67,16 +67,17 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
 }
 
-/* The expert-major kernels' fixed table: each expert's index among this rank's, -1
- * for another rank's (the host reference builds the same one per call). */
+/* The expert-major kernels' fixed table: each local expert's global id, ascending (in
+ * the host reference's cursor words, which a CUDA context never uses). */
 static moea2a_result_t expert_tables(moea2a_moe_t moe)
 {
     int E = moe->cfg.num_experts, el = 0;
-    int32_t *local_of = malloc(sizeof(int32_t) * (size_t)E);
-    if (!local_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    for (int e = 0; e < E; e++) local_of[e] = moe->h_owner[e] == moe->comm->rank ? el++ : -1;
-    int rc = OPS->copy(moe->ws + moe->l.ex_local_of, local_of, 4 * (size_t)E, M2A_CUDA_H2D);
-    free(local_of);
+    int32_t *global_of = malloc(sizeof(int32_t) * (size_t)E);
+    if (!global_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    for (int e = 0; e < E; e++)
+        if (moe->h_owner[e] == moe->comm->rank) global_of[el++] = e;
+    int rc = el ? OPS->copy(moe->ws + moe->l.ex_cursors, global_of, 4 * (size_t)el, M2A_CUDA_H2D) : 0;
+    free(global_of);
     CU(moe->comm, rc);
     return MOEA2A_SUCCESS;
 }
@@ -300,7 +301,7 @@ static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x
     x->recv_counts = (const int32_t *)(ws + l->recv_counts);
     x->ids = (const int32_t *)(ws + l->ids), x->src_index = (const int32_t *)(ws + l->src_index);
     x->weights = l->weights ? (const float *)(ws + l->weights) : NULL;
-    x->local_of = (const int32_t *)(ws + l->ex_local_of);
+    x->global_of = (const int32_t *)(ws + l->ex_cursors);
     x->part_counts = (int32_t *)(ws + l->ex_parts);
     x->counts = (int32_t *)(ws + l->ex_counts), x->offsets = (int32_t *)(ws + l->ex_offsets);
     x->rows = (int64_t *)(ws + l->ex_used);

@@ -80,8 +80,8 @@ typedef struct {
      * counts and offsets, one scratch region, rows of each payload, per-row ids, source
      * rank, source token, top-k slot [, weight], and the combine rows the expert side
      * writes. The scratch holds, in order: the rows used (int64), expert -> local index
-     * [E], the host's cursors [experts + 1], the device's counts per part of the slots
-     * [M2A_EXPERT_PARTS][experts] */
+     * [E], the host's cursors [experts + 1] (CUDA contexts: each local expert's global id), the
+     * device's counts per part of the slots [M2A_EXPERT_PARTS][experts] */
     size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
     size_t ex_scratch, ex_used, ex_local_of, ex_cursors, ex_parts;
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;

@@ -190,7 +190,7 @@ int info_workspace(const char *spec_in)
         snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), host on NUMA %d",
                  s.staged_peers, s.record_bytes, s.numa_node);
     line("staging", s.staging_bytes, buf);
-    if (cuda) line("pinned mirror", s.pinned_host_bytes, "counts, headers, stats [, error record]: pinned host memory");
+    if (cuda) line("pinned mirror", s.pinned_host_bytes, "counts, headers, stats [, error record] [, expert-major counts]: pinned host memory");
     if (a.mem_limit > 0) {
         size_t budget = (size_t)a.mem_limit, need = cuda ? s.device_bytes : s.total_bytes;
         if (need <= budget) {

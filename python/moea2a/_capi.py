@@ -18,7 +18,7 @@ MEMORY_AUTO, MEMORY_HOST, MEMORY_CUDA = 0, 1, 2
 PLACEMENT_CONTIGUOUS, PLACEMENT_MAP = 0, 1
 # moea2a_moe_config_t.flags
 MOE_NO_SANITIZE, MOE_REWRITE_NONLOCAL, MOE_CARRY_WEIGHTS, MOE_NO_NVLINK = 1, 2, 4, 8
-MOE_WEIGHTED_COMBINE, MOE_ZERO_PADDING = 16, 32
+MOE_WEIGHTED_COMBINE, MOE_ZERO_PADDING, MOE_HOST_EXPERT_COUNTS = 16, 32, 64
 LAYOUT_RANK_MAJOR, LAYOUT_EXPERT_MAJOR = 0, 1
 # quantize on dispatch and the scale layouts
 WIRE_AS_IS, WIRE_FP8, WIRE_NVFP4 = 0, 1, 2
@@ -81,7 +81,9 @@ class DispatchResult(ctypes.Structure):
                 ("expert_offsets", ctypes.POINTER(ctypes.c_int32)), ("expert_rows", ctypes.c_int64),
                 ("expert_payloads", ctypes.c_void_p * MAX_PAYLOADS), ("expert_ids", ctypes.POINTER(ctypes.c_int32)),
                 ("expert_src_rank", ctypes.POINTER(ctypes.c_int32)), ("expert_src_token", ctypes.POINTER(ctypes.c_int32)),
-                ("expert_topk_slot", ctypes.POINTER(ctypes.c_int32)), ("expert_weights", ctypes.POINTER(ctypes.c_float))]
+                ("expert_topk_slot", ctypes.POINTER(ctypes.c_int32)), ("expert_weights", ctypes.POINTER(ctypes.c_float)),
+                ("expert_counts_host", ctypes.POINTER(ctypes.c_int32)),
+                ("expert_offsets_host", ctypes.POINTER(ctypes.c_int32))]
 
 
 def _candidates():
