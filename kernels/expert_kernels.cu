@@ -4,7 +4,7 @@
  *   count   how many valid slots name the expert, per part (and the map cleared)
  *   fill    aligned offsets from the counts (each block sums what precedes it), then a
  *           prefix sum over its part's slots in slot order: each row's index and arrays
- *   copy    a block per slot: its payload rows read once, written to each of its rows
+ *   copy    a warp per (slot, tile of the row): read once, written to each of its rows
  * A slot's order is ascending (source rank, source token), as the host reference's. */
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -18,14 +18,8 @@ namespace {
 using m2a_elem::Elem;
 
 constexpr int kThreads = 512;     /* count and fill: slots per step of a block */
-constexpr int kCopyThreads = 256; /* copy and fold: a block per slot */
+constexpr int kCopyThreads = 256; /* copy and fold: 8 warps, a warp per (slot, tile) */
 constexpr int kSlotsPerPart = 4096;
-constexpr int kMaxTopK = 1024; /* the config's bound on top_k */
-
-__device__ __forceinline__ bool invalid_id(const m2a_kexpert_t &x, int32_t e)
-{
-    return e < 0 || e >= x.num_experts || e == x.invalid_id;
-}
 
 /* Whether slot (src, i) holds a token: i below the source's count. */
 __device__ __forceinline__ bool valid_slot(const m2a_kexpert_t &x, int stride, size_t slot)
@@ -148,49 +142,45 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
         }
 }
 
-/* Slot items first (each valid slot's payload rows to its distinct rows), then, with
- * zero_padding, one item per possible gap row (num_local x align). */
+/* A warp per (item, tile of 32 chunks), so that even a few slots spread over the GPU:
+ * items are the slots (each valid slot's payload rows, read once, written to each of
+ * its rows), then, with zero_padding, every possible gap row (num_local x align). Lanes
+ * fetch the slot's map entries, one each, and pass them round. A row named twice (an
+ * expert repeated in the top-k) gets the same bytes twice from the same lane. */
 template <typename V>
-__global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride)
+__global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride, size_t tiles)
 {
-    __shared__ int32_t s_rows[kMaxTopK]; /* the slot's distinct rows */
-    __shared__ int s_n;
     if (*x.rows < 0) return;
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
     const size_t slots = (size_t)x.ep * (size_t)stride;
     const size_t items = slots + (x.zero_padding ? (size_t)x.num_local * (size_t)x.align : 0);
-    for (size_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const size_t nwarps = (size_t)gridDim.x * (kCopyThreads / 32);
+    for (size_t w = (size_t)blockIdx.x * (kCopyThreads / 32) + threadIdx.x / 32; w < items * tiles; w += nwarps) {
+        const size_t item = w / tiles, c = (w % tiles) * 32 + (size_t)lane;
         if (item >= slots) { /* a gap row, if this one is inside a gap */
             const size_t q = item - slots, j = q / (size_t)x.align;
             const int32_t row = x.offsets[j] + x.counts[j] + (int32_t)(q % (size_t)x.align);
             if (row >= x.offsets[j + 1]) continue;
-            for (int a = 0; a < x.num_payloads; a++) {
-                V *dst = reinterpret_cast<V *>(x.ex_payload[a] + (size_t)row * x.row_bytes[a]);
-                for (size_t c = threadIdx.x; c < x.row_bytes[a] / sizeof(V); c += kCopyThreads) dst[c] = V();
-            }
+            for (int a = 0; a < x.num_payloads; a++)
+                if (c < x.row_bytes[a] / sizeof(V))
+                    reinterpret_cast<V *>(x.ex_payload[a] + (size_t)row * x.row_bytes[a])[c] = V();
             continue;
         }
         if (!valid_slot(x, stride, item)) continue;
-        if (threadIdx.x == 0) {
-            int n = 0;
-            for (int s = 0; s < x.k; s++) {
-                const int32_t r = x.map[item * (size_t)x.k + s];
-                bool seen = r < 0;
-                for (int d = 0; d < n && !seen; d++) seen = s_rows[d] == r;
-                if (!seen) s_rows[n++] = r;
-            }
-            s_n = n;
-        }
-        __syncthreads();
-        const int n = s_n;
-        for (int a = 0; a < x.num_payloads; a++) {
-            const size_t rb = x.row_bytes[a], chunks = rb / sizeof(V);
-            const V *src = reinterpret_cast<const V *>(x.payload[a] + item * rb);
-            for (size_t c = threadIdx.x; c < chunks; c += kCopyThreads) {
-                const V v = src[c];
-                for (int d = 0; d < n; d++) reinterpret_cast<V *>(x.ex_payload[a] + (size_t)s_rows[d] * rb)[c] = v;
+        for (int s0 = 0; s0 < x.k; s0 += 32) {
+            const int32_t mine = s0 + lane < x.k ? x.map[item * (size_t)x.k + s0 + lane] : -1;
+            const int n = x.k - s0 < 32 ? x.k - s0 : 32;
+            for (int a = 0; a < x.num_payloads; a++) {
+                const size_t rb = x.row_bytes[a];
+                const bool have = c < rb / sizeof(V);
+                const V v = have ? reinterpret_cast<const V *>(x.payload[a] + item * rb)[c] : V();
+                for (int d = 0; d < n; d++) {
+                    const int32_t r = __shfl_sync(full, mine, d);
+                    if (have && r >= 0) reinterpret_cast<V *>(x.ex_payload[a] + (size_t)r * rb)[c] = v;
+                }
             }
         }
-        __syncthreads(); /* s_rows is the next slot's */
     }
 }
 
@@ -198,59 +188,65 @@ __global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride
  * host's arithmetic under -ffp-contract=off. */
 __device__ __forceinline__ float add_product(float acc, float w, float v) { return __fadd_rn(acc, __fmul_rn(w, v)); }
 
-/* A block per valid slot: its combine row from the rows its map names, ascending top-k
- * slot. VEC: 16 bytes per step (rows and pointers 16-byte aligned). */
+/* A warp per (valid slot, tile of 32 steps): the slot's combine row from the rows its
+ * map names, ascending top-k slot. VEC: a step is 16 bytes (rows and pointers 16-byte
+ * aligned), else one element. */
 template <moea2a_datatype_t DT, bool VEC>
 __global__ void __launch_bounds__(kCopyThreads)
     fold(m2a_kexpert_t x, int stride, size_t hidden, int weighted, const unsigned char *rows, unsigned char *combine)
 {
-    __shared__ int32_t s_map[kMaxTopK]; /* the slot's rows */
-    __shared__ float s_w[kMaxTopK];      /* and their weights */
     constexpr int V = VEC ? 16 / (int)Elem<DT>::size : 1;
-    const size_t row_bytes = Elem<DT>::size * hidden, steps = hidden / V;
-    const size_t slots = (size_t)x.ep * (size_t)stride;
-    for (size_t slot = blockIdx.x; slot < slots; slot += gridDim.x) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const size_t row_bytes = Elem<DT>::size * hidden, steps = hidden / V, tiles = (steps + 31) / 32;
+    const size_t slots = (size_t)x.ep * (size_t)stride, nwarps = (size_t)gridDim.x * (kCopyThreads / 32);
+    for (size_t w = (size_t)blockIdx.x * (kCopyThreads / 32) + threadIdx.x / 32; w < slots * tiles; w += nwarps) {
+        const size_t slot = w / tiles, c = (w % tiles) * 32 + (size_t)lane;
         if (!valid_slot(x, stride, slot)) continue;
-        for (int s = threadIdx.x; s < x.k; s += kCopyThreads) {
-            s_map[s] = x.map[slot * (size_t)x.k + s];
-            s_w[s] = weighted ? x.weights[slot * (size_t)x.k + s] : 1.0f;
-        }
-        __syncthreads();
-        unsigned char *out = combine + slot * row_bytes;
-        for (size_t c = threadIdx.x; c < steps; c += kCopyThreads) {
-            float acc[V];
+        const bool have = c < steps;
+        float acc[V];
 #pragma unroll
-            for (int v = 0; v < V; v++) acc[v] = 0.0f;
-            for (int s = 0; s < x.k; s++) {
-                const int32_t r = s_map[s];
-                if (r < 0) continue;
+        for (int v = 0; v < V; v++) acc[v] = 0.0f;
+        for (int s0 = 0; s0 < x.k; s0 += 32) {
+            const size_t at = slot * (size_t)x.k + (size_t)(s0 + lane);
+            const int32_t my_r = s0 + lane < x.k ? x.map[at] : -1;
+            const float my_w = s0 + lane < x.k && weighted ? x.weights[at] : 1.0f;
+            const int n = x.k - s0 < 32 ? x.k - s0 : 32;
+#pragma unroll 4
+            for (int d = 0; d < n; d++) {
+                const int32_t r = __shfl_sync(full, my_r, d);
+                const float wt = __shfl_sync(full, my_w, d);
+                if (!have || r < 0) continue;
                 const unsigned char *in = rows + (size_t)r * row_bytes;
                 if (VEC) {
                     const int4 raw = reinterpret_cast<const int4 *>(in)[c];
                     const unsigned char *b = reinterpret_cast<const unsigned char *>(&raw);
 #pragma unroll
-                    for (int v = 0; v < V; v++) acc[v] = add_product(acc[v], s_w[s], Elem<DT>::load(b, (size_t)v));
+                    for (int v = 0; v < V; v++) acc[v] = add_product(acc[v], wt, Elem<DT>::load(b, (size_t)v));
                 } else {
-                    acc[0] = add_product(acc[0], s_w[s], Elem<DT>::load(in, c));
+                    acc[0] = add_product(acc[0], wt, Elem<DT>::load(in, c));
                 }
             }
-            if (VEC) {
-                int4 res;
-                unsigned char *rb = reinterpret_cast<unsigned char *>(&res);
-#pragma unroll
-                for (int v = 0; v < V; v++) Elem<DT>::store(rb, (size_t)v, acc[v]);
-                reinterpret_cast<int4 *>(out)[c] = res;
-            } else {
-                Elem<DT>::store(out, c, acc[0]);
-            }
         }
-        __syncthreads(); /* s_map is the next slot's */
+        if (!have) continue;
+        unsigned char *out = combine + slot * row_bytes;
+        if (VEC) {
+            int4 res;
+            unsigned char *rb = reinterpret_cast<unsigned char *>(&res);
+#pragma unroll
+            for (int v = 0; v < V; v++) Elem<DT>::store(rb, (size_t)v, acc[v]);
+            reinterpret_cast<int4 *>(out)[c] = res;
+        } else {
+            Elem<DT>::store(out, c, acc[0]);
+        }
     }
 }
 
-int blocks_for(size_t items)
+/* Blocks of kCopyThreads for this many warp items. */
+int blocks_for(size_t warp_items)
 {
-    return (int)(items < 1 ? 1 : items > 4096 ? 4096 : items);
+    const size_t b = (warp_items + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
+    return (int)(b < 1 ? 1 : b > 4096 ? 4096 : b);
 }
 
 int parts_for(size_t slots)
@@ -263,9 +259,10 @@ template <moea2a_datatype_t DT>
 void launch_fold(const m2a_kexpert_t *x, int stride, size_t hidden, int weighted, const unsigned char *rows,
                  unsigned char *combine, bool vec, cudaStream_t s)
 {
-    const size_t slots = (size_t)x->ep * (size_t)stride;
-    if (vec) fold<DT, true><<<blocks_for(slots), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
-    else fold<DT, false><<<blocks_for(slots), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
+    const size_t steps = vec ? Elem<DT>::size * hidden / 16 : hidden;
+    const size_t warps = (size_t)x->ep * (size_t)stride * ((steps + 31) / 32);
+    if (vec) fold<DT, true><<<blocks_for(warps), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
+    else fold<DT, false><<<blocks_for(warps), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
 }
 
 } // namespace
@@ -276,16 +273,22 @@ extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *
     const size_t slots = (size_t)x->ep * (size_t)stride;
     const int parts = parts_for(slots);
     const dim3 grid(x->num_local > 0 ? x->num_local : 1, parts);
-    if (grid.x > 65535u || x->k > kMaxTopK) return (int)cudaErrorNotSupported;
+    if (grid.x > 65535u) return (int)cudaErrorNotSupported;
     count<<<grid, kThreads, 0, s>>>(*x, stride, parts);
     fill<<<grid, kThreads, 0, s>>>(*x, stride, parts);
     bool vec = true;
     for (int a = 0; a < x->num_payloads; a++)
         vec = vec && x->row_bytes[a] % 16 == 0 && ((uintptr_t)x->payload[a] | (uintptr_t)x->ex_payload[a]) % 16 == 0;
     const size_t items = slots + (x->zero_padding ? (size_t)x->num_local * (size_t)x->align : 0);
-    if (x->num_payloads > 0) {
-        if (vec) copy<int4><<<blocks_for(items), kCopyThreads, 0, s>>>(*x, stride);
-        else copy<unsigned char><<<blocks_for(items), kCopyThreads, 0, s>>>(*x, stride);
+    size_t chunks = 0; /* of the widest payload row */
+    for (int a = 0; a < x->num_payloads; a++) {
+        const size_t c = x->row_bytes[a] / (vec ? 16 : 1);
+        chunks = c > chunks ? c : chunks;
+    }
+    const size_t tiles = (chunks + 31) / 32;
+    if (tiles > 0) {
+        if (vec) copy<int4><<<blocks_for(items * tiles), kCopyThreads, 0, s>>>(*x, stride, tiles);
+        else copy<unsigned char><<<blocks_for(items * tiles), kCopyThreads, 0, s>>>(*x, stride, tiles);
     }
     return (int)cudaGetLastError();
 }
