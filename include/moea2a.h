@@ -357,6 +357,14 @@ typedef struct {
      * the dispatch, e.g. after cudaStreamSynchronize); on host memory, expert_counts
      * and expert_offsets themselves; NULL otherwise. */
     const int32_t *expert_counts_host, *expert_offsets_host;
+    /* Payloads quantized on dispatch, per expert row (NULL for payloads sent as is):
+     * expert_payloads[i] holds the codes, expert_payload_scales[i] the row's scales
+     * row-major ([max_expert_rows][scale row bytes]: FP8 row-major scales, NVFP4 linear
+     * E4M3 scales, whatever the wire's scale_layout, which applies to payload_scales),
+     * expert_global_scales[i] (NVFP4) each row's source global scale. Padding rows:
+     * scales and global scale 0. */
+    void *expert_payload_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    const float *expert_global_scales[MOEA2A_MOE_MAX_PAYLOADS];
 } moea2a_dispatch_result_t;
 
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }

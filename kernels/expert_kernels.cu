@@ -21,6 +21,7 @@ constexpr int kThreads = 512;     /* count and fill: slots per step of a block *
 constexpr int kCopyThreads = 256; /* copy and fold: 8 warps, a warp per (slot, tile) */
 constexpr int kSlotsPerPart = 4096;
 
+
 /* Whether slot (src, i) holds a token: i below the source's count. */
 __device__ __forceinline__ bool valid_slot(const m2a_kexpert_t &x, int stride, size_t slot)
 {
@@ -142,19 +143,37 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
         }
 }
 
-/* A warp per (item, tile of 32 chunks), so that even a few slots spread over the GPU:
- * items are the slots (each valid slot's payload rows, read once, written to each of
- * its rows), then, with zero_padding, every possible gap row (num_local x align). Lanes
- * fetch the slot's map entries, one each, and pass them round. A row named twice (an
- * expert repeated in the top-k) gets the same bytes twice from the same lane. */
+/* One chunk c (a V) of array a of slot `item`, read once and written to each row the
+ * warp passes round (mine: this lane's map entry, n of them); every lane takes part. */
 template <typename V>
-__global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride, size_t tiles)
+__device__ __forceinline__ void spread(const m2a_kexpert_t &x, int a, size_t item, size_t c, int32_t mine, int n)
+{
+    const size_t w = x.width[a];
+    const bool have = c < w / sizeof(V);
+    const V v = have ? reinterpret_cast<const V *>(x.src[a] + item * w)[c] : V();
+    for (int d = 0; d < n; d++) {
+        const int32_t r = __shfl_sync(0xffffffffu, mine, d);
+        if (have && r >= 0) reinterpret_cast<V *>(x.dst[a] + (size_t)r * w)[c] = v;
+    }
+}
+
+template <typename V>
+__device__ __forceinline__ void zero_chunk(const m2a_kexpert_t &x, int a, int32_t row, size_t c)
+{
+    if (c < x.width[a] / sizeof(V)) reinterpret_cast<V *>(x.dst[a] + (size_t)row * x.width[a])[c] = V();
+}
+
+/* A warp per (item, tile of 32 chunks), so that even a few slots spread over the GPU:
+ * items are the slots (each valid slot's arrays, read once, written to each of its
+ * rows), then every possible gap row (num_local x align), whose arrays get zeros where
+ * asked. Lanes fetch the slot's map entries, one each, and pass them round. A row
+ * named twice (an expert repeated in the top-k) gets the same bytes twice from the
+ * same lane. */
+__global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride, size_t tiles, size_t gap_items)
 {
     if (*x.rows < 0) return;
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
-    const size_t slots = (size_t)x.ep * (size_t)stride;
-    const size_t items = slots + (x.zero_padding ? (size_t)x.num_local * (size_t)x.align : 0);
+    const size_t slots = (size_t)x.ep * (size_t)stride, items = slots + gap_items;
     const size_t nwarps = (size_t)gridDim.x * (kCopyThreads / 32);
     for (size_t w = (size_t)blockIdx.x * (kCopyThreads / 32) + threadIdx.x / 32; w < items * tiles; w += nwarps) {
         const size_t item = w / tiles, c = (w % tiles) * 32 + (size_t)lane;
@@ -162,23 +181,22 @@ __global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride
             const size_t q = item - slots, j = q / (size_t)x.align;
             const int32_t row = x.offsets[j] + x.counts[j] + (int32_t)(q % (size_t)x.align);
             if (row >= x.offsets[j + 1]) continue;
-            for (int a = 0; a < x.num_payloads; a++)
-                if (c < x.row_bytes[a] / sizeof(V))
-                    reinterpret_cast<V *>(x.ex_payload[a] + (size_t)row * x.row_bytes[a])[c] = V();
+            for (int a = 0; a < x.num_arrays; a++) {
+                if (!x.always_zero[a] && !x.zero_padding) continue;
+                if (x.vbytes[a] == 16) zero_chunk<int4>(x, a, row, c);
+                else if (x.vbytes[a] == 4) zero_chunk<uint32_t>(x, a, row, c);
+                else zero_chunk<unsigned char>(x, a, row, c);
+            }
             continue;
         }
         if (!valid_slot(x, stride, item)) continue;
         for (int s0 = 0; s0 < x.k; s0 += 32) {
             const int32_t mine = s0 + lane < x.k ? x.map[item * (size_t)x.k + s0 + lane] : -1;
             const int n = x.k - s0 < 32 ? x.k - s0 : 32;
-            for (int a = 0; a < x.num_payloads; a++) {
-                const size_t rb = x.row_bytes[a];
-                const bool have = c < rb / sizeof(V);
-                const V v = have ? reinterpret_cast<const V *>(x.payload[a] + item * rb)[c] : V();
-                for (int d = 0; d < n; d++) {
-                    const int32_t r = __shfl_sync(full, mine, d);
-                    if (have && r >= 0) reinterpret_cast<V *>(x.ex_payload[a] + (size_t)r * rb)[c] = v;
-                }
+            for (int a = 0; a < x.num_arrays; a++) {
+                if (x.vbytes[a] == 16) spread<int4>(x, a, item, c, mine, n);
+                else if (x.vbytes[a] == 4) spread<uint32_t>(x, a, item, c, mine, n);
+                else spread<unsigned char>(x, a, item, c, mine, n);
             }
         }
     }
@@ -276,20 +294,19 @@ extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *
     if (grid.x > 65535u) return (int)cudaErrorNotSupported;
     count<<<grid, kThreads, 0, s>>>(*x, stride, parts);
     fill<<<grid, kThreads, 0, s>>>(*x, stride, parts);
-    bool vec = true;
-    for (int a = 0; a < x->num_payloads; a++)
-        vec = vec && x->row_bytes[a] % 16 == 0 && ((uintptr_t)x->payload[a] | (uintptr_t)x->ex_payload[a]) % 16 == 0;
-    const size_t items = slots + (x->zero_padding ? (size_t)x->num_local * (size_t)x->align : 0);
-    size_t chunks = 0; /* of the widest payload row */
-    for (int a = 0; a < x->num_payloads; a++) {
-        const size_t c = x->row_bytes[a] / (vec ? 16 : 1);
+    /* each array in the widest chunks its rows and bases allow */
+    m2a_kexpert_t xc = *x;
+    size_t chunks = 0; /* of the array with the most */
+    bool gaps = x->zero_padding != 0;
+    for (int a = 0; a < x->num_arrays; a++) {
+        const uintptr_t at = (uintptr_t)x->src[a] | (uintptr_t)x->dst[a];
+        xc.vbytes[a] = x->width[a] % 16 == 0 && at % 16 == 0 ? 16 : x->width[a] % 4 == 0 && at % 4 == 0 ? 4 : 1;
+        const size_t c = x->width[a] / (size_t)xc.vbytes[a];
         chunks = c > chunks ? c : chunks;
+        gaps = gaps || x->always_zero[a];
     }
-    const size_t tiles = (chunks + 31) / 32;
-    if (tiles > 0) {
-        if (vec) copy<int4><<<blocks_for(items * tiles), kCopyThreads, 0, s>>>(*x, stride, tiles);
-        else copy<unsigned char><<<blocks_for(items * tiles), kCopyThreads, 0, s>>>(*x, stride, tiles);
-    }
+    const size_t tiles = (chunks + 31) / 32, gap_items = gaps ? (size_t)x->num_local * (size_t)x->align : 0;
+    if (tiles > 0) copy<<<blocks_for((slots + gap_items) * tiles), kCopyThreads, 0, s>>>(xc, stride, tiles, gap_items);
     return (int)cudaGetLastError();
 }
 

@@ -18,10 +18,13 @@ extern "C" {
  * own blocks (a block per local expert and part); the workspace holds one count per
  * (part, local expert) (moe_layout.h). */
 #define M2A_EXPERT_MAX_PARTS 16
+/* Byte arrays a row carries: each payload, and a quantized one's scales [and global
+ * scale]. */
+#define M2A_EXPERT_MAX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS)
 
 /* Everything the kernels read and write, device pointers into the workspace. */
 typedef struct {
-    int ep, k, num_experts, num_local, num_payloads, align, zero_padding;
+    int ep, k, num_experts, num_local, num_arrays, align, zero_padding;
     int32_t invalid_id;
     int64_t max_rows;                     /* the bound on rows, padding included */
     const int32_t *recv_counts;           /* [ep] */
@@ -34,14 +37,18 @@ typedef struct {
     int32_t *map;                         /* [ep][stride][k]: the row of each entry, -1 */
     int32_t *xid, *xrank, *xtok, *xslot;  /* per row */
     float *xw;                            /* per row; NULL unless weights are carried */
-    const unsigned char *payload[MOEA2A_MOE_MAX_PAYLOADS]; /* rank-major rows */
-    unsigned char *ex_payload[MOEA2A_MOE_MAX_PAYLOADS];    /* expert-major rows */
-    size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS];
+    /* each byte array: rank-major rows, expert-major rows, bytes per row, whether gap
+     * rows get zeros always (scales) or only with zero_padding (payloads, codes) */
+    const unsigned char *src[M2A_EXPERT_MAX_ARRAYS];
+    unsigned char *dst[M2A_EXPERT_MAX_ARRAYS];
+    size_t width[M2A_EXPERT_MAX_ARRAYS];
+    int always_zero[M2A_EXPERT_MAX_ARRAYS];
+    int vbytes[M2A_EXPERT_MAX_ARRAYS]; /* set by the launcher: the chunk the copy moves, 16, 4 or 1 */
 } m2a_kexpert_t;
 
 /* The layout from the rank-major arrays at this stride: counts, aligned offsets, the
  * rows in ascending (source rank, source token) order per expert, their arrays and
- * payloads, the map; padding rows marked (payload zeroed if zero_padding). Over
+ * byte arrays, the map; padding rows marked (byte arrays zeroed where asked). Over
  * max_rows: *rows = -1 and no row is written. */
 int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *stream);
 /* Each valid slot's combine row (combine + slot x row bytes) from the expert side's

@@ -295,7 +295,7 @@ static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x
     unsigned char *ws = moe->ws;
     memset(x, 0, sizeof(*x));
     x->ep = moe->comm->nranks, x->k = c->top_k, x->num_experts = c->num_experts, x->num_local = num_local;
-    x->num_payloads = c->num_payloads, x->align = c->expert_alignment;
+    x->align = c->expert_alignment;
     x->zero_padding = (c->flags & MOEA2A_MOE_ZERO_PADDING) != 0;
     x->invalid_id = c->invalid_expert_id, x->max_rows = (int64_t)l->ex_rows;
     x->recv_counts = (const int32_t *)(ws + l->recv_counts);
@@ -309,8 +309,20 @@ static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x
     x->xid = (int32_t *)(ws + l->ex_ids), x->xrank = (int32_t *)(ws + l->ex_src_rank);
     x->xtok = (int32_t *)(ws + l->ex_src_token), x->xslot = (int32_t *)(ws + l->ex_slot);
     x->xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
-    for (int i = 0; i < c->num_payloads; i++)
-        x->payload[i] = ws + l->payload[i], x->ex_payload[i] = ws + l->ex_payload[i], x->row_bytes[i] = l->row_bytes[i];
+    for (int i = 0; i < c->num_payloads; i++) { /* a payload (codes), [scale rows, [global scales]] */
+        int a = x->num_arrays;
+        x->src[a] = ws + l->payload[i], x->dst[a] = ws + l->ex_payload[i], x->width[a] = l->row_bytes[i];
+        x->always_zero[a] = 0, a++;
+        if (l->ex_scales[i]) {
+            x->src[a] = ws + l->wire_scales[i], x->dst[a] = ws + l->ex_scales[i], x->width[a] = l->wire_scale_row[i];
+            x->always_zero[a] = 1, a++;
+        }
+        if (l->ex_global[i]) {
+            x->src[a] = ws + l->wire_global_rows[i], x->dst[a] = ws + l->ex_global[i], x->width[a] = 4;
+            x->always_zero[a] = 1, a++;
+        }
+        x->num_arrays = a;
+    }
 }
 
 _Static_assert(M2A_EXPERT_MAX_PARTS == M2A_EXPERT_PARTS, "the kernels' parts and the layout's differ");

@@ -96,7 +96,11 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
     full.expert_counts = (const int32_t *)(ws + l->ex_counts);
     full.expert_offsets = (const int32_t *)(ws + l->ex_offsets);
     full.expert_rows = rows;
-    for (int i = 0; i < moe->cfg.num_payloads; i++) full.expert_payloads[i] = ws + l->ex_payload[i];
+    for (int i = 0; i < moe->cfg.num_payloads; i++) {
+        full.expert_payloads[i] = ws + l->ex_payload[i];
+        full.expert_payload_scales[i] = l->ex_scales[i] ? ws + l->ex_scales[i] : NULL;
+        full.expert_global_scales[i] = l->ex_global[i] ? (const float *)(ws + l->ex_global[i]) : NULL;
+    }
     full.expert_ids = (const int32_t *)(ws + l->ex_ids);
     full.expert_src_rank = (const int32_t *)(ws + l->ex_src_rank);
     full.expert_src_token = (const int32_t *)(ws + l->ex_src_token);

@@ -131,11 +131,6 @@ static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config
                   "%s: expert_alignment=%d must be in 1..1024", fn, c->expert_alignment);
     M2A_CHECK_ARG(comm, !(c->flags & MOEA2A_MOE_WEIGHTED_COMBINE) || (c->flags & MOEA2A_MOE_CARRY_WEIGHTS),
                   "%s: MOEA2A_MOE_WEIGHTED_COMBINE needs the router weights: set MOEA2A_MOE_CARRY_WEIGHTS", fn);
-    for (int i = 0; i < c->num_payloads; i++)
-        if (c->wire[i].format != MOEA2A_WIRE_AS_IS)
-            return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                             "%s: the expert-major layout does not take payloads quantized on dispatch (wire[%d]) in "
-                             "this release", fn, i);
     long long worst = m2a_moe_expert_worst_rows(c, ep);
     M2A_CHECK_ARG(comm, c->max_expert_rows >= 0, "%s: max_expert_rows=%lld is negative", fn,
                   (long long)c->max_expert_rows);
@@ -290,7 +285,12 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
         l->ex_used = at, l->ex_local_of = at + 8, l->ex_cursors = l->ex_local_of + 4 * (size_t)c->num_experts;
         l->ex_parts = l->ex_cursors + 4 * (el + 1);
         take(&at, 8 + 4 * (size_t)c->num_experts + 4 * (el + 1) + 4 * M2A_EXPERT_PARTS * el);
-        for (int i = 0; i < c->num_payloads; i++) l->ex_payload[i] = take(&at, R * l->row_bytes[i]);
+        for (int i = 0; i < c->num_payloads; i++) {
+            l->ex_payload[i] = take(&at, R * l->row_bytes[i]); /* quantized: the codes */
+            if (c->wire[i].format == MOEA2A_WIRE_AS_IS) continue;
+            l->ex_scales[i] = take(&at, R * l->wire_scale_row[i]);
+            if (c->wire[i].format == MOEA2A_WIRE_NVFP4) l->ex_global[i] = take(&at, 4 * R);
+        }
         l->ex_ids = take(&at, 4 * R);
         l->ex_src_rank = take(&at, 4 * R);
         l->ex_src_token = take(&at, 4 * R);

@@ -84,6 +84,9 @@ typedef struct {
      * device's counts per part of the slots [M2A_EXPERT_PARTS][experts] */
     size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
     size_t ex_scratch, ex_used, ex_local_of, ex_cursors, ex_parts;
+    /* payloads quantized on dispatch (else 0): each expert row's scales, row-major
+     * ([R][scale row]: FP8 row-major, NVFP4 linear), and NVFP4's global scale ([R]) */
+    size_t ex_scales[MOEA2A_MOE_MAX_PAYLOADS], ex_global[MOEA2A_MOE_MAX_PAYLOADS];
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;

@@ -554,10 +554,20 @@ static int checks_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     m = config_of(&c), m.max_expert_rows = -3;
     rc = moea2a_moe_workspace_size(comm, &m, &sz);
     RANK_EXPECT(fails, me, rc == MOEA2A_ERR_INVALID_ARGUMENT, "negative max_expert_rows: %s", moea2a_last_error(comm));
+    /* a payload quantized on dispatch: its codes, row scales [and global scales] per row */
     m = config_of(&c), m.payloads[0].elems_per_token = 128, m.wire[0].format = MOEA2A_WIRE_FP8;
-    rc = moea2a_moe_workspace_size(comm, &m, &sz);
-    RANK_EXPECT(fails, me, rc == MOEA2A_ERR_UNAVAILABLE, "with a payload quantized on dispatch: %s (%s)",
-                moea2a_strerror(rc), moea2a_last_error(comm));
+    moea2a_moe_workspace_sizes_t qz = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    rc = moea2a_moe_workspace_size(comm, &m, &qz);
+    size_t qwant = want - A(R * 2 * 6) + A(R * 128) + A(R * 4);
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS && qz.expert_bytes == qwant,
+                "with a payload quantized on dispatch (FP8): %s, expert_bytes %zu, the formula says %zu",
+                moea2a_strerror(rc), qz.expert_bytes, qwant);
+    m.wire[0].format = MOEA2A_WIRE_NVFP4;
+    rc = moea2a_moe_workspace_size(comm, &m, &qz);
+    qwant = want - A(R * 2 * 6) + A(R * 64) + A(R * 8) + A(R * 4);
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS && qz.expert_bytes == qwant,
+                "with a payload quantized on dispatch (NVFP4): %s, expert_bytes %zu, the formula says %zu",
+                moea2a_strerror(rc), qz.expert_bytes, qwant);
     /* CUDA memory, on a machine layout with GPUs: sized, with the counts' pinned copy */
     m = config_of(&c), m.memory = MOEA2A_MEMORY_CUDA;
     moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;

@@ -174,12 +174,54 @@ static unsigned char *expected_scales(const wire_case_t *w, const unsigned char 
     return padded;
 }
 
+/* The expert-major rows of the quantizing context (rq) against those of the context that
+ * dispatched the caller's codes, row scales [and global scales] as plain payloads (rp):
+ * the same rows, codes, scales and global scales; gap rows' scales 0. */
+static int check_expert(const where_t *m, const wire_case_t *w, int me, int ci, const moea2a_dispatch_result_t *rq,
+                        const moea2a_dispatch_result_t *rp)
+{
+    int fails = 0, el = rq->num_local_experts;
+    int32_t *oq = get(m, rq->expert_offsets, 4 * (size_t)(el + 1)), *op = get(m, rp->expert_offsets, 4 * (size_t)(el + 1));
+    RANK_EXPECT(fails, me, el == rp->num_local_experts && !memcmp(oq, op, 4 * (size_t)(el + 1)),
+                "case %d: expert-major offsets differ", ci);
+    size_t R = (size_t)op[el], cr = code_row(w), sr = scale_row(w);
+    int nv = w->format == MOEA2A_WIRE_NVFP4;
+    int32_t *src = get(m, rp->expert_src_rank, 4 * R);
+    unsigned char *cq = get(m, rq->expert_payloads[0], R * cr), *cp = get(m, rp->expert_payloads[0], R * cr);
+    unsigned char *sq = get(m, rq->expert_payload_scales[0], R * sr), *sp = get(m, rp->expert_payloads[2], R * sr);
+    unsigned char *xq = get(m, rq->expert_payloads[1], R * 12), *xp = get(m, rp->expert_payloads[1], R * 12);
+    float *gq = nv ? get(m, rq->expert_global_scales[0], 4 * R) : NULL, *gp = nv ? get(m, rp->expert_payloads[3], 4 * R) : NULL;
+    int bad = 0, gap = 0;
+    for (size_t r = 0; r < R; r++) {
+        if (src[r] < 0) { /* a gap row */
+            for (size_t b = 0; b < sr; b++) gap += sq[r * sr + b] != 0;
+            if (nv) gap += gq[r] != 0.0f;
+            continue;
+        }
+        bad += memcmp(cq + r * cr, cp + r * cr, cr) != 0 || memcmp(sq + r * sr, sp + r * sr, sr) != 0 ||
+               memcmp(xq + r * 12, xp + r * 12, 12) != 0 || (nv && memcmp(&gq[r], &gp[r], 4) != 0);
+    }
+    RANK_EXPECT(fails, me, rq->expert_payload_scales[0] && (!nv || rq->expert_global_scales[0]) && !rq->expert_payload_scales[1] &&
+                               !rp->expert_payload_scales[0],
+                "case %d: expert-major scale arrays present where quantized only", ci);
+    RANK_EXPECT(fails, me, bad == 0, "case %d: %d expert-major rows differ from quantize-then-dispatch", ci, bad);
+    RANK_EXPECT(fails, me, gap == 0, "case %d: %d gap-row scale bytes not 0", ci, gap);
+    free(oq), free(op), free(src), free(cq), free(cp), free(sq), free(sp), free(xq), free(xp), free(gq), free(gp);
+    return fails;
+}
+
 static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci, uint64_t seed)
 {
     const wire_case_t *w = &cases[ci];
     int fails = 0, E = 4 * ep + (int)(seed % 5), k = 1 + (int)(seed % 4), cap = 9;
     moea2a_moe_config_t cq = config_for(w, E, k, cap, 1), cp = config_for(w, E, k, cap, 0);
     cq.memory = cp.memory = m->cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
+    /* every other seed: the expert-major layout too, for both contexts */
+    const int expert = (seed / 101) % 2 == 0;
+    if (expert) {
+        cq.layout = cp.layout = MOEA2A_LAYOUT_EXPERT_MAJOR;
+        cq.expert_alignment = cp.expert_alignment = 8;
+    }
     if (m->cuda && !m->nvlink) cq.flags |= MOEA2A_MOE_NO_NVLINK, cp.flags |= MOEA2A_MOE_NO_NVLINK;
     moea2a_moe_t mq, mp;
     if (moea2a_moe_create(&mq, comm, &cq) || moea2a_moe_create(&mp, comm, &cp)) {
@@ -206,6 +248,13 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
                 (w->format == MOEA2A_WIRE_NVFP4 ? A((size_t)cap * 4) : 0);
     RANK_EXPECT(fails, me, sz.payload_bytes[0] == want && sz.payload_bytes[1] == A(slots * 12),
                 "case %d: payload bytes %zu, the formula says %zu", ci, sz.payload_bytes[0], want);
+    if (expert) { /* codes, row scales [, global scales] per expert row: the caller-quantized context's rows */
+        moea2a_moe_workspace_sizes_t szp = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+        moea2a_moe_workspace_size(comm, &cp, &szp);
+        RANK_EXPECT(fails, me, sz.expert_bytes == szp.expert_bytes && sz.expert_bytes > 0,
+                    "case %d: expert-major bytes %zu, with the caller's quantized rows %zu", ci, sz.expert_bytes,
+                    szp.expert_bytes);
+    }
 
     /* this rank's tokens: idle ranks, invalid ids, a smaller stride sometimes */
     int n = (int)(mix(seed + (uint64_t)me) % (uint64_t)(cap + 1));
@@ -246,7 +295,7 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     if (r0 == MOEA2A_SUCCESS) { /* the load/store path: the next dispatch follows a combine */
         void *zero = calloc(slots, 128), *dzero = put(m, zero, slots * 128), *out = calloc((size_t)cap, 128);
         void *dout = put(m, out, (size_t)cap * 128);
-        r0 = moea2a_combine(mq, dzero, dout, NULL);
+        r0 = moea2a_combine(mq, expert ? NULL : dzero, dout, NULL);
         RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: combine: %s", ci, moea2a_last_error(comm));
         drop(m, dzero), drop(m, dout), free(zero), free(out);
     }
@@ -300,6 +349,7 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
         RANK_EXPECT(fails, me, rq.payload_scales[1] == NULL && rq.payload_scale_bytes[1] == 0,
                     "case %d: a payload sent as is has no scales", ci);
         free(cq_), free(cp_), free(codes_q), free(codes_p), free(side_q), free(side_p), free(rows_p);
+        if (expert) fails += check_expert(m, w, me, ci, &rq, &rp);
     }
     moea2a_moe_destroy(mq), moea2a_moe_destroy(mp);
     drop(m, dx), drop(m, dside), drop(m, dq), drop(m, ds), drop(m, dgs), drop(m, dids), drop(m, dall), drop(m, dxf);

@@ -83,7 +83,9 @@ class DispatchResult(ctypes.Structure):
                 ("expert_src_rank", ctypes.POINTER(ctypes.c_int32)), ("expert_src_token", ctypes.POINTER(ctypes.c_int32)),
                 ("expert_topk_slot", ctypes.POINTER(ctypes.c_int32)), ("expert_weights", ctypes.POINTER(ctypes.c_float)),
                 ("expert_counts_host", ctypes.POINTER(ctypes.c_int32)),
-                ("expert_offsets_host", ctypes.POINTER(ctypes.c_int32))]
+                ("expert_offsets_host", ctypes.POINTER(ctypes.c_int32)),
+                ("expert_payload_scales", ctypes.c_void_p * MAX_PAYLOADS),
+                ("expert_global_scales", ctypes.POINTER(ctypes.c_float) * MAX_PAYLOADS)]
 
 
 def _candidates():
