@@ -1,8 +1,7 @@
 /* The expert-major layout on the device (expert_kernels.h). The order of rows is
  * decided by counts and block-wide prefix sums, never by atomics: three passes, each a
  * block per (local expert, part of the slots):
- *   count   how many valid slots name the expert, per part (and the map cleared); when
- *           the slots fit one part, fill does it itself (one launch fewer at decode sizes)
+ *   count   how many valid slots name the expert, per part (and the map cleared)
  *   fill    aligned offsets from the counts (each block sums what precedes it), then a
  *           prefix sum over its part's slots in slot order: each row's index and arrays
  *   copy    a warp per (slot, tile of the row): read once, written to each of its rows
@@ -21,7 +20,6 @@ using m2a_elem::Elem;
 constexpr int kThreads = 512;     /* count and fill: slots per step of a block */
 constexpr int kCopyThreads = 256; /* copy and fold: 8 warps, a warp per (slot, tile) */
 constexpr int kSlotsPerPart = 4096;
-constexpr size_t kFusedShm = 32 * 1024; /* the fused fill's shared counts and ids: 4096 local experts */
 
 
 /* Whether slot (src, i) holds a token: i below the source's count. */
@@ -72,12 +70,6 @@ __global__ void __launch_bounds__(kThreads) count(m2a_kexpert_t x, int stride, i
     if (threadIdx.x == 0 && j < x.num_local) x.part_counts[p * x.num_local + j] = n;
 }
 
-/* FUSED (the slots in one part, a small enough expert count): every block first counts
- * all local experts itself, a shared histogram over the slots (the count pass's work,
- * repeated per block, cheaper than a launch at decode sizes) and clears the map entries
- * of its share of the slots that name no local expert (the entries that do are all
- * written below, by their expert's block). Else the count pass's part counts. */
-template <bool FUSED>
 __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, int parts)
 {
     typedef cub::BlockReduce<long long, kThreads> Reduce;
@@ -87,45 +79,13 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
         typename Scan::TempStorage scan;
     } tmp;
     __shared__ long long s_total, s_before;
-    extern __shared__ int32_t s_fused[]; /* FUSED: [el] counts, then [el] global ids */
     const int j = blockIdx.x, p = blockIdx.y, el = x.num_local;
     const long long a = x.align;
-    if (FUSED) {
-        int32_t *hist = s_fused, *ids_of = s_fused + el;
-        for (int q = threadIdx.x; q < el; q += kThreads) hist[q] = 0, ids_of[q] = x.global_of[q];
-        __syncthreads();
-        const size_t slots = (size_t)x.ep * (size_t)stride;
-        for (size_t slot = threadIdx.x; slot < slots; slot += kThreads) {
-            if (!valid_slot(x, stride, slot)) continue;
-            const int32_t *t = x.ids + slot * (size_t)x.k;
-            const bool clears = slot % gridDim.x == (size_t)j;
-            for (int s = 0; s < x.k; s++) {
-                const int32_t e = t[s];
-                int lo = 0, hi = el - 1, q = -1; /* ids_of ascends */
-                while (e != x.invalid_id && lo <= hi) {
-                    const int mid = (lo + hi) / 2;
-                    if (ids_of[mid] == e) q = mid, lo = hi + 1;
-                    else if (ids_of[mid] < e) lo = mid + 1;
-                    else hi = mid - 1;
-                }
-                if (q < 0) {
-                    if (clears) x.map[slot * (size_t)x.k + s] = -1;
-                    continue;
-                }
-                bool repeat = false;
-                for (int r = 0; r < s && !repeat; r++) repeat = t[r] == e;
-                if (!repeat) atomicAdd(&hist[q], 1); /* a count: no order to decide */
-            }
-        }
-        __syncthreads();
-    }
     /* every expert's rows rounded up to the alignment: the total, and those before j */
     long long total = 0, before = 0;
     for (int q = threadIdx.x; q < el; q += kThreads) {
         long long c = 0;
-        if (FUSED) c = s_fused[q];
-        else
-            for (int pp = 0; pp < parts; pp++) c += x.part_counts[pp * el + q];
+        for (int pp = 0; pp < parts; pp++) c += x.part_counts[pp * el + q];
         const long long rounded = (c + a - 1) / a * a;
         total += rounded;
         if (q < j) before += rounded;
@@ -145,8 +105,8 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
         if (lead && j == 0) x.offsets[0] = 0, *x.rows = 0;
         return;
     }
-    int count = FUSED ? s_fused[j] : 0, base = 0;
-    for (int pp = 0; !FUSED && pp < parts; pp++) {
+    int count = 0, base = 0;
+    for (int pp = 0; pp < parts; pp++) {
         const int c = x.part_counts[pp * el + j];
         count += c;
         if (pp < p) base += c;
@@ -332,13 +292,8 @@ extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *
     const int parts = parts_for(slots);
     const dim3 grid(x->num_local > 0 ? x->num_local : 1, parts);
     if (grid.x > 65535u) return (int)cudaErrorNotSupported;
-    const size_t fused_shm = 8 * (size_t)x->num_local; /* counts and global ids */
-    if (parts == 1 && x->num_local > 0 && fused_shm <= kFusedShm) {
-        fill<true><<<grid, kThreads, fused_shm, s>>>(*x, stride, parts);
-    } else {
-        count<<<grid, kThreads, 0, s>>>(*x, stride, parts);
-        fill<false><<<grid, kThreads, 0, s>>>(*x, stride, parts);
-    }
+    count<<<grid, kThreads, 0, s>>>(*x, stride, parts);
+    fill<<<grid, kThreads, 0, s>>>(*x, stride, parts);
     /* each array in the widest chunks its rows and bases allow */
     m2a_kexpert_t xc = *x;
     size_t chunks = 0; /* of the array with the most */
