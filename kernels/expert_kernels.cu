@@ -1,10 +1,12 @@
 /* The expert-major layout on the device (expert_kernels.h). The order of rows is
- * decided by counts and block-wide prefix sums, never by atomics: three passes, each a
- * block per (local expert, part of the slots):
+ * decided by counts and block-wide prefix sums, never by atomics: three passes, the
+ * first two a block per (local expert, part of the slots):
  *   count   how many valid slots name the expert, per part (and the map cleared)
  *   fill    aligned offsets from the counts (each block sums what precedes it), then a
  *           prefix sum over its part's slots in slot order: each row's index and arrays
  *   copy    a warp per (slot, tile of the row): read once, written to each of its rows
+ * (A variant that folded count into fill, every block counting all experts, measured
+ * slower at 128 and 4096 tokens: bench/RESULTS.md, session 12 run 9.)
  * A slot's order is ascending (source rank, source token), as the host reference's. */
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -20,7 +22,6 @@ using m2a_elem::Elem;
 constexpr int kThreads = 512;     /* count and fill: slots per step of a block */
 constexpr int kCopyThreads = 256; /* copy and fold: 8 warps, a warp per (slot, tile) */
 constexpr int kSlotsPerPart = 4096;
-
 
 /* Whether slot (src, i) holds a token: i below the source's count. */
 __device__ __forceinline__ bool valid_slot(const m2a_kexpert_t &x, int stride, size_t slot)
