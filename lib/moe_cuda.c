@@ -309,23 +309,15 @@ static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x
     x->xid = (int32_t *)(ws + l->ex_ids), x->xrank = (int32_t *)(ws + l->ex_src_rank);
     x->xtok = (int32_t *)(ws + l->ex_src_token), x->xslot = (int32_t *)(ws + l->ex_slot);
     x->xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
-    for (int i = 0; i < c->num_payloads; i++) { /* a payload (codes), [scale rows, [global scales]] */
-        int a = x->num_arrays;
-        x->src[a] = ws + l->payload[i], x->dst[a] = ws + l->ex_payload[i], x->width[a] = l->row_bytes[i];
-        x->always_zero[a] = 0, a++;
-        if (l->ex_scales[i]) {
-            x->src[a] = ws + l->wire_scales[i], x->dst[a] = ws + l->ex_scales[i], x->width[a] = l->wire_scale_row[i];
-            x->always_zero[a] = 1, a++;
-        }
-        if (l->ex_global[i]) {
-            x->src[a] = ws + l->wire_global_rows[i], x->dst[a] = ws + l->ex_global[i], x->width[a] = 4;
-            x->always_zero[a] = 1, a++;
-        }
-        x->num_arrays = a;
+    x->num_arrays = l->ex_narrays;
+    for (int a = 0; a < l->ex_narrays; a++) {
+        const m2a_moe_ex_array_t *e = &l->ex_array[a];
+        x->src[a] = ws + e->src, x->dst[a] = ws + e->dst, x->width[a] = e->width, x->always_zero[a] = e->always_zero;
     }
 }
 
 _Static_assert(M2A_EXPERT_MAX_PARTS == M2A_EXPERT_PARTS, "the kernels' parts and the layout's differ");
+_Static_assert(M2A_EXPERT_MAX_ARRAYS == M2A_MOE_MAX_EX_ARRAYS, "the kernels' byte arrays and the layout's differ");
 
 moea2a_result_t m2a_moe_cuda_expert_expand(moea2a_moe_t moe, int num_local, int stride, void *stream)
 {

@@ -282,28 +282,21 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
                 int32_t row = cursor[j]++;
                 m[s] = row, xid[row] = t[s], xrank[row] = src, xtok[row] = src_index[slot], xslot[row] = s;
                 if (xw) xw[row] = w[slot * (size_t)k + (size_t)s];
-                for (int a = 0; a < c->num_payloads; a++) {
-                    memcpy(ws + l->ex_payload[a] + (size_t)row * l->row_bytes[a],
-                           ws + l->payload[a] + slot * l->row_bytes[a], l->row_bytes[a]);
-                    if (l->ex_scales[a]) /* quantized: the row scales as they landed, the global scale */
-                        memcpy(ws + l->ex_scales[a] + (size_t)row * l->wire_scale_row[a],
-                               ws + l->wire_scales[a] + slot * l->wire_scale_row[a], l->wire_scale_row[a]);
-                    if (l->ex_global[a])
-                        memcpy(ws + l->ex_global[a] + 4 * (size_t)row, ws + l->wire_global_rows[a] + 4 * slot, 4);
+                for (int a = 0; a < l->ex_narrays; a++) {
+                    const m2a_moe_ex_array_t *x = &l->ex_array[a];
+                    memcpy(ws + x->dst + (size_t)row * x->width, ws + x->src + slot * x->width, x->width);
                 }
             }
         }
-    /* alignment gaps: invalid id, no source; payload 0 if asked */
+    /* alignment gaps: invalid id, no source; scales 0, payloads 0 if asked */
     for (int j = 0; j < el; j++)
         for (int32_t row = eoff[j] + ecount[j]; row < eoff[j + 1]; row++) {
             xid[row] = r->invalid_id, xrank[row] = -1, xtok[row] = -1, xslot[row] = -1;
             if (xw) xw[row] = 0.0f;
-            for (int a = 0; a < c->num_payloads; a++) { /* scales always 0 (a GEMM reads them) */
-                if (c->flags & MOEA2A_MOE_ZERO_PADDING)
-                    memset(ws + l->ex_payload[a] + (size_t)row * l->row_bytes[a], 0, l->row_bytes[a]);
-                if (l->ex_scales[a])
-                    memset(ws + l->ex_scales[a] + (size_t)row * l->wire_scale_row[a], 0, l->wire_scale_row[a]);
-                if (l->ex_global[a]) memset(ws + l->ex_global[a] + 4 * (size_t)row, 0, 4);
+            for (int a = 0; a < l->ex_narrays; a++) {
+                const m2a_moe_ex_array_t *x = &l->ex_array[a];
+                if (x->always_zero || (c->flags & MOEA2A_MOE_ZERO_PADDING))
+                    memset(ws + x->dst + (size_t)row * x->width, 0, x->width);
             }
         }
     return total;

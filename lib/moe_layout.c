@@ -281,16 +281,21 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
         l->ex_counts = take(&at, 4 * el);
         l->ex_offsets = take(&at, 4 * (el + 1));
         /* rows used, expert -> local index, the host's cursors, the device's part counts */
-        l->ex_scratch = at;
         l->ex_used = at, l->ex_local_of = at + 8, l->ex_cursors = l->ex_local_of + 4 * (size_t)c->num_experts;
         l->ex_parts = l->ex_cursors + 4 * (el + 1);
         take(&at, 8 + 4 * (size_t)c->num_experts + 4 * (el + 1) + 4 * M2A_EXPERT_PARTS * el);
+#define EX_ARRAY(from, to, w, zero) (l->ex_array[l->ex_narrays++] = (m2a_moe_ex_array_t){(from), (to), (w), (zero)})
         for (int i = 0; i < c->num_payloads; i++) {
             l->ex_payload[i] = take(&at, R * l->row_bytes[i]); /* quantized: the codes */
+            EX_ARRAY(l->payload[i], l->ex_payload[i], l->row_bytes[i], 0);
             if (c->wire[i].format == MOEA2A_WIRE_AS_IS) continue;
-            l->ex_scales[i] = take(&at, R * l->wire_scale_row[i]);
-            if (c->wire[i].format == MOEA2A_WIRE_NVFP4) l->ex_global[i] = take(&at, 4 * R);
+            l->ex_scales[i] = take(&at, R * l->wire_scale_row[i]); /* the row scales as they landed */
+            EX_ARRAY(l->wire_scales[i], l->ex_scales[i], l->wire_scale_row[i], 1);
+            if (c->wire[i].format != MOEA2A_WIRE_NVFP4) continue;
+            l->ex_global[i] = take(&at, 4 * R);
+            EX_ARRAY(l->wire_global_rows[i], l->ex_global[i], 4, 1);
         }
+#undef EX_ARRAY
         l->ex_ids = take(&at, 4 * R);
         l->ex_src_rank = take(&at, 4 * R);
         l->ex_src_token = take(&at, 4 * R);

@@ -37,6 +37,17 @@ typedef struct {
     int payload;   /* the payload it belongs to (payload, scales, global) */
 } m2a_moe_array_t;
 
+/* One byte array an expert-major row carries (a payload, or a quantized one's codes,
+ * row scales or NVFP4 global scale): offsets of its rank-major rows and of its expert
+ * rows, bytes per row, and whether gap rows get zeros always (scales: a GEMM reads
+ * them) or only with MOEA2A_MOE_ZERO_PADDING. The host reference and the kernels both
+ * walk this list. */
+typedef struct {
+    size_t src, dst, width;
+    int always_zero;
+} m2a_moe_ex_array_t;
+#define M2A_MOE_MAX_EX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS)
+
 /* The device's expert-major kernels split the slots into at most this many parts
  * (kernels/expert_kernels.h has the same bound). */
 #define M2A_EXPERT_PARTS 16
@@ -83,10 +94,12 @@ typedef struct {
      * [E], the host's cursors [experts + 1] (CUDA contexts: each local expert's global id), the
      * device's counts per part of the slots [M2A_EXPERT_PARTS][experts] */
     size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
-    size_t ex_scratch, ex_used, ex_local_of, ex_cursors, ex_parts;
+    size_t ex_used, ex_local_of, ex_cursors, ex_parts;
     /* payloads quantized on dispatch (else 0): each expert row's scales, row-major
      * ([R][scale row]: FP8 row-major, NVFP4 linear), and NVFP4's global scale ([R]) */
     size_t ex_scales[MOEA2A_MOE_MAX_PAYLOADS], ex_global[MOEA2A_MOE_MAX_PAYLOADS];
+    int ex_narrays;
+    m2a_moe_ex_array_t ex_array[M2A_MOE_MAX_EX_ARRAYS];
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
     /* the arrays of a record: payloads in order, ids, [weights], source index */
     int narrays;
