@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctx_mem.h"
 #include "local_ranks.h"
 #include "mix.h"
 #include "moea2a.h"
@@ -148,63 +149,9 @@ typedef struct {
     int32_t e;
 } row_t;
 
-/* ---- memory of the context's kind ------------------------------------------------ */
+/* ---- memory of the context's kind (ctx_mem.h) ----------------------------------- */
 
 static int on_cuda(const cfg_t *c) { return c->path != ON_HOST; }
-
-/* bytes in the context's memory, a copy of h (NULL: uninitialized) */
-static void *ctx_alloc(const cfg_t *c, const void *h, size_t bytes)
-{
-    void *p = NULL;
-#ifdef MOEA2A_HAVE_CUDA
-    if (on_cuda(c)) {
-        if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) return NULL;
-        if (h && bytes) cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice);
-        return p;
-    }
-#endif
-    (void)c;
-    p = calloc(1, bytes ? bytes : 1);
-    if (p && h && bytes) memcpy(p, h, bytes);
-    return p;
-}
-static void ctx_free(const cfg_t *c, void *p)
-{
-#ifdef MOEA2A_HAVE_CUDA
-    if (on_cuda(c)) {
-        cudaFree(p);
-        return;
-    }
-#endif
-    (void)c;
-    free(p);
-}
-/* host -> the context's memory, and a host copy of the context's memory (free it) */
-static void ctx_put(const cfg_t *c, void *dst, const void *src, size_t bytes)
-{
-#ifdef MOEA2A_HAVE_CUDA
-    if (on_cuda(c)) {
-        cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
-        return;
-    }
-#endif
-    (void)c;
-    memcpy(dst, src, bytes);
-}
-static void *fetch(const cfg_t *c, const void *p, size_t bytes)
-{
-    void *h = calloc(1, bytes ? bytes : 1);
-    if (!h || !p || !bytes) return h;
-#ifdef MOEA2A_HAVE_CUDA
-    if (on_cuda(c)) {
-        cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost);
-        return h;
-    }
-#endif
-    (void)c;
-    memcpy(h, p, bytes);
-    return h;
-}
 
 /* A dispatch or combine call, as the case makes it: one call or its halves, on the
  * default stream or captured into a graph that is then launched. */
@@ -290,9 +237,9 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
         for (int j = 0; j < k; j++) ids[t * k + j] = id_of(c, me, t, j), w[t * k + j] = weight_of(c, me, t, j);
         for (int h = 0; h < elems; h++) pay[t * elems + h] = pay_of(me, t, h);
     }
-    int32_t *d_ids = ctx_alloc(c, ids, 4 * (size_t)(n * k));
-    float *d_w = ctx_alloc(c, w, 4 * (size_t)(n * k));
-    void *d_pay = ctx_alloc(c, pay, prow * (size_t)n);
+    int32_t *d_ids = mem_put(on_cuda(c), ids, 4 * (size_t)(n * k));
+    float *d_w = mem_put(on_cuda(c), w, 4 * (size_t)(n * k));
+    void *d_pay = mem_put(on_cuda(c), pay, prow * (size_t)n);
     const void *pays[1] = {d_pay};
     moea2a_dispatch_result_t r = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     got_t g = {0};
@@ -325,8 +272,8 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
                 "%d local experts and %lld rows reported, expected %d and %lld", r.num_local_experts,
                 (long long)r.expert_rows, el, (long long)want_reported);
     if (r.num_local_experts != el) goto done;
-    g.counts = fetch(c, r.expert_counts, 4 * (size_t)el);
-    g.offsets = fetch(c, r.expert_offsets, 4 * (size_t)(el + 1));
+    g.counts = mem_get(on_cuda(c), r.expert_counts, 4 * (size_t)el);
+    g.offsets = mem_get(on_cuda(c), r.expert_offsets, 4 * (size_t)(el + 1));
     g.rows = g.offsets[el];
     RANK_EXPECT(fails, me, g.rows == want_rows, "offsets[%d] = %lld rows, expected %lld", el, (long long)g.rows,
                 (long long)want_rows);
@@ -340,10 +287,10 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
     else
         RANK_EXPECT(fails, me, !r.expert_counts_host && !r.expert_offsets_host, "host counts without the flag");
     size_t R = (size_t)want_rows;
-    g.ids = fetch(c, r.expert_ids, 4 * R), g.src = fetch(c, r.expert_src_rank, 4 * R);
-    g.tok = fetch(c, r.expert_src_token, 4 * R), g.slot = fetch(c, r.expert_topk_slot, 4 * R);
-    g.w = r.expert_weights ? fetch(c, r.expert_weights, 4 * R) : NULL;
-    g.pay = fetch(c, r.expert_payloads[0], prow * R);
+    g.ids = mem_get(on_cuda(c), r.expert_ids, 4 * R), g.src = mem_get(on_cuda(c), r.expert_src_rank, 4 * R);
+    g.tok = mem_get(on_cuda(c), r.expert_src_token, 4 * R), g.slot = mem_get(on_cuda(c), r.expert_topk_slot, 4 * R);
+    g.w = r.expert_weights ? mem_get(on_cuda(c), r.expert_weights, 4 * R) : NULL;
+    g.pay = mem_get(on_cuda(c), r.expert_payloads[0], prow * R);
     {
         int at = 0, bad_rows = 0, bad_pad = 0;
         int64_t off = 0;
@@ -393,13 +340,13 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
                 int src = g.src[row];
                 put(c->cdt, mine + (size_t)row * crow, h, src < 0 ? NAN : y_of(g.ids[row], src, g.tok[row], h));
             }
-        if (c->own_buffer) dst = ctx_alloc(c, mine, nb);
-        else moea2a_moe_combine_buffer(moe, &buf), ctx_put(c, buf, mine, (size_t)want_rows * crow);
-        unsigned char *d_out = ctx_alloc(c, NULL, crow * (size_t)(n + 1));
+        if (c->own_buffer) dst = mem_put(on_cuda(c), mine, nb);
+        else moea2a_moe_combine_buffer(moe, &buf), mem_copy_in(on_cuda(c), buf, mine, (size_t)want_rows * crow);
+        unsigned char *d_out = mem_put(on_cuda(c), NULL, crow * (size_t)(n + 1));
         call_t cc = {0, 0, NULL, NULL, NULL, NULL, c->own_buffer ? dst : NULL, d_out};
         rc = run_call(c, moe, &cc); /* the split halves fold in the send half */
         RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
-        unsigned char *out = fetch(c, d_out, crow * (size_t)(n + 1));
+        unsigned char *out = mem_get(on_cuda(c), d_out, crow * (size_t)(n + 1));
         int wrong = 0;
         for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
             for (size_t h = 0; h < c->hidden; h++) {
@@ -420,14 +367,14 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
             }
         RANK_EXPECT(fails, me, wrong == 0, "%d combined values differ from the oracle", wrong);
         free(out), free(mine);
-        ctx_free(c, d_out);
-        if (dst) ctx_free(c, dst);
+        mem_drop(on_cuda(c), d_out);
+        if (dst) mem_drop(on_cuda(c), dst);
     }
 done:
     got_free(&g);
     free(rows), free(cnt);
     moea2a_moe_destroy(moe);
-    ctx_free(c, d_ids), ctx_free(c, d_w), ctx_free(c, d_pay);
+    mem_drop(on_cuda(c), d_ids), mem_drop(on_cuda(c), d_w), mem_drop(on_cuda(c), d_pay);
     free(ids), free(w), free(pay);
     return fails;
 }
@@ -485,8 +432,8 @@ static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     int32_t ids[16];
     uint16_t pay[8 * 6] = {0};
     for (int t = 0; t < 8; t++) ids[2 * t] = 0, ids[2 * t + 1] = 1; /* every rank: 8 tokens to experts 0, 1 of rank 0 */
-    int32_t *d_ids = ctx_alloc(&c, ids, sizeof(ids));
-    void *d_pay = ctx_alloc(&c, pay, sizeof(pay));
+    int32_t *d_ids = mem_put(on_cuda(&c), ids, sizeof(ids));
+    void *d_pay = mem_put(on_cuda(&c), pay, sizeof(pay));
     const void *pays[1] = {d_pay};
     moea2a_dispatch_result_t r = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     call_t dc = {1, 8, d_ids, NULL, pays, &r, NULL, NULL};
@@ -498,7 +445,7 @@ static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     rc = run_call(&c, moe, &dc);
     RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS && r.expert_rows == (me == 0 ? 2 * c.align : 0), "a call that fits, after: %s (%lld rows)",
                 moea2a_last_error(comm), (long long)r.expert_rows);
-    unsigned char *d_out = ctx_alloc(&c, NULL, 2 * c.hidden);
+    unsigned char *d_out = mem_put(on_cuda(&c), NULL, 2 * c.hidden);
     call_t cc = {0, 0, NULL, NULL, NULL, NULL, NULL, d_out}; /* back to idle */
     if (rc == MOEA2A_SUCCESS) {
         rc = run_call(&c, moe, &cc);
@@ -514,7 +461,7 @@ static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "the same call outside capture, after: %s", moea2a_last_error(comm));
         if (rc == MOEA2A_SUCCESS) run_call(&c, moe, &cc);
     }
-    ctx_free(&c, d_ids), ctx_free(&c, d_pay), ctx_free(&c, d_out);
+    mem_drop(on_cuda(&c), d_ids), mem_drop(on_cuda(&c), d_pay), mem_drop(on_cuda(&c), d_out);
     moea2a_moe_destroy(moe);
     moea2a_comm_destroy(comm);
     return fails;

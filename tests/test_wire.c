@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctx_mem.h"
 #include "local_ranks.h"
 #include "mix.h"
 #include "moea2a.h"
@@ -51,54 +52,10 @@ static const wire_case_t cases[] = {
 static size_t dsize(moea2a_datatype_t t) { return t == MOEA2A_FLOAT32 ? 4 : 2; }
 
 /* Where a run keeps the context's buffers: host memory, or CUDA memory on the
- * load/store (nvlink) or the generic path. The test's own data stays on the host;
- * put() copies an input where the context wants it, get() a result back. */
+ * load/store (nvlink) or the generic path (ctx_mem.h moves the test's data). */
 typedef struct {
     int cuda, nvlink, ndev;
 } where_t;
-
-static void *put(const where_t *m, const void *h, size_t bytes)
-{
-#if WITH_CUDA
-    if (m->cuda) {
-        void *d = NULL;
-        if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) return NULL;
-        if (bytes) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
-        return d;
-    }
-#endif
-    (void)m;
-    void *c = malloc(bytes ? bytes : 1);
-    if (bytes) memcpy(c, h, bytes);
-    return c;
-}
-
-static void drop(const where_t *m, void *p)
-{
-#if WITH_CUDA
-    if (m->cuda) {
-        cudaFree(p);
-        return;
-    }
-#endif
-    (void)m;
-    free(p);
-}
-
-/* a host copy of a result array (free it) */
-static void *get(const where_t *m, const void *p, size_t bytes)
-{
-    void *h = calloc(1, bytes ? bytes : 1);
-#if WITH_CUDA
-    if (m->cuda) {
-        if (p && bytes) cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost);
-        return h;
-    }
-#endif
-    (void)m;
-    if (p && bytes) memcpy(h, p, bytes);
-    return h;
-}
 
 /* Scale bytes of one row as the standalone calls write them (row-major / linear). */
 static size_t scale_row(const wire_case_t *w)
@@ -181,16 +138,16 @@ static int check_expert(const where_t *m, const wire_case_t *w, int me, int ci, 
                         const moea2a_dispatch_result_t *rp)
 {
     int fails = 0, el = rq->num_local_experts;
-    int32_t *oq = get(m, rq->expert_offsets, 4 * (size_t)(el + 1)), *op = get(m, rp->expert_offsets, 4 * (size_t)(el + 1));
+    int32_t *oq = mem_get(m->cuda, rq->expert_offsets, 4 * (size_t)(el + 1)), *op = mem_get(m->cuda, rp->expert_offsets, 4 * (size_t)(el + 1));
     RANK_EXPECT(fails, me, el == rp->num_local_experts && !memcmp(oq, op, 4 * (size_t)(el + 1)),
                 "case %d: expert-major offsets differ", ci);
     size_t R = (size_t)op[el], cr = code_row(w), sr = scale_row(w);
     int nv = w->format == MOEA2A_WIRE_NVFP4;
-    int32_t *src = get(m, rp->expert_src_rank, 4 * R);
-    unsigned char *cq = get(m, rq->expert_payloads[0], R * cr), *cp = get(m, rp->expert_payloads[0], R * cr);
-    unsigned char *sq = get(m, rq->expert_payload_scales[0], R * sr), *sp = get(m, rp->expert_payloads[2], R * sr);
-    unsigned char *xq = get(m, rq->expert_payloads[1], R * 12), *xp = get(m, rp->expert_payloads[1], R * 12);
-    float *gq = nv ? get(m, rq->expert_global_scales[0], 4 * R) : NULL, *gp = nv ? get(m, rp->expert_payloads[3], 4 * R) : NULL;
+    int32_t *src = mem_get(m->cuda, rp->expert_src_rank, 4 * R);
+    unsigned char *cq = mem_get(m->cuda, rq->expert_payloads[0], R * cr), *cp = mem_get(m->cuda, rp->expert_payloads[0], R * cr);
+    unsigned char *sq = mem_get(m->cuda, rq->expert_payload_scales[0], R * sr), *sp = mem_get(m->cuda, rp->expert_payloads[2], R * sr);
+    unsigned char *xq = mem_get(m->cuda, rq->expert_payloads[1], R * 12), *xp = mem_get(m->cuda, rp->expert_payloads[1], R * 12);
+    float *gq = nv ? mem_get(m->cuda, rq->expert_global_scales[0], 4 * R) : NULL, *gp = nv ? mem_get(m->cuda, rp->expert_payloads[3], 4 * R) : NULL;
     int bad = 0, gap = 0;
     for (size_t r = 0; r < R; r++) {
         if (src[r] < 0) { /* a gap row */
@@ -279,9 +236,9 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     }
     for (int i = 0; i < n; i++) gs[i] = g;
     size_t xbytes = (size_t)n * w->elems * dsize(w->dtype);
-    void *dx = put(m, x, xbytes), *dside = put(m, side, 12 * (size_t)cap), *dq = put(m, q, code_row(w) * (size_t)n);
-    void *ds = put(m, s, scale_row(w) * (size_t)n), *dgs = put(m, gs, 4 * (size_t)n);
-    int32_t *dids = put(m, ids, sizeof(int32_t) * (size_t)(n * k));
+    void *dx = mem_put(m->cuda, x, xbytes), *dside = mem_put(m->cuda, side, 12 * (size_t)cap), *dq = mem_put(m->cuda, q, code_row(w) * (size_t)n);
+    void *ds = mem_put(m->cuda, s, scale_row(w) * (size_t)n), *dgs = mem_put(m->cuda, gs, 4 * (size_t)n);
+    int32_t *dids = mem_put(m->cuda, ids, sizeof(int32_t) * (size_t)(n * k));
     const void *pq[2] = {dx, dside}, *pp[4] = {dq, dside, ds, dgs};
     moea2a_dispatch_result_t rq = MOEA2A_DISPATCH_RESULT_INITIALIZER, rp = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     /* a first dispatch of cap tokens fills rows that the second one leaves as padding:
@@ -289,15 +246,15 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     int32_t *all_ids = malloc(sizeof(int32_t) * (size_t)(cap * k));
     for (int i = 0; i < cap * k; i++) all_ids[i] = i % E;
     void *xf = make_values(w, me, seed + 99, cap);
-    void *dall = put(m, all_ids, sizeof(int32_t) * (size_t)(cap * k)), *dxf = put(m, xf, (size_t)cap * w->elems * dsize(w->dtype));
+    void *dall = mem_put(m->cuda, all_ids, sizeof(int32_t) * (size_t)(cap * k)), *dxf = mem_put(m->cuda, xf, (size_t)cap * w->elems * dsize(w->dtype));
     moea2a_result_t r0 = moea2a_dispatch(mq, cap, dall, NULL, (const void *[2]){dxf, dside}, cap, &rq, NULL);
     RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: first dispatch: %s", ci, moea2a_last_error(comm));
     if (r0 == MOEA2A_SUCCESS) { /* the load/store path: the next dispatch follows a combine */
-        void *zero = calloc(slots, 128), *dzero = put(m, zero, slots * 128), *out = calloc((size_t)cap, 128);
-        void *dout = put(m, out, (size_t)cap * 128);
+        void *zero = calloc(slots, 128), *dzero = mem_put(m->cuda, zero, slots * 128), *out = calloc((size_t)cap, 128);
+        void *dout = mem_put(m->cuda, out, (size_t)cap * 128);
         r0 = moea2a_combine(mq, expert ? NULL : dzero, dout, NULL);
         RANK_EXPECT(fails, me, r0 == MOEA2A_SUCCESS, "case %d: combine: %s", ci, moea2a_last_error(comm));
-        drop(m, dzero), drop(m, dout), free(zero), free(out);
+        mem_drop(m->cuda, dzero), mem_drop(m->cuda, dout), free(zero), free(out);
     }
     free(all_ids), free(xf);
     moea2a_result_t r1;
@@ -312,10 +269,10 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
                 moea2a_last_error(comm));
     if (r1 == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS) {
         size_t rows = (size_t)ep * (size_t)stride;
-        int32_t *cq_ = get(m, rq.recv_counts, 4 * (size_t)ep), *cp_ = get(m, rp.recv_counts, 4 * (size_t)ep);
-        unsigned char *codes_q = get(m, rq.payloads[0], rows * code_row(w)), *codes_p = get(m, rp.payloads[0], rows * code_row(w));
-        unsigned char *side_q = get(m, rq.payloads[1], rows * 12), *side_p = get(m, rp.payloads[1], rows * 12);
-        unsigned char *rows_p = get(m, rp.payloads[2], rows * scale_row(w));
+        int32_t *cq_ = mem_get(m->cuda, rq.recv_counts, 4 * (size_t)ep), *cp_ = mem_get(m->cuda, rp.recv_counts, 4 * (size_t)ep);
+        unsigned char *codes_q = mem_get(m->cuda, rq.payloads[0], rows * code_row(w)), *codes_p = mem_get(m->cuda, rp.payloads[0], rows * code_row(w));
+        unsigned char *side_q = mem_get(m->cuda, rq.payloads[1], rows * 12), *side_p = mem_get(m->cuda, rp.payloads[1], rows * 12);
+        unsigned char *rows_p = mem_get(m->cuda, rp.payloads[2], rows * scale_row(w));
         RANK_EXPECT(fails, me, !memcmp(cq_, cp_, 4 * (size_t)ep), "case %d: counts differ", ci);
         RANK_EXPECT(fails, me, rq.payload_row_bytes[0] == code_row(w), "case %d: code row %zu", ci, rq.payload_row_bytes[0]);
         int codes = 1, side_ok = 1;
@@ -329,13 +286,13 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
         RANK_EXPECT(fails, me, side_ok, "case %d: the payload sent as is differs", ci);
         size_t eb = 0;
         unsigned char *es = expected_scales(w, rows_p, cp_, ep, stride, &eb);
-        unsigned char *got = get(m, rq.payload_scales[0], eb);
+        unsigned char *got = mem_get(m->cuda, rq.payload_scales[0], eb);
         RANK_EXPECT(fails, me, rq.payload_scales[0] && rq.payload_scale_bytes[0] == eb && !memcmp(got, es, eb),
                     "case %d: scales (%zu bytes, expected %zu) differ from quantize-then-dispatch in the wire's layout", ci,
                     rq.payload_scale_bytes[0], eb);
         free(es), free(got);
         if (w->format == MOEA2A_WIRE_NVFP4) {
-            float *gq = get(m, rq.payload_global_scales[0], 4 * (size_t)ep), *gp = get(m, rp.payloads[3], 4 * rows);
+            float *gq = mem_get(m->cuda, rq.payload_global_scales[0], 4 * (size_t)ep), *gp = mem_get(m->cuda, rp.payloads[3], 4 * rows);
             int gok = rq.payload_global_scales[0] != NULL;
             for (int src = 0; gok && src < ep; src++) {
                 float want_g = cp_[src] > 0 ? gp[(size_t)src * stride] : 0.0f;
@@ -352,7 +309,7 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
         if (expert) fails += check_expert(m, w, me, ci, &rq, &rp);
     }
     moea2a_moe_destroy(mq), moea2a_moe_destroy(mp);
-    drop(m, dx), drop(m, dside), drop(m, dq), drop(m, ds), drop(m, dgs), drop(m, dids), drop(m, dall), drop(m, dxf);
+    mem_drop(m->cuda, dx), mem_drop(m->cuda, dside), mem_drop(m->cuda, dq), mem_drop(m->cuda, ds), mem_drop(m->cuda, dgs), mem_drop(m->cuda, dids), mem_drop(m->cuda, dall), mem_drop(m->cuda, dxf);
     free(ids), free(side), free(x), free(q), free(s), free(gs);
     return fails;
 }
@@ -380,14 +337,14 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         if (moea2a_moe_create(&moe, comm, &c) == MOEA2A_SUCCESS) {
             int32_t hids[8] = {0, 1, 2, 3, 0, 1, 2, 3};
             unsigned char *zeros = calloc(1, 4 * 640 * 2 + 64);
-            unsigned char *dx = put(m, zeros, 4 * 640 * 2 + 64), *dside = put(m, zeros, 4 * 12);
-            int32_t *dids = put(m, hids, sizeof(hids));
+            unsigned char *dx = mem_put(m->cuda, zeros, 4 * 640 * 2 + 64), *dside = mem_put(m->cuda, zeros, 4 * 12);
+            int32_t *dids = mem_put(m->cuda, hids, sizeof(hids));
             moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
             moea2a_result_t r = moea2a_dispatch(moe, 4, dids, NULL, (const void *[2]){dx + 2, dside}, 0, &res, NULL);
             RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "aligned"),
                         "a misaligned quantized payload: %s (%s)", moea2a_strerror(r), moea2a_last_error(comm));
             moea2a_moe_destroy(moe);
-            drop(m, dx), drop(m, dside), drop(m, dids), free(zeros);
+            mem_drop(m->cuda, dx), mem_drop(m->cuda, dside), mem_drop(m->cuda, dids), free(zeros);
         } else {
             RANK_EXPECT(fails, me, 0, "create: %s", moea2a_last_error(comm));
         }
