@@ -102,4 +102,5 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .wire_fill = m2a_cuda_wire_fill,
     .expert_expand = m2a_cuda_expert_expand,
     .expert_fold = m2a_cuda_expert_fold,
+    .expert_gemm = m2a_cuda_expert_gemm,
 };

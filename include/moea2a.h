@@ -507,6 +507,58 @@ MOEA2A_API moea2a_result_t moea2a_fp8_dequantize(const void *q, const void *scal
                                                  unsigned flags, size_t m, size_t k, void *out,
                                                  moea2a_datatype_t otype, void *stream);
 
+/* ---- FP4 expert GEMM ----------------------------------------------------------------
+ * See moea2a_expert(3). For each local expert e: C_e = A_e . dequant(W_e)^T, A bf16
+ * rows of k values, W_e [n][k] in NVFP4 as moea2a_fp4_quantize writes it (codes
+ * [n][k/2], E4M3 scales in MOEA2A_SF_128X4, one fp32 global scale), fp32 sums, bf16 or
+ * fp32 C. Rows that are not an expert's (alignment padding, sanitized or non-local
+ * ids) are neither read nor written. Memory space from the pointers (all in one); on
+ * CUDA memory every count is read on the device (the call never waits: it can be
+ * captured into a CUDA graph). */
+
+typedef enum {
+    MOEA2A_GEMM_ROWS_EXPERT_MAJOR = 0, /* expert e's rows [offsets[e], offsets[e] + counts[e]) of A and C */
+    MOEA2A_GEMM_ROWS_RANK_MAJOR = 1    /* ids [rows][slots]: row r feeds expert ids[r][s] - first_expert
+                                          into C row r * slots + s */
+} moea2a_gemm_rows_t;
+
+/* flags: C gets silu(G[:, j]) * G[:, j + n/2] for j < n/2 (SwiGLU of a gate/up
+ * product G, silu(x) = x / (1 + exp(-x)) in fp32): n / 2 columns. */
+#define MOEA2A_GEMM_SWIGLU (1u << 0)
+
+typedef struct {
+    size_t struct_size;   /* sizeof(moea2a_expert_gemm_t): the fields this caller knows */
+    int num_experts;      /* local experts, 1..1024 */
+    size_t n, k;          /* W_e is n x k: k a positive multiple of 16; n even with SWIGLU */
+    moea2a_gemm_rows_t rows_layout;
+    unsigned flags;       /* MOEA2A_GEMM_SWIGLU */
+    const void *a;        /* bf16 A: row i at a + i * lda elements */
+    size_t lda;           /* >= k (CUDA: a multiple of 8) */
+    int64_t rows;         /* A's rows: none past it is read (expert-major counts are clipped to it) */
+    /* expert-major */
+    const int32_t *counts;  /* [num_experts] */
+    const int32_t *offsets; /* [num_experts] (e.g. moea2a_dispatch_result_t.expert_offsets) */
+    /* rank-major */
+    const int32_t *ids;   /* [rows][slots] global expert ids; others than the local are skipped */
+    int slots;            /* ids per row (the dispatch's k, or 1 for one expert per row) */
+    int32_t first_expert; /* global id of local expert 0 (the local ids are contiguous) */
+    /* weights: expert e's codes at w + e * n * k/2, its scales at w_scales + e *
+     * moea2a_fp4_sf_bytes(MOEA2A_SF_128X4, n, k), its global scale w_global[e] */
+    const void *w, *w_scales;
+    const float *w_global;
+    void *c;               /* row i at c + i * ldc elements */
+    moea2a_datatype_t c_type; /* MOEA2A_BFLOAT16 or MOEA2A_FLOAT32 */
+    size_t ldc;            /* >= n (SWIGLU: n / 2) */
+    void *workspace;       /* rank-major on CUDA: moea2a_expert_gemm_workspace_size bytes */
+    size_t workspace_size;
+} moea2a_expert_gemm_t;
+
+/* Bytes of workspace the call described by g needs (0 for expert-major and host memory). */
+MOEA2A_API moea2a_result_t moea2a_expert_gemm_workspace_size(const moea2a_expert_gemm_t *g, size_t *bytes);
+/* Runs the GEMM on stream (a cudaStream_t; ignored for host memory, which runs the
+ * host reference). */
+MOEA2A_API moea2a_result_t moea2a_expert_gemm(const moea2a_expert_gemm_t *g, void *stream);
+
 /* ---- transports and parameters ------------------------------------------------ */
 
 typedef struct {

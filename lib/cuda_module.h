@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fp4_gemm.h"
 #include "fp4_kernels.h"
 #include "fp8_kernels.h"
 #include "moe_fast.h"
@@ -21,7 +22,7 @@
 #include "expert_kernels.h"
 #include "wire_kernels.h"
 
-#define MOEA2A_CUDA_ABI_VERSION 2 /* 2: the expert-major layout's kernels */
+#define MOEA2A_CUDA_ABI_VERSION 3 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM */
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -93,5 +94,7 @@ typedef struct moea2a_cuda_v1 {
     int (*expert_expand)(const m2a_kexpert_t *x, int stride, void *stream);
     int (*expert_fold)(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden, int weighted,
                        const unsigned char *rows, unsigned char *combine, void *stream);
+    /* the FP4 expert GEMM (kernels/fp4_gemm.h) */
+    int (*expert_gemm)(const m2a_kgemm_t *p, void *stream);
 } moea2a_cuda_v1_t;
 #endif

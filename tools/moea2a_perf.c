@@ -71,7 +71,10 @@ static int perf_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         fprintf(stderr, "moea2a_perf: rank %d: communicator: %s: %s\n", rank, moea2a_strerror(r), moea2a_last_error(NULL));
         return 1;
     }
-    int rc = o->op == OP_MOE ? perf_moe(comm, o, &mem) : o->op == OP_FP4 || o->op == OP_FP8 ? perf_quant(comm, o, &mem) : perf_coll(comm, o);
+    int rc = o->op == OP_MOE                       ? perf_moe(comm, o, &mem)
+             : o->op == OP_FP4 || o->op == OP_FP8 ? perf_quant(comm, o, &mem)
+             : o->op == OP_EXPERT_GEMM            ? perf_egemm(comm, o, &mem)
+                                                  : perf_coll(comm, o);
     perf_mem_close(&mem);
     r = moea2a_comm_destroy(comm);
     if (r != MOEA2A_SUCCESS && rc == 0) {
@@ -114,6 +117,20 @@ static int parse_list(char *s, int *v, int *n, int min)
     return *n ? 0 : -1;
 }
 
+/* --gemm-shapes n:k[,n:k...]: n >= 1, k a positive multiple of 16 */
+static int parse_shapes(char *s, perf_opts_t *o)
+{
+    o->gemm_nshapes = 0;
+    for (char *save, *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long n = strtol(t, &end, 10), k = *end == ':' ? strtol(end + 1, &end, 10) : -1;
+        if (o->gemm_nshapes == PERF_MAX_TOKEN_SIZES || *end || n < 1 || k < 16 || k % 16 || n > 1 << 20 || k > 1 << 20)
+            return -1;
+        o->gemm_n[o->gemm_nshapes] = (int)n, o->gemm_k[o->gemm_nshapes++] = (int)k;
+    }
+    return o->gemm_nshapes ? 0 : -1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -130,6 +147,11 @@ static void usage(FILE *f)
             "                       block quantize and dequantize of --rows x --hidden bf16 next to\n"
             "                       a copy of it (fp8: fp32 and UE8M0 scales)\n"
             "  -r, --rows M         rows for --op fp4 and fp8 (default 16384)\n"
+            "                       expert-gemm: moea2a_expert_gemm (NVFP4 weights) next to cuBLAS's\n"
+            "                       bf16 grouped GEMM (--tokens: rows per expert, default 8,64,1024;\n"
+            "                       --experts: local experts, default 32)\n"
+            "  -G, --gemm-shapes L  n:k of the weights, comma-separated (default 4096:7168,7168:2048,\n"
+            "                       DeepSeek-V3's gate/up and down)\n"
             "  -b, --minbytes B     smallest size per rank, bytes (K/M/G suffixes; default 1K)\n"
             "  -e, --maxbytes B     largest size per rank (default 16M)\n"
             "  -f, --stepfactor F   size multiplier (default 2)\n"
@@ -159,7 +181,7 @@ int main(int argc, char **argv)
 {
     perf_opts_t o = {OP_ALLTOALLV, 1024, 16 << 20, 2, 20, 5, 1, MOEA2A_INT32, "host",
                      {128, 1024, 4096}, 3, 7168, 8, 256, 0, 0, 0.0, 16384};
-    int nranks = 0, dtype_set = 0;
+    int nranks = 0, dtype_set = 0, tokens_set = 0, experts_set = 0;
     static const struct option opts[] = {
         {"ranks", required_argument, 0, 'n'},      {"op", required_argument, 0, 'o'},
         {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
@@ -173,9 +195,9 @@ int main(int argc, char **argv)
         {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
         {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
         {"wire", required_argument, 0, 'q'},       {"layout", required_argument, 0, 'L'},
-        {0, 0, 0, 0}};
+        {"gemm-shapes", required_argument, 0, 'G'}, {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
         case 'o':
@@ -185,6 +207,7 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "moe")) o.op = OP_MOE;
             else if (!strcmp(optarg, "fp4")) o.op = OP_FP4;
             else if (!strcmp(optarg, "fp8")) o.op = OP_FP8;
+            else if (!strcmp(optarg, "expert-gemm")) o.op = OP_EXPERT_GEMM;
             else { usage(stderr); return 2; }
             break;
         case 'b': o.min_bytes = parse_size(optarg); break;
@@ -196,7 +219,8 @@ int main(int argc, char **argv)
         case 'm': o.mem = optarg; break;
         case 'c': o.check = atoi(optarg); break;
         case 'M': o.op = OP_MOE; break;
-        case 't': if (parse_list(optarg, o.tokens, &o.ntokens, 0)) { usage(stderr); return 2; } break;
+        case 't': if (parse_list(optarg, o.tokens, &o.ntokens, 0)) { usage(stderr); return 2; } tokens_set = 1; break;
+        case 'G': if (parse_shapes(optarg, &o)) { usage(stderr); return 2; } break;
         case 'S': if (parse_list(optarg, o.sms, &o.nsms, 1)) { usage(stderr); return 2; } break;
         case 'P': o.split = 1; break;
         case 'q':
@@ -217,7 +241,7 @@ int main(int argc, char **argv)
             break;
         case 'H': o.hidden = atoi(optarg); break;
         case 'k': o.topk = atoi(optarg); break;
-        case 'E': o.experts = atoi(optarg); break;
+        case 'E': o.experts = atoi(optarg); experts_set = 1; break;
         case 's': o.skew = atof(optarg); break;
         case 'W': o.weights = 1; break;
         case 'B': o.baseline = 1; break;
@@ -246,6 +270,15 @@ int main(int argc, char **argv)
         if (o.fp4_rows < 1 || o.hidden < block || o.hidden % block) {
             fprintf(stderr, "moea2a_perf --op %s: need --rows >= 1 and --hidden a multiple of %d\n",
                     o.op == OP_FP8 ? "fp8" : "fp4", block);
+            return 2;
+        }
+    } else if (o.op == OP_EXPERT_GEMM) {
+        static const int rows[] = {8, 64, 1024};
+        if (!tokens_set) memcpy(o.tokens, rows, sizeof(rows)), o.ntokens = 3;
+        o.gemm_experts = experts_set ? o.experts : 32;
+        if (!o.gemm_nshapes) o.gemm_n[0] = 4096, o.gemm_k[0] = 7168, o.gemm_n[1] = 7168, o.gemm_k[1] = 2048, o.gemm_nshapes = 2;
+        if (o.gemm_experts < 1 || o.gemm_experts > 1024) {
+            fprintf(stderr, "moea2a_perf --op expert-gemm: need 1 <= --experts <= 1024\n");
             return 2;
         }
     } else if (o.factor < 2 || o.min_bytes > o.max_bytes || o.min_bytes == 0) {

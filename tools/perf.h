@@ -7,7 +7,7 @@
 #include "moea2a.h"
 #include "perf_mem.h"
 
-typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE, OP_FP4, OP_FP8 } perf_op_t;
+typedef enum { OP_ALLTOALLV, OP_ALLGATHER, OP_BCAST, OP_MOE, OP_FP4, OP_FP8, OP_EXPERT_GEMM } perf_op_t;
 
 #define PERF_MAX_TOKEN_SIZES 16
 
@@ -30,6 +30,10 @@ typedef struct {
     int split;                          /* --split: the split halves, and their overlap with a GEMM */
     int wire;                           /* --wire: payload 0 quantized on dispatch (PERF_WIRE_*) */
     int expert_align;                   /* --layout expert[:ALIGN]: the expert-major layout (0: rank-major) */
+    /* --op expert-gemm: local experts (--experts), shapes n:k (--gemm-shapes); rows per
+     * expert are --tokens */
+    int gemm_experts, gemm_nshapes;
+    int gemm_n[PERF_MAX_TOKEN_SIZES], gemm_k[PERF_MAX_TOKEN_SIZES];
 } perf_opts_t;
 
 double perf_now(void);
@@ -41,4 +45,6 @@ int perf_coll(moea2a_comm_t comm, const perf_opts_t *o);
 int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
 /* --op fp4 and fp8 */
 int perf_quant(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
+/* --op expert-gemm */
+int perf_egemm(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m);
 #endif

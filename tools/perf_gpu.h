@@ -2,6 +2,7 @@
 #ifndef MOEA2A_PERF_GPU_H
 #define MOEA2A_PERF_GPU_H
 #include <stddef.h>
+#include <stdint.h>
 
 void *perf_stream_new(void); /* a non-blocking stream of the least priority; NULL on failure */
 void perf_stream_free(void *s);
@@ -24,4 +25,14 @@ typedef struct perf_gemm perf_gemm_t;
 perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, int sms, char *why, size_t why_len);
 int perf_gemm_run(perf_gemm_t *g);
 void perf_gemm_close(perf_gemm_t *g);
+
+/* cuBLAS's bf16 grouped GEMM (cublasGemmGroupedBatchedEx), the baseline of --op
+ * expert-gemm: per expert e, C rows [offsets[e], + rows[e]) = A's same rows x W_e^T,
+ * W [experts][n][k] bf16, row strides lda and ldc (elements), fp32 accumulation. */
+typedef struct perf_grouped perf_grouped_t;
+perf_grouped_t *perf_grouped_open(void *stream, int experts, int n, int k, const void *w, const void *a, void *c,
+                                  int lda, int ldc, const int *rows, const int64_t *offsets, char *why, size_t why_len);
+/* one_group: the experts as one group of equal problems; else a group per expert */
+int perf_grouped_run(perf_grouped_t *g, int one_group);
+void perf_grouped_close(perf_grouped_t *g);
 #endif

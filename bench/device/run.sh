@@ -27,6 +27,8 @@
 # quantize on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
 # FP4RANKS; EXPERT_TOKENS, default 128,4096); BENCH=expert runs only that benchmark.
+# GEMM=0 skips the FP4 expert GEMM next to cuBLAS (1 GPU; GEMM_ARGS adds moea2a_perf
+# options); BENCH=gemm runs only that one.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -143,7 +145,13 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
         --tokens "${EXPERT_TOKENS:-128,4096}" --layout expert:128 --check 1 --iters "${ITERS:-30}" --warmup 10 |
       grep -E "dispatch|combine|expert-major|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
   }
+  gemm_block() {
+    echo "== FP4 expert GEMM next to cuBLAS bf16 grouped, 1 GPU${GEMM_ARGS:+ ($GEMM_ARGS)}"
+    timeout 500 ./tools/moea2a_perf --op expert-gemm --mem cuda --ranks 1 --iters "${ITERS:-20}" --warmup 5 \
+        ${GEMM_ARGS:-}; echo "rc=$?"
+  }
   if [ "${BENCH:-1}" = expert ]; then expert_block; exit 0; fi # that block only
+  if [ "${BENCH:-1}" = gemm ]; then gemm_block; exit 0; fi
   echo "== NVFP4 and FP8 quantize/dequantize vs copy, 1 GPU"
   timeout 120 ./tools/moea2a_perf --op fp4 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
   timeout 120 ./tools/moea2a_perf --op fp8 --mem cuda --ranks 1 --rows 16384 --hidden 7168 --iters 20; echo "rc=$?"
@@ -161,6 +169,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     done
   fi
   [ "${EXPERT:-1}" != 0 ] && expert_block
+  [ "${GEMM:-1}" != 0 ] && gemm_block
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \

@@ -1,0 +1,495 @@
+/* The FP4 expert GEMM (fp4_gemm.h): bf16 activations times NVFP4 weights on tensor
+ * cores that have no FP4 (sm_80, sm_90): the weights stay 4.5 bits each in memory and
+ * become bf16 in registers, so at decode sizes, where the GEMM is bound by weight
+ * bytes, it reads 3.6 x fewer bytes than a bf16 GEMM.
+ *
+ * One persistent kernel walks tiles of (expert, 128 weight rows, 64 token rows), the
+ * tile list built from the counts on the device; an expert's rows past its count are
+ * not tiles, and in a tile's last 64 rows only the 8-row groups holding a row are
+ * loaded and multiplied. Per 128-k stage, cp.async copies the tile's codes, scales and
+ * activation rows into shared memory (three or four stages in flight); each warp dequantizes
+ * 32 weight rows into mma.m16n8k16 A fragments and multiplies them by every token
+ * group (the weights are the MMA's M side: 8 tokens fill its N side, so a decode-size
+ * tile wastes nothing).
+ *
+ * Exactness of the dequantization: an E2M1 code whose bits are spread into a bf16's
+ * exponent and mantissa is the value x 2^-126 (code 1 a subnormal); multiplied by the
+ * block's E4M3 scale x 2^118 (a table) it is e2m1 x SF x 2^-8, exact in bf16 (at most
+ * 5 significant bits, far from bf16's range ends). The 2^8 and the expert's 1/g are
+ * applied to the fp32 sums. Within a thread the k order differs from memory order
+ * (a thread takes 32 consecutive k of a row), the same on both MMA operands: the sum
+ * is over the same products. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fp4_gemm.h"
+#include "fp4_math.h"
+
+namespace {
+
+constexpr int BN = 128;      /* weight rows per tile */
+constexpr int BK = 128;      /* k per pipeline stage */
+constexpr int WARPS = 4;     /* each: 32 weight rows (two m16 tiles) x the tile's tokens */
+constexpr int THREADS = 32 * WARPS;
+constexpr int W_ROW = BK / 2, S_ROW = BK / 16, A_ROW = 2 * BK; /* bytes per row per stage */
+constexpr int W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
+constexpr int MAX_GROUPS = 8;
+
+/* A variant: tiles of G groups of 8 token rows. The small one (G = 2) takes the
+ * experts with at most 16 rows (decode): its stages are small and its registers few,
+ * so four blocks share an SM and hide the weights' latency; the large one (G = 8) the
+ * rest. Each expert belongs to one of them by its count, read on the device. */
+template <int G> struct Cfg {
+    static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
+    static constexpr int STAGES = G <= 2 ? 3 : 4; /* the small one: four blocks' stages in 228 KB */
+    static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
+    static constexpr int MIN_BLOCKS = G <= 2 ? 4 : 2;
+};
+constexpr int SMALL = 2, LARGE = 8;
+
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* cp.async of n bytes, zero-filled when !valid (src then is only a placeholder) */
+template <int N> __device__ __forceinline__ void cp_async(void *dst, const void *src, bool valid)
+{
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                     "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N),
+                     "r"(valid ? N : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four bytes of codes (eight weights) -> four bf16 pairs, element 2j low: each pair's
+ * low nibble is moved to bits 12-15, its high nibble to bits 28-31; then sign stays and
+ * the three magnitude bits drop into the exponent's low bits and the mantissa's top. */
+__device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
+{
+    const uint32_t wl = w << 4;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t x = __byte_perm(wl, w, j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+        uint32_t bits = (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
+        __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&bits),
+                                   *reinterpret_cast<__nv_bfloat162 *>(&scale2));
+        d[j] = *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+/* Where a 16-byte unit u of token row i sits in its 256-byte stage row: spread so that
+ * the eight threads of a load phase (two rows, units 4t + q) hit eight bank groups. */
+__device__ __forceinline__ int swizzle(int u, int i) { return u ^ (((u >> 3) & 1) | ((i & 1) << 1)); }
+
+struct Tile {
+    int e, ntile, t0, cnt;
+};
+
+struct Shared {
+    int64_t nrow[BN];      /* weight row of each tile row, -1 past n */
+    int64_t arow[8 * MAX_GROUPS], crow[8 * MAX_GROUPS]; /* A and C row of each token, -1 past the count */
+    uint32_t lut[256];     /* E4M3 byte -> bf16 pair of scale x 2^118 */
+    int32_t prefix[M2A_GEMM_MAX_EXPERTS + 1]; /* tiles of the experts before e */
+};
+
+__host__ __device__ __forceinline__ int ntiles_of(const m2a_kgemm_t &p)
+{
+    return p.swiglu ? (int)((p.n / 2 + BN / 2 - 1) / (BN / 2)) : (int)((p.n + BN - 1) / BN);
+}
+
+/* Expert e's rows (expert-major: clipped to A's rows; rank-major: its list) */
+__device__ __forceinline__ void expert_rows(const m2a_kgemm_t &p, int e, int64_t *first, int *count)
+{
+    if (p.slots) {
+        *first = p.list_offsets[e], *count = p.list_counts[e];
+        return;
+    }
+    int64_t o = p.offsets[e], c = p.counts[e];
+    if (o < 0 || o > p.rows || c < 0) c = 0;
+    if (c > p.rows - o) c = (int)(p.rows - o);
+    *first = o, *count = (int)c;
+}
+
+/* Weight row of tile row r: plain, or (SwiGLU) each warp's first 16 rows gate rows j
+ * and its last 16 the matching up rows j + n/2, so one thread holds both. */
+__device__ __forceinline__ int64_t weight_row(const m2a_kgemm_t &p, int ntile, int r)
+{
+    if (!p.swiglu) {
+        int64_t n = (int64_t)ntile * BN + r;
+        return n < p.n ? n : -1;
+    }
+    int64_t j = (int64_t)ntile * (BN / 2) + (r / 32) * 16 + (r & 15);
+    return j < p.n / 2 ? j + ((r & 16) ? p.n / 2 : 0) : -1;
+}
+
+/* What a thread copies each stage, set once per tile: its four 16-byte pieces of code
+ * rows (rows tid/4 + 32i, piece tid%4), its two 4-byte scale words (rows tid/2 + 64i,
+ * word tid%2 of the stage's two), its activation pieces (rows tid/16 + 8i, piece
+ * tid%16), each with the stage's offset added. */
+struct Loader {
+    const uint8_t *w[4];
+    const uint8_t *s[2];
+    unsigned wvalid, svalid;
+};
+
+__device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &sh, const uint8_t *we,
+                                            const uint8_t *sfe, Loader &L)
+{
+    const int64_t kh = p.k / 2, nkt = (p.k / 16 + 3) / 4;
+    L.wvalid = L.svalid = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int64_t n = sh.nrow[(threadIdx.x >> 2) + 32 * i];
+        L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x & 3) * 16 : p.w;
+        L.wvalid |= (unsigned)(n >= 0) << i;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int64_t n = sh.nrow[(threadIdx.x >> 1) + 64 * i];
+        L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (threadIdx.x & 1) * 512 + (n % 32) * 16 + ((n % 128) / 32) * 4
+                        : p.sf;
+        L.svalid |= (unsigned)(n >= 0) << i;
+    }
+}
+
+template <bool W16, int G>
+__device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader &L, unsigned char *st,
+                                           int64_t kbase, int groups)
+{
+    const int tid = threadIdx.x;
+    /* codes: piece tid%4 holds k kbase + 32 (tid%4) .. + 31 */
+    const int64_t kk = kbase + 32 * (tid & 3);
+    const bool lo = kk < p.k, hi = kk + 16 < p.k;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned char *dst = st + tid * 16 + i * 2048;
+        bool v = (L.wvalid >> i) & 1;
+        if (W16) {
+            cp_async<16>(dst, v && lo ? L.w[i] + kbase / 2 : p.w, v && lo);
+        } else { /* rows not 16-byte aligned (k % 32 == 16) */
+            cp_async<8>(dst, v && lo ? L.w[i] + kbase / 2 : p.w, v && lo);
+            cp_async<8>(dst + 8, v && hi ? L.w[i] + kbase / 2 + 8 : p.w, v && hi);
+        }
+    }
+    /* scales: word tid%2 of the stage is 128x4 block group kbase/64 + tid%2 */
+    const bool sv = kbase / 64 + (tid & 1) < (p.k / 16 + 3) / 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        bool v = ((L.svalid >> i) & 1) && sv;
+        cp_async<4>(st + W_BYTES + tid * 4 + i * 512, v ? L.s[i] + kbase * 8 : p.sf, v);
+    }
+    /* activations of the groups in use */
+    const int u = tid & 15, row0 = tid >> 4;
+    const int64_t ka = kbase + 8 * u;
+    unsigned char *adst = st + W_BYTES + S_BYTES + row0 * A_ROW + swizzle(u, row0) * 16;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i < groups) {
+            int64_t ar = sh.arow[row0 + 8 * i];
+            bool v = ar >= 0 && ka < p.k;
+            cp_async<16>(adst + i * 8 * A_ROW, v ? p.a + ar * p.lda + ka : p.a, v);
+        }
+    }
+}
+
+/* One stage: thread (g, t) of a warp takes bytes 16t..16t+15 of its rows g and g + 8
+ * (k 32t..32t+31), sub-step q their word q, which is MMA steps 2q and 2q + 1; the token
+ * operand takes the same k of token g (16 bytes of unit 4t + q). */
+template <int G>
+__device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned char *st, int groups,
+                                              float (&acc)[2][G][4])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const unsigned char *sw = st, *ss = st + W_BYTES, *sa = st + W_BYTES + S_BYTES;
+    /* the scales of this thread's blocks 2t and 2t + 1 of rows g and g + 8, per m16 tile */
+    uint32_t sc[2][2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            unsigned two = *reinterpret_cast<const uint16_t *>(ss + (warp * 32 + mt * 16 + g + 8 * h) * S_ROW + 2 * t);
+            sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
+        }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t af[2][2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            int r = warp * 32 + mt * 16 + g;
+            uint32_t d0[4], d1[4];
+            dequant(*reinterpret_cast<const uint32_t *>(sw + r * W_ROW + t * 16 + q * 4), sc[mt][0][q >> 1], d0);
+            dequant(*reinterpret_cast<const uint32_t *>(sw + (r + 8) * W_ROW + t * 16 + q * 4), sc[mt][1][q >> 1], d1);
+            af[mt][0][0] = d0[0], af[mt][0][1] = d1[0], af[mt][0][2] = d0[1], af[mt][0][3] = d1[1];
+            af[mt][1][0] = d0[2], af[mt][1][1] = d1[2], af[mt][1][2] = d0[3], af[mt][1][3] = d1[3];
+        }
+#pragma unroll
+        for (int grp = 0; grp < G; grp++) {
+            if (grp < groups) {
+                int i = grp * 8 + g;
+                uint4 b = *reinterpret_cast<const uint4 *>(sa + i * A_ROW + swizzle(4 * t + q, i) * 16);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma(acc[mt][grp], af[mt][0], b.x, b.y);
+                    mma(acc[mt][grp], af[mt][1], b.z, b.w);
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void store(const m2a_kgemm_t &p, int64_t crow, int64_t col, float v)
+{
+    size_t at = (size_t)crow * (size_t)p.ldc + (size_t)col;
+    if (p.out_fp32) static_cast<float *>(p.c)[at] = v;
+    else static_cast<__nv_bfloat16 *>(p.c)[at] = __float2bfloat16_rn(v);
+}
+
+template <int G>
+__device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh, const Tile &T, int groups,
+                                         float scale, float (&acc)[2][G][4])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int grp = 0; grp < G; grp++) {
+        if (grp >= groups) continue;
+#pragma unroll
+        for (int d = 0; d < 4; d++) {
+            int i = grp * 8 + 2 * t + (d & 1);
+            if (i >= T.cnt) continue;
+            int64_t crow = sh.crow[i];
+            int r = warp * 32 + g + (d >> 1) * 8;
+            if (p.swiglu) { /* gate in the first m16 tile, up in the second */
+                int64_t j = sh.nrow[r];
+                if (j < 0) continue;
+                float gate = acc[0][grp][d] * scale, up = acc[1][grp][d] * scale;
+                store(p, crow, j, gate / (1.0f + __expf(-gate)) * up);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    int64_t n = sh.nrow[r + mt * 16];
+                    if (n >= 0) store(p, crow, n, acc[mt][grp][d] * scale);
+                }
+            }
+        }
+    }
+}
+
+/* Experts with lo < count <= hi are this variant's. */
+template <bool W16, int G>
+__global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
+{
+    typedef Cfg<G> C;
+    extern __shared__ __align__(16) unsigned char stages[];
+    __shared__ Shared sh;
+    const int E = p.num_experts, ntiles = ntiles_of(p);
+    for (int i = threadIdx.x; i < 256; i += THREADS) {
+        float s = m2a_e4m3_to_f32((uint8_t)i) * 0x1p118f;
+        __nv_bfloat16 b = __float2bfloat16_rn(s);
+        uint32_t h = *reinterpret_cast<uint16_t *>(&b);
+        sh.lut[i] = h | (h << 16);
+    }
+    /* the tile list: expert e's tiles are ceil(count / BT) token tiles x ntiles */
+    if (threadIdx.x < 32) {
+        int carry = 0;
+        if (threadIdx.x == 0) sh.prefix[0] = 0;
+        for (int base = 0; base < E; base += 32) {
+            int e = base + threadIdx.x, v = 0;
+            if (e < E) {
+                int64_t first;
+                int cnt;
+                expert_rows(p, e, &first, &cnt);
+                v = cnt > lo && cnt <= hi ? (cnt + C::BT - 1) / C::BT * ntiles : 0;
+            }
+            for (int o = 1; o < 32; o <<= 1) {
+                int n = __shfl_up_sync(0xffffffffu, v, o);
+                if ((int)threadIdx.x >= o) v += n;
+            }
+            if (e < E) sh.prefix[e + 1] = carry + v;
+            carry += __shfl_sync(0xffffffffu, v, 31);
+        }
+    }
+    __syncthreads();
+    const int total = sh.prefix[E];
+    const int64_t ktiles = (p.k + BK - 1) / BK;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        Tile T;
+        int lo = 0, hi = E - 1; /* the expert whose tiles hold this one */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (sh.prefix[mid] <= tile) lo = mid;
+            else hi = mid - 1;
+        }
+        T.e = lo;
+        int64_t first;
+        int cnt;
+        expert_rows(p, T.e, &first, &cnt);
+        int local = tile - sh.prefix[T.e], ttiles = (cnt + C::BT - 1) / C::BT;
+        T.ntile = local / ttiles; /* token tiles of one weight tile run side by side: L2 reuse */
+        T.t0 = (local % ttiles) * C::BT;
+        T.cnt = min(C::BT, cnt - T.t0);
+        __syncthreads(); /* the previous tile's epilogue is done with sh and the stages */
+        for (int r = threadIdx.x; r < BN; r += THREADS) sh.nrow[r] = weight_row(p, T.ntile, r);
+        for (int i = threadIdx.x; i < C::BT; i += THREADS) {
+            int64_t ar = -1, cr = -1;
+            if (i < T.cnt) {
+                int64_t at = first + T.t0 + i;
+                if (p.slots) {
+                    int32_t pair = p.list[at];
+                    ar = pair / p.slots, cr = pair;
+                } else {
+                    ar = cr = at;
+                }
+            }
+            sh.arow[i] = ar, sh.crow[i] = cr;
+        }
+        __syncthreads();
+        const int groups = (T.cnt + 7) / 8;
+        Loader L;
+        loader_init(p, sh, p.w + (size_t)T.e * (size_t)p.n * (size_t)(p.k / 2), p.sf + (size_t)T.e * p.sf_stride, L);
+#pragma unroll
+        for (int s = 0; s < C::STAGES - 1; s++) {
+            if (s < ktiles) load_stage<W16, G>(p, sh, L, stages + s * C::STAGE_BYTES, (int64_t)s * BK, groups);
+            cp_commit();
+        }
+        float acc[2][G][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int b = 0; b < G; b++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[a][b][c] = 0.0f;
+        for (int64_t kt = 0; kt < ktiles; kt++) {
+            cp_wait<C::STAGES - 2>();
+            __syncthreads();
+            int64_t nk = kt + C::STAGES - 1;
+            if (nk < ktiles) load_stage<W16, G>(p, sh, L, stages + (nk % C::STAGES) * C::STAGE_BYTES, nk * BK, groups);
+            cp_commit();
+            compute_stage<G>(sh, stages + (kt % C::STAGES) * C::STAGE_BYTES, groups, acc);
+        }
+        epilogue<G>(p, sh, T, groups, 256.0f / p.g[T.e], acc);
+    }
+    cp_wait<0>();
+}
+
+/* Rank-major: expert e's (row, slot) pairs, ascending; one block per expert. */
+constexpr int LIST_THREADS = 256;
+
+__device__ int block_sum(int v, int *scratch)
+{
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int s = 0;
+    for (int w = 0; w < LIST_THREADS / 32; w++) s += scratch[w];
+    return s;
+}
+
+__global__ void __launch_bounds__(LIST_THREADS) list_count(const m2a_kgemm_t p)
+{
+    __shared__ int scratch[LIST_THREADS / 32];
+    const int32_t id = p.first_expert + (int32_t)blockIdx.x;
+    const int64_t pairs = p.rows * p.slots;
+    int c = 0;
+    for (int64_t i = threadIdx.x; i < pairs; i += LIST_THREADS) c += p.ids[i] == id;
+    c = block_sum(c, scratch);
+    if (threadIdx.x == 0) p.list_counts[blockIdx.x] = c;
+}
+
+__global__ void __launch_bounds__(LIST_THREADS) list_fill(const m2a_kgemm_t p)
+{
+    __shared__ int scratch[LIST_THREADS / 32];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int32_t id = p.first_expert + e;
+    const int64_t pairs = p.rows * p.slots;
+    int before = 0;
+    for (int j = threadIdx.x; j < e; j += LIST_THREADS) before += p.list_counts[j];
+    int at = block_sum(before, scratch);
+    if (threadIdx.x == 0) p.list_offsets[e] = at;
+    for (int64_t base = 0; base < pairs; base += LIST_THREADS) {
+        int64_t i = base + threadIdx.x;
+        bool mine = i < pairs && p.ids[i] == id;
+        unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        __syncthreads();
+        if (lane == 0) scratch[warp] = __popc(ballot);
+        __syncthreads();
+        int wbefore = 0, all = 0;
+        for (int w = 0; w < LIST_THREADS / 32; w++) {
+            wbefore += w < warp ? scratch[w] : 0;
+            all += scratch[w];
+        }
+        if (mine) p.list[at + wbefore + __popc(ballot & ((1u << lane) - 1))] = (int32_t)i;
+        at += all;
+    }
+}
+
+struct Launch {
+    int sms, blocks_per_sm;
+};
+
+/* The persistent grid of a variant on the current device, found once per device. */
+template <bool W16, int G> int launch_shape(Launch *l)
+{
+    static Launch cache[64];
+    int dev = 0, err;
+    if ((err = (int)cudaGetDevice(&dev))) return err;
+    Launch *c = &cache[dev & 63];
+    if (!c->sms) {
+        if ((err = (int)cudaFuncSetAttribute(gemm_kernel<W16, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             Cfg<G>::SMEM)))
+            return err;
+        if ((err = (int)cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev))) return err;
+        if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c->blocks_per_sm, gemm_kernel<W16, G>, THREADS,
+                                                                       Cfg<G>::SMEM)))
+            return err;
+        if (c->blocks_per_sm < 1) c->blocks_per_sm = 1;
+    }
+    *l = *c;
+    return 0;
+}
+
+/* One variant over the experts with lo < count <= hi; most: an upper bound on its tiles. */
+template <bool W16, int G> int run(const m2a_kgemm_t *p, int lo, int hi, int64_t most, cudaStream_t s)
+{
+    Launch l;
+    int err = launch_shape<W16, G>(&l);
+    if (err) return err;
+    int64_t grid = (int64_t)l.sms * l.blocks_per_sm;
+    if (grid > most) grid = most;
+    if (grid < 1) grid = 1;
+    gemm_kernel<W16, G><<<(unsigned)grid, THREADS, Cfg<G>::SMEM, s>>>(*p, lo, hi);
+    return (int)cudaGetLastError();
+}
+
+template <bool W16> int run_both(const m2a_kgemm_t *p, cudaStream_t s)
+{
+    const int64_t rows = p->slots ? p->rows * p->slots : p->rows, nt = ntiles_of(*p);
+    const int small_rows = 8 * SMALL;
+    int err = run<W16, SMALL>(p, 0, small_rows, nt * p->num_experts, s);
+    if (err || rows <= small_rows) return err; /* no expert can be the large variant's */
+    return run<W16, LARGE>(p, small_rows, 0x7fffffff, nt * (rows / (8 * LARGE) + p->num_experts), s);
+}
+
+} /* namespace */
+
+extern "C" int m2a_cuda_expert_gemm(const m2a_kgemm_t *p, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (p->slots) {
+        list_count<<<p->num_experts, LIST_THREADS, 0, s>>>(*p);
+        list_fill<<<p->num_experts, LIST_THREADS, 0, s>>>(*p);
+        int err = (int)cudaGetLastError();
+        if (err) return err;
+    }
+    return p->k % 32 == 0 ? run_both<true>(p, s) : run_both<false>(p, s);
+}
