@@ -529,7 +529,7 @@ typedef enum {
 typedef struct {
     size_t struct_size;   /* sizeof(moea2a_expert_gemm_t): the fields this caller knows */
     int num_experts;      /* local experts, 1..1024 */
-    size_t n, k;          /* W_e is n x k: k a positive multiple of 16; n even with SWIGLU */
+    size_t n, k;          /* W_e is n x k: n < 2^31 (even with SWIGLU), k a multiple of 16, 16..2^24 */
     moea2a_gemm_rows_t rows_layout;
     unsigned flags;       /* MOEA2A_GEMM_SWIGLU */
     const void *a;        /* bf16 A: row i at a + i * lda elements */

@@ -42,9 +42,9 @@ constexpr int MAX_GROUPS = 8;
  * rest. Each expert belongs to one of them by its count, read on the device. */
 template <int G> struct Cfg {
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
-    static constexpr int STAGES = G <= 2 ? 3 : 4; /* the small one: four blocks' stages in 228 KB */
+    static constexpr int STAGES = G <= 2 ? 3 : 4; /* the small one: five blocks' stages in 228 KB */
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
-    static constexpr int MIN_BLOCKS = G <= 2 ? 4 : 2;
+    static constexpr int MIN_BLOCKS = G <= 2 ? 5 : 2;
 };
 constexpr int SMALL = 2, LARGE = 8;
 
@@ -71,20 +71,34 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Four bytes of codes (eight weights) -> four bf16 pairs, element 2j low: each pair's
- * low nibble is moved to bits 12-15, its high nibble to bits 28-31; then sign stays and
- * the three magnitude bits drop into the exponent's low bits and the mantissa's top. */
-__device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
+/* Four bytes of codes (eight weights k0..k0+7) -> four bf16 pairs, multiplied by the
+ * block's scale pair. A pair's two nibbles go to bits 12-15 and 28-31; then the sign
+ * stays and the three magnitude bits drop into the exponent's low bits and the
+ * mantissa's top.
+ * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j, moved
+ * there by a byte permute of the word and the word shifted by 4.
+ * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which the word
+ * shifted left by 4 (3 - j) already holds there: one integer operation fewer per pair,
+ * paid for by regrouping the activations the same way (act_pairs). */
+template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
 {
     const uint32_t wl = w << 4;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint32_t x = __byte_perm(wl, w, j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+        uint32_t x = PAIRED ? w << (4 * (3 - j)) : __byte_perm(wl, w, j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
         uint32_t bits = (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
         __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&bits),
                                    *reinterpret_cast<__nv_bfloat162 *>(&scale2));
         d[j] = *reinterpret_cast<uint32_t *>(&v);
     }
+}
+
+/* Eight activations k0..k0+7 as bf16 pairs (k0, k0+1) ... -> (k0, k0+4), (k0+1, k0+5),
+ * (k0+2, k0+6), (k0+3, k0+7): the pairs of dequant<true>. */
+__device__ __forceinline__ uint4 act_pairs(uint4 b)
+{
+    return make_uint4(__byte_perm(b.x, b.z, 0x5410), __byte_perm(b.x, b.z, 0x7632), __byte_perm(b.y, b.w, 0x5410),
+                      __byte_perm(b.y, b.w, 0x7632));
 }
 
 /* Where a 16-byte unit u of token row i sits in its 256-byte stage row: spread so that
@@ -96,10 +110,10 @@ struct Tile {
 };
 
 struct Shared {
-    int64_t nrow[BN];      /* weight row of each tile row, -1 past n */
-    int64_t arow[8 * MAX_GROUPS], crow[8 * MAX_GROUPS]; /* A and C row of each token, -1 past the count */
+    int32_t nrow[BN];      /* weight row of each tile row, -1 past n (n < 2^31) */
+    const uint16_t *arow[8 * MAX_GROUPS]; /* each token's A row, NULL past the count */
+    int64_t crow[8 * MAX_GROUPS];         /* its C row */
     uint32_t lut[256];     /* E4M3 byte -> bf16 pair of scale x 2^118 */
-    int32_t prefix[M2A_GEMM_MAX_EXPERTS + 1]; /* tiles of the experts before e */
 };
 
 __host__ __device__ __forceinline__ int ntiles_of(const m2a_kgemm_t &p)
@@ -150,7 +164,7 @@ __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int64_t n = sh.nrow[(threadIdx.x >> 2) + 32 * i];
-        L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x & 3) * 16 : p.w;
+        L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x & 3) * 16 : p.w; /* invalid: copies nothing from p.w */
         L.wvalid |= (unsigned)(n >= 0) << i;
     }
 #pragma unroll
@@ -164,40 +178,35 @@ __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &
 
 template <bool W16, int G>
 __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader &L, unsigned char *st,
-                                           int64_t kbase, int groups)
+                                           int kbase, int groups)
 {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, k = (int)p.k;
     /* codes: piece tid%4 holds k kbase + 32 (tid%4) .. + 31 */
-    const int64_t kk = kbase + 32 * (tid & 3);
-    const bool lo = kk < p.k, hi = kk + 16 < p.k;
+    const int kk = kbase + 32 * (tid & 3);
+    const bool lo = kk < k, hi = kk + 16 < k;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         unsigned char *dst = st + tid * 16 + i * 2048;
         bool v = (L.wvalid >> i) & 1;
         if (W16) {
-            cp_async<16>(dst, v && lo ? L.w[i] + kbase / 2 : p.w, v && lo);
+            cp_async<16>(dst, L.w[i] + kbase / 2, v && lo);
         } else { /* rows not 16-byte aligned (k % 32 == 16) */
-            cp_async<8>(dst, v && lo ? L.w[i] + kbase / 2 : p.w, v && lo);
-            cp_async<8>(dst + 8, v && hi ? L.w[i] + kbase / 2 + 8 : p.w, v && hi);
+            cp_async<8>(dst, L.w[i] + kbase / 2, v && lo);
+            cp_async<8>(dst + 8, L.w[i] + kbase / 2 + 8, v && hi);
         }
     }
     /* scales: word tid%2 of the stage is 128x4 block group kbase/64 + tid%2 */
-    const bool sv = kbase / 64 + (tid & 1) < (p.k / 16 + 3) / 4;
+    const bool sv = kbase / 64 + (tid & 1) < (k / 16 + 3) / 4;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        bool v = ((L.svalid >> i) & 1) && sv;
-        cp_async<4>(st + W_BYTES + tid * 4 + i * 512, v ? L.s[i] + kbase * 8 : p.sf, v);
-    }
+    for (int i = 0; i < 2; i++) cp_async<4>(st + W_BYTES + tid * 4 + i * 512, L.s[i] + kbase * 8, ((L.svalid >> i) & 1) && sv);
     /* activations of the groups in use */
-    const int u = tid & 15, row0 = tid >> 4;
-    const int64_t ka = kbase + 8 * u;
+    const int u = tid & 15, row0 = tid >> 4, ka = kbase + 8 * u;
     unsigned char *adst = st + W_BYTES + S_BYTES + row0 * A_ROW + swizzle(u, row0) * 16;
 #pragma unroll
     for (int i = 0; i < G; i++) {
         if (i < groups) {
-            int64_t ar = sh.arow[row0 + 8 * i];
-            bool v = ar >= 0 && ka < p.k;
-            cp_async<16>(adst + i * 8 * A_ROW, v ? p.a + ar * p.lda + ka : p.a, v);
+            const uint16_t *ar = sh.arow[row0 + 8 * i];
+            cp_async<16>(adst + i * 8 * A_ROW, ar ? ar + ka : p.a, ar && ka < k);
         }
     }
 }
@@ -209,6 +218,9 @@ template <int G>
 __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned char *st, int groups,
                                               float (&acc)[2][G][4])
 {
+    /* few token groups: regroup their activations rather than spend a byte permute on
+     * every weight pair */
+    constexpr bool PAIRED = G <= 2;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     const unsigned char *sw = st, *ss = st + W_BYTES, *sa = st + W_BYTES + S_BYTES;
     /* the scales of this thread's blocks 2t and 2t + 1 of rows g and g + 8, per m16 tile */
@@ -220,15 +232,23 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
             unsigned two = *reinterpret_cast<const uint16_t *>(ss + (warp * 32 + mt * 16 + g + 8 * h) * S_ROW + 2 * t);
             sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
         }
+    /* this thread's 16 bytes of codes of rows g and g + 8, per m16 tile */
+    uint4 wq[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wq[mt][h] = *reinterpret_cast<const uint4 *>(sw + (warp * 32 + mt * 16 + g + 8 * h) * W_ROW + t * 16);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t af[2][2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
-            int r = warp * 32 + mt * 16 + g;
             uint32_t d0[4], d1[4];
-            dequant(*reinterpret_cast<const uint32_t *>(sw + r * W_ROW + t * 16 + q * 4), sc[mt][0][q >> 1], d0);
-            dequant(*reinterpret_cast<const uint32_t *>(sw + (r + 8) * W_ROW + t * 16 + q * 4), sc[mt][1][q >> 1], d1);
+            const uint32_t w0 = q == 0 ? wq[mt][0].x : q == 1 ? wq[mt][0].y : q == 2 ? wq[mt][0].z : wq[mt][0].w;
+            const uint32_t w1 = q == 0 ? wq[mt][1].x : q == 1 ? wq[mt][1].y : q == 2 ? wq[mt][1].z : wq[mt][1].w;
+            dequant<PAIRED>(w0, sc[mt][0][q >> 1], d0);
+            dequant<PAIRED>(w1, sc[mt][1][q >> 1], d1);
             af[mt][0][0] = d0[0], af[mt][0][1] = d1[0], af[mt][0][2] = d0[1], af[mt][0][3] = d1[1];
             af[mt][1][0] = d0[2], af[mt][1][1] = d1[2], af[mt][1][2] = d0[3], af[mt][1][3] = d1[3];
         }
@@ -237,6 +257,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
             if (grp < groups) {
                 int i = grp * 8 + g;
                 uint4 b = *reinterpret_cast<const uint4 *>(sa + i * A_ROW + swizzle(4 * t + q, i) * 16);
+                if (PAIRED) b = act_pairs(b);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
                     mma(acc[mt][grp], af[mt][0], b.x, b.y);
@@ -291,6 +312,8 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
     typedef Cfg<G> C;
     extern __shared__ __align__(16) unsigned char stages[];
     __shared__ Shared sh;
+    /* after the stages: the tiles of the experts before e, [num_experts + 1] */
+    int32_t *prefix = reinterpret_cast<int32_t *>(stages + C::SMEM);
     const int E = p.num_experts, ntiles = ntiles_of(p);
     for (int i = threadIdx.x; i < 256; i += THREADS) {
         float s = m2a_e4m3_to_f32((uint8_t)i) * 0x1p118f;
@@ -301,7 +324,7 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
     /* the tile list: expert e's tiles are ceil(count / BT) token tiles x ntiles */
     if (threadIdx.x < 32) {
         int carry = 0;
-        if (threadIdx.x == 0) sh.prefix[0] = 0;
+        if (threadIdx.x == 0) prefix[0] = 0;
         for (int base = 0; base < E; base += 32) {
             int e = base + threadIdx.x, v = 0;
             if (e < E) {
@@ -314,26 +337,26 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
                 int n = __shfl_up_sync(0xffffffffu, v, o);
                 if ((int)threadIdx.x >= o) v += n;
             }
-            if (e < E) sh.prefix[e + 1] = carry + v;
+            if (e < E) prefix[e + 1] = carry + v;
             carry += __shfl_sync(0xffffffffu, v, 31);
         }
     }
     __syncthreads();
-    const int total = sh.prefix[E];
-    const int64_t ktiles = (p.k + BK - 1) / BK;
+    const int total = prefix[E];
+    const int ktiles = (int)((p.k + BK - 1) / BK);
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         Tile T;
         int lo = 0, hi = E - 1; /* the expert whose tiles hold this one */
         while (lo < hi) {
             int mid = (lo + hi + 1) / 2;
-            if (sh.prefix[mid] <= tile) lo = mid;
+            if (prefix[mid] <= tile) lo = mid;
             else hi = mid - 1;
         }
         T.e = lo;
         int64_t first;
         int cnt;
         expert_rows(p, T.e, &first, &cnt);
-        int local = tile - sh.prefix[T.e], ttiles = (cnt + C::BT - 1) / C::BT;
+        int local = tile - prefix[T.e], ttiles = (cnt + C::BT - 1) / C::BT;
         T.ntile = local / ttiles; /* token tiles of one weight tile run side by side: L2 reuse */
         T.t0 = (local % ttiles) * C::BT;
         T.cnt = min(C::BT, cnt - T.t0);
@@ -350,7 +373,8 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
                     ar = cr = at;
                 }
             }
-            sh.arow[i] = ar, sh.crow[i] = cr;
+            sh.arow[i] = ar >= 0 ? p.a + ar * p.lda : nullptr;
+            sh.crow[i] = cr;
         }
         __syncthreads();
         const int groups = (T.cnt + 7) / 8;
@@ -358,7 +382,7 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
         loader_init(p, sh, p.w + (size_t)T.e * (size_t)p.n * (size_t)(p.k / 2), p.sf + (size_t)T.e * p.sf_stride, L);
 #pragma unroll
         for (int s = 0; s < C::STAGES - 1; s++) {
-            if (s < ktiles) load_stage<W16, G>(p, sh, L, stages + s * C::STAGE_BYTES, (int64_t)s * BK, groups);
+            if (s < ktiles) load_stage<W16, G>(p, sh, L, stages + s * C::STAGE_BYTES, s * BK, groups);
             cp_commit();
         }
         float acc[2][G][4];
@@ -368,13 +392,17 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
             for (int b = 0; b < G; b++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[a][b][c] = 0.0f;
-        for (int64_t kt = 0; kt < ktiles; kt++) {
+        /* the stage read now and the one written now, rotating */
+        int rd = 0, wr = C::STAGES - 1;
+        for (int kt = 0; kt < ktiles; kt++) {
             cp_wait<C::STAGES - 2>();
             __syncthreads();
-            int64_t nk = kt + C::STAGES - 1;
-            if (nk < ktiles) load_stage<W16, G>(p, sh, L, stages + (nk % C::STAGES) * C::STAGE_BYTES, nk * BK, groups);
+            if (kt + C::STAGES - 1 < ktiles)
+                load_stage<W16, G>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * BK, groups);
             cp_commit();
-            compute_stage<G>(sh, stages + (kt % C::STAGES) * C::STAGE_BYTES, groups, acc);
+            compute_stage<G>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
+            rd = rd + 1 == C::STAGES ? 0 : rd + 1;
+            wr = wr + 1 == C::STAGES ? 0 : wr + 1;
         }
         epilogue<G>(p, sh, T, groups, 256.0f / p.g[T.e], acc);
     }
@@ -437,24 +465,30 @@ struct Launch {
     int sms, blocks_per_sm;
 };
 
-/* The persistent grid of a variant on the current device, found once per device. */
-template <bool W16, int G> int launch_shape(Launch *l)
+/* The persistent grid of a variant on the current device. */
+constexpr int PREFIX_MAX = 4 * (M2A_GEMM_MAX_EXPERTS + 1);
+
+template <bool W16, int G> int launch_shape(Launch *l, int prefix_bytes)
 {
-    static Launch cache[64];
+    /* per device, once: the SM count and the kernel's shared memory limit (the same
+     * values whichever thread sets them) */
+    static int sms[64];
     int dev = 0, err;
     if ((err = (int)cudaGetDevice(&dev))) return err;
-    Launch *c = &cache[dev & 63];
-    if (!c->sms) {
+    if (!sms[dev & 63]) {
+        int n = 0;
         if ((err = (int)cudaFuncSetAttribute(gemm_kernel<W16, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Cfg<G>::SMEM)))
+                                             Cfg<G>::SMEM + PREFIX_MAX)))
             return err;
-        if ((err = (int)cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev))) return err;
-        if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c->blocks_per_sm, gemm_kernel<W16, G>, THREADS,
-                                                                       Cfg<G>::SMEM)))
-            return err;
-        if (c->blocks_per_sm < 1) c->blocks_per_sm = 1;
+        if ((err = (int)cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev))) return err;
+        sms[dev & 63] = n;
     }
-    *l = *c;
+    /* blocks per SM with this call's tile list, whose size depends on the experts */
+    l->sms = sms[dev & 63];
+    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l->blocks_per_sm, gemm_kernel<W16, G>, THREADS,
+                                                                   Cfg<G>::SMEM + prefix_bytes)))
+        return err;
+    if (l->blocks_per_sm < 1) l->blocks_per_sm = 1;
     return 0;
 }
 
@@ -462,12 +496,13 @@ template <bool W16, int G> int launch_shape(Launch *l)
 template <bool W16, int G> int run(const m2a_kgemm_t *p, int lo, int hi, int64_t most, cudaStream_t s)
 {
     Launch l;
-    int err = launch_shape<W16, G>(&l);
+    const int prefix_bytes = 4 * (p->num_experts + 1);
+    int err = launch_shape<W16, G>(&l, prefix_bytes);
     if (err) return err;
     int64_t grid = (int64_t)l.sms * l.blocks_per_sm;
     if (grid > most) grid = most;
     if (grid < 1) grid = 1;
-    gemm_kernel<W16, G><<<(unsigned)grid, THREADS, Cfg<G>::SMEM, s>>>(*p, lo, hi);
+    gemm_kernel<W16, G><<<(unsigned)grid, THREADS, Cfg<G>::SMEM + prefix_bytes, s>>>(*p, lo, hi);
     return (int)cudaGetLastError();
 }
 

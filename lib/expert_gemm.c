@@ -35,10 +35,11 @@ static moea2a_result_t check(const char *fn, const moea2a_expert_gemm_t *g, size
                   "sizeof(moea2a_expert_gemm_t))", fn, g->struct_size, sizeof(moea2a_expert_gemm_t));
     M2A_CHECK_ARG(NULL, g->num_experts >= 1 && g->num_experts <= M2A_GEMM_MAX_EXPERTS,
                   "%s: num_experts=%d must be 1..%d", fn, g->num_experts, M2A_GEMM_MAX_EXPERTS);
-    M2A_CHECK_ARG(NULL, g->k > 0 && g->k % 16 == 0, "%s: k=%zu must be a positive multiple of 16", fn, g->k);
+    M2A_CHECK_ARG(NULL, g->k > 0 && g->k % 16 == 0 && g->k <= (1u << 24),
+                  "%s: k=%zu must be a positive multiple of 16, at most 2^24", fn, g->k);
     M2A_CHECK_ARG(NULL, !(g->flags & ~MOEA2A_GEMM_SWIGLU), "%s: unknown flags 0x%x", fn, g->flags);
-    M2A_CHECK_ARG(NULL, g->n > 0 && (!(g->flags & MOEA2A_GEMM_SWIGLU) || g->n % 2 == 0),
-                  "%s: n=%zu must be positive (and even with MOEA2A_GEMM_SWIGLU)", fn, g->n);
+    M2A_CHECK_ARG(NULL, g->n > 0 && g->n <= INT32_MAX && (!(g->flags & MOEA2A_GEMM_SWIGLU) || g->n % 2 == 0),
+                  "%s: n=%zu must be 1..2^31-1 (and even with MOEA2A_GEMM_SWIGLU)", fn, g->n);
     M2A_CHECK_ARG(NULL, g->rows_layout == MOEA2A_GEMM_ROWS_EXPERT_MAJOR || g->rows_layout == MOEA2A_GEMM_ROWS_RANK_MAJOR,
                   "%s: unknown rows_layout %d", fn, (int)g->rows_layout);
     M2A_CHECK_ARG(NULL, g->rows >= 0, "%s: rows=%lld must be >= 0", fn, (long long)g->rows);

@@ -390,7 +390,7 @@ static void bad_inputs(int cuda)
         case 17: x.rows = INT32_MAX; break; /* rows x slots past an int32 */
         case 18: x.rows_layout = MOEA2A_GEMM_ROWS_EXPERT_MAJOR; break; /* counts and offsets NULL */
         case 19: x.first_expert = INT32_MAX - 1; break;
-        case 20: x.n = (size_t)1 << 62; x.ldc = x.n; break; /* sizes overflow */
+        case 20: x.n = (size_t)1 << 31; x.ldc = x.n; break; /* n past an int32 */
         case 21:
             if (!cuda) continue;
             x.w_global = host_g; /* mixed memory */
@@ -403,6 +403,8 @@ static void bad_inputs(int cuda)
             if (!cuda) continue;
             x.a = (const char *)a + 2; /* misaligned */
             break;
+        case 24: x.k = (size_t)1 << 25; x.lda = x.k; break; /* k past 2^24 */
+        case 25: x.lda = (size_t)1 << 62; break;             /* rows x lda overflows */
         default: goto done;
         }
         n++;
