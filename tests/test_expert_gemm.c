@@ -212,6 +212,45 @@ static moea2a_expert_gemm_t describe(const data_t *d, const void *a, const void 
     return x;
 }
 
+/* A case's buffers in one memory space; C filled with the sentinel. */
+typedef struct {
+    int cuda;
+    size_t cbytes;
+    void *a, *w, *sf, *c;
+    float *g;
+    int32_t *counts, *offsets, *ids;
+} placed_t;
+
+static void place(const data_t *d, int cuda, placed_t *p)
+{
+    const case_t *c = d->c;
+    size_t k = c->k;
+    p->cuda = cuda;
+    p->cbytes = d->cols * (c->fp32 ? 4 : 2) * (size_t)d->crows;
+    unsigned char *hc = malloc(p->cbytes);
+    memset(hc, SENTINEL, p->cbytes);
+    p->a = mem_put(cuda, d->a, 2 * (size_t)d->rows * k);
+    p->w = mem_put(cuda, d->w, (size_t)c->experts * c->n * (k / 2));
+    p->sf = mem_put(cuda, d->sf, (size_t)c->experts * d->sf_stride);
+    p->g = mem_put(cuda, d->g, 4 * (size_t)c->experts);
+    p->counts = mem_put(cuda, d->counts, 32), p->offsets = mem_put(cuda, d->offsets, 32);
+    p->ids = c->rank_major ? mem_put(cuda, d->ids, 4 * (size_t)d->crows) : NULL;
+    p->c = mem_put(cuda, hc, p->cbytes);
+    free(hc);
+}
+
+static void unplace(placed_t *p)
+{
+    void *all[] = {p->a, p->w, p->sf, p->g, p->counts, p->offsets, p->ids, p->c};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (all[i]) mem_drop(p->cuda, all[i]);
+}
+
+static moea2a_expert_gemm_t describe_placed(const data_t *d, const placed_t *p)
+{
+    return describe(d, p->a, p->w, p->sf, p->g, p->counts, p->offsets, p->ids, p->c);
+}
+
 /* Every C row: an expert's rows against the oracle, the others still the sentinel. */
 static long verify(const data_t *d, const unsigned char *cc, char *why, size_t why_len)
 {
@@ -248,18 +287,10 @@ static long verify(const data_t *d, const unsigned char *cc, char *why, size_t w
 static void run_case(const case_t *c, int cuda)
 {
     data_t d;
+    placed_t pl;
     build(c, &d);
-    size_t k = c->k, rb = d.cols * (c->fp32 ? 4 : 2), cbytes = rb * (size_t)d.crows;
-    unsigned char *hc = malloc(cbytes);
-    memset(hc, SENTINEL, cbytes);
-    void *a = mem_put(cuda, d.a, 2 * (size_t)d.rows * k);
-    void *w = mem_put(cuda, d.w, (size_t)c->experts * c->n * (k / 2));
-    void *sf = mem_put(cuda, d.sf, (size_t)c->experts * d.sf_stride);
-    float *g = mem_put(cuda, d.g, 4 * (size_t)c->experts);
-    int32_t *counts = mem_put(cuda, d.counts, 32), *offsets = mem_put(cuda, d.offsets, 32);
-    int32_t *ids = c->rank_major ? mem_put(cuda, d.ids, 4 * (size_t)d.crows) : NULL;
-    void *cbuf = mem_put(cuda, hc, cbytes);
-    moea2a_expert_gemm_t x = describe(&d, a, w, sf, g, counts, offsets, ids, cbuf);
+    place(&d, cuda, &pl);
+    moea2a_expert_gemm_t x = describe_placed(&d, &pl);
     size_t ws = 0;
     moea2a_result_t rc = moea2a_expert_gemm_workspace_size(&x, &ws);
     void *wsp = ws ? mem_put(cuda, NULL, ws) : NULL;
@@ -271,7 +302,7 @@ static void run_case(const case_t *c, int cuda)
     char why[256] = "";
     long wrong = -1;
     if (rc == MOEA2A_SUCCESS) {
-        unsigned char *got = mem_get(cuda, cbuf, cbytes);
+        unsigned char *got = mem_get(cuda, pl.c, pl.cbytes);
         wrong = verify(&d, got, why, sizeof(why));
         free(got);
     } else {
@@ -279,11 +310,8 @@ static void run_case(const case_t *c, int cuda)
     }
     if (wrong) tap_diag("%s", why);
     tap_ok(wrong == 0, "%s memory: %s (%ld wrong)", cuda ? "CUDA" : "host", c->name, wrong);
-    mem_drop(cuda, a), mem_drop(cuda, w), mem_drop(cuda, sf), mem_drop(cuda, g), mem_drop(cuda, counts);
-    mem_drop(cuda, offsets), mem_drop(cuda, cbuf);
-    if (ids) mem_drop(cuda, ids);
     if (wsp) mem_drop(cuda, wsp);
-    free(hc);
+    unplace(&pl);
     drop(&d);
 }
 
@@ -294,17 +322,11 @@ static void graph_case(void)
 {
     const case_t *c = &cases[0];
     data_t d;
+    placed_t pl;
     build(c, &d);
-    size_t k = c->k, rb = d.cols * 2, cbytes = rb * (size_t)d.crows;
-    unsigned char *hc = malloc(cbytes);
-    memset(hc, SENTINEL, cbytes);
-    void *a = mem_put(1, d.a, 2 * (size_t)d.rows * k);
-    void *w = mem_put(1, d.w, (size_t)c->experts * c->n * (k / 2));
-    void *sf = mem_put(1, d.sf, (size_t)c->experts * d.sf_stride);
-    float *g = mem_put(1, d.g, 4 * (size_t)c->experts);
-    int32_t *counts = mem_put(1, d.counts, 32), *offsets = mem_put(1, d.offsets, 32);
-    void *cbuf = mem_put(1, hc, cbytes);
-    moea2a_expert_gemm_t x = describe(&d, a, w, sf, g, counts, offsets, NULL, cbuf);
+    place(&d, 1, &pl);
+    size_t k = c->k;
+    moea2a_expert_gemm_t x = describe_placed(&d, &pl);
     cudaStream_t s;
     cudaGraph_t gr = NULL;
     cudaGraphExec_t ge = NULL;
@@ -319,14 +341,14 @@ static void graph_case(void)
         for (size_t i = 0; i < k; i++)
             if ((r >= 2 && r < 8) || r >= 38) d.a[(size_t)r * k + i] = 0x7fc0;
             else d.a[(size_t)r * k + i] = (uint16_t)(0x3c00 + (mix((uint64_t)r * k + i) % 0x0300));
-    ok = ok && cudaMemcpy(a, d.a, 2 * (size_t)d.rows * k, cudaMemcpyHostToDevice) == cudaSuccess &&
-         cudaMemcpy(counts, d.counts, 32, cudaMemcpyHostToDevice) == cudaSuccess &&
-         cudaMemcpy(offsets, d.offsets, 32, cudaMemcpyHostToDevice) == cudaSuccess &&
+    ok = ok && cudaMemcpy(pl.a, d.a, 2 * (size_t)d.rows * k, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(pl.counts, d.counts, 32, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(pl.offsets, d.offsets, 32, cudaMemcpyHostToDevice) == cudaSuccess &&
          cudaGraphLaunch(ge, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
     char why[256] = "";
     long wrong = -1;
     if (ok) {
-        unsigned char *got = mem_get(1, cbuf, cbytes);
+        unsigned char *got = mem_get(1, pl.c, pl.cbytes);
         wrong = verify(&d, got, why, sizeof(why));
         free(got);
     } else {
@@ -338,9 +360,7 @@ static void graph_case(void)
     if (ge) cudaGraphExecDestroy(ge);
     if (gr) cudaGraphDestroy(gr);
     cudaStreamDestroy(s);
-    mem_drop(1, a), mem_drop(1, w), mem_drop(1, sf), mem_drop(1, g), mem_drop(1, counts), mem_drop(1, offsets);
-    mem_drop(1, cbuf);
-    free(hc);
+    unplace(&pl);
     drop(&d);
 }
 #endif
@@ -350,18 +370,12 @@ static void bad_inputs(int cuda)
 {
     const case_t *c = &cases[4]; /* rank-major: the workspace matters on CUDA */
     data_t d;
+    placed_t pl;
     build(c, &d);
-    size_t k = c->k, cbytes = d.cols * 2 * (size_t)d.crows;
-    unsigned char *hc = malloc(cbytes);
-    memset(hc, SENTINEL, cbytes);
-    void *a = mem_put(cuda, d.a, 2 * (size_t)d.rows * k);
-    void *w = mem_put(cuda, d.w, (size_t)c->experts * c->n * (k / 2));
-    void *sf = mem_put(cuda, d.sf, (size_t)c->experts * d.sf_stride);
-    float *g = mem_put(cuda, d.g, 4 * (size_t)c->experts);
-    int32_t *ids = mem_put(cuda, d.ids, 4 * (size_t)d.crows);
-    void *cbuf = mem_put(cuda, hc, cbytes);
+    place(&d, cuda, &pl);
+    size_t k = c->k;
     float host_g[3] = {1, 1, 1};
-    const moea2a_expert_gemm_t good = describe(&d, a, w, sf, g, NULL, NULL, ids, cbuf);
+    const moea2a_expert_gemm_t good = describe_placed(&d, &pl);
     size_t ws = 0;
     moea2a_expert_gemm_workspace_size(&good, &ws);
     void *wsp = ws ? mem_put(cuda, NULL, ws) : NULL;
@@ -388,7 +402,7 @@ static void bad_inputs(int cuda)
         case 15: x.ids = NULL; break;
         case 16: x.slots = 0; break;
         case 17: x.rows = INT32_MAX; break; /* rows x slots past an int32 */
-        case 18: x.rows_layout = MOEA2A_GEMM_ROWS_EXPERT_MAJOR; break; /* counts and offsets NULL */
+        case 18: x.rows_layout = MOEA2A_GEMM_ROWS_EXPERT_MAJOR, x.counts = NULL; break; /* no counts */
         case 19: x.first_expert = INT32_MAX - 1; break;
         case 20: x.n = (size_t)1 << 31; x.ldc = x.n; break; /* n past an int32 */
         case 21:
@@ -401,7 +415,7 @@ static void bad_inputs(int cuda)
             break;
         case 23:
             if (!cuda) continue;
-            x.a = (const char *)a + 2; /* misaligned */
+            x.a = (const char *)pl.a + 2; /* misaligned */
             break;
         case 24: x.k = (size_t)1 << 25; x.lda = x.k; break; /* k past 2^24 */
         case 25: x.lda = (size_t)1 << 62; break;             /* rows x lda overflows */
@@ -416,8 +430,8 @@ static void bad_inputs(int cuda)
         }
     }
 done:;
-    unsigned char *got = mem_get(cuda, cbuf, cbytes);
-    for (size_t i = 0; i < cbytes; i++)
+    unsigned char *got = mem_get(cuda, pl.c, pl.cbytes);
+    for (size_t i = 0; i < pl.cbytes; i++)
         if (got[i] != SENTINEL) {
             tap_diag("a refused call wrote C");
             fails++;
@@ -432,10 +446,8 @@ done:;
     if (moea2a_expert_gemm_workspace_size(NULL, &b) != MOEA2A_ERR_INVALID_ARGUMENT) fails++;
     tap_ok(fails == 0, "%s memory: %d bad descriptions each MOEA2A_ERR_INVALID_ARGUMENT naming the call, C untouched; "
                        "0 rows succeed", cuda ? "CUDA" : "host", n);
-    mem_drop(cuda, a), mem_drop(cuda, w), mem_drop(cuda, sf), mem_drop(cuda, g), mem_drop(cuda, ids);
-    mem_drop(cuda, cbuf);
     if (wsp) mem_drop(cuda, wsp);
-    free(hc);
+    unplace(&pl);
     drop(&d);
 }
 
