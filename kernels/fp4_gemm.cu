@@ -72,24 +72,34 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
 }
 
 /* Four bytes of codes (eight weights k0..k0+7) -> four bf16 pairs, multiplied by the
- * block's scale pair. A pair's two nibbles go to bits 12-15 and 28-31; then the sign
- * stays and the three magnitude bits drop into the exponent's low bits and the
- * mantissa's top.
- * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j, moved
- * there by a byte permute of the word and the word shifted by 4.
- * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which the word
- * shifted left by 4 (3 - j) already holds there: one integer operation fewer per pair,
- * paid for by regrouping the activations the same way (act_pairs). */
+ * block's scale pair. A code's three magnitude bits placed at a bf16's exponent low
+ * bits and mantissa top (bits 6-8 of a half) read as its value x 2^-126.
+ * The magnitudes are masked there and multiplied by the scale, and the codes' signs,
+ * shifted to bits 15 and 31, flip the product's sign bits (exact, NaN stays NaN).
+ * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j, which a
+ * byte permute puts at bits 4-7 and 20-23 (shifted left 2 for the magnitudes, 8 for
+ * the signs).
+ * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which one shift of
+ * the word puts at bits 6-9 and 22-25: no permute, paid for by regrouping the
+ * activations the same way (act_pairs). Left shifts compile to multiplies, off the
+ * integer pipe that the masks and permutes load. */
 template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
 {
+    const __nv_bfloat162 s2 = *reinterpret_cast<__nv_bfloat162 *>(&scale2);
     const uint32_t wl = w << 4;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint32_t x = PAIRED ? w << (4 * (3 - j)) : __byte_perm(wl, w, j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-        uint32_t bits = (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
-        __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&bits),
-                                   *reinterpret_cast<__nv_bfloat162 *>(&scale2));
-        d[j] = *reinterpret_cast<uint32_t *>(&v);
+        if (PAIRED) {
+            uint32_t x = j < 2 ? w << (6 - 4 * j) : w >> (4 * j - 6);
+            uint32_t mag = x & 0x01c001c0u, sign = w << (12 - 4 * j);
+            __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), s2);
+            d[j] = *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
+        } else {
+            uint32_t x = __byte_perm(wl, w, j | (4 + j) << 8);
+            uint32_t mag = (x << 2) & 0x01c001c0u, sign = x << 8;
+            __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), s2);
+            d[j] = *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
+        }
     }
 }
 
