@@ -25,6 +25,9 @@ WIRE_AS_IS, WIRE_FP8, WIRE_NVFP4 = 0, 1, 2
 FP8_SCALES_ROW_MAJOR, FP8_SCALES_MN_MAJOR = 0, 1
 FP8_UE8M0 = 1
 SF_LINEAR, SF_128X4, SF_8X4 = 0, 1, 2
+# the FP4 expert GEMM (moea2a_expert(3))
+GEMM_ROWS_EXPERT_MAJOR, GEMM_ROWS_RANK_MAJOR = 0, 1
+GEMM_SWIGLU = 1
 
 
 class UniqueId(ctypes.Structure):
@@ -63,6 +66,17 @@ class WorkspaceSizes(ctypes.Structure):
                 ("record_bytes", ctypes.c_size_t), ("staged_peers", ctypes.c_int), ("nvlink_peers", ctypes.c_int),
                 ("numa_node", ctypes.c_int), ("gpu", ctypes.c_int), ("nic", ctypes.c_char * 32),
                 ("expert_bytes", ctypes.c_size_t)]
+
+
+class ExpertGemm(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("num_experts", ctypes.c_int), ("n", ctypes.c_size_t),
+                ("k", ctypes.c_size_t), ("rows_layout", ctypes.c_int), ("flags", ctypes.c_uint),
+                ("a", ctypes.c_void_p), ("lda", ctypes.c_size_t), ("rows", ctypes.c_int64),
+                ("counts", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("ids", ctypes.c_void_p),
+                ("slots", ctypes.c_int), ("first_expert", ctypes.c_int32), ("w", ctypes.c_void_p),
+                ("w_scales", ctypes.c_void_p), ("w_global", ctypes.c_void_p), ("c", ctypes.c_void_p),
+                ("c_type", ctypes.c_int), ("ldc", ctypes.c_size_t), ("workspace", ctypes.c_void_p),
+                ("workspace_size", ctypes.c_size_t)]
 
 
 class DispatchResult(ctypes.Structure):
@@ -143,6 +157,8 @@ def load():
         "moea2a_fp4_sf_bytes": (I, [I, SZ, SZ, ctypes.POINTER(SZ)]),
         "moea2a_fp4_quantize": (I, [P, I, SZ, SZ, P, P, P, I, P]),
         "moea2a_fp4_dequantize": (I, [P, P, I, P, SZ, SZ, P, I, P]),
+        "moea2a_expert_gemm_workspace_size": (I, [ctypes.POINTER(ExpertGemm), ctypes.POINTER(SZ)]),
+        "moea2a_expert_gemm": (I, [ctypes.POINTER(ExpertGemm), P]),
         "moea2a_fp8_scale_bytes": (I, [I, ctypes.c_uint, SZ, SZ, ctypes.POINTER(SZ)]),
         "moea2a_fp8_quantize": (I, [P, I, SZ, SZ, P, P, I, ctypes.c_uint, P]),
         "moea2a_fp8_dequantize": (I, [P, P, I, ctypes.c_uint, SZ, SZ, P, I, P]),

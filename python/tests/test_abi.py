@@ -11,7 +11,8 @@ from moea2a import _capi as C
 
 STRUCTS = {"moea2a_config_t": C.Config, "moea2a_payload_desc_t": C.PayloadDesc, "moea2a_wire_t": C.Wire,
            "moea2a_moe_config_t": C.MoeConfig, "moea2a_moe_workspace_sizes_t": C.WorkspaceSizes,
-           "moea2a_dispatch_result_t": C.DispatchResult, "moea2a_unique_id_t": C.UniqueId}
+           "moea2a_dispatch_result_t": C.DispatchResult, "moea2a_unique_id_t": C.UniqueId,
+           "moea2a_expert_gemm_t": C.ExpertGemm}
 
 
 def c_layout():
