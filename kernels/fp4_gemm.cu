@@ -3,14 +3,14 @@
  * become bf16 in registers, so at decode sizes, where the GEMM is bound by weight
  * bytes, it reads 3.6 x fewer bytes than a bf16 GEMM.
  *
- * One persistent kernel walks tiles of (expert, 128 weight rows, 64 token rows), the
- * tile list built from the counts on the device; an expert's rows past its count are
- * not tiles, and in a tile's last 64 rows only the 8-row groups holding a row are
- * loaded and multiplied. Per 128-k stage, cp.async copies the tile's codes, scales and
- * activation rows into shared memory (three or four stages in flight); each warp dequantizes
- * 32 weight rows into mma.m16n8k16 A fragments and multiplies them by every token
- * group (the weights are the MMA's M side: 8 tokens fill its N side, so a decode-size
- * tile wastes nothing).
+ * Persistent kernels walk tiles of (expert, 64 or 128 weight rows, 16 or 64 token
+ * rows: two variants, see Cfg), the tile list built from the counts on the device; an
+ * expert's rows past its count are not tiles, and in a tile's last rows only the 8-row
+ * groups holding a row are loaded and multiplied. Per 128-k stage, cp.async copies the
+ * tile's codes, scales and activation rows into shared memory (three or four stages in
+ * flight); each warp dequantizes its 16 or 32 weight rows into mma.m16n8k16 A
+ * fragments and multiplies them by every token group (the weights are the MMA's M
+ * side: 8 tokens fill its N side, so a decode-size tile wastes nothing).
  *
  * Exactness of the dequantization: an E2M1 code whose bits are spread into a bf16's
  * exponent and mantissa is the value x 2^-126 (code 1 a subnormal); multiplied by the
@@ -28,25 +28,27 @@
 
 namespace {
 
-constexpr int BN = 128;      /* weight rows per tile */
 constexpr int BK = 128;      /* k per pipeline stage */
-constexpr int WARPS = 4;     /* each: 32 weight rows (two m16 tiles) x the tile's tokens */
+constexpr int WARPS = 4;     /* each: MT m16 tiles of weight rows x the tile's tokens */
 constexpr int THREADS = 32 * WARPS;
 constexpr int W_ROW = BK / 2, S_ROW = BK / 16, A_ROW = 2 * BK; /* bytes per row per stage */
-constexpr int W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
-constexpr int MAX_GROUPS = 8;
+constexpr int MAX_BN = 128, MAX_GROUPS = 8;
 
-/* A variant: tiles of G groups of 8 token rows. The small one (G = 2) takes the
- * experts with at most 16 rows (decode): its stages are small and its registers few,
- * so four blocks share an SM and hide the weights' latency; the large one (G = 8) the
- * rest. Each expert belongs to one of them by its count, read on the device. */
-template <int G> struct Cfg {
+/* A variant: tiles of 64 MT weight rows (MT m16 tiles per warp) by G groups of 8 token
+ * rows. The small one (MT = 1, G = 2) takes the experts with at most 16 rows (decode):
+ * its tiles are many, its stages small and its registers few, so six blocks share an SM
+ * and hide the weights' latency, and the tiles spread evenly over them; the large one
+ * (MT = 2, G = 8) the rest, each dequantized weight feeding twice as many MMAs. Each
+ * expert belongs to one of them by its count, read on the device. */
+template <int G, int MT> struct Cfg {
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
-    static constexpr int STAGES = G <= 2 ? 3 : 4; /* the small one: five blocks' stages in 228 KB */
+    static constexpr int M_TILES = MT, BN = 64 * MT, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
+    static constexpr int STAGES = G <= 2 ? 3 : 4;
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
-    static constexpr int MIN_BLOCKS = G <= 2 ? 5 : 2;
+    static constexpr int MIN_BLOCKS = G <= 2 ? 6 : 2;
 };
-constexpr int SMALL = 2, LARGE = 8;
+typedef Cfg<2, 1> Small;
+typedef Cfg<8, 2> Large;
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -120,15 +122,15 @@ struct Tile {
 };
 
 struct Shared {
-    int32_t nrow[BN];      /* weight row of each tile row, -1 past n (n < 2^31) */
+    int32_t nrow[MAX_BN];  /* weight row of each tile row, -1 past n (n < 2^31) */
     const uint16_t *arow[8 * MAX_GROUPS]; /* each token's A row, NULL past the count */
     int64_t crow[8 * MAX_GROUPS];         /* its C row */
     uint32_t lut[256];     /* E4M3 byte -> bf16 pair of scale x 2^118 */
 };
 
-__host__ __device__ __forceinline__ int ntiles_of(const m2a_kgemm_t &p)
+template <class C> __host__ __device__ __forceinline__ int ntiles_of(const m2a_kgemm_t &p)
 {
-    return p.swiglu ? (int)((p.n / 2 + BN / 2 - 1) / (BN / 2)) : (int)((p.n + BN - 1) / BN);
+    return p.swiglu ? (int)((p.n / 2 + C::BN / 2 - 1) / (C::BN / 2)) : (int)((p.n + C::BN - 1) / C::BN);
 }
 
 /* Expert e's rows (expert-major: clipped to A's rows; rank-major: its list) */
@@ -144,41 +146,44 @@ __device__ __forceinline__ void expert_rows(const m2a_kgemm_t &p, int e, int64_t
     *first = o, *count = (int)c;
 }
 
-/* Weight row of tile row r: plain, or (SwiGLU) each warp's first 16 rows gate rows j
- * and its last 16 the matching up rows j + n/2, so one thread holds both. */
-__device__ __forceinline__ int64_t weight_row(const m2a_kgemm_t &p, int ntile, int r)
+/* Weight row of tile row r: plain, or (SwiGLU) the gate rows j in the first half of
+ * each warp's rows and the matching up rows j + n/2 in the second (MT = 2: its two m16
+ * tiles; MT = 1: rows g and g + 8 of its one), so one thread holds both. */
+template <class C> __device__ __forceinline__ int64_t weight_row(const m2a_kgemm_t &p, int ntile, int r)
 {
     if (!p.swiglu) {
-        int64_t n = (int64_t)ntile * BN + r;
+        int64_t n = (int64_t)ntile * C::BN + r;
         return n < p.n ? n : -1;
     }
-    int64_t j = (int64_t)ntile * (BN / 2) + (r / 32) * 16 + (r & 15);
-    return j < p.n / 2 ? j + ((r & 16) ? p.n / 2 : 0) : -1;
+    constexpr int WR = 16 * C::M_TILES, HALF = WR / 2; /* rows per warp, and half of them */
+    int64_t j = (int64_t)ntile * (C::BN / 2) + (r / WR) * HALF + (r % HALF);
+    return j < p.n / 2 ? j + ((r % WR) >= HALF ? p.n / 2 : 0) : -1;
 }
 
-/* What a thread copies each stage, set once per tile: its four 16-byte pieces of code
- * rows (rows tid/4 + 32i, piece tid%4), its two 4-byte scale words (rows tid/2 + 64i,
+/* What a thread copies each stage, set once per tile: its 2 MT 16-byte pieces of code
+ * rows (rows tid/4 + 32i, piece tid%4), its MT 4-byte scale words (rows tid/2 + 64i,
  * word tid%2 of the stage's two), its activation pieces (rows tid/16 + 8i, piece
  * tid%16), each with the stage's offset added. */
-struct Loader {
-    const uint8_t *w[4];
-    const uint8_t *s[2];
+template <class C> struct Loader {
+    const uint8_t *w[2 * C::M_TILES];
+    const uint8_t *s[C::M_TILES];
     unsigned wvalid, svalid;
 };
 
+template <class C>
 __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &sh, const uint8_t *we,
-                                            const uint8_t *sfe, Loader &L)
+                                            const uint8_t *sfe, Loader<C> &L)
 {
     const int64_t kh = p.k / 2, nkt = (p.k / 16 + 3) / 4;
     L.wvalid = L.svalid = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 2 * C::M_TILES; i++) {
         int64_t n = sh.nrow[(threadIdx.x >> 2) + 32 * i];
         L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x & 3) * 16 : p.w; /* invalid: copies nothing from p.w */
         L.wvalid |= (unsigned)(n >= 0) << i;
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < C::M_TILES; i++) {
         int64_t n = sh.nrow[(threadIdx.x >> 1) + 64 * i];
         L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (threadIdx.x & 1) * 512 + (n % 32) * 16 + ((n % 128) / 32) * 4
                         : p.sf;
@@ -186,16 +191,16 @@ __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &
     }
 }
 
-template <bool W16, int G>
-__device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader &L, unsigned char *st,
-                                           int kbase, int groups)
+template <bool W16, class C>
+__device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader<C> &L,
+                                           unsigned char *st, int kbase, int groups)
 {
     const int tid = threadIdx.x, k = (int)p.k;
     /* codes: piece tid%4 holds k kbase + 32 (tid%4) .. + 31 */
     const int kk = kbase + 32 * (tid & 3);
     const bool lo = kk < k, hi = kk + 16 < k;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 2 * C::M_TILES; i++) {
         unsigned char *dst = st + tid * 16 + i * 2048;
         bool v = (L.wvalid >> i) & 1;
         if (W16) {
@@ -208,12 +213,13 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
     /* scales: word tid%2 of the stage is 128x4 block group kbase/64 + tid%2 */
     const bool sv = kbase / 64 + (tid & 1) < (k / 16 + 3) / 4;
 #pragma unroll
-    for (int i = 0; i < 2; i++) cp_async<4>(st + W_BYTES + tid * 4 + i * 512, L.s[i] + kbase * 8, ((L.svalid >> i) & 1) && sv);
+    for (int i = 0; i < C::M_TILES; i++)
+        cp_async<4>(st + C::W_BYTES + tid * 4 + i * 512, L.s[i] + kbase * 8, ((L.svalid >> i) & 1) && sv);
     /* activations of the groups in use */
     const int u = tid & 15, row0 = tid >> 4, ka = kbase + 8 * u;
-    unsigned char *adst = st + W_BYTES + S_BYTES + row0 * A_ROW + swizzle(u, row0) * 16;
+    unsigned char *adst = st + C::W_BYTES + C::S_BYTES + row0 * A_ROW + swizzle(u, row0) * 16;
 #pragma unroll
-    for (int i = 0; i < G; i++) {
+    for (int i = 0; i < C::GROUPS; i++) {
         if (i < groups) {
             const uint16_t *ar = sh.arow[row0 + 8 * i];
             cp_async<16>(adst + i * 8 * A_ROW, ar ? ar + ka : p.a, ar && ka < k);
@@ -224,36 +230,38 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
 /* One stage: thread (g, t) of a warp takes bytes 16t..16t+15 of its rows g and g + 8
  * (k 32t..32t+31), sub-step q their word q, which is MMA steps 2q and 2q + 1; the token
  * operand takes the same k of token g (16 bytes of unit 4t + q). */
-template <int G>
+template <class C>
 __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned char *st, int groups,
-                                              float (&acc)[2][G][4])
+                                              float (&acc)[C::M_TILES][C::GROUPS][4])
 {
+    constexpr int MT = C::M_TILES, G = C::GROUPS;
     /* few token groups: regroup their activations rather than spend a byte permute on
      * every weight pair */
     constexpr bool PAIRED = G <= 2;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    const unsigned char *sw = st, *ss = st + W_BYTES, *sa = st + W_BYTES + S_BYTES;
+    const unsigned char *sw = st, *ss = st + C::W_BYTES, *sa = st + C::W_BYTES + C::S_BYTES;
     /* the scales of this thread's blocks 2t and 2t + 1 of rows g and g + 8, per m16 tile */
-    uint32_t sc[2][2][2];
+    uint32_t sc[MT][2][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            unsigned two = *reinterpret_cast<const uint16_t *>(ss + (warp * 32 + mt * 16 + g + 8 * h) * S_ROW + 2 * t);
+            unsigned two =
+                *reinterpret_cast<const uint16_t *>(ss + (warp * 16 * MT + mt * 16 + g + 8 * h) * S_ROW + 2 * t);
             sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
         }
     /* this thread's 16 bytes of codes of rows g and g + 8, per m16 tile */
-    uint4 wq[2][2];
+    uint4 wq[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            wq[mt][h] = *reinterpret_cast<const uint4 *>(sw + (warp * 32 + mt * 16 + g + 8 * h) * W_ROW + t * 16);
+            wq[mt][h] = *reinterpret_cast<const uint4 *>(sw + (warp * 16 * MT + mt * 16 + g + 8 * h) * W_ROW + t * 16);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        uint32_t af[2][2][4];
+        uint32_t af[MT][2][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
+        for (int mt = 0; mt < MT; mt++) {
             uint32_t d0[4], d1[4];
             const uint32_t w0 = q == 0 ? wq[mt][0].x : q == 1 ? wq[mt][0].y : q == 2 ? wq[mt][0].z : wq[mt][0].w;
             const uint32_t w1 = q == 0 ? wq[mt][1].x : q == 1 ? wq[mt][1].y : q == 2 ? wq[mt][1].z : wq[mt][1].w;
@@ -269,7 +277,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
                 uint4 b = *reinterpret_cast<const uint4 *>(sa + i * A_ROW + swizzle(4 * t + q, i) * 16);
                 if (PAIRED) b = act_pairs(b);
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
                     mma(acc[mt][grp], af[mt][0], b.x, b.y);
                     mma(acc[mt][grp], af[mt][1], b.z, b.w);
                 }
@@ -285,28 +293,30 @@ __device__ __forceinline__ void store(const m2a_kgemm_t &p, int64_t crow, int64_
     else static_cast<__nv_bfloat16 *>(p.c)[at] = __float2bfloat16_rn(v);
 }
 
-template <int G>
+template <class C>
 __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh, const Tile &T, int groups,
-                                         float scale, float (&acc)[2][G][4])
+                                         float scale, float (&acc)[C::M_TILES][C::GROUPS][4])
 {
+    constexpr int MT = C::M_TILES;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int grp = 0; grp < G; grp++) {
+    for (int grp = 0; grp < C::GROUPS; grp++) {
         if (grp >= groups) continue;
 #pragma unroll
         for (int d = 0; d < 4; d++) {
             int i = grp * 8 + 2 * t + (d & 1);
             if (i >= T.cnt) continue;
             int64_t crow = sh.crow[i];
-            int r = warp * 32 + g + (d >> 1) * 8;
-            if (p.swiglu) { /* gate in the first m16 tile, up in the second */
+            int r = warp * 16 * MT + g + (d >> 1) * 8;
+            if (p.swiglu) { /* MT = 2: gate in the first m16 tile, up in the second; MT = 1: rows g, g + 8 */
+                if (MT == 1 && d >= 2) continue;
                 int64_t j = sh.nrow[r];
                 if (j < 0) continue;
-                float gate = acc[0][grp][d] * scale, up = acc[1][grp][d] * scale;
+                float gate = acc[0][grp][d] * scale, up = (MT == 2 ? acc[MT - 1][grp][d] : acc[0][grp][d + 2]) * scale;
                 store(p, crow, j, gate / (1.0f + __expf(-gate)) * up);
             } else {
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
                     int64_t n = sh.nrow[r + mt * 16];
                     if (n >= 0) store(p, crow, n, acc[mt][grp][d] * scale);
                 }
@@ -316,15 +326,15 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
 }
 
 /* Experts with lo < count <= hi are this variant's. */
-template <bool W16, int G>
-__global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
+template <bool W16, class C>
+__global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
 {
-    typedef Cfg<G> C;
+    constexpr int G = C::GROUPS, MT = C::M_TILES;
     extern __shared__ __align__(16) unsigned char stages[];
     __shared__ Shared sh;
     /* after the stages: the tiles of the experts before e, [num_experts + 1] */
     int32_t *prefix = reinterpret_cast<int32_t *>(stages + C::SMEM);
-    const int E = p.num_experts, ntiles = ntiles_of(p);
+    const int E = p.num_experts, ntiles = ntiles_of<C>(p);
     for (int i = threadIdx.x; i < 256; i += THREADS) {
         float s = m2a_e4m3_to_f32((uint8_t)i) * 0x1p118f;
         __nv_bfloat16 b = __float2bfloat16_rn(s);
@@ -371,7 +381,7 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
         T.t0 = (local % ttiles) * C::BT;
         T.cnt = min(C::BT, cnt - T.t0);
         __syncthreads(); /* the previous tile's epilogue is done with sh and the stages */
-        for (int r = threadIdx.x; r < BN; r += THREADS) sh.nrow[r] = weight_row(p, T.ntile, r);
+        for (int r = threadIdx.x; r < C::BN; r += THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
         for (int i = threadIdx.x; i < C::BT; i += THREADS) {
             int64_t ar = -1, cr = -1;
             if (i < T.cnt) {
@@ -388,16 +398,16 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
         }
         __syncthreads();
         const int groups = (T.cnt + 7) / 8;
-        Loader L;
-        loader_init(p, sh, p.w + (size_t)T.e * (size_t)p.n * (size_t)(p.k / 2), p.sf + (size_t)T.e * p.sf_stride, L);
+        Loader<C> L;
+        loader_init<C>(p, sh, p.w + (size_t)T.e * (size_t)p.n * (size_t)(p.k / 2), p.sf + (size_t)T.e * p.sf_stride, L);
 #pragma unroll
         for (int s = 0; s < C::STAGES - 1; s++) {
-            if (s < ktiles) load_stage<W16, G>(p, sh, L, stages + s * C::STAGE_BYTES, s * BK, groups);
+            if (s < ktiles) load_stage<W16, C>(p, sh, L, stages + s * C::STAGE_BYTES, s * BK, groups);
             cp_commit();
         }
-        float acc[2][G][4];
+        float acc[MT][G][4];
 #pragma unroll
-        for (int a = 0; a < 2; a++)
+        for (int a = 0; a < MT; a++)
 #pragma unroll
             for (int b = 0; b < G; b++)
 #pragma unroll
@@ -408,13 +418,13 @@ __global__ void __launch_bounds__(THREADS, Cfg<G>::MIN_BLOCKS) gemm_kernel(const
             cp_wait<C::STAGES - 2>();
             __syncthreads();
             if (kt + C::STAGES - 1 < ktiles)
-                load_stage<W16, G>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * BK, groups);
+                load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * BK, groups);
             cp_commit();
-            compute_stage<G>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
+            compute_stage<C>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
             rd = rd + 1 == C::STAGES ? 0 : rd + 1;
             wr = wr + 1 == C::STAGES ? 0 : wr + 1;
         }
-        epilogue<G>(p, sh, T, groups, 256.0f / p.g[T.e], acc);
+        epilogue<C>(p, sh, T, groups, 256.0f / p.g[T.e], acc);
     }
     cp_wait<0>();
 }
@@ -478,7 +488,7 @@ struct Launch {
 /* The persistent grid of a variant on the current device. */
 constexpr int PREFIX_MAX = 4 * (M2A_GEMM_MAX_EXPERTS + 1);
 
-template <bool W16, int G> int launch_shape(Launch *l, int prefix_bytes)
+template <bool W16, class C> int launch_shape(Launch *l, int prefix_bytes)
 {
     /* per device, once: the SM count and the kernel's shared memory limit (the same
      * values whichever thread sets them) */
@@ -487,42 +497,46 @@ template <bool W16, int G> int launch_shape(Launch *l, int prefix_bytes)
     if ((err = (int)cudaGetDevice(&dev))) return err;
     if (!sms[dev & 63]) {
         int n = 0;
-        if ((err = (int)cudaFuncSetAttribute(gemm_kernel<W16, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Cfg<G>::SMEM + PREFIX_MAX)))
+        if ((err = (int)cudaFuncSetAttribute(gemm_kernel<W16, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             C::SMEM + PREFIX_MAX)))
             return err;
         if ((err = (int)cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev))) return err;
         sms[dev & 63] = n;
     }
     /* blocks per SM with this call's tile list, whose size depends on the experts */
     l->sms = sms[dev & 63];
-    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l->blocks_per_sm, gemm_kernel<W16, G>, THREADS,
-                                                                   Cfg<G>::SMEM + prefix_bytes)))
+    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l->blocks_per_sm, gemm_kernel<W16, C>, THREADS,
+                                                                   C::SMEM + prefix_bytes)))
         return err;
     if (l->blocks_per_sm < 1) l->blocks_per_sm = 1;
     return 0;
 }
 
-/* One variant over the experts with lo < count <= hi; most: an upper bound on its tiles. */
-template <bool W16, int G> int run(const m2a_kgemm_t *p, int lo, int hi, int64_t most, cudaStream_t s)
+/* One variant over the experts with lo < count <= hi; rows_bound x its weight tiles
+ * bounds its tiles. The grid is the fewest blocks that take at most as many tiles each as a
+ * full grid would: every block then has the same number of tiles (or one fewer)
+ * instead of some doing one more round than the rest. */
+template <bool W16, class C> int run(const m2a_kgemm_t *p, int lo, int hi, int64_t rows_bound, cudaStream_t s)
 {
     Launch l;
     const int prefix_bytes = 4 * (p->num_experts + 1);
-    int err = launch_shape<W16, G>(&l, prefix_bytes);
+    int err = launch_shape<W16, C>(&l, prefix_bytes);
     if (err) return err;
-    int64_t grid = (int64_t)l.sms * l.blocks_per_sm;
-    if (grid > most) grid = most;
+    const int64_t most = (int64_t)ntiles_of<C>(*p) * rows_bound, slots = (int64_t)l.sms * l.blocks_per_sm;
+    const int64_t rounds = (most + slots - 1) / slots;
+    int64_t grid = rounds ? (most + rounds - 1) / rounds : 1;
     if (grid < 1) grid = 1;
-    gemm_kernel<W16, G><<<(unsigned)grid, THREADS, Cfg<G>::SMEM + prefix_bytes, s>>>(*p, lo, hi);
+    gemm_kernel<W16, C><<<(unsigned)grid, THREADS, C::SMEM + prefix_bytes, s>>>(*p, lo, hi);
     return (int)cudaGetLastError();
 }
 
 template <bool W16> int run_both(const m2a_kgemm_t *p, cudaStream_t s)
 {
-    const int64_t rows = p->slots ? p->rows * p->slots : p->rows, nt = ntiles_of(*p);
-    const int small_rows = 8 * SMALL;
-    int err = run<W16, SMALL>(p, 0, small_rows, nt * p->num_experts, s);
-    if (err || rows <= small_rows) return err; /* no expert can be the large variant's */
-    return run<W16, LARGE>(p, small_rows, 0x7fffffff, nt * (rows / (8 * LARGE) + p->num_experts), s);
+    const int64_t rows = p->slots ? p->rows * p->slots : p->rows;
+    /* token tiles: at most one per expert for the small variant, rows / BT + experts for the large */
+    int err = run<W16, Small>(p, 0, Small::BT, p->num_experts, s);
+    if (err || rows <= Small::BT) return err; /* no expert can be the large variant's */
+    return run<W16, Large>(p, Small::BT, 0x7fffffff, rows / Large::BT + p->num_experts, s);
 }
 
 } /* namespace */
