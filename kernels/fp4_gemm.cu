@@ -28,10 +28,10 @@
 
 namespace {
 
-constexpr int BK = 128;      /* k per pipeline stage */
+constexpr int BK = 128;      /* k per sub-stage (a stage holds KS of them) */
 constexpr int WARPS = 4;     /* each: MT m16 tiles of weight rows x the tile's tokens */
 constexpr int THREADS = 32 * WARPS;
-constexpr int W_ROW = BK / 2, S_ROW = BK / 16, A_ROW = 2 * BK; /* bytes per row per stage */
+constexpr int W_SUB = BK / 2, S_SUB = BK / 16, A_SUB = 2 * BK; /* bytes per row per sub-stage */
 constexpr int MAX_BN = 128, MAX_GROUPS = 8;
 
 /* A variant: tiles of 64 MT weight rows (MT m16 tiles per warp) by G groups of 8 token
@@ -40,15 +40,19 @@ constexpr int MAX_BN = 128, MAX_GROUPS = 8;
  * and hide the weights' latency, and the tiles spread evenly over them; the large one
  * (MT = 2, G = 8) the rest, each dequantized weight feeding twice as many MMAs. Each
  * expert belongs to one of them by its count, read on the device. */
-template <int G, int MT> struct Cfg {
+template <int G, int MT, int KSUB> struct Cfg {
+    /* a stage is KS sub-stages of 128 k: each weight row's bytes of a stage are read
+     * together (KS = 2: a whole 128-byte line), which DRAM serves better */
+    static constexpr int KS = KSUB, KSTAGE = BK * KS;
+    static constexpr int W_ROW = W_SUB * KS, S_ROW = S_SUB * KS, A_ROW = A_SUB * KS;
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
     static constexpr int M_TILES = MT, BN = 64 * MT, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
-    static constexpr int STAGES = G <= 2 ? 3 : 4;
+    static constexpr int STAGES = KS == 2 ? 2 : G <= 2 ? 3 : 4; /* about 256 k of weights in flight per block */
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
     static constexpr int MIN_BLOCKS = G <= 2 ? 6 : 2;
 };
-typedef Cfg<2, 1> Small;
-typedef Cfg<8, 2> Large;
+typedef Cfg<2, 1, 2> Small;
+typedef Cfg<8, 2, 1> Large;
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -160,13 +164,15 @@ template <class C> __device__ __forceinline__ int64_t weight_row(const m2a_kgemm
     return j < p.n / 2 ? j + ((r % WR) >= HALF ? p.n / 2 : 0) : -1;
 }
 
-/* What a thread copies each stage, set once per tile: its 2 MT 16-byte pieces of code
- * rows (rows tid/4 + 32i, piece tid%4), its MT 4-byte scale words (rows tid/2 + 64i,
- * word tid%2 of the stage's two), its activation pieces (rows tid/16 + 8i, piece
- * tid%16), each with the stage's offset added. */
+/* What a thread copies each stage, set once per tile. With PPR = 4 KS 16-byte pieces
+ * per code row: pieces tid % PPR of rows tid / PPR + (128 / PPR) i; scale words
+ * tid % (2 KS) of rows tid / (2 KS) + (64 / KS) i (word w is the 128x4 layout's group
+ * kstage / 64 + w); activation units tid % (16 KS) of rows tid / (16 KS) + (8 / KS) i.
+ * Each thread's pieces are then 2048 (codes) or 512 (scales) bytes apart in the stage. */
 template <class C> struct Loader {
-    const uint8_t *w[2 * C::M_TILES];
-    const uint8_t *s[C::M_TILES];
+    static constexpr int PPR = 4 * C::KS, W_N = C::BN * PPR / THREADS, S_N = C::BN * 2 * C::KS / THREADS;
+    const uint8_t *w[W_N];
+    const uint8_t *s[S_N];
     unsigned wvalid, svalid;
 };
 
@@ -174,18 +180,20 @@ template <class C>
 __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &sh, const uint8_t *we,
                                             const uint8_t *sfe, Loader<C> &L)
 {
+    typedef Loader<C> LC;
     const int64_t kh = p.k / 2, nkt = (p.k / 16 + 3) / 4;
     L.wvalid = L.svalid = 0;
 #pragma unroll
-    for (int i = 0; i < 2 * C::M_TILES; i++) {
-        int64_t n = sh.nrow[(threadIdx.x >> 2) + 32 * i];
-        L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x & 3) * 16 : p.w; /* invalid: copies nothing from p.w */
+    for (int i = 0; i < LC::W_N; i++) {
+        int64_t n = sh.nrow[threadIdx.x / LC::PPR + (THREADS / LC::PPR) * i];
+        L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x % LC::PPR) * 16 : p.w; /* invalid: copies nothing from p.w */
         L.wvalid |= (unsigned)(n >= 0) << i;
     }
 #pragma unroll
-    for (int i = 0; i < C::M_TILES; i++) {
-        int64_t n = sh.nrow[(threadIdx.x >> 1) + 64 * i];
-        L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (threadIdx.x & 1) * 512 + (n % 32) * 16 + ((n % 128) / 32) * 4
+    for (int i = 0; i < LC::S_N; i++) {
+        int64_t n = sh.nrow[threadIdx.x / (2 * C::KS) + (THREADS / (2 * C::KS)) * i];
+        L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (threadIdx.x % (2 * C::KS)) * 512 + (n % 32) * 16 +
+                              ((n % 128) / 32) * 4
                         : p.sf;
         L.svalid |= (unsigned)(n >= 0) << i;
     }
@@ -195,12 +203,13 @@ template <bool W16, class C>
 __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader<C> &L,
                                            unsigned char *st, int kbase, int groups)
 {
+    typedef Loader<C> LC;
     const int tid = threadIdx.x, k = (int)p.k;
-    /* codes: piece tid%4 holds k kbase + 32 (tid%4) .. + 31 */
-    const int kk = kbase + 32 * (tid & 3);
+    /* codes: piece tid % PPR holds k kbase + 32 (tid % PPR) .. + 31 */
+    const int kk = kbase + 32 * (tid % LC::PPR);
     const bool lo = kk < k, hi = kk + 16 < k;
 #pragma unroll
-    for (int i = 0; i < 2 * C::M_TILES; i++) {
+    for (int i = 0; i < LC::W_N; i++) {
         unsigned char *dst = st + tid * 16 + i * 2048;
         bool v = (L.wvalid >> i) & 1;
         if (W16) {
@@ -210,19 +219,21 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
             cp_async<8>(dst + 8, L.w[i] + kbase / 2 + 8, v && hi);
         }
     }
-    /* scales: word tid%2 of the stage is 128x4 block group kbase/64 + tid%2 */
-    const bool sv = kbase / 64 + (tid & 1) < (k / 16 + 3) / 4;
+    /* scales: word tid % (2 KS) of the stage is 128x4 block group kbase / 64 + tid % (2 KS) */
+    const bool sv = kbase / 64 + (tid % (2 * C::KS)) < (k / 16 + 3) / 4;
 #pragma unroll
-    for (int i = 0; i < C::M_TILES; i++)
+    for (int i = 0; i < LC::S_N; i++)
         cp_async<4>(st + C::W_BYTES + tid * 4 + i * 512, L.s[i] + kbase * 8, ((L.svalid >> i) & 1) && sv);
-    /* activations of the groups in use */
-    const int u = tid & 15, row0 = tid >> 4, ka = kbase + 8 * u;
-    unsigned char *adst = st + C::W_BYTES + C::S_BYTES + row0 * A_ROW + swizzle(u, row0) * 16;
+    /* activations of the groups in use: unit u of row r at sub-stage u / 16 */
+    constexpr int UPR = 16 * C::KS, RPI = THREADS / UPR; /* units per row, rows per pass */
+    const int u = tid % UPR, row0 = tid / UPR, ka = kbase + 8 * u;
+    unsigned char *adst =
+        st + C::W_BYTES + C::S_BYTES + row0 * C::A_ROW + (u / 16) * A_SUB + swizzle(u % 16, row0) * 16;
 #pragma unroll
-    for (int i = 0; i < C::GROUPS; i++) {
-        if (i < groups) {
-            const uint16_t *ar = sh.arow[row0 + 8 * i];
-            cp_async<16>(adst + i * 8 * A_ROW, ar ? ar + ka : p.a, ar && ka < k);
+    for (int i = 0; i < C::GROUPS * 8 / RPI; i++) {
+        if (i * RPI < groups * 8) {
+            const uint16_t *ar = sh.arow[row0 + RPI * i];
+            cp_async<16>(adst + i * RPI * C::A_ROW, ar ? ar + ka : p.a, ar && ka < k);
         }
     }
 }
@@ -239,7 +250,10 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
      * every weight pair */
     constexpr bool PAIRED = G <= 2;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    const unsigned char *sw = st, *ss = st + C::W_BYTES, *sa = st + C::W_BYTES + C::S_BYTES;
+#pragma unroll
+    for (int sub = 0; sub < C::KS; sub++) {
+    const unsigned char *sw = st + sub * W_SUB, *ss = st + C::W_BYTES + sub * S_SUB,
+                        *sa = st + C::W_BYTES + C::S_BYTES + sub * A_SUB;
     /* the scales of this thread's blocks 2t and 2t + 1 of rows g and g + 8, per m16 tile */
     uint32_t sc[MT][2][2];
 #pragma unroll
@@ -247,7 +261,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             unsigned two =
-                *reinterpret_cast<const uint16_t *>(ss + (warp * 16 * MT + mt * 16 + g + 8 * h) * S_ROW + 2 * t);
+                *reinterpret_cast<const uint16_t *>(ss + (warp * 16 * MT + mt * 16 + g + 8 * h) * C::S_ROW + 2 * t);
             sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
         }
     /* this thread's 16 bytes of codes of rows g and g + 8, per m16 tile */
@@ -256,7 +270,8 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            wq[mt][h] = *reinterpret_cast<const uint4 *>(sw + (warp * 16 * MT + mt * 16 + g + 8 * h) * W_ROW + t * 16);
+            wq[mt][h] =
+                *reinterpret_cast<const uint4 *>(sw + (warp * 16 * MT + mt * 16 + g + 8 * h) * C::W_ROW + t * 16);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t af[MT][2][4];
@@ -274,7 +289,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
         for (int grp = 0; grp < G; grp++) {
             if (grp < groups) {
                 int i = grp * 8 + g;
-                uint4 b = *reinterpret_cast<const uint4 *>(sa + i * A_ROW + swizzle(4 * t + q, i) * 16);
+                uint4 b = *reinterpret_cast<const uint4 *>(sa + i * C::A_ROW + swizzle(4 * t + q, i) * 16);
                 if (PAIRED) b = act_pairs(b);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
@@ -283,6 +298,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
                 }
             }
         }
+    }
     }
 }
 
@@ -363,7 +379,7 @@ __global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_
     }
     __syncthreads();
     const int total = prefix[E];
-    const int ktiles = (int)((p.k + BK - 1) / BK);
+    const int ktiles = (int)((p.k + C::KSTAGE - 1) / C::KSTAGE);
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         Tile T;
         int lo = 0, hi = E - 1; /* the expert whose tiles hold this one */
@@ -402,7 +418,7 @@ __global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_
         loader_init<C>(p, sh, p.w + (size_t)T.e * (size_t)p.n * (size_t)(p.k / 2), p.sf + (size_t)T.e * p.sf_stride, L);
 #pragma unroll
         for (int s = 0; s < C::STAGES - 1; s++) {
-            if (s < ktiles) load_stage<W16, C>(p, sh, L, stages + s * C::STAGE_BYTES, s * BK, groups);
+            if (s < ktiles) load_stage<W16, C>(p, sh, L, stages + s * C::STAGE_BYTES, s * C::KSTAGE, groups);
             cp_commit();
         }
         float acc[MT][G][4];
@@ -418,7 +434,7 @@ __global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_
             cp_wait<C::STAGES - 2>();
             __syncthreads();
             if (kt + C::STAGES - 1 < ktiles)
-                load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * BK, groups);
+                load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * C::KSTAGE, groups);
             cp_commit();
             compute_stage<C>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
             rd = rd + 1 == C::STAGES ? 0 : rd + 1;
