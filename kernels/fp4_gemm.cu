@@ -52,7 +52,7 @@ template <int G, int MT, int KSUB> struct Cfg {
     static constexpr int MIN_BLOCKS = G <= 2 ? 6 : 2;
 };
 typedef Cfg<2, 1, 2> Small;
-typedef Cfg<8, 2, 1> Large;
+typedef Cfg<8, 2, 2> Large;
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -250,7 +250,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
      * every weight pair */
     constexpr bool PAIRED = G <= 2;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-#pragma unroll
+#pragma unroll 1 /* one sub-stage's registers at a time */
     for (int sub = 0; sub < C::KS; sub++) {
     const unsigned char *sw = st + sub * W_SUB, *ss = st + C::W_BYTES + sub * S_SUB,
                         *sa = st + C::W_BYTES + C::S_BYTES + sub * A_SUB;
