@@ -47,9 +47,9 @@ template <int G, int MT, int KSUB> struct Cfg {
     static constexpr int W_ROW = W_SUB * KS, S_ROW = S_SUB * KS, A_ROW = A_SUB * KS;
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
     static constexpr int M_TILES = MT, BN = 64 * MT, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
-    static constexpr int STAGES = KS == 2 ? 2 : G <= 2 ? 3 : 4; /* about 256 k of weights in flight per block */
+    static constexpr int STAGES = G <= 2 ? 3 : KS == 2 ? 2 : 4;
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
-    static constexpr int MIN_BLOCKS = G <= 2 ? 6 : 2;
+    static constexpr int MIN_BLOCKS = G <= 2 ? 4 : 2;
 };
 typedef Cfg<2, 1, 2> Small;
 typedef Cfg<8, 2, 2> Large;
