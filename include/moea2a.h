@@ -534,7 +534,7 @@ typedef struct {
     unsigned flags;       /* MOEA2A_GEMM_SWIGLU */
     const void *a;        /* bf16 A: row i at a + i * lda elements */
     size_t lda;           /* >= k (CUDA: a multiple of 8) */
-    int64_t rows;         /* A's rows: none past it is read (expert-major counts are clipped to it) */
+    int64_t rows;         /* A's rows, < 2^31: none past it is read (expert-major counts are clipped to it) */
     /* expert-major */
     const int32_t *counts;  /* [num_experts] */
     const int32_t *offsets; /* [num_experts] (e.g. moea2a_dispatch_result_t.expert_offsets) */

@@ -42,7 +42,8 @@ static moea2a_result_t check(const char *fn, const moea2a_expert_gemm_t *g, size
                   "%s: n=%zu must be 1..2^31-1 (and even with MOEA2A_GEMM_SWIGLU)", fn, g->n);
     M2A_CHECK_ARG(NULL, g->rows_layout == MOEA2A_GEMM_ROWS_EXPERT_MAJOR || g->rows_layout == MOEA2A_GEMM_ROWS_RANK_MAJOR,
                   "%s: unknown rows_layout %d", fn, (int)g->rows_layout);
-    M2A_CHECK_ARG(NULL, g->rows >= 0, "%s: rows=%lld must be >= 0", fn, (long long)g->rows);
+    M2A_CHECK_ARG(NULL, g->rows >= 0 && g->rows <= INT32_MAX, "%s: rows=%lld must be 0..2^31-1", fn,
+                  (long long)g->rows);
     M2A_CHECK_ARG(NULL, g->c_type == MOEA2A_BFLOAT16 || g->c_type == MOEA2A_FLOAT32,
                   "%s: c_type must be MOEA2A_BFLOAT16 or MOEA2A_FLOAT32", fn);
     M2A_CHECK_ARG(NULL, g->lda >= g->k, "%s: lda=%zu must be >= k=%zu", fn, g->lda, g->k);

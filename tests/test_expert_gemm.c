@@ -6,8 +6,10 @@
  * are not multiples of the tiles, k % 32 == 16, 0-, 1- and many-row experts, every
  * E2M1 code with zero, subnormal, 448 and NaN scales, SwiGLU, rank-major rows with
  * invalid and non-local ids, and C rows that are not an expert's (alignment gaps,
- * skipped ids) left untouched. On CUDA, a call captured into a graph follows counts
- * changed on the device between replays. Then the argument checks. */
+ * skipped ids) left untouched. On CUDA also shapes with more tiles than the grid has
+ * blocks (each block's next tile copied while it computes the last stages of the one
+ * before), and a call captured into a graph that follows counts changed on the device
+ * between replays. Then the argument checks. */
 #include "config.h"
 
 #include <math.h>
@@ -26,6 +28,7 @@
 #endif
 
 #define SENTINEL 0x5a /* every byte of C before the call */
+#define MAX_E 16
 
 typedef struct {
     const char *name;
@@ -34,9 +37,10 @@ typedef struct {
     int rank_major, slots;
     int32_t first_expert;
     int64_t id_rows;     /* rank-major: rows of ids */
-    int32_t counts[8];   /* expert-major */
+    int32_t counts[MAX_E]; /* expert-major */
     int swiglu, fp32, special;
     uint64_t seed;
+    int gpu_only; /* large enough that blocks take several tiles; its oracle runs on the host */
 } case_t;
 
 static const case_t cases[] = {
@@ -47,6 +51,12 @@ static const case_t cases[] = {
     {"expert-major, several token tiles per expert", 2, 384, 256, 0, 0, 0, 0, {150, 130}, 0, 0, 0, 4},
     {"rank-major, 4 ids per row, invalid and non-local ids", 3, 130, 96, 1, 4, 5, 40, {0}, 0, 0, 0, 5},
     {"rank-major, one id per row, SwiGLU, fp32 C", 2, 64, 64, 1, 1, 0, 50, {0}, 1, 1, 0, 6},
+    /* more tiles than a grid's blocks: each block goes on to further tiles, their first
+     * stages copied while the last ones of the tile before are computed */
+    {"16 experts of 9-16 rows, n=2560, k=512: several small tiles per block", 16, 2560, 512, 0, 0, 0, 0,
+     {9, 16, 12, 10, 16, 11, 9, 13, 14, 16, 10, 9, 15, 12, 16, 11}, 0, 0, 0, 7, 1},
+    {"4 experts of 600 rows, n=1024, k=512: several large tiles per block", 4, 1024, 512, 0, 0, 0, 0,
+     {600, 600, 600, 600}, 0, 0, 0, 8, 1},
 };
 
 static float bf16_float(uint16_t h)
@@ -86,7 +96,7 @@ static void build(const case_t *c, data_t *d)
     d->cols = c->swiglu ? n / 2 : n;
     d->sf_stride = (n + 127) / 128 * 128 * ((kbs + 3) / 4 * 4);
     uint64_t s = c->seed * 1000003u;
-    d->counts = calloc(8, 4), d->offsets = calloc(8, 4);
+    d->counts = calloc(MAX_E, 4), d->offsets = calloc(MAX_E, 4);
     if (c->rank_major) {
         d->rows = c->id_rows;
         d->crows = c->id_rows * c->slots;
@@ -233,7 +243,7 @@ static void place(const data_t *d, int cuda, placed_t *p)
     p->w = mem_put(cuda, d->w, (size_t)c->experts * c->n * (k / 2));
     p->sf = mem_put(cuda, d->sf, (size_t)c->experts * d->sf_stride);
     p->g = mem_put(cuda, d->g, 4 * (size_t)c->experts);
-    p->counts = mem_put(cuda, d->counts, 32), p->offsets = mem_put(cuda, d->offsets, 32);
+    p->counts = mem_put(cuda, d->counts, 4 * MAX_E), p->offsets = mem_put(cuda, d->offsets, 4 * MAX_E);
     p->ids = c->rank_major ? mem_put(cuda, d->ids, 4 * (size_t)d->crows) : NULL;
     p->c = mem_put(cuda, hc, p->cbytes);
     free(hc);
@@ -342,8 +352,8 @@ static void graph_case(void)
             if ((r >= 2 && r < 8) || r >= 38) d.a[(size_t)r * k + i] = 0x7fc0;
             else d.a[(size_t)r * k + i] = (uint16_t)(0x3c00 + (mix((uint64_t)r * k + i) % 0x0300));
     ok = ok && cudaMemcpy(pl.a, d.a, 2 * (size_t)d.rows * k, cudaMemcpyHostToDevice) == cudaSuccess &&
-         cudaMemcpy(pl.counts, d.counts, 32, cudaMemcpyHostToDevice) == cudaSuccess &&
-         cudaMemcpy(pl.offsets, d.offsets, 32, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(pl.counts, d.counts, 4 * MAX_E, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(pl.offsets, d.offsets, 4 * MAX_E, cudaMemcpyHostToDevice) == cudaSuccess &&
          cudaGraphLaunch(ge, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
     char why[256] = "";
     long wrong = -1;
@@ -459,7 +469,8 @@ int main(void)
 #else
     int ndev = 0;
 #endif
-    for (int i = 0; i < nc; i++) run_case(&cases[i], 0);
+    for (int i = 0; i < nc; i++) /* the GPU-only shapes' point is the GPU's tiling */
+        if (!cases[i].gpu_only) run_case(&cases[i], 0);
     bad_inputs(0);
     if (ndev < 1) {
         for (int i = 0; i < nc; i++) tap_skip("no CUDA device", "CUDA memory: %s", cases[i].name);
