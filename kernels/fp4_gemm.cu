@@ -6,8 +6,8 @@
  * Persistent kernels walk tiles of (expert, 64 or 128 weight rows, 16 or 64 token
  * rows: two variants, see Cfg), the tile list built from the counts on the device; an
  * expert's rows past its count are not tiles, and in a tile's last rows only the 8-row
- * groups holding a row are loaded and multiplied. Per 128-k stage, cp.async copies the
- * tile's codes, scales and activation rows into shared memory (three or four stages in
+ * groups holding a row are loaded and multiplied. Per 256-k stage, cp.async copies the
+ * tile's codes, scales and activation rows into shared memory (one or two stages in
  * flight); each warp dequantizes its 16 or 32 weight rows into mma.m16n8k16 A
  * fragments and multiplies them by every token group (the weights are the MMA's M
  * side: 8 tokens fill its N side, so a decode-size tile wastes nothing).
@@ -36,10 +36,11 @@ constexpr int MAX_BN = 128, MAX_GROUPS = 8;
 
 /* A variant: tiles of 64 MT weight rows (MT m16 tiles per warp) by G groups of 8 token
  * rows. The small one (MT = 1, G = 2) takes the experts with at most 16 rows (decode):
- * its tiles are many, its stages small and its registers few, so six blocks share an SM
- * and hide the weights' latency, and the tiles spread evenly over them; the large one
- * (MT = 2, G = 8) the rest, each dequantized weight feeding twice as many MMAs. Each
- * expert belongs to one of them by its count, read on the device. */
+ * its tiles are many and its registers few, so four blocks share an SM, each with two
+ * stages in flight, and the tiles spread evenly over them; the large one (MT = 2,
+ * G = 8) the rest, each dequantized weight feeding twice as many MMAs, one stage in
+ * flight. Each expert belongs to one of them by its count, read on the device. Their
+ * shapes are what measured best on an H100 (bench/RESULTS.md, session 13). */
 template <int G, int MT, int KSUB> struct Cfg {
     /* a stage is KS sub-stages of 128 k: each weight row's bytes of a stage are read
      * together (KS = 2: a whole 128-byte line), which DRAM serves better */
@@ -47,7 +48,7 @@ template <int G, int MT, int KSUB> struct Cfg {
     static constexpr int W_ROW = W_SUB * KS, S_ROW = S_SUB * KS, A_ROW = A_SUB * KS;
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
     static constexpr int M_TILES = MT, BN = 64 * MT, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
-    static constexpr int STAGES = G <= 2 ? 3 : KS == 2 ? 2 : 4;
+    static constexpr int STAGES = G <= 2 ? 3 : KS == 2 ? 2 : 4; /* buffers: STAGES - 1 in flight */
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
     static constexpr int MIN_BLOCKS = G <= 2 ? 4 : 2;
 };
