@@ -526,8 +526,11 @@ typedef enum {
  * product G, silu(x) = x / (1 + exp(-x)) in fp32): n / 2 columns. */
 #define MOEA2A_GEMM_SWIGLU (1u << 0)
 
+/* Start from MOEA2A_EXPERT_GEMM_INITIALIZER (zeros but size and version), then set the
+ * fields the call needs. */
 typedef struct {
-    size_t struct_size;   /* sizeof(moea2a_expert_gemm_t): the fields this caller knows */
+    size_t size;          /* sizeof(moea2a_expert_gemm_t) as compiled by the caller */
+    unsigned int version; /* MOEA2A_VERSION_CODE as compiled by the caller */
     int num_experts;      /* local experts, 1..1024 */
     size_t n, k;          /* W_e is n x k: n < 2^31 (even with SWIGLU), k a multiple of 16, 16..2^24 */
     moea2a_gemm_rows_t rows_layout;
@@ -552,6 +555,7 @@ typedef struct {
     void *workspace;       /* rank-major on CUDA: moea2a_expert_gemm_workspace_size bytes */
     size_t workspace_size;
 } moea2a_expert_gemm_t;
+#define MOEA2A_EXPERT_GEMM_INITIALIZER { sizeof(moea2a_expert_gemm_t), MOEA2A_VERSION_CODE }
 
 /* Bytes of workspace the call described by g needs (0 for expert-major and host memory). */
 MOEA2A_API moea2a_result_t moea2a_expert_gemm_workspace_size(const moea2a_expert_gemm_t *g, size_t *bytes);

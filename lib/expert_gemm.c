@@ -30,9 +30,11 @@ static int64_t c_rows(const moea2a_expert_gemm_t *g)
 static moea2a_result_t check(const char *fn, const moea2a_expert_gemm_t *g, size_t *sf_stride)
 {
     M2A_CHECK_ARG(NULL, g, "%s: g must not be NULL", fn);
-    M2A_CHECK_ARG(NULL, g->struct_size == sizeof(moea2a_expert_gemm_t),
-                  "%s: struct_size=%zu, this moea2a's moea2a_expert_gemm_t has %zu bytes (set it to "
-                  "sizeof(moea2a_expert_gemm_t))", fn, g->struct_size, sizeof(moea2a_expert_gemm_t));
+    /* a caller's struct from this version or a later one (whose added fields this one
+     * does not read) */
+    M2A_CHECK_ARG(NULL, g->size >= sizeof(moea2a_expert_gemm_t) && g->size <= 65536 && g->version >= 100,
+                  "%s: size=%zu, version=%u: start from MOEA2A_EXPERT_GEMM_INITIALIZER (this moea2a's "
+                  "moea2a_expert_gemm_t has %zu bytes)", fn, g->size, g->version, sizeof(moea2a_expert_gemm_t));
     M2A_CHECK_ARG(NULL, g->num_experts >= 1 && g->num_experts <= M2A_GEMM_MAX_EXPERTS,
                   "%s: num_experts=%d must be 1..%d", fn, g->num_experts, M2A_GEMM_MAX_EXPERTS);
     M2A_CHECK_ARG(NULL, g->k > 0 && g->k % 16 == 0 && g->k <= (1u << 24),

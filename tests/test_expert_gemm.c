@@ -207,9 +207,7 @@ static moea2a_expert_gemm_t describe(const data_t *d, const void *a, const void 
                                      const int32_t *counts, const int32_t *offsets, const int32_t *ids, void *cbuf)
 {
     const case_t *c = d->c;
-    moea2a_expert_gemm_t x;
-    memset(&x, 0, sizeof(x));
-    x.struct_size = sizeof(x);
+    moea2a_expert_gemm_t x = MOEA2A_EXPERT_GEMM_INITIALIZER;
     x.num_experts = c->experts;
     x.n = c->n, x.k = c->k;
     x.rows_layout = c->rank_major ? MOEA2A_GEMM_ROWS_RANK_MAJOR : MOEA2A_GEMM_ROWS_EXPERT_MAJOR;
@@ -394,7 +392,7 @@ static void bad_inputs(int cuda)
         moea2a_expert_gemm_t x = good;
         x.workspace = wsp, x.workspace_size = ws;
         switch (t) {
-        case 0: x.struct_size = sizeof(x) - 8; break;
+        case 0: x.size = sizeof(x) - 8; break;
         case 1: x.num_experts = 0; break;
         case 2: x.num_experts = 1025; break;
         case 3: x.k = 0; break;

@@ -69,9 +69,7 @@ static int sample_ok(const bench_t *b, int e, int64_t row, size_t col, double go
 
 static moea2a_result_t run_gemm(const bench_t *b, int rows_per_expert, void *stream)
 {
-    moea2a_expert_gemm_t x;
-    memset(&x, 0, sizeof(x));
-    x.struct_size = sizeof(x);
+    moea2a_expert_gemm_t x = MOEA2A_EXPERT_GEMM_INITIALIZER;
     x.num_experts = b->experts;
     x.n = b->n, x.k = b->k;
     x.rows_layout = MOEA2A_GEMM_ROWS_EXPERT_MAJOR;

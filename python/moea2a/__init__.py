@@ -87,10 +87,10 @@ def _ptr(obj, what):
     if obj is None:
         return None
     flags = getattr(obj, "flags", None)
-    if flags is not None and flags.c_contiguous and hasattr(obj, "ctypes"):  # a NumPy array: the common case
-        if flags.writeable and obj.nbytes:  # through the buffer protocol: a third of the cost of .ctypes.data
+    if flags is not None and flags.c_contiguous and not hasattr(obj, "data_ptr"):  # NumPy: the common case
+        if flags.writeable and obj.nbytes:  # the buffer protocol: cheaper than .ctypes (an object per read)
             return ctypes.addressof(ctypes.c_char.from_buffer(obj))
-        return obj.ctypes.data
+        return obj.__array_interface__["data"][0]
     if hasattr(obj, "data_ptr"):
         if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
             raise InvalidArgument(1, f"{what} must be contiguous")
@@ -542,7 +542,7 @@ def fp4_dequantize(q, sf, g, k, dtype="fp32", layout="linear"):
 def _gemm_desc(a, w, w_scales, w_global, n, k, counts, offsets, ids, slots, first_expert, c, c_dtype, swiglu, rows,
                lda, ldc, workspace):
     g = C.ExpertGemm()
-    g.struct_size = ctypes.sizeof(g)
+    g.size, g.version = ctypes.sizeof(g), _VERSION_CODE
     rank_major = ids is not None
     g.num_experts, g.n, g.k = len(w_global), int(n), int(k)
     g.rows_layout = C.GEMM_ROWS_RANK_MAJOR if rank_major else C.GEMM_ROWS_EXPERT_MAJOR

@@ -69,7 +69,8 @@ class WorkspaceSizes(ctypes.Structure):
 
 
 class ExpertGemm(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("num_experts", ctypes.c_int), ("n", ctypes.c_size_t),
+    _fields_ = [("size", ctypes.c_size_t), ("version", ctypes.c_uint), ("num_experts", ctypes.c_int),
+                ("n", ctypes.c_size_t),
                 ("k", ctypes.c_size_t), ("rows_layout", ctypes.c_int), ("flags", ctypes.c_uint),
                 ("a", ctypes.c_void_p), ("lda", ctypes.c_size_t), ("rows", ctypes.c_int64),
                 ("counts", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("ids", ctypes.c_void_p),

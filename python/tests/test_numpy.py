@@ -203,3 +203,12 @@ def test_the_token_dispatcher_example():
     spec.loader.exec_module(example)
     results = example.demo(4)
     assert all(v is None for v in results.values()), results
+
+
+def test_the_overhead_bench_runs():
+    """python -m moea2a.bench --overhead on host memory: it runs and reports both calls
+    (the numbers themselves are recorded in bench/RESULTS.md, not asserted here)."""
+    from moea2a import bench
+
+    rows = bench.overhead(tokens=4, hidden=16, iters=50, mem="host")
+    assert [name for name, _ in rows] == ["dispatch", "combine"]
