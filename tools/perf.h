@@ -3,6 +3,7 @@
 #ifndef MOEA2A_PERF_H
 #define MOEA2A_PERF_H
 #include <stddef.h>
+#include <stdint.h>
 
 #include "moea2a.h"
 #include "perf_mem.h"
@@ -35,6 +36,15 @@ typedef struct {
     int gemm_experts, gemm_nshapes;
     int gemm_n[PERF_MAX_TOKEN_SIZES], gemm_k[PERF_MAX_TOKEN_SIZES];
 } perf_opts_t;
+
+/* Test data of the single-device benchmarks (--op fp4, fp8, expert-gemm): a short
+ * splitmix-style hash of an index (perf_moe.c's routing keeps its own, full one). */
+static inline uint64_t perf_mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    return x ^ (x >> 31);
+}
 
 double perf_now(void);
 /* Across ranks: the largest of each rank's t, and the sum of each rank's v. */

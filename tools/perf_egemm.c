@@ -14,13 +14,6 @@
 #include "perf_gpu.h"
 #include "perf_mem.h"
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    return x ^ (x >> 31);
-}
-
 static double bf16_value(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;
@@ -121,14 +114,14 @@ static int shape(perf_mem_t *m, const perf_opts_t *o, int experts, size_t n, siz
     b.ha = malloc(2 * arows * k), b.hw = malloc(wbytes), b.hs = malloc(sbytes), b.hg = malloc(4 * (size_t)experts);
     if (!b.ha || !b.hw || !b.hs || !b.hg) return fprintf(stderr, "moea2a_perf --op expert-gemm: out of memory\n"), 1;
     for (size_t i = 0; i < arows * k; i++) { /* +-[0.5, 2) */
-        uint64_t r = mix(i * 3 + 1);
+        uint64_t r = perf_mix(i * 3 + 1);
         b.ha[i] = (uint16_t)(((r >> 20) & 0x8000) | (0x3f00 + (r % 0x100)));
     }
     for (size_t i = 0; i < wbytes; i += 8) {
-        uint64_t r = mix(i + 7);
+        uint64_t r = perf_mix(i + 7);
         memcpy(b.hw + i, &r, wbytes - i < 8 ? wbytes - i : 8);
     }
-    for (size_t i = 0; i < sbytes; i++) b.hs[i] = (unsigned char)(0x30 + mix(i + 11) % 0x10); /* 0.5 .. 0.94 */
+    for (size_t i = 0; i < sbytes; i++) b.hs[i] = (unsigned char)(0x30 + perf_mix(i + 11) % 0x10); /* 0.5 .. 0.94 */
     for (int e = 0; e < experts; e++) b.hg[e] = 1.0f + (float)(e % 3);
     b.a = perf_alloc(m, 2 * arows * k), b.w = perf_alloc(m, wbytes), b.s = perf_alloc(m, sbytes);
     b.g = perf_alloc(m, 4 * (size_t)experts), b.c = perf_alloc(m, 2 * arows * n);
@@ -165,7 +158,7 @@ static int shape(perf_mem_t *m, const perf_opts_t *o, int experts, size_t n, siz
                 hc = malloc(cb);
                 perf_download(m, hc, b.c, cb);
                 for (int sidx = 0; sidx < 64; sidx++) {
-                    uint64_t r = mix((uint64_t)sidx * 977 + (uint64_t)R);
+                    uint64_t r = perf_mix((uint64_t)sidx * 977 + (uint64_t)R);
                     int e = (int)(r % (uint64_t)experts);
                     int64_t row = (int64_t)e * R + (int64_t)((r >> 16) % (uint64_t)used);
                     size_t col = (size_t)((r >> 32) % n);

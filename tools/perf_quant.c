@@ -11,13 +11,6 @@
 #include "perf.h"
 #include "perf_mem.h"
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    return x ^ (x >> 31);
-}
-
 /* One variant of a format: NVFP4 (128x4 scales, global scale g in the memory of the
  * call), or FP8 with fp32 or UE8M0 scales, MN-major. */
 typedef struct {
@@ -75,7 +68,7 @@ int perf_quant(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
     uint16_t *hx = malloc(2 * n);
     if (!hx) return fprintf(stderr, "moea2a_perf --op %s: out of memory\n", op), 1;
     for (size_t i = 0; i < n; i++) { /* finite bf16 values over a wide range */
-        uint16_t h = (uint16_t)mix(i);
+        uint16_t h = (uint16_t)perf_mix(i);
         hx[i] = (uint16_t)((h & 0x807f) | (0x3800 + (h >> 4 & 0x07ff) % 0x0700));
     }
     void *x = perf_alloc(m, 2 * n), *x2 = perf_alloc(m, 2 * n);
