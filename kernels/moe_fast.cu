@@ -233,6 +233,7 @@ struct Shared {
     int nd[T];                     /* destinations of each token of the piece */
     unsigned char rank[kPieceSlots];
     int row[kPieceSlots];          /* receive row (src * stride + slot) at that rank */
+    unsigned long long pre[T];     /* few tokens: the block's tokens' masks, from the count */
     long long red[kWarps];
     uint32_t epoch;
 };
@@ -292,14 +293,13 @@ __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
     return (uint32_t)((bytes + kSeg - 1) / kSeg);
 }
 
-/* Copies unit u (token u / per_token, the bytes [lo, lo + kSeg) of its arrays end to
- * end) to the token's nd destinations, kDst at a time; dest(d, &rank, &row) gives
- * destination d's rank and receive row. One warp, warp-uniform arguments. */
-template <typename Dest>
-__device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
-                          int nd, Dest dest)
+/* Calls piece(a, src, off, len) for each payload array a that unit u (token u /
+ * per_token, the bytes [lo, lo + kSeg) of its arrays end to end) overlaps: src is the
+ * token's row of a, [off, off + len) the unit's bytes of that row. */
+template <typename Piece>
+__device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, const m2a_kpayloads_t &pay, unsigned long long u,
+                                            uint32_t per_token, Piece piece)
 {
-    const m2a_kparams_t &p = f.p;
     const int t = (int)(u / per_token);
     const size_t lo = (size_t)(u % per_token) * kSeg, hi = lo + kSeg;
     size_t start = 0; /* of array a, end to end */
@@ -307,7 +307,19 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
         const size_t width = p.width[a];
         if (start + width <= lo) continue;
         const size_t off = lo > start ? lo - start : 0, len = (start + width < hi ? start + width : hi) - start - off;
-        const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width + off;
+        piece(a, static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width, off, len);
+    }
+}
+
+/* Copies unit u to the token's nd destinations, kDst at a time; dest(d, &rank, &row)
+ * gives destination d's rank and receive row. One warp, warp-uniform arguments. */
+template <typename Dest>
+__device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
+                          int nd, Dest dest)
+{
+    const m2a_kparams_t &p = f.p;
+    unit_pieces(p, pay, u, per_token, [&](int a, const unsigned char *src_row, size_t off, size_t len) {
+        const size_t width = p.width[a];
         for (int d0 = 0; d0 < nd; d0 += kDst) {
             unsigned char *dst[kDst];
             const int m = nd - d0 < kDst ? nd - d0 : kDst;
@@ -317,9 +329,23 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
                 dest(d0 + d, &rank, &row);
                 dst[d] = f.peer[rank] + p.ws_off[a] + row * width + off;
             }
-            copy_row(src, dst, m, len, threadIdx.x & 31);
+            copy_row(src_row + off, dst, m, len, threadIdx.x & 31);
         }
-    }
+    });
+}
+
+/* Brings unit u's source bytes into this SM's L1 (one 128-byte line per lane at a
+ * time), so that the copy, which can start only once the tokens are routed, finds
+ * them there: at a few tokens per block the routing and this load overlap instead of
+ * following each other. One warp. */
+__device__ void prefetch_unit(const m2a_kparams_t &p, const m2a_kpayloads_t &pay, unsigned long long u,
+                              uint32_t per_token)
+{
+    const int lane = threadIdx.x & 31;
+    unit_pieces(p, pay, u, per_token, [&](int, const unsigned char *src_row, size_t off, size_t len) {
+        for (size_t i = (size_t)lane * 128; i < len; i += 32 * 128)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(src_row + off + i));
+    });
 }
 
 /* The first of this warp's share of total units, split evenly over every warp of the
@@ -395,16 +421,19 @@ __device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int firs
 /* Routes the piece [first, first + ntok) from the slots in s.base (each destination's
  * next slot, updated past the piece): every token's destinations and receive rows into
  * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
- * send map, and their invalid and merged entries counted into *inv, *merged. */
+ * send map, and their invalid and merged entries counted into *inv, *merged; pre: the
+ * piece's masks, computed (and those entries counted) already, or NULL. */
 __device__ void route_piece(const m2a_fast_t &f, Shared &s, const int32_t *ids, int first, int ntok, int stride,
-                            int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged)
+                            int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged,
+                            const unsigned long long *pre)
 {
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, tid = threadIdx.x, lane = tid & 31, warp = tid / 32, D = p.k < ep ? p.k : ep;
     const int t = first + tid;
     const bool own = tid < ntok && t >= own_lo && t < own_hi;
     int dummy = 0;
-    unsigned long long m = tid < ntok ? token_mask(p, ids, t, own ? inv : &dummy, own ? merged : &dummy) : 0;
+    unsigned long long m = 0;
+    if (tid < ntok) m = pre ? pre[tid] : token_mask(p, ids, t, own ? inv : &dummy, own ? merged : &dummy);
     for (int r = 0; r < ep; r++) {
         unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
         if (lane == 0) s.warp_count[warp][r] = __popc(bal);
@@ -472,6 +501,7 @@ __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayl
  * phases: M2A_FAST_SEND (steps 1-5), M2A_FAST_RECV (6) or both. A send-only launch
  * moves the epoch on when its last block ends; the receive-only launch that follows it
  * on the stream uses that epoch. */
+template <bool SMALL>
 __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights, int phases)
 {
@@ -491,7 +521,8 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     if (send) {
         if (b == 0 && tid == 0) c.next_unit[(e + 1) & 1] = 0; /* before this block's signal, which every block waits for */
         if (status) n = 0;
-        const bool small = n <= kSmallPerBlock * G;
+        const bool small = SMALL; /* n <= kSmallPerBlock * G, decided at launch (two kernels, each
+                                   * compiled for its own way, leave the other's code out) */
         const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
         int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
         const uint32_t per_token = segments_per_token(p), S = per_token ? per_token : 1;
@@ -504,16 +535,34 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         } else {
             lo = own_lo = (int)((long long)n * b / G), hi = own_hi = (int)((long long)n * (b + 1) / G);
         }
+        const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
+        const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
+#ifndef M2A_DISPATCH_PREFETCH
+#define M2A_DISPATCH_PREFETCH 1
+#endif
+        if (M2A_DISPATCH_PREFETCH && small && per_token) /* their source bytes load while the block counts and routes */
+            for (long long u = wu0; u < wu1 && u < wu0 + 2; u++) prefetch_unit(p, pay, (unsigned long long)u, per_token);
 
         /* 1. the slots before this block's range, at every destination: every block counts
          * the tokens [0, lo) itself (a warp takes 32 at a time). Replicated, but no block
          * waits for another, and the copies take tokens in order: the first chunks, whose
-         * counting is shortest, are needed first. */
+         * counting is shortest, are needed first. Few tokens: the block's own [lo, hi)
+         * in the same pass (their masks kept for the routing, their invalid and merged
+         * entries counted), so that their ids are not read a second time after it. */
         int inv = 0, merged = 0;
+#ifndef M2A_DISPATCH_PRE
+#define M2A_DISPATCH_PRE 1
+#endif
+        const int top = M2A_DISPATCH_PRE && small && hi - lo <= T ? hi : lo;
         {
-            int cnt_lo = 0, cnt_hi = 0, dummy = 0;
-            for (int t0 = warp * 32; t0 < lo; t0 += T) {
-                const unsigned long long m = t0 + lane < lo ? token_mask(p, ids, t0 + lane, &dummy, &dummy) : 0;
+            int cnt_lo = 0, cnt_hi = 0;
+            for (int t0 = warp * 32; t0 < top; t0 += T) {
+                const int t = t0 + lane;
+                const bool mine = t >= lo && t < top, owned = mine && t >= own_lo && t < own_hi;
+                int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
+                unsigned long long m = t < top ? token_mask(p, ids, t, &ti, &tm) : 0;
+                if (owned) inv += ti, merged += tm;
+                if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
                 for (int r = 0; r < ep; r++) {
                     const int cr = __popc(__ballot_sync(0xffffffffu, (m >> r) & 1));
                     if (lane == (r & 31)) (r < 32 ? cnt_lo : cnt_hi) += cr;
@@ -532,11 +581,10 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         PROF_MARK(0, 1);
 
         /* 3. route (and, small, copy) a piece of tokens at a time */
-        const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
-        const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
         for (int first = lo; first < hi && ok; first += piece) {
             const int ntok = hi - first < piece ? hi - first : piece;
-            route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged);
+            route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
+                        top == hi ? s.pre + (first - lo) : nullptr);
             if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
                 __threadfence();
                 atomicExch(&c.routed[b], e);
@@ -644,6 +692,13 @@ template <> struct Val<MOEA2A_FLOAT16> {
 };
 
 constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
+/* Few tokens (up to kSmallUnitsPerWarp units of kSegSmall bytes per warp): larger
+ * units, split evenly, 4 vectors per lane of 2 rows at a time. */
+constexpr size_t kSegSmall = 2048;
+#ifndef M2A_COMBINE_SMALL_UNITS
+#define M2A_COMBINE_SMALL_UNITS 2
+#endif
+constexpr int kSmallUnitsPerWarp = M2A_COMBINE_SMALL_UNITS;
 
 /* Row d of a token, held by lane d (row_lo) or lane d - 32 (row_hi). */
 __device__ __forceinline__ const unsigned char *row_of(const unsigned char *row_lo, const unsigned char *row_hi, int d)
@@ -654,15 +709,16 @@ __device__ __forceinline__ const unsigned char *row_of(const unsigned char *row_
 
 /* One warp: out bytes [off, off + len) = the sum of the token's nd rows (those bytes),
  * from 0.0f in ascending rank order, rounded once: the host reference's arithmetic.
- * Every row's vectors are loaded before any is added (up to R rows at a time):
- * NVLink reads have long latency and need many in flight. */
-template <moea2a_datatype_t DT>
+ * Every row's vectors are loaded before any is added (up to R rows at a time, U
+ * vectors per lane: len <= U x 512): NVLink reads have long latency and need many in
+ * flight. */
+template <moea2a_datatype_t DT, int U = (int)(kSegC / 16 / 32), int R = 4>
 __device__ void reduce_unit(const unsigned char *row_lo, const unsigned char *row_hi, int nd, size_t off, size_t len,
                             unsigned char *out, bool vec)
 {
     const int lane = threadIdx.x & 31;
     if (vec) {
-        constexpr int V = 16 / Val<DT>::size, R = 4, U = (int)(kSegC / 16 / 32);
+        constexpr int V = 16 / Val<DT>::size;
         const int C = (int)(len / 16);
         int4 r[U][R];
         float acc[U][V];
@@ -928,9 +984,54 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     }
 }
 
+/* Token t's rows in the peers' combine buffers, ascending rank (D <= 64): row d in lane
+ * d (*row_lo) or d - 32 (*row_hi); *nd of them. One warp. */
+__device__ __forceinline__ void token_rows(const m2a_fast_t &f, const int32_t *send_map, int t, int D, int stride,
+                                           size_t row, int *nd, const unsigned char **row_lo,
+                                           const unsigned char **row_hi)
+{
+    const m2a_kparams_t &p = f.p;
+    const int lane = threadIdx.x & 31;
+    const int32_t *map = send_map + (size_t)t * p.k;
+    const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
+    *nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
+    if (lo >= 0) *row_lo = f.peer[lo / p.cap] + f.combine + ((size_t)p.me * stride + lo % p.cap) * row;
+    if (hi >= 0) *row_hi = f.peer[hi / p.cap] + f.combine + ((size_t)p.me * stride + hi % p.cap) * row;
+}
+
+/* The reduce for few tokens (up to kSmallUnitsPerWarp units of kSegSmall bytes per
+ * warp; the launch decides, few_units): the units split evenly over the warps, no
+ * counter. Each warp then has one or two units, and a unit costs a round trip over
+ * NVLink (the counter's grab cost another each): at 128 tokens that was most of the
+ * reduce. A kernel of its own (combine_kernel<DT, true>): compiled into the counter's
+ * kernel, even unused, it slowed that one by 3-15% at 4096 tokens (H200). 16-byte rows
+ * and output only. */
+__host__ __device__ inline bool few_units(size_t out_row, int n, int blocks)
+{
+    return (unsigned long long)n * ((out_row + kSegSmall - 1) / kSegSmall) <=
+           (unsigned long long)kSmallUnitsPerWarp * blocks * kWarps;
+}
+
+template <moea2a_datatype_t DT>
+__device__ __forceinline__ void combine_few(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
+                                            size_t out_row, int n, unsigned char *out)
+{
+    const uint32_t S = (uint32_t)((out_row + kSegSmall - 1) / kSegSmall);
+    const unsigned long long units = (unsigned long long)n * S;
+    const long long gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    int t_prev = -1, nd = 0;
+    const unsigned char *row_lo = nullptr, *row_hi = nullptr;
+    for (long long u = warp_share((long long)units, gw); u < warp_share((long long)units, gw + 1); u++) {
+        const int t = (int)(u / S);
+        if (t != t_prev) token_rows(f, send_map, t, D, stride, row, &nd, &row_lo, &row_hi), t_prev = t;
+        const size_t off = (size_t)(u % S) * kSegSmall, len = out_row - off < kSegSmall ? out_row - off : kSegSmall;
+        reduce_unit<DT, (int)(kSegSmall / 16 / 32), 2>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, true);
+    }
+}
+
 /* phases as dispatch_kernel's: M2A_FAST_SEND is step 1 and the signal, M2A_FAST_RECV
  * the wait and step 2. */
-template <moea2a_datatype_t DT>
+template <moea2a_datatype_t DT, bool FEW>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
                                                        unsigned char *__restrict__ out, bool tma, int status,
@@ -971,10 +1072,18 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     }
     ok = __syncthreads_and(ok);
     PROF_MARK(1, 0);
-    if (send && tid < ep && ok) { /* a failed rank's status goes out with its signal (the same thread) */
-        const Ctl pc = ctl_of(f, f.peer[tid]);
+    /* the signal: one per block, or, when the rows were complete before this launch
+     * (zero copy), all G from block 0 to the peers, which then need not wait for this
+     * launch's last block to start. This rank's own count still takes one per block:
+     * that is how block 0 knows below that every block read the epoch. */
+#ifndef M2A_COMBINE_ONE_SIGNAL
+#define M2A_COMBINE_ONE_SIGNAL 1
+#endif
+    const bool whole = !copy_in && M2A_COMBINE_ONE_SIGNAL;
+    if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
+        const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
         if (status) pc.hdr[2 * me + 1] = status;
-        add_release(&pc.carrive[me], 1);
+        add_release(&pc.carrive[me], whole && tid != me ? (uint32_t)G : 1u);
     }
     if (!(phases & M2A_FAST_RECV)) {
         send_done(c.done_c, c.epoch_c, e);
@@ -1003,6 +1112,11 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     unsigned long long *next = c.next_cunit + (e & 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
+    if (FEW) { /* few tokens: split evenly, no counter */
+        if (ok) combine_few<DT>(f, send_map, D, stride, row, out_row, n, out);
+        PROF_END(1, 2);
+        return;
+    }
     /* a warp asks for its next grab before reducing this one */
     const unsigned take = units_per_grab(units, G);
     const unsigned long long grabs = (units + take - 1) / take;
@@ -1018,11 +1132,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
         for (unsigned long long u = g * take; u < (g + 1) * take && u < units; u++) {
             const int t = (int)(u / S);
             if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
-                const int32_t *map = send_map + (size_t)t * p.k;
-                const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
-                nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-                if (lo >= 0) row_lo = f.peer[lo / p.cap] + f.combine + ((size_t)me * stride + lo % p.cap) * row;
-                if (hi >= 0) row_hi = f.peer[hi / p.cap] + f.combine + ((size_t)me * stride + hi % p.cap) * row;
+                token_rows(f, send_map, t, D, stride, row, &nd, &row_lo, &row_hi);
                 t_prev = t;
             }
             const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
@@ -1074,7 +1184,10 @@ extern "C" void m2a_fast_profile_report(int rank)
 extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                                  const int32_t *ids, const float *weights, int phases, void *stream)
 {
-    dispatch_kernel<<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+    if ((status ? 0 : n) <= kSmallPerBlock * blocks)
+        dispatch_kernel<true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+    else
+        dispatch_kernel<false><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     return (int)cudaGetLastError();
 }
 
@@ -1088,16 +1201,27 @@ static bool tma_capable()
     if (!cached[dev]) {
         int major = 0;
         bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)kTmaSmem) == cudaSuccess &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)kTmaSmem) == cudaSuccess &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_BFLOAT16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_BFLOAT16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)kTmaSmem) == cudaSuccess;
         cudaGetLastError();
         cached[dev] = ok ? 1 : -1;
     }
     return cached[dev] > 0;
+}
+
+template <bool FEW>
+static void launch_combine(const m2a_fast_t *f, int blocks, size_t smem, cudaStream_t s, int n, int stride,
+                           const unsigned char *expert_rows, unsigned char *o, bool tma, int status, int phases)
+{
+    switch (f->combine_dtype) {
+    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, FEW><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, FEW><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    default: combine_kernel<MOEA2A_BFLOAT16, FEW><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    }
 }
 
 extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows,
@@ -1107,14 +1231,13 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     unsigned char *o = static_cast<unsigned char *>(out);
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
     const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
-    const bool tma = (phases & M2A_FAST_RECV) && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() && D <= kTmaRows &&
-                     tma_stages(D) >= 2 && out_row % 16 == 0 &&
-                     f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
-    const size_t smem = tma ? kTmaSmem : 0;
-    switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
-    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
-    default: combine_kernel<MOEA2A_BFLOAT16><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
+    if ((phases & M2A_FAST_RECV) && vec && few_units(out_row, n, blocks)) {
+        launch_combine<true>(f, blocks, 0, s, n, stride, expert_rows, o, false, status, phases);
+    } else {
+        const bool tma = (phases & M2A_FAST_RECV) && vec && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() &&
+                         D <= kTmaRows && tma_stages(D) >= 2;
+        launch_combine<false>(f, blocks, tma ? kTmaSmem : 0, s, n, stride, expert_rows, o, tma, status, phases);
     }
     return (int)cudaGetLastError();
 }
