@@ -116,6 +116,42 @@ def _view(owner, ptr, shape, np_dtype):
     return np.frombuffer(buf, dtype=dt).reshape(shape)
 
 
+# CUDA array interface type strings of the NumPy dtype names above; bf16 (uint16 bit
+# patterns on host memory) arrives as int16 and is viewed as torch.bfloat16.
+_CAI_TYPE = {"int8": "|i1", "uint8": "|u1", "int32": "<i4", "int64": "<i8", "float16": "<f2", "float32": "<f4",
+             "uint16": "<i2"}
+
+
+class _CudaArray:
+    """Device memory the library owns, described by __cuda_array_interface__ (v3, no
+    stream to wait for: the memory is ordered by the caller's stream) so that
+    torch.as_tensor views it without a copy; the tensor keeps this object, and so the
+    owner (the MoE context), alive."""
+
+    def __init__(self, owner, ptr, shape, np_dtype):
+        self._owner = owner
+        self.__cuda_array_interface__ = {"shape": tuple(int(d) for d in shape), "typestr": _CAI_TYPE[np_dtype],
+                                         "data": (int(ptr), False), "version": 3, "strides": None, "stream": None}
+
+
+def _cuda_view(owner, ptr, shape, np_dtype):
+    """A torch CUDA tensor over device memory the library owns (zero copy); bf16 rows
+    (np_dtype "uint16") as torch.bfloat16."""
+    try:
+        import torch
+    except ImportError:
+        raise Unavailable(7, "views of CUDA memory are torch tensors: install PyTorch (the addresses are in .ptr)")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    if not ptr or count == 0:
+        dt = {"uint16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
+              "int64": torch.int64, "float16": torch.float16, "float32": torch.float32}[np_dtype]
+        return torch.zeros(tuple(shape), dtype=dt, device="cuda")
+    t = torch.as_tensor(_CudaArray(owner, ptr, shape, np_dtype), device="cuda")
+    return t.view(torch.bfloat16) if np_dtype == "uint16" else t
+
+
 # ---- handles ------------------------------------------------------------------------
 
 class _Handle:
@@ -268,7 +304,8 @@ class DispatchResult:
     next dispatch): recv_counts [ep], payloads[i] [ep, stride, row], topk_ids and
     topk_weights [ep, stride, k], src_token_index [ep, stride]; for payloads quantized
     on dispatch, scales[i] (bytes in the wire's layout) and global_scales[i] (NVFP4,
-    [ep]). On CUDA memory the arrays are device memory: their addresses are in .ptr.
+    [ep]). On CUDA memory they are torch CUDA tensors over the same device memory
+    (bf16 as torch.bfloat16; needs PyTorch) and their addresses are also in .ptr.
     The views are made when first read and kept by the context for later dispatches
     of the same shape (the workspace does not move), so a dispatch costs no more in
     Python than the fields it reads."""
@@ -294,15 +331,9 @@ class DispatchResult:
                 "global_scales": [addr(r.payload_global_scales[i]) for i in range(n)]}
 
     def _view(self, ptr, shape, np_dtype):
-        if self._moe.memory_kind == "cuda":
-            raise Unavailable(7, "views of CUDA memory come with the package's GPU support; .ptr has the addresses")
         if not ptr:
             return None
-        key = (ptr, shape, np_dtype)
-        v = self._moe._views.get(key)
-        if v is None:
-            v = self._moe._views[key] = _view(self._moe, ptr, shape, np_dtype)
-        return v
+        return self._moe._view_of(ptr, shape, np_dtype)
 
     @property
     def recv_counts(self):
@@ -423,6 +454,16 @@ class MoE(_Handle):
         self._result = C.DispatchResult()
         self._last_n = 0
 
+    def _view_of(self, ptr, shape, np_dtype):
+        """The context's view of its workspace at ptr (NumPy on host memory, a torch
+        tensor on CUDA memory), made once per (address, shape, dtype)."""
+        key = (ptr, shape, np_dtype)
+        v = self._views.get(key)
+        if v is None:
+            make = _cuda_view if self.memory_kind == "cuda" else _view
+            v = self._views[key] = make(self, ptr, shape, np_dtype)
+        return v
+
     def max_recv_rows(self):
         rows = ctypes.c_size_t()
         _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm)
@@ -430,16 +471,12 @@ class MoE(_Handle):
 
     def combine_buffer(self):
         """The context's combine buffer [ep * cap, hidden] ([max_expert_rows, hidden] in
-        the expert-major layout; host memory: a NumPy view): expert outputs written there
-        need no copy (combine(None))."""
+        the expert-major layout), a view: NumPy on host memory, a torch CUDA tensor on
+        CUDA memory. Expert outputs written there need no copy (combine(None)); row
+        src * stride + i is the output of received slot (src, i)."""
         p = ctypes.c_void_p()
         _check(_lib.moea2a_moe_combine_buffer(self.handle, ctypes.byref(p)), self.comm)
-        if self.memory_kind == "cuda":
-            return p.value
-        key = (p.value, "combine")
-        if key not in self._views:
-            self._views[key] = _view(self, p.value, (self.max_recv_rows(), self.hidden), _NP_DTYPE[self.combine_dtype])
-        return self._views[key]
+        return self._view_of(p.value, (self.max_recv_rows(), self.hidden), _NP_DTYPE[self.combine_dtype])
 
     def dispatch(self, x, topk_ids, topk_weights=None, runtime_max_tokens_per_rank=0, stream=None):
         """x: [num_tokens, row] of payload 0 (or a list, one per payload), topk_ids
@@ -461,11 +498,15 @@ class MoE(_Handle):
     def combine(self, expert_out=None, out=None, stream=None):
         """expert_out [ep, stride, hidden] of the combine dtype ([expert_rows, hidden] in
         the expert-major layout; None: the combine buffer); out [num_tokens, hidden] of
-        the last dispatch (host memory: allocated when None)."""
+        the last dispatch (allocated when None: NumPy on host memory, a torch tensor on
+        CUDA memory)."""
         if out is None:
-            if self.memory_kind == "cuda":
-                raise InvalidArgument(1, "combine on CUDA memory needs out")
-            out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
+            if self.memory_kind == "cuda":  # a torch tensor on the current device (graph capture: its pool)
+                import torch
+                dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.combine_dtype]
+                out = torch.empty((self._last_n, self.hidden), dtype=dt, device="cuda")
+            else:
+                out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
         _check(_lib.moea2a_combine(self.handle, _ptr(expert_out, "expert_out"), _ptr(out, "out"), _stream(stream)),
                self.comm)
         return out

@@ -9,9 +9,26 @@ the differences are the overhead per call.
 
 --mem cuda needs PyTorch with a GPU: the rows are torch CUDA tensors and the calls go on
 the current stream, waited for once after the loop; the loop is then as fast as the GPU
-runs the calls, so Python's cost shows only where it exceeds the GPU's time per call."""
+runs the calls, so Python's cost shows only where it exceeds the GPU's time per call.
+
+    python -m moea2a.bench [--ranks N] [--tokens 128,1024,4096] [--hidden 7168]
+                           [--experts 256] [--topk 8] [--iters 20] [--warmup 5]
+
+(the default mode) dispatch and combine of bf16 rows on N local GPUs (one spawned
+process each, torch.distributed over NCCL, the moea2a communicator made from that
+group), next to what a PyTorch program does without moea2a for the same routing:
+pack each destination's rows, exchange the counts, torch.distributed.all_to_all_single
+the rows there and back, sum per token (index_add_). Uniform routing (top-k of the
+experts drawn per token), contiguous expert placement; every call timed with CUDA
+events, the mean over --iters, the slowest rank. Columns as moea2a_perf's: bytes are
+the rows a rank sends (a token once per destination rank, itself included); busbw =
+algbw x (N - 1) / N; #wrong counts rows that differ from the expected ones (dispatch:
+the rows every source sent here, in source-token order; combine: each row times the
+number of ranks it went to, which the expert step here, the identity, gives);
+"vs base" is the all_to_all_single path's time over moea2a's."""
 import argparse
 import ctypes
+import socket
 import sys
 import time
 
@@ -96,18 +113,183 @@ def overhead(tokens, hidden, iters, mem):
     return rows
 
 
+def _routing(rank, tokens, n, experts, topk, hidden, owner):
+    """Rank rank's tokens at this size (the same on every rank that asks): ids [T, k],
+    rows x [T, hidden] bf16 of small integers, and mask [T, n] (token -> ranks)."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(1000003 * rank + tokens)
+    ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(topk, dim=1).indices.to(torch.int32)
+    x = torch.randint(-8, 8, (tokens, hidden), device="cuda", generator=g).to(torch.bfloat16)
+    mask = torch.zeros(tokens, n, dtype=torch.bool, device="cuda")
+    mask.scatter_(1, owner[ids.long()], True)
+    return ids, x, mask
+
+
+def _timed(round_trip, iters, warmup):
+    """Mean event time (us) of each step of round trips: round_trip() gives one as a
+    list of callables, each timed on its own; no host wait between iterations (as
+    moea2a_perf), so a step's host cost shows only where the GPU would wait for it."""
+    import torch
+    for _ in range(warmup):
+        for f in round_trip():
+            f()
+    marks = []
+    for _ in range(iters):
+        steps = round_trip()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(steps) + 1)]
+        ev[0].record()
+        for i, f in enumerate(steps):
+            f()
+            ev[i + 1].record()
+        marks.append(ev)
+    torch.cuda.synchronize()
+    return [sum(ev[i].elapsed_time(ev[i + 1]) for ev in marks) * 1e3 / iters for i in range(len(marks[0]) - 1)]
+
+
+def _bench_rank(rank, n, port, a, q):
+    """One rank of the side-by-side benchmark (spawned); rank 0 puts the table's rows
+    on q."""
+    import torch
+    import torch.distributed as dist
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
+                                device_id=torch.device("cuda", rank))
+        comm = moea2a.Comm.from_torch(cuda_device=rank)
+        E, K, H, cap = a.experts, a.topk, a.hidden, max(a.tokens)
+        moe = moea2a.MoE(comm, E, K, cap, hidden=H, dtype="bf16", memory="cuda")
+        per, rem = divmod(E, n)  # contiguous placement: ranks 0..rem-1 own per + 1 experts
+        owner = torch.tensor([r for r in range(n) for _ in range(per + (r < rem))], device="cuda")
+        buf = moe.combine_buffer().view(n, cap, H)
+        rows = []
+        stream = torch.cuda.Stream()  # both paths on one stream of their own
+        torch.cuda.set_stream(stream)
+        for T in a.tokens:
+            ids, x, mask = _routing(rank, T, n, E, K, H, owner)
+            routes = [_routing(r, T, n, E, K, H, owner) for r in range(n)]
+            out = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
+            want = (x.float() * mask.sum(1, keepdim=True)).to(torch.bfloat16)
+
+            # moea2a: the combine reads the rows the experts left in the combine buffer
+            res = moe.dispatch(x, ids, stream=stream)
+            wrong_d = 0
+            for src, (_, sx, smask) in enumerate(routes):
+                sent = sx[smask[:, rank]]
+                got = res.payloads[0][src, :sent.shape[0]]
+                wrong_d += int((got != sent).any(1).sum()) + abs(int(res.recv_counts[src]) - sent.shape[0])
+            buf.copy_(res.payloads[0])
+            moe.combine(out=out, stream=stream)
+            wrong_c = int((out != want).any(1).sum())
+            t_m = _timed(lambda: [lambda: moe.dispatch(x, ids, stream=stream), lambda: moe.combine(out=out, stream=stream)],
+                         a.iters, a.warmup)
+
+            # without moea2a: pack, count exchange, all_to_all_single there and back, index_add_
+            state = {}
+
+            def a2a_dispatch():
+                pairs = mask.t().nonzero()  # (rank, token), by rank then token
+                send = x.index_select(0, pairs[:, 1])
+                sc = mask.sum(0)
+                rc = torch.empty_like(sc)
+                dist.all_to_all_single(rc, sc)
+                sl, rl = sc.tolist(), rc.tolist()
+                recv = torch.empty((sum(rl), H), dtype=x.dtype, device="cuda")
+                dist.all_to_all_single(recv, send, rl, sl)
+                state.update(pairs=pairs, sl=sl, rl=rl, recv=recv)
+
+            def a2a_combine():
+                back = torch.empty((sum(state["sl"]), H), dtype=x.dtype, device="cuda")
+                dist.all_to_all_single(back, state["recv"], state["sl"], state["rl"])  # the identity expert
+                acc = torch.zeros((T, H), dtype=torch.float32, device="cuda")
+                acc.index_add_(0, state["pairs"][:, 1], back.float())
+                state["out"] = acc.to(torch.bfloat16)
+
+            a2a_dispatch()
+            wrong_bd = 0
+            off = 0
+            for src, (_, sx, smask) in enumerate(routes):
+                sent = sx[smask[:, rank]]
+                wrong_bd += int((state["recv"][off:off + sent.shape[0]] != sent).any(1).sum())
+                off += sent.shape[0]
+            a2a_combine()
+            wrong_bc = int((state["out"] != want).any(1).sum())
+            t_b = _timed(lambda: [a2a_dispatch, a2a_combine], a.iters, a.warmup)
+
+            # the slowest rank's times, every rank's wrong rows
+            v = torch.tensor(t_m + t_b, dtype=torch.float64, device="cuda")
+            dist.all_reduce(v, op=dist.ReduceOp.MAX)
+            w = torch.tensor([wrong_d, wrong_c, wrong_bd, wrong_bc], dtype=torch.int64, device="cuda")
+            dist.all_reduce(w)
+            nbytes = int(mask.sum()) * H * 2
+            rows.append((T, nbytes, v.tolist(), w.tolist()))
+        moe.close()
+        comm.destroy()
+        dist.destroy_process_group()
+        q.put((rank, rows if rank == 0 else None, None))
+    except Exception as e:  # the parent reports it
+        q.put((rank, None, repr(e)))
+
+
+def side_by_side(a):
+    import multiprocessing as mp
+
+    import torch
+    if torch.cuda.device_count() < a.ranks:
+        raise SystemExit(f"--ranks {a.ranks}: {torch.cuda.device_count()} CUDA device(s) here")
+    with socket.socket() as s:  # a free port for torch.distributed's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")  # CUDA does not survive a fork
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_bench_rank, args=(r, a.ranks, port, a, q)) for r in range(a.ranks)]
+    for p in procs:
+        p.start()
+    rows, errors = None, []
+    for _ in procs:
+        r, value, err = q.get(timeout=600)
+        if err:
+            errors.append(f"rank {r}: {err}")
+        elif value is not None:
+            rows = value
+    for p in procs:
+        p.join(30)
+    if errors or rows is None:
+        raise SystemExit("; ".join(errors) or "rank 0 gave no results")
+    n = a.ranks
+    print(f"# moea2a.bench: {n} rank(s) on {n} GPU(s), bf16, hidden {a.hidden}, top-{a.topk} of {a.experts}, uniform, "
+          f"{a.iters} iterations ({a.warmup} warm-up); torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
+    print(f"#{'tokens':>9} {'op':<16} {'bytes':>12} {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
+          f"{'#wrong':>7} {'vs base':>8}")
+    for T, nbytes, t, w in rows:
+        for i, op in enumerate(("dispatch", "combine")):
+            for name, tm, wr, vs in ((op, t[i], w[i], f"{t[2 + i] / t[i]:.2f}x"), ("a2a-" + op, t[2 + i], w[2 + i], "")):
+                algbw = nbytes / tm / 1e3
+                print(f" {T:>9} {name:<16} {nbytes:>12} {tm:>10.2f} {algbw:>11.3f} {algbw * (n - 1) / n:>11.3f} "
+                      f"{wr:>7} {vs:>8}")
+    return 1 if any(sum(w) for *_, w in rows) else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m moea2a.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--overhead", action="store_true", help="the Python layer's cost per call (the only mode so far)")
-    ap.add_argument("--tokens", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--iters", type=int, default=20000)
-    ap.add_argument("--mem", choices=("host", "cuda"), default="host")
+    ap.add_argument("--overhead", action="store_true", help="the Python layer's cost per call")
+    ap.add_argument("--ranks", type=int, default=2, help="GPUs, one process each (default 2)")
+    ap.add_argument("--tokens", default=None, help="tokens per rank, comma-separated (default 128,1024,4096; "
+                    "--overhead: one number, default 8)")
+    ap.add_argument("--hidden", type=int, default=None, help="default 7168 (--overhead: 64)")
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=None, help="default 20 (--overhead: 20000)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--mem", choices=("host", "cuda"), default="host", help="--overhead: where the rows live")
     a = ap.parse_args(argv)
-    if not a.overhead:
-        ap.error("say --overhead (dispatch/combine next to torch.distributed.all_to_all_single is still to come)")
-    overhead(a.tokens, a.hidden, a.iters, a.mem)
-    return 0
+    if a.overhead:
+        overhead(int(a.tokens or 8), a.hidden or 64, a.iters or 20000, a.mem)
+        return 0
+    a.tokens = [int(t) for t in (a.tokens or "128,1024,4096").split(",")]
+    a.hidden, a.iters = a.hidden or 7168, a.iters or 20
+    if a.ranks < 1 or min(a.tokens) < 1 or a.topk < 1 or a.experts < a.topk or a.hidden < 1:
+        ap.error("--ranks, --tokens, --topk, --hidden must be positive and --experts at least --topk")
+    return side_by_side(a)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,174 @@
+"""moea2a.MoE on CUDA memory from PyTorch (skipped without torch or a GPU): bf16 torch
+tensors in, torch tensors out that view the workspace (no copies), on a torch stream;
+dispatch, the expert step written into the combine buffer with torch ops, and combine,
+checked against the reference of test_numpy (contiguous placement, ascending source
+tokens, the sum over the ranks a token went to); the same three captured in one CUDA
+graph and replayed with new tokens. One rank in this process; with 2 or more GPUs also
+that many spawned ranks, one GPU each."""
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import moea2a
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from test_numpy import CAP, E, H, K, dests, tokens  # noqa: E402
+
+
+def bf16(x):
+    """float32 NumPy -> bf16 torch tensor on the GPU (the test's values are small
+    integers, exact in bf16)."""
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16).cuda()
+
+
+def check_dispatch(res, rank, ep, seed, x_of):
+    """The received rows against what every source sent here (tokens(src, seed))."""
+    assert res.ep == ep and res.stride == CAP
+    counts = res.recv_counts.cpu().numpy()
+    pay, ids, src_index = res.payloads[0], res.topk_ids.cpu().numpy(), res.src_token_index.cpu().numpy()
+    assert pay.dtype == torch.bfloat16 and tuple(pay.shape) == (ep, CAP, H) and pay.is_cuda
+    got = pay.float().cpu().numpy()
+    for src in range(ep):
+        sids, _ = tokens(src, seed)
+        sx = x_of(src)
+        want = [t for t in range(len(sids)) if rank in dests(sids[t], ep)]
+        assert counts[src] == len(want), (src, counts[src], len(want))
+        for i, t in enumerate(want):
+            assert src_index[src, i] == t
+            assert np.array_equal(got[src, i], sx[t])
+            valid = [e if 0 <= e < E else -1 for e in sids[t]]
+            assert list(ids[src, i]) == valid
+        assert np.all(ids[src, len(want):] == -1) and np.all(src_index[src, len(want):] == -1)  # sanitized
+
+
+def expert_step(moe, res, rank):
+    """The experts: each received row times (rank + 1), into the combine buffer (torch
+    ops on the views, so a graph captures them)."""
+    buf = moe.combine_buffer()
+    assert buf.dtype == torch.bfloat16 and buf.is_cuda
+    buf.view(res.ep, CAP, H).copy_(res.payloads[0] * (rank + 1))
+
+
+def combined(ids, x, ep):
+    want = np.zeros_like(x)
+    for t in range(len(ids)):
+        want[t] = sum((d + 1) for d in dests(ids[t], ep)) * x[t]
+    return want
+
+
+def xs(rank, seed):
+    """Rows of small integers (rank * 1000 + t would not be exact in bf16), so that
+    every product and sum below is exact in bf16 too."""
+    n = len(tokens(rank, seed)[0])
+    return ((np.arange(n)[:, None] * 3 + rank * 5 + np.arange(H)[None, :] + seed) % 16 - 8).astype(np.float32)
+
+
+def rank_main(rank, ep, uid, q):
+    try:
+        torch.cuda.set_device(rank)
+        with moea2a.Comm(ep, rank, uid, cuda_device=rank) as comm:
+            moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
+            stream = torch.cuda.Stream()
+            for seed in (1, 2, 3):
+                ids, _ = tokens(rank, seed)
+                x = xs(rank, seed)
+                with torch.cuda.stream(stream):
+                    res = moe.dispatch(bf16(x), torch.from_numpy(ids).cuda(), stream=stream)
+                    check_dispatch(res, rank, ep, seed, lambda s: xs(s, seed))
+                    expert_step(moe, res, rank)
+                    out = moe.combine(stream=stream)
+                    stream.synchronize()
+                assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(ids), H)
+                assert np.array_equal(out.float().cpu().numpy(), combined(ids, x, ep))
+            moe.close()
+        q.put((rank, None))
+    except Exception as e:  # the parent reports it
+        q.put((rank, repr(e)))
+
+
+def run_spawned(ep):
+    ctx = mp.get_context("spawn")  # CUDA does not survive a fork
+    q, uid = ctx.Queue(), moea2a.unique_id()
+    procs = [ctx.Process(target=rank_main, args=(r, ep, uid, q)) for r in range(ep)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in procs:
+            r, err = q.get(timeout=180)
+            got[r] = err
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return got
+
+
+def test_one_rank():
+    q = mp.get_context("spawn").Queue()
+    rank_main(0, 1, moea2a.unique_id(), q)
+    assert q.get(timeout=5) == (0, None)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_ranks_on_gpus():
+    ep = min(torch.cuda.device_count(), 4)
+    assert run_spawned(ep) == {r: None for r in range(ep)}
+
+
+def test_graph_capture_and_replay():
+    """dispatch, the expert step and combine captured once; each replay reads the tokens
+    and ids copied into the captured inputs (same count), results checked every time."""
+    with moea2a.Comm(1, 0, moea2a.unique_id(), cuda_device=0) as comm:
+        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
+        n = CAP
+        rng = np.random.default_rng(5)
+        ids0 = rng.integers(-1, E, size=(n, K)).astype(np.int32)
+        dx, dids = bf16(np.ones((n, H))), torch.from_numpy(ids0).cuda()
+        out = torch.empty((n, H), dtype=torch.bfloat16, device="cuda")
+        stream = torch.cuda.Stream()
+
+        def step():
+            res = moe.dispatch(dx, dids, stream=stream)
+            expert_step(moe, res, 0)
+            moe.combine(out=out, stream=stream)
+            return res
+
+        with torch.cuda.stream(stream):
+            step()  # warm-up: the views are made here, outside the capture
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                res = step()
+        for seed in (6, 7, 8):
+            r = np.random.default_rng(seed)
+            ids = r.integers(-1, E, size=(n, K)).astype(np.int32)
+            x = r.integers(-8, 8, size=(n, H)).astype(np.float32)
+            dids.copy_(torch.from_numpy(ids))
+            dx.copy_(bf16(x))
+            out.fill_(7)
+            graph.replay()
+            torch.cuda.synchronize()
+            routed = [t for t in range(n) if dests(ids[t], 1)]
+            assert int(res.recv_counts.cpu()[0]) == len(routed)
+            assert np.array_equal(res.src_token_index.cpu().numpy()[0, :len(routed)], routed)
+            assert np.array_equal(out.float().cpu().numpy(), combined(ids, x, 1))
+        moe.close()
+
+
+def test_views_are_the_workspace():
+    """The result's tensors share the workspace's memory: no copies, same addresses."""
+    with moea2a.Comm(1, 0, moea2a.unique_id(), cuda_device=0) as comm:
+        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
+        ids, _ = tokens(0, 4)
+        res = moe.dispatch(bf16(xs(0, 4)), torch.from_numpy(ids).cuda())
+        assert res.payloads[0].data_ptr() == res.ptr["payloads"][0]
+        assert res.topk_ids.data_ptr() == res.ptr["topk_ids"]
+        assert res.recv_counts.data_ptr() == res.ptr["recv_counts"]
+        moe.combine()  # out allocated: a torch tensor
+        moe.close()
