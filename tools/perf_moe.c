@@ -380,6 +380,8 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
 typedef struct {
     double td, tc, bd, bc; /* dispatch, combine, baseline dispatch, baseline combine (s) */
     double tp;             /* dispatch + combine back to back, no event between them (s) */
+    double hd, hc;         /* the host's time in each call of those pairs (s): where it exceeds the
+                              GPU's time per call, the GPU waits for the launches */
     double tg;             /* one round trip of a CUDA graph of iters round trips (s); 0: none */
     double qd;             /* --wire --baseline: quantize with the standalone calls, then dispatch (s) */
     double sd, sc;         /* --split: each call as its two halves, back to back (s) */
@@ -613,11 +615,15 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
      * events above add to each call's time) */
     perf_mark(m, 0);
     for (int i = 0; i < iters; i++) {
+        double h0 = perf_now();
         TRY(moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream));
+        double h1 = perf_now();
         TRY(moea2a_combine(moe, NULL, d_out, m->stream));
+        r.hd += h1 - h0, r.hc += perf_now() - h1;
     }
     perf_mark(m, 1);
     r.tp = perf_span(m, 0, 1) / iters;
+    r.hd /= iters, r.hc /= iters;
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
     if (m->cuda && d.nvlink) r.tg = graph_time(moe, m, iters, T, d_ids, d_w, pays, d_out);
     if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, d_ids, d_w, pays,
@@ -695,7 +701,10 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     }
     /* Slowest rank's times; bytes averaged over ranks; wrong values summed. */
     double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, qd, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
+    double hd, hc;
     TRY(perf_reduce(comm, r.tp, 0, &tp, &tmp));
+    TRY(perf_reduce(comm, r.hd, 0, &hd, &tmp));
+    TRY(perf_reduce(comm, r.hc, 0, &hc, &tmp));
     TRY(perf_reduce(comm, r.qd, 0, &qd, &tmp));
     TRY(perf_reduce(comm, r.tg, 0, &tg, &tmp));
     TRY(perf_reduce(comm, r.sd, 0, &sd, &tmp));
@@ -728,6 +737,8 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
         print_row(T, "roundtrip", bytes_d + bytes_c, remote_d + remote_c, td + tc, bd + bc, wcol);
         print_row(T, "roundtrip-b2b", bytes_d + bytes_c, remote_d + remote_c, tp, bd + bc, wcol);
         if (tg > 0) print_row(T, "roundtrip-graph", bytes_d + bytes_c, remote_d + remote_c, tg, bd + bc, wcol);
+        printf("#   host %d tokens: %.2f us in a dispatch call, %.2f in a combine call (slowest rank)\n", T, hd * 1e6,
+               hc * 1e6);
         if (o->split) {
             print_row(T, "split-dispatch", bytes_d, remote_d, sd, bd, wcol);
             print_row(T, "split-combine", bytes_c, remote_c, sc, bc, wcol);
