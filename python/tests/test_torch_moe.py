@@ -4,7 +4,8 @@ dispatch, the expert step written into the combine buffer with torch ops, and co
 checked against the reference of test_numpy (contiguous placement, ascending source
 tokens, the sum over the ranks a token went to); the same three captured in one CUDA
 graph and replayed with new tokens. One rank in this process; with 2 or more GPUs also
-that many spawned ranks, one GPU each."""
+that many spawned ranks, one GPU each, their communicator from a unique id or from a
+torch.distributed NCCL group (Comm.from_torch)."""
 import multiprocessing as mp
 
 import numpy as np
@@ -68,9 +69,19 @@ def xs(rank, seed):
 
 
 def rank_main(rank, ep, uid, q):
+    """One rank: its communicator from uid, or (uid an int: a port) from a
+    torch.distributed NCCL group of ep ranks through Comm.from_torch."""
     try:
         torch.cuda.set_device(rank)
-        with moea2a.Comm(ep, rank, uid, cuda_device=rank) as comm:
+        if isinstance(uid, int):
+            import torch.distributed as dist
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{uid}", rank=rank, world_size=ep,
+                                    device_id=torch.device("cuda", rank))
+            comm = moea2a.Comm.from_torch(cuda_device=rank)
+            assert (comm.rank, comm.size) == (rank, ep)
+        else:
+            comm = moea2a.Comm(ep, rank, uid, cuda_device=rank)
+        with comm:
             moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
             stream = torch.cuda.Stream()
             for seed in (1, 2, 3):
@@ -90,9 +101,16 @@ def rank_main(rank, ep, uid, q):
         q.put((rank, repr(e)))
 
 
-def run_spawned(ep):
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_spawned(ep, uid):
     ctx = mp.get_context("spawn")  # CUDA does not survive a fork
-    q, uid = ctx.Queue(), moea2a.unique_id()
+    q = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, ep, uid, q)) for r in range(ep)]
     for p in procs:
         p.start()
@@ -116,9 +134,24 @@ def test_one_rank():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_ranks_on_gpus():
+@pytest.mark.parametrize("how", ["unique_id", "torch_group"])
+def test_ranks_on_gpus(how):
     ep = min(torch.cuda.device_count(), 4)
-    assert run_spawned(ep) == {r: None for r in range(ep)}
+    uid = moea2a.unique_id() if how == "unique_id" else free_port()
+    assert run_spawned(ep, uid) == {r: None for r in range(ep)}
+
+
+def test_comm_from_torch_group():
+    """Comm.from_torch on a one-rank group (gloo: no GPU needed for the id's trip)."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with moea2a.Comm.from_torch() as comm:
+            assert (comm.rank, comm.size) == (0, 1)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_graph_capture_and_replay():
