@@ -185,20 +185,32 @@ __device__ __forceinline__ bool invalid_id(const m2a_kparams_t &p, int32_t e)
     return e < 0 || e >= p.num_experts || e == p.invalid_id;
 }
 
-/* Bit r set: the token goes to rank r. Counts invalid and merged entries. */
+/* Bit r set: the token goes to rank r. Counts invalid and merged entries. The ids of a
+ * batch are all loaded before any owner, and the owners before any is used: two
+ * round trips to memory per 8 entries instead of two per entry (at 8 tokens on one
+ * H200 the count took 3.5 us of an 11 us dispatch). */
 __device__ unsigned long long token_mask(const m2a_kparams_t &p, const int32_t *ids, int t, int *inv, int *merged)
 {
+    constexpr int B = 8;
     unsigned long long mask = 0;
     const int32_t *row = ids + (size_t)t * p.k;
-    for (int j = 0; j < p.k; j++) {
-        int32_t e = row[j];
-        if (invalid_id(p, e)) {
-            ++*inv;
-            continue;
+    for (int j0 = 0; j0 < p.k; j0 += B) {
+        int32_t e[B], o[B];
+#pragma unroll
+        for (int j = 0; j < B; j++) e[j] = j0 + j < p.k ? row[j0 + j] : p.invalid_id;
+#pragma unroll
+        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e[j]) ? p.owner[e[j]] : -1;
+#pragma unroll
+        for (int j = 0; j < B; j++) {
+            if (j0 + j >= p.k) continue;
+            if (o[j] < 0) {
+                ++*inv;
+                continue;
+            }
+            const unsigned long long bit = 1ull << o[j];
+            *merged += (mask & bit) != 0;
+            mask |= bit;
         }
-        unsigned long long bit = 1ull << p.owner[e];
-        *merged += (mask & bit) != 0;
-        mask |= bit;
     }
     return mask;
 }
