@@ -4,8 +4,9 @@
  * rank r's through f.peer[r]. Counters only grow, so nothing is ever reset across
  * ranks: the e-th dispatch of a context waits for "arrive[src] >= e x blocks" and
  * the e-th combine for "carrive[src] >= e x blocks", where every block of the
- * sender adds one after its writes (release, system scope). The epoch e lives in the
- * workspace, so a CUDA graph replays correctly.
+ * sender adds one after its writes (release, system scope); a combine whose rows were
+ * complete before it began (zero copy) adds all of them from its block 0. The epoch e
+ * lives in the workspace, so a CUDA graph replays correctly.
  *
  *  dispatch, many tokens (over 4 per block; blocks split them into contiguous chunks):
  *   1. count the tokens before the chunk per destination (every block for itself,
@@ -22,14 +23,17 @@
  *      status; every block signals every destination;
  *   6. wait for every source; check strides and statuses; sanitize padding slots;
  *      add the block's invalid and merged entries to the stats.
- *  dispatch, few tokens: the (token, segment) units are split evenly over all warps;
- *   1, 2, then 3 for the block's range with its warps copying their units, 5, 6.
+ *  dispatch, few tokens (a kernel of its own): the (token, segment) units are split
+ *   evenly over all warps, each warp prefetching its first ones; 1 (the block's own
+ *   tokens routed from the same pass over the ids), 2, then 3 for the block's range
+ *   with its warps copying their units, 5, 6.
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
- *   2. (token, 1 KB segment) units taken from a counter: each token's rows,
- *      read over NVLink in ascending rank order and summed in fp32 from 0.0f,
- *      rounded once: the host reference's arithmetic. */
+ *   2. (token, 1 KB segment) units taken from a counter (few tokens: 2 KB segments
+ *      split evenly, in a kernel of its own): each token's rows, read over NVLink in
+ *      ascending rank order and summed in fp32 from 0.0f, rounded once: the host
+ *      reference's arithmetic. */
 #include <cuda_runtime.h>
 #ifdef M2A_FAST_PROFILE
 #include <stdio.h>
@@ -286,6 +290,19 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
         }
     }
 }
+
+/* Developers' switches for A/B runs (run.sh VARIANTS), each 1 by default: the few-token
+ * dispatch's prefetch of its units and its single pass over the ids; the zero-copy
+ * combine's one signal per launch (bench/RESULTS.md, session 14). */
+#ifndef M2A_DISPATCH_PREFETCH
+#define M2A_DISPATCH_PREFETCH 1
+#endif
+#ifndef M2A_DISPATCH_PRE
+#define M2A_DISPATCH_PRE 1
+#endif
+#ifndef M2A_COMBINE_ONE_SIGNAL
+#define M2A_COMBINE_ONE_SIGNAL 1
+#endif
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
 constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, units are split evenly */
@@ -549,9 +566,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         }
         const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
         const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
-#ifndef M2A_DISPATCH_PREFETCH
-#define M2A_DISPATCH_PREFETCH 1
-#endif
         if (M2A_DISPATCH_PREFETCH && small && per_token) /* their source bytes load while the block counts and routes */
             for (long long u = wu0; u < wu1 && u < wu0 + 2; u++) prefetch_unit(p, pay, (unsigned long long)u, per_token);
 
@@ -562,9 +576,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * in the same pass (their masks kept for the routing, their invalid and merged
          * entries counted), so that their ids are not read a second time after it. */
         int inv = 0, merged = 0;
-#ifndef M2A_DISPATCH_PRE
-#define M2A_DISPATCH_PRE 1
-#endif
         const int top = M2A_DISPATCH_PRE && small && hi - lo <= T ? hi : lo;
         {
             int cnt_lo = 0, cnt_hi = 0;
@@ -1088,9 +1099,6 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * (zero copy), all G from block 0 to the peers, which then need not wait for this
      * launch's last block to start. This rank's own count still takes one per block:
      * that is how block 0 knows below that every block read the epoch. */
-#ifndef M2A_COMBINE_ONE_SIGNAL
-#define M2A_COMBINE_ONE_SIGNAL 1
-#endif
     const bool whole = !copy_in && M2A_COMBINE_ONE_SIGNAL;
     if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
         const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */

@@ -134,9 +134,16 @@ class _CudaArray:
                                          "data": (int(ptr), False), "version": 3, "strides": None, "stream": None}
 
 
+def _torch_dtype(np_dtype):
+    """The torch dtype of a NumPy dtype name above ("uint16": bf16 bits, torch.bfloat16)."""
+    import torch
+    return {"uint16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
+            "int64": torch.int64, "float16": torch.float16, "float32": torch.float32}[np_dtype]
+
+
 def _cuda_view(owner, ptr, shape, np_dtype):
-    """A torch CUDA tensor over device memory the library owns (zero copy); bf16 rows
-    (np_dtype "uint16") as torch.bfloat16."""
+    """A torch CUDA tensor over device memory the library owns (zero copy), on the
+    device that memory is on; bf16 rows (np_dtype "uint16") as torch.bfloat16."""
     try:
         import torch
     except ImportError:
@@ -145,10 +152,8 @@ def _cuda_view(owner, ptr, shape, np_dtype):
     for d in shape:
         count *= int(d)
     if not ptr or count == 0:
-        dt = {"uint16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
-              "int64": torch.int64, "float16": torch.float16, "float32": torch.float32}[np_dtype]
-        return torch.zeros(tuple(shape), dtype=dt, device="cuda")
-    t = torch.as_tensor(_CudaArray(owner, ptr, shape, np_dtype), device="cuda")
+        return torch.zeros(tuple(shape), dtype=_torch_dtype(np_dtype), device="cuda")
+    t = torch.as_tensor(_CudaArray(owner, ptr, shape, np_dtype))  # no device=: that would copy from another GPU
     return t.view(torch.bfloat16) if np_dtype == "uint16" else t
 
 
@@ -503,8 +508,8 @@ class MoE(_Handle):
         if out is None:
             if self.memory_kind == "cuda":  # a torch tensor on the current device (graph capture: its pool)
                 import torch
-                dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.combine_dtype]
-                out = torch.empty((self._last_n, self.hidden), dtype=dt, device="cuda")
+                out = torch.empty((self._last_n, self.hidden), dtype=_torch_dtype(_NP_DTYPE[self.combine_dtype]),
+                                  device="cuda")
             else:
                 out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
         _check(_lib.moea2a_combine(self.handle, _ptr(expert_out, "expert_out"), _ptr(out, "out"), _stream(stream)),
