@@ -205,3 +205,20 @@ def test_views_are_the_workspace():
         assert res.recv_counts.data_ptr() == res.ptr["recv_counts"]
         moe.combine()  # out allocated: a torch tensor
         moe.close()
+
+
+def test_the_torch_dispatcher_example():
+    """examples/torch_dispatcher.py: one rank in this process; on 2 or more GPUs also
+    the script itself, which spawns one rank per GPU and checks every result."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "torch_dispatcher.py")
+    spec = importlib.util.spec_from_file_location("torch_dispatcher", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.demo_rank(0, 1, moea2a.unique_id()) is None
+    if torch.cuda.device_count() >= 2:
+        run = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "GPU(s): ok" in run.stdout, (run.stdout, run.stderr[-2000:])
