@@ -232,8 +232,10 @@ def _bench_rank(rank, n, port, a, q):
 
 def side_by_side(a):
     import multiprocessing as mp
-
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("python -m moea2a.bench needs PyTorch and CUDA GPUs (--overhead runs without)")
     if torch.cuda.device_count() < a.ranks:
         raise SystemExit(f"--ranks {a.ranks}: {torch.cuda.device_count()} CUDA device(s) here")
     with socket.socket() as s:  # a free port for torch.distributed's rendezvous
