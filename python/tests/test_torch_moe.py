@@ -222,3 +222,27 @@ def test_the_torch_dispatcher_example():
     if torch.cuda.device_count() >= 2:
         run = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0 and "GPU(s): ok" in run.stdout, (run.stdout, run.stderr[-2000:])
+
+
+def test_wire_fp8_on_cuda():
+    """Quantize on dispatch on CUDA memory: the codes delivered (a uint8 torch view of
+    the workspace) equal the host quantization of the rows that were sent, in order,
+    and the scales arrive as a byte view."""
+    hq = 256  # FP8 blocks are 128 wide
+    rng = np.random.default_rng(9)
+    ids = rng.integers(-1, E, size=(CAP, K)).astype(np.int32)
+    xb = torch.from_numpy(rng.normal(size=(CAP, hq)).astype(np.float32)).to(torch.bfloat16)
+    bits = xb.view(torch.int16).numpy().view(np.uint16)  # what the host quantizer takes for bf16
+    with moea2a.Comm(1, 0, moea2a.unique_id(), cuda_device=0) as comm:
+        moe = moea2a.MoE(comm, E, K, CAP, hidden=hq, dtype="bf16", wire="fp8", memory="cuda")
+        res = moe.dispatch(xb.cuda(), torch.from_numpy(ids).cuda())
+        torch.cuda.synchronize()
+        routed = [t for t in range(CAP) if dests(ids[t], 1)]
+        codes = res.payloads[0]
+        assert codes.dtype == torch.uint8 and codes.is_cuda and tuple(codes.shape) == (1, CAP, hq)
+        want, _ = moea2a.fp8_quantize(np.ascontiguousarray(bits[routed]), "bf16", layout="row")
+        assert np.array_equal(codes[0, :len(routed)].cpu().numpy(), want)
+        assert res.scales[0].is_cuda and res.scales[0].dtype == torch.uint8 and res.scales[0].numel() > 0
+        moe.combine_buffer().zero_()
+        moe.combine()
+        moe.close()
