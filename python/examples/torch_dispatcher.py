@@ -15,8 +15,6 @@ on the current stream with no host wait, so a CUDA graph can capture the whole l
     y = disp.combine()                                    # [n, hidden]
 
 Run it as a demo: python examples/torch_dispatcher.py (one rank per GPU, checked)."""
-import multiprocessing as mp
-
 import torch
 
 import moea2a
@@ -82,26 +80,11 @@ def demo_rank(rank, ep, uid, E=16, K=4, T=64, H=128):
         return None if torch.equal(y, want) else f"rank {rank}: {int((y != want).any(1).sum())} rows differ"
 
 
-def _spawned(rank, ep, uid, q):
-    try:
-        q.put((rank, demo_rank(rank, ep, uid)))
-    except Exception as e:  # the parent reports it
-        q.put((rank, repr(e)))
-
-
 def demo(ep=None):
     """The demo on ep GPUs (default: all, at most 4), one spawned process each:
     {rank: None} when every rank's result is right."""
     ep = ep or min(torch.cuda.device_count(), 4)
-    ctx = mp.get_context("spawn")  # CUDA does not survive a fork
-    q, uid = ctx.Queue(), moea2a.unique_id()
-    procs = [ctx.Process(target=_spawned, args=(r, ep, uid, q)) for r in range(ep)]
-    for p in procs:
-        p.start()
-    out = dict(q.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(10)
-    return out
+    return dict(enumerate(moea2a.run_local(ep, demo_rank, timeout=180, start="spawn")))
 
 
 if __name__ == "__main__":

@@ -146,92 +146,84 @@ def _timed(round_trip, iters, warmup):
     return [sum(ev[i].elapsed_time(ev[i + 1]) for ev in marks) * 1e3 / iters for i in range(len(marks[0]) - 1)]
 
 
-def _bench_rank(rank, n, port, a, q):
-    """One rank of the side-by-side benchmark (spawned); rank 0 puts the table's rows
-    on q."""
+def _bench_rank(rank, n, uid, port, a):
+    """One rank of the side-by-side benchmark (spawned by run_local; the communicator
+    comes from the torch.distributed group, not uid); rank 0 returns the table's rows."""
     import torch
     import torch.distributed as dist
-    try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
-                                device_id=torch.device("cuda", rank))
-        comm = moea2a.Comm.from_torch(cuda_device=rank)
-        E, K, H, cap = a.experts, a.topk, a.hidden, max(a.tokens)
-        moe = moea2a.MoE(comm, E, K, cap, hidden=H, dtype="bf16", memory="cuda")
-        per, rem = divmod(E, n)  # contiguous placement: ranks 0..rem-1 own per + 1 experts
-        owner = torch.tensor([r for r in range(n) for _ in range(per + (r < rem))], device="cuda")
-        buf = moe.combine_buffer().view(n, cap, H)
-        rows = []
-        stream = torch.cuda.Stream()  # both paths on one stream of their own
-        torch.cuda.set_stream(stream)
-        for T in a.tokens:
-            ids, x, mask = _routing(rank, T, n, E, K, H, owner)
-            routes = [_routing(r, T, n, E, K, H, owner) for r in range(n)]
-            out = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
-            want = (x.float() * mask.sum(1, keepdim=True)).to(torch.bfloat16)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
+                            device_id=torch.device("cuda", rank))
+    comm = moea2a.Comm.from_torch(cuda_device=rank)
+    E, K, H, cap = a.experts, a.topk, a.hidden, max(a.tokens)
+    moe = moea2a.MoE(comm, E, K, cap, hidden=H, dtype="bf16", memory="cuda")
+    per, rem = divmod(E, n)  # contiguous placement: ranks 0..rem-1 own per + 1 experts
+    owner = torch.tensor([r for r in range(n) for _ in range(per + (r < rem))], device="cuda")
+    buf = moe.combine_buffer().view(n, cap, H)
+    rows = []
+    stream = torch.cuda.Stream()  # both paths on one stream of their own
+    torch.cuda.set_stream(stream)
+    for T in a.tokens:
+        ids, x, mask = _routing(rank, T, n, E, K, H, owner)
+        # the rows each source sends here, in its token order
+        sent = [sx[smask[:, rank]] for _, sx, smask in (_routing(r, T, n, E, K, H, owner) for r in range(n))]
+        out = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
+        want = (x.float() * mask.sum(1, keepdim=True)).to(torch.bfloat16)
 
-            # moea2a: the combine reads the rows the experts left in the combine buffer
-            res = moe.dispatch(x, ids, stream=stream)
-            wrong_d = 0
-            for src, (_, sx, smask) in enumerate(routes):
-                sent = sx[smask[:, rank]]
-                got = res.payloads[0][src, :sent.shape[0]]
-                wrong_d += int((got != sent).any(1).sum()) + abs(int(res.recv_counts[src]) - sent.shape[0])
-            buf.copy_(res.payloads[0])
-            moe.combine(out=out, stream=stream)
-            wrong_c = int((out != want).any(1).sum())
-            t_m = _timed(lambda: [lambda: moe.dispatch(x, ids, stream=stream), lambda: moe.combine(out=out, stream=stream)],
-                         a.iters, a.warmup)
+        # moea2a: the combine reads the rows the experts left in the combine buffer
+        res = moe.dispatch(x, ids, stream=stream)
+        wrong_d = 0
+        for src, rows_in in enumerate(sent):
+            got = res.payloads[0][src, :rows_in.shape[0]]
+            wrong_d += int((got != rows_in).any(1).sum()) + abs(int(res.recv_counts[src]) - rows_in.shape[0])
+        buf.copy_(res.payloads[0])
+        moe.combine(out=out, stream=stream)
+        wrong_c = int((out != want).any(1).sum())
+        t_m = _timed(lambda: [lambda: moe.dispatch(x, ids, stream=stream), lambda: moe.combine(out=out, stream=stream)],
+                     a.iters, a.warmup)
 
-            # without moea2a: pack, count exchange, all_to_all_single there and back, index_add_
-            state = {}
+        # without moea2a: pack, count exchange, all_to_all_single there and back, index_add_
+        state = {}
 
-            def a2a_dispatch():
-                pairs = mask.t().nonzero()  # (rank, token), by rank then token
-                send = x.index_select(0, pairs[:, 1])
-                sc = mask.sum(0)
-                rc = torch.empty_like(sc)
-                dist.all_to_all_single(rc, sc)
-                sl, rl = sc.tolist(), rc.tolist()
-                recv = torch.empty((sum(rl), H), dtype=x.dtype, device="cuda")
-                dist.all_to_all_single(recv, send, rl, sl)
-                state.update(pairs=pairs, sl=sl, rl=rl, recv=recv)
+        def a2a_dispatch():
+            pairs = mask.t().nonzero()  # (rank, token), by rank then token
+            send = x.index_select(0, pairs[:, 1])
+            sc = mask.sum(0)
+            rc = torch.empty_like(sc)
+            dist.all_to_all_single(rc, sc)
+            sl, rl = sc.tolist(), rc.tolist()
+            recv = torch.empty((sum(rl), H), dtype=x.dtype, device="cuda")
+            dist.all_to_all_single(recv, send, rl, sl)
+            state.update(pairs=pairs, sl=sl, rl=rl, recv=recv)
 
-            def a2a_combine():
-                back = torch.empty((sum(state["sl"]), H), dtype=x.dtype, device="cuda")
-                dist.all_to_all_single(back, state["recv"], state["sl"], state["rl"])  # the identity expert
-                acc = torch.zeros((T, H), dtype=torch.float32, device="cuda")
-                acc.index_add_(0, state["pairs"][:, 1], back.float())
-                state["out"] = acc.to(torch.bfloat16)
+        def a2a_combine():
+            back = torch.empty((sum(state["sl"]), H), dtype=x.dtype, device="cuda")
+            dist.all_to_all_single(back, state["recv"], state["sl"], state["rl"])  # the identity expert
+            acc = torch.zeros((T, H), dtype=torch.float32, device="cuda")
+            acc.index_add_(0, state["pairs"][:, 1], back.float())
+            state["out"] = acc.to(torch.bfloat16)
 
-            a2a_dispatch()
-            wrong_bd = 0
-            off = 0
-            for src, (_, sx, smask) in enumerate(routes):
-                sent = sx[smask[:, rank]]
-                wrong_bd += int((state["recv"][off:off + sent.shape[0]] != sent).any(1).sum())
-                off += sent.shape[0]
-            a2a_combine()
-            wrong_bc = int((state["out"] != want).any(1).sum())
-            t_b = _timed(lambda: [a2a_dispatch, a2a_combine], a.iters, a.warmup)
+        a2a_dispatch()
+        recv = torch.split(state["recv"], [r.shape[0] for r in sent])  # by source, as all_to_all_single lays them
+        wrong_bd = sum(int((got != rows_in).any(1).sum()) for got, rows_in in zip(recv, sent))
+        a2a_combine()
+        wrong_bc = int((state["out"] != want).any(1).sum())
+        t_b = _timed(lambda: [a2a_dispatch, a2a_combine], a.iters, a.warmup)
 
-            # the slowest rank's times, every rank's wrong rows
-            v = torch.tensor(t_m + t_b, dtype=torch.float64, device="cuda")
-            dist.all_reduce(v, op=dist.ReduceOp.MAX)
-            w = torch.tensor([wrong_d, wrong_c, wrong_bd, wrong_bc], dtype=torch.int64, device="cuda")
-            dist.all_reduce(w)
-            nbytes = int(mask.sum()) * H * 2
-            rows.append((T, nbytes, v.tolist(), w.tolist()))
-        moe.close()
-        comm.destroy()
-        dist.destroy_process_group()
-        q.put((rank, rows if rank == 0 else None, None))
-    except Exception as e:  # the parent reports it
-        q.put((rank, None, repr(e)))
+        # the slowest rank's times, every rank's wrong rows
+        v = torch.tensor(t_m + t_b, dtype=torch.float64, device="cuda")
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        w = torch.tensor([wrong_d, wrong_c, wrong_bd, wrong_bc], dtype=torch.int64, device="cuda")
+        dist.all_reduce(w)
+        nbytes = int(mask.sum()) * H * 2
+        rows.append((T, nbytes, v.tolist(), w.tolist()))
+    moe.close()
+    comm.destroy()
+    dist.destroy_process_group()
+    return rows if rank == 0 else None
 
 
 def side_by_side(a):
-    import multiprocessing as mp
     try:
         import torch
     except ImportError:
@@ -241,21 +233,10 @@ def side_by_side(a):
     with socket.socket() as s:  # a free port for torch.distributed's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")  # CUDA does not survive a fork
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_bench_rank, args=(r, a.ranks, port, a, q)) for r in range(a.ranks)]
-    for p in procs:
-        p.start()
-    rows, errors = None, []
-    for _ in procs:
-        r, value, err = q.get(timeout=600)
-        if err:
-            errors.append(f"rank {r}: {err}")
-        elif value is not None:
-            rows = value
-    for p in procs:
-        p.join(30)
-    if errors or rows is None:
+    got = moea2a.run_local(a.ranks, _bench_rank, port, a, timeout=600, start="spawn")
+    errors = [f"rank {r}: {v}" for r, v in enumerate(got) if isinstance(v, str)]
+    rows = got[0]
+    if errors or not rows:
         raise SystemExit("; ".join(errors) or "rank 0 gave no results")
     n = a.ranks
     print(f"# moea2a.bench: {n} rank(s) on {n} GPU(s), bf16, hidden {a.hidden}, top-{a.topk} of {a.experts}, uniform, "

@@ -6,8 +6,6 @@ tokens, the sum over the ranks a token went to); the same three captured in one 
 graph and replayed with new tokens. One rank in this process; with 2 or more GPUs also
 that many spawned ranks, one GPU each, their communicator from a unique id or from a
 torch.distributed NCCL group (Comm.from_torch)."""
-import multiprocessing as mp
-
 import numpy as np
 import pytest
 
@@ -68,37 +66,33 @@ def xs(rank, seed):
     return ((np.arange(n)[:, None] * 3 + rank * 5 + np.arange(H)[None, :] + seed) % 16 - 8).astype(np.float32)
 
 
-def rank_main(rank, ep, uid, q):
-    """One rank: its communicator from uid, or (uid an int: a port) from a
-    torch.distributed NCCL group of ep ranks through Comm.from_torch."""
-    try:
-        torch.cuda.set_device(rank)
-        if isinstance(uid, int):
-            import torch.distributed as dist
-            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{uid}", rank=rank, world_size=ep,
-                                    device_id=torch.device("cuda", rank))
-            comm = moea2a.Comm.from_torch(cuda_device=rank)
-            assert (comm.rank, comm.size) == (rank, ep)
-        else:
-            comm = moea2a.Comm(ep, rank, uid, cuda_device=rank)
-        with comm:
-            moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
-            stream = torch.cuda.Stream()
-            for seed in (1, 2, 3):
-                ids, _ = tokens(rank, seed)
-                x = xs(rank, seed)
-                with torch.cuda.stream(stream):
-                    res = moe.dispatch(bf16(x), torch.from_numpy(ids).cuda(), stream=stream)
-                    check_dispatch(res, rank, ep, seed, lambda s: xs(s, seed))
-                    expert_step(moe, res, rank)
-                    out = moe.combine(stream=stream)
-                    stream.synchronize()
-                assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(ids), H)
-                assert np.array_equal(out.float().cpu().numpy(), combined(ids, x, ep))
-            moe.close()
-        q.put((rank, None))
-    except Exception as e:  # the parent reports it
-        q.put((rank, repr(e)))
+def rank_main(rank, ep, uid, port=None):
+    """One rank: its communicator from uid, or (with a port) from a torch.distributed
+    NCCL group of ep ranks through Comm.from_torch."""
+    torch.cuda.set_device(rank)
+    if port is not None:
+        import torch.distributed as dist
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ep,
+                                device_id=torch.device("cuda", rank))
+        comm = moea2a.Comm.from_torch(cuda_device=rank)
+        assert (comm.rank, comm.size) == (rank, ep)
+    else:
+        comm = moea2a.Comm(ep, rank, uid, cuda_device=rank)
+    with comm:
+        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
+        stream = torch.cuda.Stream()
+        for seed in (1, 2, 3):
+            ids, _ = tokens(rank, seed)
+            x = xs(rank, seed)
+            with torch.cuda.stream(stream):
+                res = moe.dispatch(bf16(x), torch.from_numpy(ids).cuda(), stream=stream)
+                check_dispatch(res, rank, ep, seed, lambda s: xs(s, seed))
+                expert_step(moe, res, rank)
+                out = moe.combine(stream=stream)
+                stream.synchronize()
+            assert out.dtype == torch.bfloat16 and tuple(out.shape) == (len(ids), H)
+            assert np.array_equal(out.float().cpu().numpy(), combined(ids, x, ep))
+        moe.close()
 
 
 def free_port():
@@ -108,37 +102,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_spawned(ep, uid):
-    ctx = mp.get_context("spawn")  # CUDA does not survive a fork
-    q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, ep, uid, q)) for r in range(ep)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in procs:
-            r, err = q.get(timeout=180)
-            got[r] = err
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    return got
-
-
 def test_one_rank():
-    q = mp.get_context("spawn").Queue()
-    rank_main(0, 1, moea2a.unique_id(), q)
-    assert q.get(timeout=5) == (0, None)
+    rank_main(0, 1, moea2a.unique_id())
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("how", ["unique_id", "torch_group"])
 def test_ranks_on_gpus(how):
     ep = min(torch.cuda.device_count(), 4)
-    uid = moea2a.unique_id() if how == "unique_id" else free_port()
-    assert run_spawned(ep, uid) == {r: None for r in range(ep)}
+    port = free_port() if how == "torch_group" else None
+    assert moea2a.run_local(ep, rank_main, port, timeout=180, start="spawn") == [None] * ep
 
 
 def test_comm_from_torch_group():
