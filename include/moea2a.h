@@ -217,6 +217,7 @@ typedef enum {
 #define MOEA2A_MOE_WEIGHTED_COMBINE (1u << 4)  /* expert-major: combine multiplies rows by router weights */
 #define MOEA2A_MOE_ZERO_PADDING (1u << 5)      /* expert-major: alignment padding rows' payloads written 0 */
 #define MOEA2A_MOE_HOST_EXPERT_COUNTS (1u << 6) /* expert-major, CUDA memory: counts and offsets copied to the host too */
+#define MOEA2A_MOE_COPY_ENGINE (1u << 7)        /* load/store path: rows moved by the GPU's copy engines (moea2a_moe(3)) */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */

@@ -647,7 +647,8 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         __syncthreads();
         if (tid == 0) __threadfence_system();
         __syncthreads();
-        if (tid < ep && ok) add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1); /* a failed block stays silent */
+        if (tid < ep && ok && !(phases & M2A_FAST_QUIET)) /* a failed block stays silent */
+            add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1);
         PROF_MARK(0, 4);
     }
     if (!(phases & M2A_FAST_RECV)) {
@@ -693,6 +694,13 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         if (send) *c.epoch_d = e;
     }
     PROF_END(0, 6);
+}
+
+/* The send half's signal alone (M2A_FAST_QUIET; the host copied the rows): what each
+ * block of a send half adds, all at once. */
+__global__ void signal_kernel(m2a_fast_t f, uint32_t blocks)
+{
+    if ((int)threadIdx.x < f.p.ep) add_release(&ctl_of(f, f.peer[threadIdx.x]).arrive[f.p.me], blocks);
 }
 
 /* ---- combine ---------------------------------------------------------------------------- */
@@ -1208,6 +1216,12 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
         dispatch_kernel<true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     else
         dispatch_kernel<false><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)
+{
+    signal_kernel<<<1, M2A_FAST_MAX_PEERS, 0, (cudaStream_t)stream>>>(*f, (uint32_t)blocks);
     return (int)cudaGetLastError();
 }
 

@@ -60,8 +60,10 @@ typedef struct {
 
 /* What a launch does: the send half (route, write into the peers, signal), the
  * receive half (wait, check, sanitize / reduce), or both in one kernel. A receive-only
- * launch must follow its send-only launch on the stream. */
-enum { M2A_FAST_SEND = 1, M2A_FAST_RECV = 2, M2A_FAST_BOTH = 3 };
+ * launch must follow its send-only launch on the stream. M2A_FAST_QUIET (dispatch,
+ * with M2A_FAST_SEND alone): no signal at the end of the send half; the copy-engine
+ * mode moves the rows after it and then signals with m2a_fast_signal. */
+enum { M2A_FAST_SEND = 1, M2A_FAST_RECV = 2, M2A_FAST_BOTH = 3, M2A_FAST_QUIET = 4 };
 
 /* status != 0: this rank failed its argument checks; it sends nothing and tells every
  * peer, whose kernels record that error. */
@@ -72,6 +74,10 @@ int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int st
  * halves record that error instead of reading its rows. */
 int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
                      int status, int phases, void *stream);
+/* The signal a dispatch's send half ends with, on its own (one small block): every
+ * rank's arrival count for this rank moves by `blocks` (the peers wait for blocks per
+ * dispatch). After a QUIET send half and the rows the host had copied. */
+int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream);
 #ifdef M2A_FAST_PROFILE
 void m2a_fast_profile_report(int rank); /* prints the phase means to stderr, then resets */
 #endif

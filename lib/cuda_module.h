@@ -22,7 +22,8 @@
 #include "expert_kernels.h"
 #include "wire_kernels.h"
 
-#define MOEA2A_CUDA_ABI_VERSION 3 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM */
+/* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM; 4: copy-engine mode */
+#define MOEA2A_CUDA_ABI_VERSION 4
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -96,5 +97,9 @@ typedef struct moea2a_cuda_v1 {
                        const unsigned char *rows, unsigned char *combine, void *stream);
     /* the FP4 expert GEMM (kernels/fp4_gemm.h) */
     int (*expert_gemm)(const m2a_kgemm_t *p, void *stream);
+    /* count copies in stream order, by the copy engines as one batch where the runtime
+     * can (cudaMemcpyBatchAsync; one cudaMemcpyAsync each otherwise) */
+    int (*copy_batch)(void *const *dst, const void *const *src, const size_t *bytes, size_t count, void *stream);
+    int (*fast_signal)(const m2a_fast_t *f, int blocks, void *stream);
 } moea2a_cuda_v1_t;
 #endif

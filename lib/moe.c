@@ -34,9 +34,21 @@ typedef struct {
 static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const m2a_moe_backend_t *b,
                        m2a_moe_layout_t *l)
 {
-    m2a_moe_backend_size_t bs = {0, 0, 0};
-    if (b->size) b->size(ep, &bs);
+    m2a_moe_backend_size_t bs = {0, 0, 0, 0};
+    if (b->size) b->size(cfg, ep, &bs);
     m2a_moe_layout(cfg, ep, staged, &bs, l);
+}
+
+/* Copy-engine mode is a mode of the load/store path: a context on another path
+ * refuses it (sizing too: it sizes what create would allocate). */
+static moea2a_result_t copy_engine_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c,
+                                            const m2a_moe_backend_t *b, int cuda)
+{
+    if (!(c->flags & MOEA2A_MOE_COPY_ENGINE) || b == &m2a_moe_backend_nvlink) return MOEA2A_SUCCESS;
+    return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                     "moea2a_moe: MOEA2A_MOE_COPY_ENGINE needs the load/store path: CUDA memory, a combine (hidden > "
+                     "0) and every rank reaching every other by NVLink; this context %s",
+                     !cuda ? "is in host memory" : c->hidden == 0 ? "has hidden = 0" : "has ranks that do not");
 }
 
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
@@ -75,6 +87,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         p->place = m2a_topo_place(&p->topo, m->host_local[comm->rank], p->rpn, p->cuda);
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->l);
+        r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda);
     }
     free(gpu);
     if (r != MOEA2A_SUCCESS) free(p->stage_index), p->stage_index = NULL;
@@ -126,6 +139,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
                                                        m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
         m2a_moe_layout_t l;
         layout_for(&cfg, layout->ep, staged, m2a_moe_backend_pick(cuda, lsa), &l);
+        if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, m2a_moe_backend_pick(cuda, lsa), cuda);
         if (r == MOEA2A_SUCCESS)
             r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
                                    m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);

@@ -30,8 +30,9 @@ typedef struct {
 
 typedef struct m2a_moe_backend {
     const char *name;
-    /* pure: its additions to the formula for ep ranks (NULL: none; moe_layout.h) */
-    void (*size)(int ep, m2a_moe_backend_size_t *out);
+    /* pure: its additions to the formula for this config on ep ranks (NULL: none;
+     * moe_layout.h) */
+    void (*size)(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out);
     /* collective: the workspace, staging and tables of moe->l (the core's layout);
      * MOEA2A_ERR_UNAVAILABLE on every rank when it cannot serve this communicator */
     moea2a_result_t (*alloc)(moea2a_moe_t moe);

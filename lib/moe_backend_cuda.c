@@ -7,9 +7,9 @@
 #include "moe_generic.h"
 
 /* the sender's quantized rows (the pack kernel copies them as bytes) */
-static void cuda_size(int ep, m2a_moe_backend_size_t *out)
+static void cuda_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
 {
-    (void)ep;
+    (void)c, (void)ep;
     out->quantized_rows = 1;
 }
 

@@ -2,7 +2,8 @@
  * The workspace is symmetric memory (every rank's reachable from every GPU); each half
  * of a dispatch or combine is one kernel launch that never waits on the host; errors
  * found on the device land in a record the host polls (kernels/moe_fast.cu has the
- * protocol). */
+ * protocol). In copy-engine mode (MOEA2A_MOE_COPY_ENGINE) the same kernels route,
+ * signal, check and sanitize, and moe_copy_engine.c moves the rows. */
 #include "config.h"
 
 #include <stdio.h>
@@ -13,16 +14,18 @@
 #include "moe_backend.h"
 #include "moe_core.h"
 #include "cuda_loader.h"
+#include "moe_copy_engine.h"
 #include "moe_cuda.h"
 #include "moe_fast.h"
 
 /* signals peers write, block scratch, counters (the formula: A(16 ep) + A(1024) + A(128)),
- * and the device error record's host copy */
-static void nvlink_size(int ep, m2a_moe_backend_size_t *out)
+ * and the device error record's host copy; copy-engine mode's share after it */
+static void nvlink_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
 {
     out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
     out->quantized_rows = 1;
+    if (c->flags & MOEA2A_MOE_COPY_ENGINE) m2a_ce_size(c, ep, out);
 }
 
 /* The CUDA calls go through the CUDA module: nvlink_alloc loads it (m2a_moe_cuda_begin)
@@ -40,6 +43,7 @@ typedef struct {
     void *handle; /* the transport's window */
     size_t bytes; /* allocated */
     moea2a_result_t poisoned;
+    m2a_ce_t *ce; /* copy-engine mode, else NULL */
 } fast_state_t;
 
 static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
@@ -150,6 +154,7 @@ static void fast_release(moea2a_moe_t moe)
     st->t->ops->mem_free(st->t->tc, moe->ws);
     moe->ws = NULL;
     OPS->free(st->f.err);
+    m2a_ce_destroy(st->ce);
     free(st);
     moe->state = NULL;
 }
@@ -197,6 +202,20 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
                      moea2a_strerror((moea2a_result_t)code), step, why, comm->timeout_s);
 }
 
+static moea2a_result_t fast_status(moea2a_moe_t moe);
+
+/* Copy-engine mode's send half: the routing launch, its error record once the host
+ * has waited for it, then the rows and the signal. */
+static moea2a_result_t ce_send(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights, m2a_kpayloads_t pay,
+                               int stride, moea2a_result_t status, void *stream)
+{
+    fast_state_t *st = moe->state;
+    M2A_TRY(m2a_ce_dispatch_route(moe, st->ce, st->blocks, n, stride, (int)status, ids, weights, stream));
+    if (status != MOEA2A_SUCCESS) return MOEA2A_SUCCESS;
+    M2A_TRY(fast_status(moe));
+    return m2a_ce_dispatch_rows(moe, st->ce, st->blocks, n, stride, pay, stream);
+}
+
 /* One dispatch launch; status != MOEA2A_SUCCESS: this rank's checks failed, it tells
  * its peers and sends nothing. */
 static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
@@ -211,6 +230,17 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
         memset(&pay, 0, sizeof(pay));
     }
     (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
+    if (st->ce && (phases & M2A_FAST_SEND)) {
+        moea2a_result_t c = ce_send(moe, n, ids, weights, pay, stride, status, stream);
+        if (c != MOEA2A_SUCCESS) { /* the peers wait for rows or a signal that will not come */
+            st->poisoned = c;
+            return c;
+        }
+        if (!(phases &= ~M2A_FAST_SEND)) {
+            if (r != MOEA2A_SUCCESS) st->poisoned = r;
+            return r;
+        }
+    }
     int e = OPS->fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, phases, stream);
     if (e) {
@@ -235,12 +265,22 @@ static moea2a_result_t fast_combine(moea2a_moe_t moe, const void *expert_out, vo
      * (moea2a_moe_combine_buffer's pointer) must be recognized as in place there, not
      * copied onto themselves. */
     if (rows >= moe->ws && rows < moe->ws + st->bytes) rows = st->f.peer[moe->comm->rank] + (rows - moe->ws);
+    /* copy-engine mode: the receive launch only waits for the peers' rows (no tokens);
+     * then the copy engines pull them and the sum runs here */
+    const int ce = st->ce && (phases & M2A_FAST_RECV);
+    if (ce) M2A_TRY(m2a_ce_combine_check(moe, stream));
+    const int n = out && !status && !ce ? moe->num_tokens : 0;
     (void)OPS->clear_error();
-    int e = OPS->fast_combine(&st->f, st->blocks, out && !status ? moe->num_tokens : 0, moe->stride, status ? NULL : rows,
-                             status ? NULL : out, (int)status, phases, stream);
+    int e = OPS->fast_combine(&st->f, st->blocks, n, moe->stride, status ? NULL : rows, status || ce ? NULL : out,
+                              (int)status, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, e, "combine kernel launch");
+    }
+    if (ce && out && !status) {
+        moea2a_result_t r = m2a_ce_combine_rows(moe, st->ce, moe->num_tokens, moe->stride, out, stream);
+        if (r != MOEA2A_SUCCESS) st->poisoned = r;
+        return r;
     }
     return MOEA2A_SUCCESS;
 }
@@ -266,6 +306,11 @@ static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
     if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
     if (r == MOEA2A_SUCCESS) fast_params(moe);
+    if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
+        fast_state_t *st = moe->state;
+        r = m2a_moe_agree(moe->comm, r == MOEA2A_SUCCESS ? m2a_ce_create(moe, &st->f, sizeof(m2a_fast_error_t), &st->ce) : r,
+                          NULL);
+    }
     return r;
 }
 

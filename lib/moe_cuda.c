@@ -340,6 +340,11 @@ moea2a_result_t m2a_moe_cuda_expert_expand(moea2a_moe_t moe, int num_local, int 
     return MOEA2A_SUCCESS;
 }
 
+moea2a_result_t m2a_moe_cuda_sync(moea2a_moe_t moe, void *stream, const char *what)
+{
+    return bounded_sync(moe, stream, what);
+}
+
 moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capturing)
 {
     CU(moe->comm, OPS->stream_capturing(stream, capturing));

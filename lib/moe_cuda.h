@@ -43,6 +43,8 @@ moea2a_result_t m2a_moe_cuda_expert_expand(moea2a_moe_t moe, int num_local, int 
 /* Waits for the stream (bounded) and reads the rows the expand used (-1: over the
  * bound). */
 moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t *rows);
+/* Waits for the stream, bounded by the communicator's timeout (expiry breaks it). */
+moea2a_result_t m2a_moe_cuda_sync(moea2a_moe_t moe, void *stream, const char *what);
 /* Whether the stream is being captured into a graph. */
 moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capturing);
 /* The expert side's rows folded into the rank-major combine rows (ws + l->combine). */

@@ -185,8 +185,15 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
     }
     M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
                                        MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING |
-                                       MOEA2A_MOE_HOST_EXPERT_COUNTS)),
+                                       MOEA2A_MOE_HOST_EXPERT_COUNTS | MOEA2A_MOE_COPY_ENGINE)),
                   "%s: unknown flags 0x%x", fn, c->flags);
+    for (int i = 0; i < c->num_payloads && (c->flags & MOEA2A_MOE_COPY_ENGINE); i++)
+        M2A_CHECK_ARG(comm, c->wire[i].format == MOEA2A_WIRE_AS_IS,
+                      "%s: MOEA2A_MOE_COPY_ENGINE moves payloads as given, but wire[%d] quantizes on dispatch (the "
+                      "load/store kernels do that: leave the flag off)", fn, i);
+    M2A_CHECK_ARG(comm, !(c->flags & MOEA2A_MOE_COPY_ENGINE) || !(c->flags & MOEA2A_MOE_NO_NVLINK),
+                  "%s: MOEA2A_MOE_COPY_ENGINE is a mode of the load/store path, which MOEA2A_MOE_NO_NVLINK turns off",
+                  fn);
     M2A_TRY(check_expert_layout(comm, out, ep));
     /* the load/store path: MOEA2A_NVLINK=0 turns it off; its SM budget */
     long nvlink = 1, sms = out->num_sms;
@@ -324,6 +331,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     size_t s = 0, peers = (size_t)staged;
     l->stage_send = take(&s, peers * cap * l->record);
     l->stage_recv = take(&s, peers * cap * l->combine_row);
+    l->stage_backend = take(&s, backend->staging_bytes); /* e.g. the copy engines' combine landing */
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned_stats = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;

@@ -68,8 +68,9 @@ typedef struct {
     size_t backend_ctl;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
     size_t workspace; /* total workspace bytes */
-    /* staging: dispatch records to, and records or combine rows from, staged peers */
-    size_t stage_send, stage_recv, staging;
+    /* staging: dispatch records to, and records or combine rows from, staged peers;
+     * then the backend's share */
+    size_t stage_send, stage_recv, stage_backend, staging;
     size_t pinned; /* CUDA contexts: host mirror of counts and headers, then the backend's share */
     size_t pinned_stats, pinned_backend;
     size_t pinned_expert; /* expert-major: rows (int64), counts, offsets as the host gets them */
@@ -120,11 +121,12 @@ long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep);
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out);
 /* What a backend adds to the workspace formula: its control regions (in the aux part
- * of the workspace), its share of the pinned host mirror, and whether it quantizes
- * payloads sent quantized into the workspace before sending (the sender's rows of the
- * formula, for CUDA kernels that then copy codes and scales as bytes). */
+ * of the workspace), its share of the pinned host mirror, its share of staging (after
+ * the staged peers'), and whether it quantizes payloads sent quantized into the
+ * workspace before sending (the sender's rows of the formula, for CUDA kernels that
+ * then copy codes and scales as bytes). */
 typedef struct {
-    size_t ctl_bytes, pinned_bytes;
+    size_t ctl_bytes, pinned_bytes, staging_bytes;
     int quantized_rows;
 } m2a_moe_backend_size_t;
 

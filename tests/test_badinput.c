@@ -182,6 +182,23 @@ static int one_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         }
         EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_ERR_INVALID_ARGUMENT);
     }
+    /* copy-engine mode: payloads as given, on the load/store path only (host memory
+     * has none: unavailable, with the reason, at create and at sizing) */
+    mc = moe_config();
+    mc.flags = MOEA2A_MOE_COPY_ENGINE, mc.payloads[0].elems_per_token = 128;
+    mc.wire[0] = (moea2a_wire_t){MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_ROW_MAJOR, 0};
+    EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_ERR_INVALID_ARGUMENT);
+    mc = moe_config();
+    mc.flags = MOEA2A_MOE_COPY_ENGINE | MOEA2A_MOE_NO_NVLINK;
+    EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_ERR_INVALID_ARGUMENT);
+    mc.flags = MOEA2A_MOE_COPY_ENGINE;
+    EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_ERR_UNAVAILABLE);
+    EXPECT(moea2a_moe_workspace_size(comm, &mc, &ws), MOEA2A_ERR_UNAVAILABLE);
+    if (!strstr(moea2a_last_error(comm), "host memory")) {
+        printf("# rank %d: copy-engine mode on host memory: the message does not say why: %s\n", rank,
+               moea2a_last_error(comm));
+        fails++;
+    }
     /* a valid create after all that */
     mc = moe_config();
     EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_SUCCESS);

@@ -194,6 +194,9 @@ static void fill_rows(unsigned char *rows, size_t count, moea2a_datatype_t dt, u
  * run by moe_rank; the load/store path is required only where
  * MOEA2A_TEST_EXPECT_NVLINK=1 says the machine has it). */
 static int expect_nvlink = -1;
+/* Copy-engine mode (MOEA2A_MOE_COPY_ENGINE) for the device contexts of this run: the
+ * same bits as the host reference, and no CUDA graph (refused while capturing). */
+static int copy_engine = 0;
 
 /* The four halves of a round trip captured in one CUDA graph and replayed: every
  * replay is a new dispatch and combine of the same tokens and expert rows (din: the
@@ -208,6 +211,14 @@ static int graph_replays(moea2a_moe_t dm, int rank, const moe_case_t *c, const i
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     moea2a_result_t r = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ? MOEA2A_ERR_CUDA : MOEA2A_SUCCESS;
+    if (copy_engine) { /* it waits on the host: refused before anything is captured (the context is done) */
+        r = r ? r : moea2a_dispatch_send(dm, c->n, dids, dw, dp, c->rt, s);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "CUDA graph"),
+                    "copy-engine mode under capture: %s: %s", moea2a_strerror(r), moea2a_last_error(NULL));
+        if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        (void)din, (void)dout, (void)hout, (void)rowb, (void)res, (void)ge;
+        return fails;
+    }
     r = r ? r : moea2a_dispatch_send(dm, c->n, dids, dw, dp, c->rt, s);
     r = r ? r : moea2a_dispatch_recv(dm, &res, s);
     r = r ? r : moea2a_combine_send(dm, din, s);
@@ -239,9 +250,18 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
      * through bulk copies, more through loads; both must give the same bits */
     static const int sms[3] = {16, 24, 48};
     dc.num_sms = sms[seed % 3];
+    if (copy_engine) dc.flags |= MOEA2A_MOE_COPY_ENGINE;
     moea2a_moe_t hm, dm;
     moea2a_result_t r = moea2a_moe_create(&hm, comm, &hc);
     moea2a_result_t r2 = r ? r : moea2a_moe_create(&dm, comm, &dc);
+    if (copy_engine && expect_nvlink == 0 && r == MOEA2A_SUCCESS) { /* no load/store path: no copy-engine mode */
+        RANK_EXPECT(fails, rank, r2 == MOEA2A_ERR_UNAVAILABLE, "copy-engine mode without the load/store path: %s",
+                    moea2a_strerror(r2));
+        if (!r2) moea2a_moe_destroy(dm);
+        moea2a_moe_destroy(hm);
+        free_case(&c);
+        return fails;
+    }
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "create (seed %llu): %s",
                 (unsigned long long)seed, moea2a_last_error(comm));
     if (r || r2) {
@@ -377,6 +397,7 @@ typedef struct {
     uint64_t seed;
     int nvlink;    /* MOEA2A_NVLINK for this run */
     int node_size; /* MOEA2A_NODE_SIZE for this run (emulated nodes; 0: hosts) */
+    int copy_engine;
 } moe_arg_t;
 
 static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -390,6 +411,7 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * path must be (NCCL forced onto its network transport; one rank still reaches
      * itself by load/store), unset either */
     expect_nvlink = !a->nvlink ? 0 : want && *want == '1' ? 1 : want && *want == '0' && n > 1 ? 0 : -1;
+    copy_engine = a->copy_engine;
     if (a->node_size) { /* ranks on several (emulated) nodes: the generic path, node-grouped combine */
         char v[16];
         snprintf(v, sizeof(v), "%d", a->node_size);
@@ -677,6 +699,7 @@ int main(void)
             tap_skip("not enough GPUs", "%d ranks on %d GPUs", n, n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, load/store path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs in 2 emulated nodes", n);
             continue;
         }
@@ -685,13 +708,19 @@ int main(void)
         tap_ok(res.failed == 0, "alltoallv, allgather, bcast on CUDA memory over NCCL, %d GPU(s)", n);
         if (quick && i == 2) break;
         for (int nvlink = 1; nvlink >= 0; nvlink--) {
-            moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + (uint64_t)nvlink, nvlink, 0};
+            moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + (uint64_t)nvlink, nvlink, 0, 0};
             local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), %s path: %d random configs equal the host reference bit for bit",
                    n, nvlink ? "load/store (NVLink)" : "generic NCCL", a.cases);
         }
+        { /* the same cases with the rows moved by the copy engines */
+            moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + 1, 1, 0, 1};
+            local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+            tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode: %d random configs equal the host reference bit "
+                                    "for bit; capture refused", n, a.cases);
+        }
         if (n > 1 && !quick) { /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order */
-            moe_arg_t a = {ndev, 20, 991u * (uint64_t)n, 1, n / 2};
+            moe_arg_t a = {ndev, 20, 991u * (uint64_t)n, 1, n / 2, 0};
             local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s) in 2 emulated nodes: %d random configs on the generic path equal "
                                     "the host reference (node-grouped combine) bit for bit", n, a.cases);

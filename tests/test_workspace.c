@@ -40,6 +40,11 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     *workspace = sum;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
     *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
+    if (lsa && (c->flags & MOEA2A_MOE_COPY_ENGINE)) { /* landing index and rows; send map and copy list */
+        size_t d = k < n ? k : n;
+        *staging += A(4 * n) + A((n - 1) * cap * c->hidden * es);
+        *pinned += A(4 * cap * k) + A(24 * (cap * d * (size_t)c->num_payloads + n));
+    }
 }
 
 static moea2a_moe_config_t deepseek(int cap, int weights, moea2a_datatype_t dt)
@@ -118,6 +123,19 @@ static void test_topologies(void)
     odd.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT16, 7};
     odd.payloads[2] = (moea2a_payload_desc_t){MOEA2A_INT64, 1};
     check_case(&cases[8], &odd);
+    /* copy-engine mode: its landing and host-side terms on the load/store path; refused elsewhere */
+    moea2a_moe_config_t ce = deepseek(4096, 1, MOEA2A_BFLOAT16);
+    ce.flags |= MOEA2A_MOE_COPY_ENGINE;
+    check_case(&cases[0], &ce);
+    {
+        char xml[1024];
+        snprintf(xml, sizeof(xml), "%s/tests/topologies/%s", srcdir(), cases[1].xml);
+        moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+        lay.ep = cases[1].ep, lay.ranks_per_node = cases[1].rpn, lay.topology_xml = xml, lay.memory = MOEA2A_MEMORY_CUDA;
+        moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+        tap_ok(moea2a_moe_workspace_size_layout(&lay, &ce, &s) == MOEA2A_ERR_UNAVAILABLE,
+               "copy-engine mode across two nodes (no load/store path) is refused at sizing: %s", moea2a_last_error(NULL));
+    }
 
     /* CUDA memory on a node without GPUs is an error, not a silent host plan. */
     char path[1024];

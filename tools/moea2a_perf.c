@@ -174,6 +174,8 @@ static void usage(FILE *f)
             "                       the codes and scales as plain payloads (the q+dispatch row)\n"
             "  -L, --layout L       rank (default) or expert[:ALIGN] (the expert-major layout, its rows\n"
             "                       aligned to ALIGN, default 128; the rank-major rows follow, same run)\n"
+            "  -x, --engine E       sm (default): the load/store kernels move the rows; ce: the GPU's copy\n"
+            "                       engines do (MOEA2A_MOE_COPY_ENGINE; no CUDA graph row)\n"
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
@@ -195,9 +197,10 @@ int main(int argc, char **argv)
         {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
         {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
         {"wire", required_argument, 0, 'q'},       {"layout", required_argument, 0, 'L'},
-        {"gemm-shapes", required_argument, 0, 'G'}, {0, 0, 0, 0}};
+        {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
+        {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
         case 'o':
@@ -223,6 +226,11 @@ int main(int argc, char **argv)
         case 'G': if (parse_shapes(optarg, &o)) { usage(stderr); return 2; } break;
         case 'S': if (parse_list(optarg, o.sms, &o.nsms, 1)) { usage(stderr); return 2; } break;
         case 'P': o.split = 1; break;
+        case 'x':
+            if (!strcmp(optarg, "sm")) o.copy_engine = 0;
+            else if (!strcmp(optarg, "ce")) o.copy_engine = 1;
+            else { usage(stderr); return 2; }
+            break;
         case 'q':
             if (!strcmp(optarg, "fp8")) o.wire = PERF_WIRE_FP8;
             else if (!strcmp(optarg, "fp8-ue8m0")) o.wire = PERF_WIRE_FP8_UE8M0;

@@ -260,6 +260,7 @@ static moea2a_moe_config_t config_of(const perf_opts_t *o, int T, int cuda)
     c.hidden = (size_t)o->hidden, c.combine_dtype = MOEA2A_BFLOAT16;
     c.memory = cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
     if (o->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
+    if (o->copy_engine) c.flags |= MOEA2A_MOE_COPY_ENGINE;
     return c;
 }
 
@@ -625,7 +626,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     r.tp = perf_span(m, 0, 1) / iters;
     r.hd /= iters, r.hc /= iters;
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
-    if (m->cuda && d.nvlink) r.tg = graph_time(moe, m, iters, T, d_ids, d_w, pays, d_out);
+    if (m->cuda && d.nvlink && !o->copy_engine) r.tg = graph_time(moe, m, iters, T, d_ids, d_w, pays, d_out);
     if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, d_ids, d_w, pays,
                                 d_out, sms, &r))
         return 1;
@@ -725,7 +726,10 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     if (rank == 0) {
         char wcol[24] = "N/A";
         if (ti == 0 && sms) printf("#   num_sms: %d\n", sms);
-        if (ti == 0) printf("#   path: %s\n", d.nvlink ? "load/store (NVLink), fused kernels" : "generic");
+        if (ti == 0)
+            printf("#   path: %s\n", !d.nvlink        ? "generic"
+                                    : o->copy_engine ? "load/store (NVLink), rows by the copy engines (--engine ce)"
+                                                     : "load/store (NVLink), fused kernels");
         if (nodes > 1)
             printf("#   network %d tokens, %d nodes: rows to other nodes per rank: %.1f sent (one per destination "
                    "rank), %.1f node-aware (one per destination node): %.3fx\n",

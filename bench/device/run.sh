@@ -28,7 +28,10 @@
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
 # FP4RANKS; EXPERT_TOKENS, default 128,4096); BENCH=expert runs only that benchmark.
 # GEMM=0 skips the FP4 expert GEMM next to cuBLAS (1 GPU; GEMM_ARGS adds moea2a_perf
-# options); BENCH=gemm runs only that one.
+# options); BENCH=gemm runs only that one. CE=0 skips copy-engine mode next to the fused
+# kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
+# default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
+# that one.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -150,6 +153,15 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     timeout 500 ./tools/moea2a_perf --op expert-gemm --mem cuda --ranks 1 --iters "${ITERS:-20}" --warmup 5 \
         ${GEMM_ARGS:-}; echo "rc=$?"
   }
+  ce_block() {
+    echo "== copy-engine mode (--engine ce) next to the fused kernels, checked, ${CE_RANKS:-${FP4RANKS:-4}} GPUs"
+    for eng in sm ce; do
+      timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "${CE_RANKS:-${FP4RANKS:-4}}" --engine $eng \
+          --tokens "${CE_TOKENS:-128,1024,4096}" --sms "${CE_SMS:-8,48}" --check 1 --iters "${ITERS:-30}" --warmup 10 |
+        grep -E "path|num_sms|dispatch|combine|roundtrip|host|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
+    done
+  }
+  if [ "${BENCH:-1}" = ce ]; then ce_block; exit 0; fi
   if [ "${BENCH:-1}" = expert ]; then expert_block; exit 0; fi # that block only
   if [ "${BENCH:-1}" = gemm ]; then gemm_block; exit 0; fi
   echo "== NVFP4 and FP8 quantize/dequantize vs copy, 1 GPU"
@@ -170,6 +182,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
   fi
   [ "${EXPERT:-1}" != 0 ] && expert_block
   [ "${GEMM:-1}" != 0 ] && gemm_block
+  [ "${CE:-1}" != 0 ] && ce_block
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \

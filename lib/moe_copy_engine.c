@@ -1,0 +1,184 @@
+/* Copy-engine mode of the load/store path (moe_copy_engine.h has the flow). */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_loader.h"
+#include "log.h"
+#include "moe_copy_engine.h"
+#include "moe_cuda.h"
+
+/* The CUDA module is loaded: the nvlink backend's create began with it. */
+#define OPS (m2a_cuda_loaded())
+
+struct m2a_ce {
+    const m2a_fast_t *f;   /* the load/store kernels' parameters (the peers' windows) */
+    m2a_fast_t route;      /* the same without payload arrays: the send half routes and moves no row */
+    m2a_kparams_t reduce;  /* the generic path's reduction, reading the peers' rows from the landing */
+    unsigned char *landing; /* [ep - 1][cap][combine row], in the landing index's slot order */
+    int32_t *map;          /* pinned [cap][k]: the send map of the last dispatch */
+    void **dst;            /* pinned: the copy list, max_copies entries each */
+    const void **src;
+    size_t *bytes, max_copies;
+    int32_t sent[M2A_FAST_MAX_PEERS]; /* rows the last dispatch sent each rank: what its combine pulls */
+};
+
+static size_t max_copies(const moea2a_moe_config_t *c, int ep)
+{
+    const size_t d = (size_t)(c->top_k < ep ? c->top_k : ep);
+    /* a run starts at most once per (token, destination), for every payload; one pull per peer */
+    return (size_t)c->max_tokens_per_rank * d * (size_t)c->num_payloads + (size_t)ep;
+}
+
+void m2a_ce_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
+{
+    size_t es = 0;
+    if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
+    const size_t cap = (size_t)c->max_tokens_per_rank;
+    out->pinned_bytes = m2a_align(out->pinned_bytes) + m2a_align(4 * cap * (size_t)c->top_k) +
+                        m2a_align(3 * 8 * max_copies(c, ep));
+    out->staging_bytes = m2a_align(4 * (size_t)ep) + m2a_align((size_t)(ep - 1) * cap * c->hidden * es);
+}
+
+static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
+{
+    return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (copy-engine mode): %s: %s", what, OPS->error_string(e));
+}
+
+moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, size_t pinned_off, m2a_ce_t **out)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    const int ep = comm->nranks, me = comm->rank;
+    m2a_ce_t *ce = calloc(1, sizeof(*ce));
+    if (!ce) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    ce->f = f;
+    /* the routing launch: arrays renumbered without the payloads (ids, weights and the
+     * source index keep their offsets), so that it has no row to copy */
+    ce->route = *f;
+    m2a_kparams_t *p = &ce->route.p;
+    const int P = p->num_payloads;
+    for (int a = P; a < p->narrays; a++)
+        p->width[a - P] = p->width[a], p->ws_off[a - P] = p->ws_off[a], p->rec_off[a - P] = p->rec_off[a];
+    p->narrays -= P, p->num_payloads = 0;
+    /* the reduction: one node (the load/store kernels' order: ascending rank, rounded once) */
+    ce->reduce = *(const m2a_kparams_t *)moe->kparams;
+    ce->reduce.nodes = 1;
+    ce->reduce.stage_index = (const int32_t *)(moe->stage + l->stage_backend);
+    ce->landing = moe->stage + l->stage_backend + m2a_align(4 * (size_t)ep);
+    unsigned char *pin = moe->pinned + l->pinned_backend + m2a_align(pinned_off);
+    ce->map = (int32_t *)pin;
+    pin += m2a_align(4 * (size_t)moe->cfg.max_tokens_per_rank * (size_t)moe->cfg.top_k);
+    ce->max_copies = max_copies(&moe->cfg, ep);
+    ce->dst = (void **)pin, ce->src = (const void **)(pin + 8 * ce->max_copies);
+    ce->bytes = (size_t *)(pin + 16 * ce->max_copies);
+    int32_t index[M2A_FAST_MAX_PEERS];
+    for (int q = 0; q < ep; q++) index[q] = q < me ? q : q == me ? -1 : q - 1;
+    int e = OPS->copy((void *)ce->reduce.stage_index, index, 4 * (size_t)ep, M2A_CUDA_H2D);
+    if (e) {
+        free(ce);
+        return cuda_fail(comm, e, "the landing index");
+    }
+    *out = ce;
+    return MOEA2A_SUCCESS;
+}
+
+void m2a_ce_destroy(m2a_ce_t *ce) { free(ce); }
+
+static moea2a_result_t refuse_capture(moea2a_moe_t moe, void *stream, const char *fn)
+{
+    int capturing = 0;
+    M2A_TRY(m2a_moe_cuda_capturing(moe, stream, &capturing));
+    if (capturing)
+        return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE,
+                         "%s: copy-engine mode (MOEA2A_MOE_COPY_ENGINE) waits on the host for the routing and cannot "
+                         "be captured in a CUDA graph", fn);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride, int status,
+                                      const int32_t *ids, const float *weights, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    M2A_TRY(refuse_capture(moe, stream, "moea2a_dispatch"));
+    m2a_kpayloads_t none;
+    memset(&none, 0, sizeof(none));
+    memset(ce->sent, 0, sizeof(ce->sent));
+    int e = OPS->fast_dispatch(&ce->route, blocks, status ? 0 : n, stride, status, none, status ? NULL : ids,
+                               status ? NULL : weights, M2A_FAST_SEND | M2A_FAST_QUIET, stream);
+    if (e) return cuda_fail(comm, e, "the routing launch");
+    if (status) { /* the peers learn this rank's failure from its header, after the signal */
+        e = OPS->fast_signal(ce->f, blocks, stream);
+        return e ? cuda_fail(comm, e, "the signal launch") : MOEA2A_SUCCESS;
+    }
+    const size_t map_bytes = 4 * (size_t)n * (size_t)moe->cfg.top_k;
+    if (map_bytes && (e = OPS->copy_async(ce->map, moe->ws + moe->l.send_map, map_bytes, M2A_CUDA_D2H, stream)))
+        return cuda_fail(comm, e, "the send map's copy to the host");
+    return m2a_moe_cuda_sync(moe, stream, "moea2a_dispatch (copy-engine mode, the routing)");
+}
+
+moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride,
+                                     m2a_kpayloads_t pay, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_kparams_t *p = (const m2a_kparams_t *)moe->kparams;
+    const int ep = p->ep, me = p->me, k = p->k, cap = p->cap, P = p->num_payloads;
+    /* each destination's open run: its first token and slot, its length */
+    int run_t[M2A_FAST_MAX_PEERS], run_s[M2A_FAST_MAX_PEERS], run_n[M2A_FAST_MAX_PEERS] = {0};
+    size_t nc = 0;
+#define FLUSH(q)                                                                                               \
+    for (int a = 0; a < P && run_n[q]; a++, nc++) {                                                            \
+        ce->dst[nc] = ce->f->peer[q] + p->ws_off[a] + ((size_t)me * stride + (size_t)run_s[q]) * p->width[a]; \
+        ce->src[nc] = (const unsigned char *)pay.p[a] + (size_t)run_t[q] * p->width[a];                      \
+        ce->bytes[nc] = (size_t)run_n[q] * p->width[a];                                                       \
+    }
+    for (int t = 0; t < n; t++) {
+        for (int d = 0; d < k; d++) {
+            const int32_t code = ce->map[(size_t)t * k + d];
+            if (code < 0) break;
+            const int q = code / cap, s = code % cap;
+            if (q >= ep || s >= stride || s != ce->sent[q])
+                return m2a_error(comm, MOEA2A_ERR_INTERNAL,
+                                 "moea2a_dispatch (copy-engine mode): token %d's route (rank %d, slot %d) is not the "
+                                 "next slot there (%d)", t, q, s, ce->sent[q]);
+            ce->sent[q] = s + 1;
+            if (run_n[q] && run_t[q] + run_n[q] == t) { /* the token after the run: its slot is the next one */
+                run_n[q]++;
+                continue;
+            }
+            FLUSH(q);
+            run_t[q] = t, run_s[q] = s, run_n[q] = 1;
+        }
+    }
+    for (int q = 0; q < ep; q++) FLUSH(q);
+#undef FLUSH
+    int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
+    if (e) return cuda_fail(comm, e, "the rows' copies");
+    e = OPS->fast_signal(ce->f, blocks, stream);
+    return e ? cuda_fail(comm, e, "the signal launch") : MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_ce_combine_check(moea2a_moe_t moe, void *stream)
+{
+    return refuse_capture(moe, stream, "moea2a_combine");
+}
+
+moea2a_result_t m2a_ce_combine_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int stride, void *out, void *stream)
+{
+    const m2a_fast_t *f = ce->f;
+    const int ep = f->p.ep, me = f->p.me;
+    const size_t row = f->combine_row, cap = (size_t)f->p.cap;
+    size_t nc = 0;
+    for (int q = 0; q < ep; q++) { /* the rows rank q computed for this rank's tokens: [me][0, sent) there */
+        if (q == me || ce->sent[q] == 0) continue;
+        ce->dst[nc] = ce->landing + (size_t)(q < me ? q : q - 1) * cap * row;
+        ce->src[nc] = f->peer[q] + f->combine + (size_t)me * stride * row;
+        ce->bytes[nc++] = (size_t)ce->sent[q] * row;
+    }
+    int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
+    if (e) return cuda_fail(moe->comm, e, "the combine rows' copies");
+    e = OPS->combine(&ce->reduce, n, (const int32_t *)(moe->ws + moe->l.send_map), moe->cfg.combine_dtype,
+                     moe->cfg.hidden, f->peer[me] + f->combine + (size_t)me * stride * row, ce->landing, out, stream);
+    return e ? cuda_fail(moe->comm, e, "the combine's sum") : MOEA2A_SUCCESS;
+}
