@@ -308,7 +308,7 @@ static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
     if (r == MOEA2A_SUCCESS) fast_params(moe);
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
         fast_state_t *st = moe->state;
-        r = m2a_moe_agree(moe->comm, r == MOEA2A_SUCCESS ? m2a_ce_create(moe, &st->f, sizeof(m2a_fast_error_t), &st->ce) : r,
+        r = m2a_moe_agree(moe->comm, r == MOEA2A_SUCCESS ? m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce) : r,
                           NULL);
     }
     return r;

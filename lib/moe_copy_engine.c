@@ -22,6 +22,7 @@ struct m2a_ce {
     const void **src;
     size_t *bytes, max_copies;
     int32_t sent[M2A_FAST_MAX_PEERS]; /* rows the last dispatch sent each rank: what its combine pulls */
+    int blocks;                       /* the context's SM budget */
 };
 
 static size_t max_copies(const moea2a_moe_config_t *c, int ep)
@@ -46,14 +47,14 @@ static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
     return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (copy-engine mode): %s: %s", what, OPS->error_string(e));
 }
 
-moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, size_t pinned_off, m2a_ce_t **out)
+moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     const int ep = comm->nranks, me = comm->rank;
     m2a_ce_t *ce = calloc(1, sizeof(*ce));
     if (!ce) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    ce->f = f;
+    ce->f = f, ce->blocks = blocks;
     /* the routing launch: arrays renumbered without the payloads (ids, weights and the
      * source index keep their offsets), so that it has no row to copy */
     ce->route = *f;
@@ -178,7 +179,9 @@ moea2a_result_t m2a_ce_combine_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int s
     }
     int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
     if (e) return cuda_fail(moe->comm, e, "the combine rows' copies");
+    /* the SM budget's threads: num_sms blocks of the load/store kernels' 512, as 256-thread blocks */
     e = OPS->combine(&ce->reduce, n, (const int32_t *)(moe->ws + moe->l.send_map), moe->cfg.combine_dtype,
-                     moe->cfg.hidden, f->peer[me] + f->combine + (size_t)me * stride * row, ce->landing, out, stream);
+                     moe->cfg.hidden, f->peer[me] + f->combine + (size_t)me * stride * row, ce->landing, out,
+                     2 * ce->blocks, stream);
     return e ? cuda_fail(moe->comm, e, "the combine's sum") : MOEA2A_SUCCESS;
 }

@@ -27,8 +27,10 @@ typedef struct m2a_ce m2a_ce_t;
 void m2a_ce_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out);
 
 /* After the workspace, its window and f exist: the state (*out), the landing index
- * uploaded. pinned_off: where its pinned part starts in moe->pinned. */
-moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, size_t pinned_off, m2a_ce_t **out);
+ * uploaded. blocks: the SM budget (the combine's sum keeps to as many threads as the
+ * load/store kernels); pinned_off: where its pinned part starts in the backend's
+ * share of moe->pinned. */
+moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out);
 void m2a_ce_destroy(m2a_ce_t *ce);
 
 /* A dispatch's send half, first part: the routing launch (the rows not moved, no
