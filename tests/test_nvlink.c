@@ -3,7 +3,8 @@
  * iteration, so any rank can regenerate any other's):
  *  - a CUDA graph of dispatch + combine, captured once and replayed with new inputs;
  *  - a soak of 10,000 iterations with random routing, token counts, strides and idle
- *    ranks, every one checked (counts, source indexes, payload rows, combine);
+ *    ranks, every one checked (counts, source indexes, payload rows, combine); then a
+ *    fifth of them in copy-engine mode (MOEA2A_MOE_COPY_ENGINE);
  *  - a peer that never dispatches: the kernel ends with MOEA2A_ERR_TIMEOUT naming it,
  *    nothing hangs; mismatched strides and a peer's failed checks are reported.
  * SKIP without 2 GPUs or where the load/store path is not available. */
@@ -81,12 +82,12 @@ typedef struct {
     uint16_t pay[CAP * HID], rows[64 * CAP * HID], out[CAP * HID];
 } ctx_t;
 
-static int setup(ctx_t *c, moea2a_comm_t comm)
+static int setup(ctx_t *c, moea2a_comm_t comm, unsigned flags)
 {
     moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
     m.num_experts = NEXP, m.top_k = TOPK, m.max_tokens_per_rank = CAP, m.num_payloads = 1;
     m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, HID};
-    m.hidden = HID, m.combine_dtype = MOEA2A_BFLOAT16, m.memory = MOEA2A_MEMORY_CUDA;
+    m.hidden = HID, m.combine_dtype = MOEA2A_BFLOAT16, m.memory = MOEA2A_MEMORY_CUDA, m.flags = flags;
     /* 6 blocks: a rank routes up to 4 tokens per block in every block (n <= 24 of the
      * 0..CAP here) and more with the look-back, so the soak checks both ways */
     m.num_sms = 6;
@@ -205,16 +206,22 @@ static int start_rank(int rank, int n_ranks, moea2a_unique_id_t id, int ndev, co
     return moea2a_comm_init_rank(comm, n_ranks, id, rank, &cfg) ? -1 : 0;
 }
 
+typedef struct {
+    int ndev, copy_engine;
+} soak_arg_t;
+
 static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 {
+    const soak_arg_t *a = arg;
     int fails = 0;
     moea2a_comm_t comm; /* a failing rank must not hold the others long: 30 s */
-    if (start_rank(rank, n_ranks, id, *(int *)arg, "30", &comm)) return 1;
+    if (start_rank(rank, n_ranks, id, a->ndev, "30", &comm)) return 1;
     static ctx_t c;
     c.rank = rank, c.ep = n_ranks;
-    if (setup(&c, comm)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), 1;
-    uint64_t seed = 20261121;
-    int iters = soak_iters();
+    if (setup(&c, comm, a->copy_engine ? MOEA2A_MOE_COPY_ENGINE : 0))
+        return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), 1;
+    uint64_t seed = 20261121 + (uint64_t)a->copy_engine;
+    int iters = a->copy_engine ? soak_iters() / 5 : soak_iters();
     long wrong = 0;
     for (int it = 0; it < iters && fails == 0; it++) {
         int stride = stride_of(seed, n_ranks, it, c.other), n = upload_inputs(&c, seed, it);
@@ -245,6 +252,11 @@ static int soak_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
         if (rank == 0 && (it + 1) % 2500 == 0) printf("# %d iterations checked\n", it + 1), fflush(stdout);
     }
     if (rank == 0 && fails == 0) printf("# %d iterations checked on %d ranks\n", iters, n_ranks);
+    if (a->copy_engine) { /* not capturable (test_gpu checks the refusal) */
+        teardown(&c);
+        moea2a_comm_destroy(comm);
+        return fails;
+    }
 
     /* a graph of dispatch + combine, captured once, replayed with new inputs */
     cudaGraph_t graph = NULL;
@@ -324,7 +336,7 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
     const void *pays[1];
     moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     /* 1. rank 1 never dispatches: rank 0's kernel gives up after the timeout */
-    if (setup(&c, comm)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), 1;
+    if (setup(&c, comm, 0)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), 1;
     pays[0] = c.d_pay;
     int n = upload_inputs(&c, 7, 3);
     if (rank == 0) {
@@ -352,7 +364,7 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
     teardown(&c);
     /* 2. strides that differ, then 3. a peer whose checks fail */
     for (int round = 0; round < 2; round++) {
-        if (setup(&c, comm)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), fails + 1;
+        if (setup(&c, comm, 0)) return printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm)), fails + 1;
         pays[0] = c.d_pay;
         n = upload_inputs(&c, 11, round);
         int rt = round == 0 ? (rank == 0 ? CAP : CAP - 1) : 0, nn = round == 1 && rank == 1 ? CAP + 1 : n;
@@ -379,19 +391,26 @@ int main(void)
     int ndev = gpu_count();
     if (ndev < 2) {
         tap_skip("fewer than 2 CUDA devices", "load/store path: soak and CUDA graph");
+        tap_skip("fewer than 2 CUDA devices", "copy-engine mode: soak");
         tap_skip("fewer than 2 CUDA devices", "load/store path: failures");
         return tap_done();
     }
     int n = ndev >= 4 ? 4 : 2;
     local_ranks_result_t res;
-    local_ranks_run(n, soak_rank, &ndev, WATCHDOG, &res);
+    soak_arg_t sa = {ndev, 0};
+    local_ranks_run(n, soak_rank, &sa, WATCHDOG, &res);
     if (res.exit_codes[0] == 77) {
         tap_skip("no load/store path between these GPUs", "load/store path: soak and CUDA graph");
+        tap_skip("no load/store path between these GPUs", "copy-engine mode: soak");
         tap_skip("no load/store path between these GPUs", "load/store path: failures");
         return tap_done();
     }
     tap_ok(res.failed == 0, "load/store path, %d GPUs: %d iterations of random routing checked each time; a CUDA "
            "graph of dispatch + combine replayed 5 times", n, soak_iters());
+    sa.copy_engine = 1;
+    local_ranks_run(n, soak_rank, &sa, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "copy-engine mode, %d GPUs: %d iterations of random routing checked each time", n,
+           soak_iters() / 5);
     if (getenv("TEST_GPU_QUICK")) { /* under compute-sanitizer: its 3 s timeouts do not hold */
         tap_skip("timing-based, not under compute-sanitizer", "load/store path: failures");
         return tap_done();
