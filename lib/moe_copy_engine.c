@@ -179,9 +179,11 @@ moea2a_result_t m2a_ce_combine_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int s
     }
     int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
     if (e) return cuda_fail(moe->comm, e, "the combine rows' copies");
-    /* the SM budget's threads: num_sms blocks of the load/store kernels' 512, as 256-thread blocks */
+    /* num_sms SMs' worth of threads (2048 each, as 256-thread blocks): the generic reduction
+     * keeps one or two loads in flight per thread, so it needs full SMs (2 blocks per SM
+     * took 850 us at 8 SMs for 4096 tokens, H100) */
     e = OPS->combine(&ce->reduce, n, (const int32_t *)(moe->ws + moe->l.send_map), moe->cfg.combine_dtype,
                      moe->cfg.hidden, f->peer[me] + f->combine + (size_t)me * stride * row, ce->landing, out,
-                     2 * ce->blocks, stream);
+                     8 * ce->blocks, stream);
     return e ? cuda_fail(moe->comm, e, "the combine's sum") : MOEA2A_SUCCESS;
 }
