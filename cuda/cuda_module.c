@@ -136,4 +136,5 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .expert_gemm = m2a_cuda_expert_gemm,
     .copy_batch = copy_batch,
     .fast_signal = m2a_fast_signal,
+    .fast_landing_reduce = m2a_fast_landing_reduce,
 };

@@ -1170,6 +1170,47 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     PROF_END(1, 2);
 }
 
+/* Copy-engine mode's sum (its own kernel: nothing waits, every row is in this GPU's
+ * memory): each token's rows from this rank's combine buffer (its own slot there) or
+ * from the landing area the copy engines filled ([index[rank]][cap][row]), summed by
+ * reduce_unit (the load/store combine's arithmetic), 1 KB units split evenly over the
+ * warps. */
+template <moea2a_datatype_t DT>
+__global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int n, int stride,
+                                                              const unsigned char *__restrict__ landing,
+                                                              const int32_t *__restrict__ index,
+                                                              unsigned char *__restrict__ out)
+{
+    const m2a_kparams_t &p = f.p;
+    const int D = p.k < p.ep ? p.k : p.ep, lane = threadIdx.x & 31;
+    const unsigned char *ws = f.peer[p.me];
+    const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
+    const size_t row = f.combine_row, out_row = f.hidden * Val<DT>::size;
+    const bool vec = out_row % 16 == 0 && row % 16 == 0 && ((uintptr_t)out | (uintptr_t)landing) % 16 == 0;
+    const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
+    const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    int t_prev = -1, nd = 0;
+    const unsigned char *row_lo = nullptr, *row_hi = nullptr;
+    auto at = [&](int32_t code) -> const unsigned char * {
+        const int rank = code / p.cap, slot = code % p.cap;
+        return rank == p.me ? ws + f.combine + ((size_t)p.me * stride + slot) * row
+                            : landing + ((size_t)index[rank] * p.cap + slot) * row;
+    };
+    for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
+        const int t = (int)(u / S);
+        if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
+            const int32_t *map = send_map + (size_t)t * p.k;
+            const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
+            nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
+            if (lo >= 0) row_lo = at(lo);
+            if (hi >= 0) row_hi = at(hi);
+            t_prev = t;
+        }
+        const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+        reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
+    }
+}
+
 } // namespace
 
 #ifdef M2A_FAST_PROFILE
@@ -1222,6 +1263,20 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
 extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)
 {
     signal_kernel<<<1, M2A_FAST_MAX_PEERS, 0, (cudaStream_t)stream>>>(*f, (uint32_t)blocks);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_fast_landing_reduce(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
+                                       const int32_t *index, void *out, void *stream)
+{
+    if (n <= 0 || f->hidden == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned char *o = static_cast<unsigned char *>(out);
+    switch (f->combine_dtype) {
+    case MOEA2A_FLOAT32: landing_reduce_kernel<MOEA2A_FLOAT32><<<blocks, T, 0, s>>>(*f, n, stride, landing, index, o); break;
+    case MOEA2A_FLOAT16: landing_reduce_kernel<MOEA2A_FLOAT16><<<blocks, T, 0, s>>>(*f, n, stride, landing, index, o); break;
+    default: landing_reduce_kernel<MOEA2A_BFLOAT16><<<blocks, T, 0, s>>>(*f, n, stride, landing, index, o); break;
+    }
     return (int)cudaGetLastError();
 }
 

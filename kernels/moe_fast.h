@@ -78,6 +78,11 @@ int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const u
  * rank's arrival count for this rank moves by `blocks` (the peers wait for blocks per
  * dispatch). After a QUIET send half and the rows the host had copied. */
 int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream);
+/* Copy-engine mode's combine sum, once the rows are in this GPU's memory: out[t] = the
+ * sum of token t's rows (this rank's own in its combine buffer, the others' in
+ * landing[index[rank]][cap][combine row]) in the load/store combine's arithmetic. */
+int m2a_fast_landing_reduce(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
+                            const int32_t *index, void *out, void *stream);
 #ifdef M2A_FAST_PROFILE
 void m2a_fast_profile_report(int rank); /* prints the phase means to stderr, then resets */
 #endif

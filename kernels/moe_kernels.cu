@@ -273,12 +273,11 @@ extern "C" int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32
 
 extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                                 size_t hidden, const unsigned char *self_rows, const unsigned char *landing, void *out,
-                                int max_blocks, void *stream)
+                                void *stream)
 {
     if (n <= 0 || hidden == 0) return 0;
     if (p->k > kMaxDest && p->ep > kMaxDest) return (int)cudaErrorNotSupported; /* more than 64 ranks per token */
-    const int g = grid_for(n, 1);
-    dim3 grid(max_blocks > 0 && max_blocks < g ? max_blocks : g), block(256);
+    dim3 grid(grid_for(n, 1)), block(256);
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = (unsigned char *)out;
     size_t es = dtype == MOEA2A_FLOAT32 ? 4 : 2;

@@ -49,11 +49,9 @@ int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_co
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);
 /* out[t] = fp32 sum of the token's rows in ascending rank order, rounded once; across
  * nodes (p->nodes > 1) the node-grouped order of moea2a_moe(3): each node's partial
- * rounded to dtype, the partials added in ascending node order, rounded. max_blocks
- * bounds the grid (0: a block per token). */
+ * rounded to dtype, the partials added in ascending node order, rounded. */
 int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
-                     const unsigned char *self_rows, const unsigned char *landing, void *out, int max_blocks,
-                     void *stream);
+                     const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
 
 #ifdef __cplusplus
 }

@@ -70,8 +70,7 @@ typedef struct moea2a_cuda_v1 {
     int (*sanitize)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids, int32_t *src_index,
                     int sanitize, int rewrite_nonlocal, void *stream);
     int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
-                   const unsigned char *self_rows, const unsigned char *landing, void *out, int max_blocks,
-                   void *stream);
+                   const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
     int (*fast_dispatch)(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                          const int32_t *ids, const float *weights, int phases, void *stream);
     int (*fast_combine)(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,
@@ -102,5 +101,7 @@ typedef struct moea2a_cuda_v1 {
      * can (cudaMemcpyBatchAsync; one cudaMemcpyAsync each otherwise) */
     int (*copy_batch)(void *const *dst, const void *const *src, const size_t *bytes, size_t count, void *stream);
     int (*fast_signal)(const m2a_fast_t *f, int blocks, void *stream);
+    int (*fast_landing_reduce)(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
+                               const int32_t *index, void *out, void *stream);
 } moea2a_cuda_v1_t;
 #endif

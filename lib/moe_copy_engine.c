@@ -15,8 +15,8 @@
 struct m2a_ce {
     const m2a_fast_t *f;   /* the load/store kernels' parameters (the peers' windows) */
     m2a_fast_t route;      /* the same without payload arrays: the send half routes and moves no row */
-    m2a_kparams_t reduce;  /* the generic path's reduction, reading the peers' rows from the landing */
-    unsigned char *landing; /* [ep - 1][cap][combine row], in the landing index's slot order */
+    const int32_t *index;  /* device [ep]: each peer's block of the landing (-1: this rank) */
+    unsigned char *landing; /* [ep - 1][cap][combine row] */
     int32_t *map;          /* pinned [cap][k]: the send map of the last dispatch */
     void **dst;            /* pinned: the copy list, max_copies entries each */
     const void **src;
@@ -63,10 +63,7 @@ moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks,
     for (int a = P; a < p->narrays; a++)
         p->width[a - P] = p->width[a], p->ws_off[a - P] = p->ws_off[a], p->rec_off[a - P] = p->rec_off[a];
     p->narrays -= P, p->num_payloads = 0;
-    /* the reduction: one node (the load/store kernels' order: ascending rank, rounded once) */
-    ce->reduce = *(const m2a_kparams_t *)moe->kparams;
-    ce->reduce.nodes = 1;
-    ce->reduce.stage_index = (const int32_t *)(moe->stage + l->stage_backend);
+    ce->index = (const int32_t *)(moe->stage + l->stage_backend);
     ce->landing = moe->stage + l->stage_backend + m2a_align(4 * (size_t)ep);
     unsigned char *pin = moe->pinned + l->pinned_backend + m2a_align(pinned_off);
     ce->map = (int32_t *)pin;
@@ -76,7 +73,7 @@ moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks,
     ce->bytes = (size_t *)(pin + 16 * ce->max_copies);
     int32_t index[M2A_FAST_MAX_PEERS];
     for (int q = 0; q < ep; q++) index[q] = q < me ? q : q == me ? -1 : q - 1;
-    int e = OPS->copy((void *)ce->reduce.stage_index, index, 4 * (size_t)ep, M2A_CUDA_H2D);
+    int e = OPS->copy((void *)ce->index, index, 4 * (size_t)ep, M2A_CUDA_H2D);
     if (e) {
         free(ce);
         return cuda_fail(comm, e, "the landing index");
@@ -179,11 +176,6 @@ moea2a_result_t m2a_ce_combine_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int s
     }
     int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
     if (e) return cuda_fail(moe->comm, e, "the combine rows' copies");
-    /* num_sms SMs' worth of threads (2048 each, as 256-thread blocks): the generic reduction
-     * keeps one or two loads in flight per thread, so it needs full SMs (2 blocks per SM
-     * took 850 us at 8 SMs for 4096 tokens, H100) */
-    e = OPS->combine(&ce->reduce, n, (const int32_t *)(moe->ws + moe->l.send_map), moe->cfg.combine_dtype,
-                     moe->cfg.hidden, f->peer[me] + f->combine + (size_t)me * stride * row, ce->landing, out,
-                     8 * ce->blocks, stream);
+    e = OPS->fast_landing_reduce(f, ce->blocks, n, stride, ce->landing, ce->index, out, stream);
     return e ? cuda_fail(moe->comm, e, "the combine's sum") : MOEA2A_SUCCESS;
 }

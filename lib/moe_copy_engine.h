@@ -6,8 +6,8 @@
  * sum. Between them the host reads the send map once per dispatch (one bounded wait),
  * turns it into runs of consecutive tokens per destination and hands them to the copy
  * engines as one batch; the combine pulls each peer's [this rank][0, count) rows in
- * one copy per peer and sums them locally with the generic path's reduction (the same
- * bits). The host wait makes dispatch and combine uncapturable in CUDA graphs: both
+ * one copy per peer and sums them locally (the load/store combine's arithmetic, on the
+ * SM budget's blocks). The host wait makes dispatch and combine uncapturable in CUDA graphs: both
  * refuse a capturing stream.
  *
  * Called by the nvlink backend (moe_backend_nvlink.c) only, with what it needs. */
@@ -27,8 +27,8 @@ typedef struct m2a_ce m2a_ce_t;
 void m2a_ce_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out);
 
 /* After the workspace, its window and f exist: the state (*out), the landing index
- * uploaded. blocks: the SM budget (the combine's sum keeps to as many threads as the
- * load/store kernels); pinned_off: where its pinned part starts in the backend's
+ * uploaded. blocks: the SM budget (the combine's sum runs on as many blocks);
+ * pinned_off: where its pinned part starts in the backend's
  * share of moe->pinned. */
 moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out);
 void m2a_ce_destroy(m2a_ce_t *ce);

@@ -275,7 +275,7 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
     size_t row = l->combine_row;
     int rc = OPS->combine(moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
                               moe->cfg.combine_dtype, moe->cfg.hidden, in + (size_t)moe->comm->rank * (size_t)moe->stride * row,
-                              moe->stage ? moe->stage + l->stage_recv : NULL, out, 0, stream);
+                              moe->stage ? moe->stage + l->stage_recv : NULL, out, stream);
     if (rc == M2A_CUDA_NOT_SUPPORTED)
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_combine: tokens with more than 64 destination ranks");
     CU(moe->comm, rc);
