@@ -86,6 +86,18 @@ static int copy_batch(void *const *dst, const void *const *src, const size_t *by
     }
     return 0;
 }
+static int stream_create(void **stream)
+{
+    return (int)cudaStreamCreateWithFlags((cudaStream_t *)stream, cudaStreamNonBlocking);
+}
+static void stream_destroy(void *stream) { (void)cudaStreamDestroy((cudaStream_t)stream); }
+static int event_create(void **event) { return (int)cudaEventCreateWithFlags((cudaEvent_t *)event, cudaEventDisableTiming); }
+static void event_destroy(void *event) { (void)cudaEventDestroy((cudaEvent_t)event); }
+static int event_record(void *event, void *stream) { return (int)cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream); }
+static int stream_wait_event(void *stream, void *event)
+{
+    return (int)cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+}
 
 #ifdef M2A_FAST_PROFILE
 #define PROFILE_REPORT m2a_fast_profile_report
@@ -137,4 +149,11 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .copy_batch = copy_batch,
     .fast_signal = m2a_fast_signal,
     .fast_landing_reduce = m2a_fast_landing_reduce,
+    .fp8_quantize_ready = m2a_cuda_fp8_quantize_ready,
+    .stream_create = stream_create,
+    .stream_destroy = stream_destroy,
+    .event_create = event_create,
+    .event_destroy = event_destroy,
+    .event_record = event_record,
+    .stream_wait_event = stream_wait_event,
 };

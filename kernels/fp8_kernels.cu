@@ -72,10 +72,13 @@ constexpr uint32_t kMaxGroups = 1u << 30;             /* per launch: 32-bit indi
 /* Group b = (row r, 16-value group gi of g_n per row); the grid strides by a multiple
  * of 8 groups, so the 8 threads of a block of 128 are adjacent lanes, and (r, gi)
  * advance by the constant stride without divisions. Loops are warp-uniform so every
- * lane reaches every shuffle. */
-template <moea2a_datatype_t T>
-__global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t groups, uint32_t g_n, uint4 *q,
-                                                     unsigned char *scales, int layout, int ue8m0, size_t r0, size_t m_pad)
+ * lane reaches every shuffle. READY (quantize on dispatch, overlapped with the
+ * dispatch kernel): each warp adds the groups it wrote to ready[row / chunk_rows]
+ * once they are visible, which the dispatch waits for before copying those rows. */
+template <moea2a_datatype_t T, int NT = kThreads, bool READY = false>
+__global__ void __launch_bounds__(NT) quantize(const void *x, uint32_t groups, uint32_t g_n, uint4 *q,
+                                               unsigned char *scales, int layout, int ue8m0, size_t r0, size_t m_pad,
+                                               uint32_t *ready = nullptr, uint32_t chunk_rows = 1)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t step = gridDim.x * blockDim.x, step_r = step / g_n, step_g = step % g_n, nkb = g_n / kPerBlock;
@@ -92,12 +95,22 @@ __global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t gro
         const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
         uint32_t w[4];
         m2a_fp8_encode<kGroup>(v, mul, finite, w);
-        if (!live) continue;
-        __stcs(q + b, make_uint4(w[0], w[1], w[2], w[3]));
-        if (gi % kPerBlock == 0) {
-            unsigned char *dst = scales + m2a_fp8_scale_offset(layout, ue8m0, r0 + r, gi / kPerBlock, nkb, m_pad);
-            if (ue8m0) *dst = (unsigned char)s;
-            else *reinterpret_cast<uint32_t *>(dst) = s;
+        if (live) {
+            __stcs(q + b, make_uint4(w[0], w[1], w[2], w[3]));
+            if (gi % kPerBlock == 0) {
+                unsigned char *dst = scales + m2a_fp8_scale_offset(layout, ue8m0, r0 + r, gi / kPerBlock, nkb, m_pad);
+                if (ue8m0) *dst = (unsigned char)s;
+                else *reinterpret_cast<uint32_t *>(dst) = s;
+            }
+        }
+        if (READY) { /* one add per chunk the warp's groups fall in, after their writes (fence) */
+            const uint32_t chunk = live ? (uint32_t)((r0 + r) / chunk_rows) : 0xffffffffu;
+            const unsigned same = __match_any_sync(0xffffffffu, chunk);
+            __syncwarp();
+            if (live && lane == __ffs(same) - 1) {
+                __threadfence();
+                atomicAdd(ready + chunk, (uint32_t)__popc(same));
+            }
         }
     }
 }
@@ -201,6 +214,34 @@ extern "C" int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, siz
             quantize<MOEA2A_FLOAT16><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
             break;
         default: quantize<MOEA2A_FLOAT32><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
+        }
+    });
+}
+
+extern "C" int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q,
+                                           void *scales, int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks,
+                                           void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const size_t esz = xtype == MOEA2A_FLOAT32 ? 4 : 2, m_pad = (m + 3) / 4 * 4;
+    unsigned char *sb = static_cast<unsigned char *>(scales);
+    constexpr int NT = 1024; /* a block fills an SM's registers: the dispatch keeps its own SMs */
+    return by_rows(m, k, kGroup, [&](size_t r0, uint32_t groups, uint32_t g_n, int) {
+        const void *xs = static_cast<const char *>(x) + r0 * k * esz;
+        uint4 *qs = reinterpret_cast<uint4 *>(static_cast<unsigned char *>(q) + r0 * k);
+        const int layout = MOEA2A_FP8_SCALES_ROW_MAJOR;
+        switch (xtype) {
+        case MOEA2A_BFLOAT16:
+            quantize<MOEA2A_BFLOAT16, NT, true><<<blocks, NT, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
+                                                                      ready, chunk_rows);
+            break;
+        case MOEA2A_FLOAT16:
+            quantize<MOEA2A_FLOAT16, NT, true><<<blocks, NT, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
+                                                                     ready, chunk_rows);
+            break;
+        default:
+            quantize<MOEA2A_FLOAT32, NT, true><<<blocks, NT, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
+                                                                     ready, chunk_rows);
         }
     });
 }

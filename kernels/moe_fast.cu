@@ -119,6 +119,7 @@ struct Ctl {
      * and zeroes [(e + 1) & 1], which the previous launch used and the next one
      * will (launches on one stream never overlap), so no block has to be the last */
     unsigned long long *next_unit, *next_cunit; /* dispatch's copy units, combine's reduce units */
+    uint32_t *qready; /* [M2A_FAST_QCHUNKS]: groups quantized per chunk (an overlapped quantization) */
 };
 
 __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
@@ -135,6 +136,7 @@ __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
     c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 4 * 8);
     c.next_cunit = c.next_unit + 2;
     c.pending = c.next_cunit + 2;
+    c.qready = reinterpret_cast<uint32_t *>(ws + f.ctl + M2A_FAST_CTL_QREADY);
     return c;
 }
 
@@ -148,7 +150,9 @@ __device__ void send_done(uint32_t *done, uint32_t *epoch, uint32_t e)
     }
 }
 static_assert(4 * M2A_FAST_MAX_BLOCKS <= M2A_FAST_BLOCK_BYTES, "block scratch outgrew M2A_FAST_BLOCK_BYTES");
-static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 4 * 8 + 4 * 8 <= M2A_FAST_CTL_BYTES, "counters outgrew M2A_FAST_CTL_BYTES");
+static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 4 * 8 + 4 * 8 <= M2A_FAST_CTL_QREADY &&
+                  M2A_FAST_CTL_QREADY + 4 * M2A_FAST_QCHUNKS <= M2A_FAST_CTL_BYTES,
+              "counters outgrew M2A_FAST_CTL_BYTES");
 
 /* Records the first error (device record, then the host's copy) and returns false. */
 __device__ bool fail(const m2a_fast_t &f, int code, int peer, int what)
@@ -257,6 +261,7 @@ struct Shared {
 /* One warp copies len bytes (a segment of a row) to nd destinations: 16-byte vectors
  * when the addresses and len allow, else 4-byte words or bytes. Four vectors in
  * flight per lane; stores to peers are posted and need not wait. */
+template <bool CG = false>
 __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, int nd, size_t len, int lane)
 {
     bool vec = ((uintptr_t)src | len) % 16 == 0;
@@ -269,7 +274,7 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
             int4 v[U];
 #pragma unroll
             for (int u = 0; u < U; u++)
-                if (i0 + 32 * u < C) v[u] = __ldg(s4 + i0 + 32 * u);
+                if (i0 + 32 * u < C) v[u] = CG ? __ldcg(s4 + i0 + 32 * u) : __ldg(s4 + i0 + 32 * u);
             for (int d = 0; d < nd; d++) {
                 int4 *d4 = reinterpret_cast<int4 *>(dst[d]);
 #pragma unroll
@@ -283,7 +288,8 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
     for (int d = 0; d < nd; d++) words = words && (uintptr_t)dst[d] % 4 == 0;
     const size_t unit = words ? 4 : 1, C = len / unit;
     for (size_t i = lane; i < C; i += 32) {
-        uint32_t v = words ? reinterpret_cast<const uint32_t *>(src)[i] : src[i];
+        uint32_t v = words ? (CG ? __ldcg(reinterpret_cast<const uint32_t *>(src) + i) : reinterpret_cast<const uint32_t *>(src)[i])
+                           : src[i];
         for (int d = 0; d < nd; d++) {
             if (words) reinterpret_cast<uint32_t *>(dst[d])[i] = v;
             else dst[d][i] = (unsigned char)v;
@@ -341,8 +347,10 @@ __device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, const m2a_kp
 }
 
 /* Copies unit u to the token's nd destinations, kDst at a time; dest(d, &rank, &row)
- * gives destination d's rank and receive row. One warp, warp-uniform arguments. */
-template <typename Dest>
+ * gives destination d's rank and receive row. One warp, warp-uniform arguments. CG:
+ * loads through L2 only (the source rows are being written while the kernel runs: the
+ * read-only path may keep a stale line of a neighbour's scales). */
+template <bool CG = false, typename Dest>
 __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
                           int nd, Dest dest)
 {
@@ -358,7 +366,7 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
                 dest(d0 + d, &rank, &row);
                 dst[d] = f.peer[rank] + p.ws_off[a] + row * width + off;
             }
-            copy_row(src_row + off, dst, m, len, threadIdx.x & 31);
+            copy_row<CG>(src_row + off, dst, m, len, threadIdx.x & 31);
         }
     });
 }
@@ -388,7 +396,10 @@ __device__ long long warp_share(long long total, long long gw)
  * take from a counter: an SM that the links serve faster takes more units, so all
  * blocks end at about the same time (a static split left the links idle while the
  * slowest blocks finished), and a few tokens still spread over every SM. A token's
- * slots come from its send map, written by the block that routed it. */
+ * slots come from its send map, written by the block that routed it. QUANT: the rows
+ * are being quantized by a kernel running alongside; a token's chunk is waited for
+ * (f.qrows). */
+template <bool QUANT>
 __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, const Ctl &c, const m2a_kpayloads_t &pay,
                               int n, int stride, const int32_t *send_map, uint32_t e, int G)
 {
@@ -396,7 +407,8 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
     const int lane = threadIdx.x & 31, D = p.k < p.ep ? p.k : p.ep;
     const uint32_t per_token = segments_per_token(p);
     const unsigned long long units = (unsigned long long)n * per_token;
-    int ready = -1; /* the last block whose send map this warp saw complete */
+    int ready = -1;  /* the last block whose send map this warp saw complete */
+    int quantized = -1; /* QUANT: the last chunk this warp saw quantized */
     for (;;) {
         unsigned long long u = 0;
         if (lane == 0) u = atomicAdd(next, 1ull);
@@ -410,12 +422,19 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
             if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
             ready = owner;
         }
+        if (QUANT && t / f.qrows != quantized) {
+            const int q = t / f.qrows, rows = n - q * f.qrows < f.qrows ? n - q * f.qrows : f.qrows;
+            bool ok = true;
+            if (lane == 0) ok = wait_for(f, c.qready + q, (uint32_t)rows * f.qgroups, p.me, M2A_FAST_AT_QUANTIZE);
+            if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+            quantized = q;
+        }
         __syncwarp();
         /* the token's (rank, slot) codes, ascending by rank, then -1: D <= 64 */
         const int32_t *map = send_map + (size_t)t * p.k;
         const int32_t lo = lane < D ? __ldcg(map + lane) : -1, hi = lane + 32 < D ? __ldcg(map + lane + 32) : -1;
         const int nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-        copy_unit(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
+        copy_unit<QUANT>(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
             const int32_t cd = d < 32 ? __shfl_sync(0xffffffffu, lo, d) : __shfl_sync(0xffffffffu, hi, d - 32);
             *rank = cd / p.cap, *row = (size_t)p.me * stride + cd % p.cap;
         });
@@ -530,7 +549,7 @@ __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayl
  * phases: M2A_FAST_SEND (steps 1-5), M2A_FAST_RECV (6) or both. A send-only launch
  * moves the epoch on when its last block ends; the receive-only launch that follows it
  * on the stream uses that epoch. */
-template <bool SMALL>
+template <bool SMALL, bool QUANT = false>
 __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights, int phases)
 {
@@ -623,7 +642,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         if (!small) { /* any warp may now copy the rows of tokens whose chunk is routed */
             if (tid == 0 && ok && lo == hi) atomicExch(&c.routed[b], e); /* an empty chunk */
             PROF_MARK(0, 2);
-            if (ok) ok = copy_payloads(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
+            if (ok) ok = copy_payloads<QUANT>(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
         }
         const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
         if (tid == 0 && ok) { /* before the signal: the stats take the sum once every block signalled */
@@ -1253,7 +1272,9 @@ extern "C" void m2a_fast_profile_report(int rank)
 extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                                  const int32_t *ids, const float *weights, int phases, void *stream)
 {
-    if ((status ? 0 : n) <= kSmallPerBlock * blocks)
+    if (f->qrows > 0 && !status && n > kSmallPerBlock * blocks) /* the rows are quantized alongside */
+        dispatch_kernel<false, true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+    else if ((status ? 0 : n) <= kSmallPerBlock * blocks)
         dispatch_kernel<true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     else
         dispatch_kernel<false><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);

@@ -23,11 +23,15 @@ extern "C" {
  * scratch: send-map epochs [blocks]; counters: the dispatch and combine epochs
  * (2 x u32), the blocks of a send-only launch done (2 x u32), the stats [4] (int64)
  * that dispatch results point to, the units handed out (u64): dispatch's two,
- * combine's two, then the invalid and merged sums of the two epoch parities (u64). */
+ * combine's two, then the invalid and merged sums of the two epoch parities (u64);
+ * from byte 128, the quantized groups of each chunk of a dispatch's tokens
+ * (M2A_FAST_QCHUNKS x u32, an overlapped quantization's, qrows). */
 #define M2A_FAST_SIG_BYTES(ep) (16 * (size_t)(ep))
 #define M2A_FAST_BLOCK_BYTES (4 * (size_t)M2A_FAST_MAX_BLOCKS)
-#define M2A_FAST_CTL_BYTES 128
-#define M2A_FAST_CTL_STATS 16 /* offset of the stats in the counters */
+#define M2A_FAST_CTL_BYTES 384
+#define M2A_FAST_CTL_STATS 16  /* offset of the stats in the counters */
+#define M2A_FAST_CTL_QREADY 128 /* offset of the quantized-groups counters */
+#define M2A_FAST_QCHUNKS 64
 
 /* The device error record (first error wins): code is a moea2a_result_t, peer the rank
  * it concerns, what the step (M2A_FAST_AT_*). */
@@ -41,7 +45,8 @@ enum {
     M2A_FAST_AT_HEADER,
     M2A_FAST_AT_COMBINE,
     M2A_FAST_AT_PREFIX,
-    M2A_FAST_AT_COMBINE_HEADER
+    M2A_FAST_AT_COMBINE_HEADER,
+    M2A_FAST_AT_QUANTIZE
 };
 
 typedef struct {
@@ -53,6 +58,11 @@ typedef struct {
     int combine_dtype;                       /* moea2a_datatype_t */
     size_t hidden;
     int sanitize, rewrite;
+    /* quantize on dispatch overlapped with the dispatch (0: the payload rows were
+     * complete before the launch): chunk c of qrows tokens may be copied once the
+     * counter c at M2A_FAST_CTL_QREADY holds its rows x qgroups */
+    int qrows;
+    uint32_t qgroups;
     unsigned long long timeout_ns;
     m2a_fast_error_t *err;      /* device memory: the record the kernels race for */
     m2a_fast_error_t *host_err; /* mapped pinned memory: the copy the host reads */

@@ -103,5 +103,16 @@ typedef struct moea2a_cuda_v1 {
     int (*fast_signal)(const m2a_fast_t *f, int blocks, void *stream);
     int (*fast_landing_reduce)(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
                                const int32_t *index, void *out, void *stream);
+    /* quantize on dispatch overlapped with the dispatch: FP8 with per-chunk counters
+     * (fp8_kernels.h), on a stream of the context's forked from the caller's and joined
+     * back with events (capturable) */
+    int (*fp8_quantize_ready)(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
+                              int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, void *stream);
+    int (*stream_create)(void **stream); /* non-blocking: no implicit order with the legacy stream */
+    void (*stream_destroy)(void *stream);
+    int (*event_create)(void **event); /* no timing */
+    void (*event_destroy)(void *event);
+    int (*event_record)(void *event, void *stream);
+    int (*stream_wait_event)(void *stream, void *event);
 } moea2a_cuda_v1_t;
 #endif

@@ -17,8 +17,9 @@
 #include "moe_copy_engine.h"
 #include "moe_cuda.h"
 #include "moe_fast.h"
+#include "params.h"
 
-/* signals peers write, block scratch, counters (the formula: A(16 ep) + A(1024) + A(128)),
+/* signals peers write, block scratch, counters (the formula: A(16 ep) + A(1024) + A(384)),
  * and the device error record's host copy; copy-engine mode's share after it */
 static void nvlink_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
 {
@@ -44,6 +45,10 @@ typedef struct {
     size_t bytes; /* allocated */
     moea2a_result_t poisoned;
     m2a_ce_t *ce; /* copy-engine mode, else NULL */
+    /* quantize on dispatch alongside the dispatch kernel (FP8 payloads; NULL: never):
+     * the context's stream, and the events that fork it from the caller's and join back */
+    void *qstream, *fork, *join;
+    int sms; /* the GPU's */
 } fast_state_t;
 
 static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
@@ -132,7 +137,7 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
         return r;
     }
     moe->ws = ws;
-    st->blocks = blocks;
+    st->blocks = blocks, st->sms = sms;
     moe->state = st;
     for (int q = 0; q < ep; q++) st->f.peer[q] = peers[q];
     free(peers);
@@ -155,6 +160,9 @@ static void fast_release(moea2a_moe_t moe)
     moe->ws = NULL;
     OPS->free(st->f.err);
     m2a_ce_destroy(st->ce);
+    if (st->join) OPS->event_destroy(st->join);
+    if (st->fork) OPS->event_destroy(st->fork);
+    if (st->qstream) OPS->stream_destroy(st->qstream);
     free(st);
     moe->state = NULL;
 }
@@ -174,6 +182,7 @@ static const char *step_name(int what)
     case M2A_FAST_AT_HEADER: return "in the header of rank %d's dispatch";
     case M2A_FAST_AT_COMBINE: return "waiting for rank %d's combine rows";
     case M2A_FAST_AT_COMBINE_HEADER: return "in the combine of rank %d";
+    case M2A_FAST_AT_QUANTIZE: return "waiting for this rank's quantization alongside the dispatch (rank %d)";
     default: return "waiting for this rank's own blocks (rank %d)";
     }
 }
@@ -204,6 +213,49 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
 
 static moea2a_result_t fast_status(moea2a_moe_t moe);
 
+/* Quantize on dispatch alongside the dispatch kernel, when the payloads sent quantized
+ * are all FP8 (its kernels count finished rows per chunk), the batch takes the
+ * counter's path (over 4 tokens per block) and the GPU has SMs the dispatch does not
+ * hold: one row-major quantization per payload on the context's stream, forked from
+ * the caller's after the counters are zeroed, on the SMs the dispatch leaves; the
+ * dispatch copies a chunk of n / M2A_FAST_QCHUNKS tokens once it is quantized. */
+static int quant_alongside(const moea2a_moe_t moe, int n, int phases, const void *const *payloads)
+{
+    const fast_state_t *st = moe->state;
+    if (!st->qstream || st->ce || !(phases & M2A_FAST_SEND) || !payloads || n <= 4 * st->blocks) return 0;
+    return st->sms - st->blocks >= 8;
+}
+
+static int quant_groups(const moea2a_moe_t moe)
+{
+    int g = 0;
+    for (int i = 0; i < moe->cfg.num_payloads; i++)
+        if (moe->cfg.wire[i].format == MOEA2A_WIRE_FP8) g += (int)(moe->cfg.payloads[i].elems_per_token / 16);
+    return g;
+}
+
+/* The context's stream for it, at create: where FP8 is the only quantized wire format
+ * and MOEA2A_QUANT_OVERLAP allows; without it (or its events) dispatch quantizes first. */
+static void quant_stream_open(moea2a_moe_t moe)
+{
+    fast_state_t *st = moe->state;
+    int fp8 = 0, other = 0;
+    long on = 1;
+    for (int i = 0; i < moe->cfg.num_payloads; i++) {
+        fp8 |= moe->cfg.wire[i].format == MOEA2A_WIRE_FP8;
+        other |= moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 && moe->cfg.wire[i].format != MOEA2A_WIRE_AS_IS;
+    }
+    if (!fp8 || other || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS || !on) return;
+    if (OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) || OPS->event_create(&st->join)) {
+        M2A_INFO(M2A_SUBSYS_MOE, "quantize on dispatch: no stream of its own (%s); it runs before the dispatch",
+                 OPS->error_string(OPS->clear_error()));
+        if (st->join) OPS->event_destroy(st->join);
+        if (st->fork) OPS->event_destroy(st->fork);
+        if (st->qstream) OPS->stream_destroy(st->qstream);
+        st->qstream = st->fork = st->join = NULL;
+    }
+}
+
 /* Copy-engine mode's send half: the routing launch, its error record once the host
  * has waited for it, then the rows and the signal. */
 static moea2a_result_t ce_send(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights, m2a_kpayloads_t pay,
@@ -224,12 +276,27 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
 {
     fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
-    moea2a_result_t r = m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, &pay);
+    m2a_fast_t f = st->f;
+    m2a_quant_overlap_t ov = {st->qstream, (uint32_t *)(f.peer[moe->comm->rank] + f.ctl + M2A_FAST_CTL_QREADY),
+                              (n + M2A_FAST_QCHUNKS - 1) / M2A_FAST_QCHUNKS, st->sms - st->blocks};
+    const int along = status == MOEA2A_SUCCESS && quant_alongside(moe, n, phases, payloads);
+    (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
+    if (along) { /* the counters zeroed, then the context's stream forked from the caller's */
+        int e = OPS->set_async(ov.ready, 0, 4 * M2A_FAST_QCHUNKS, stream);
+        if (!e) e = OPS->event_record(st->fork, stream);
+        if (!e) e = OPS->stream_wait_event(st->qstream, st->fork);
+        if (e) {
+            st->poisoned = MOEA2A_ERR_CUDA;
+            return cuda_fail(moe->comm, e, "quantize on dispatch: the fork of its stream");
+        }
+        f.qrows = ov.rows, f.qgroups = (uint32_t)quant_groups(moe);
+    }
+    moea2a_result_t r =
+        m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, along ? &ov : NULL, &pay);
     if (r != MOEA2A_SUCCESS) { /* the peers wait for this launch: it goes, as a failed rank's */
         status = r;
         memset(&pay, 0, sizeof(pay));
     }
-    (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
     if (st->ce && (phases & M2A_FAST_SEND)) {
         moea2a_result_t c = ce_send(moe, n, ids, weights, pay, stride, status, stream);
         if (c != MOEA2A_SUCCESS) { /* the peers wait for rows or a signal that will not come */
@@ -241,8 +308,10 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
             return r;
         }
     }
-    int e = OPS->fast_dispatch(&st->f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
+    int e = OPS->fast_dispatch(&f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, phases, stream);
+    if (along && !e) e = OPS->event_record(st->join, st->qstream); /* the caller's stream waits for it */
+    if (along && !e) e = OPS->stream_wait_event(stream, st->join);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, e, "dispatch kernel launch");
@@ -305,7 +374,7 @@ static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
     moea2a_result_t r = m2a_moe_agree(moe->comm, m2a_moe_cuda_begin(moe), NULL);
     if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
-    if (r == MOEA2A_SUCCESS) fast_params(moe);
+    if (r == MOEA2A_SUCCESS) fast_params(moe), quant_stream_open(moe);
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
         fast_state_t *st = moe->state;
         r = m2a_moe_agree(moe->comm, r == MOEA2A_SUCCESS ? m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce) : r,
