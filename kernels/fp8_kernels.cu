@@ -225,7 +225,7 @@ extern "C" int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtyp
     cudaStream_t s = (cudaStream_t)stream;
     const size_t esz = xtype == MOEA2A_FLOAT32 ? 4 : 2, m_pad = (m + 3) / 4 * 4;
     unsigned char *sb = static_cast<unsigned char *>(scales);
-    constexpr int NT = 1024; /* a block fills an SM's registers: the dispatch keeps its own SMs */
+    constexpr int NT = kThreads;
     return by_rows(m, k, kGroup, [&](size_t r0, uint32_t groups, uint32_t g_n, int) {
         const void *xs = static_cast<const char *>(x) + r0 * k * esz;
         uint4 *qs = reinterpret_cast<uint4 *>(static_cast<unsigned char *>(q) + r0 * k);

@@ -12,8 +12,7 @@ extern "C" {
 #endif
 int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
                           int layout, int ue8m0, void *stream);
-/* Row-major scales, `blocks` blocks of 1024 threads (one fills an SM's registers), and
- * per chunk of chunk_rows rows the groups of 16 values written so far added to
+/* Row-major scales, `blocks` blocks of 256 threads, and per chunk of chunk_rows rows the groups of 16 values written so far added to
  * ready[chunk] (zeroed by the caller), each add after its groups' codes and scales are
  * visible: a kernel running at the same time may copy a chunk's rows once
  * ready[chunk] = rows x k / 16. The bits of m2a_cuda_fp8_quantize. */

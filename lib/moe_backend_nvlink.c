@@ -277,8 +277,11 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
     fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
     m2a_fast_t f = st->f;
+    /* the quantization's blocks: 8 of 256 threads per SM the dispatch leaves (launched
+     * after the dispatch, they find its SMs full: each block of it holds most of an SM's
+     * registers) */
     m2a_quant_overlap_t ov = {st->qstream, (uint32_t *)(f.peer[moe->comm->rank] + f.ctl + M2A_FAST_CTL_QREADY),
-                              (n + M2A_FAST_QCHUNKS - 1) / M2A_FAST_QCHUNKS, st->sms - st->blocks};
+                              (n + M2A_FAST_QCHUNKS - 1) / M2A_FAST_QCHUNKS, 8 * (st->sms - st->blocks)};
     const int along = status == MOEA2A_SUCCESS && quant_alongside(moe, n, phases, payloads);
     (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
     if (along) { /* the counters zeroed, then the context's stream forked from the caller's */
@@ -291,8 +294,7 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
         }
         f.qrows = ov.rows, f.qgroups = (uint32_t)quant_groups(moe);
     }
-    moea2a_result_t r =
-        m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, along ? &ov : NULL, &pay);
+    moea2a_result_t r = m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, !along, &pay);
     if (r != MOEA2A_SUCCESS) { /* the peers wait for this launch: it goes, as a failed rank's */
         status = r;
         memset(&pay, 0, sizeof(pay));
@@ -310,11 +312,19 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
     }
     int e = OPS->fast_dispatch(&f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, phases, stream);
-    if (along && !e) e = OPS->event_record(st->join, st->qstream); /* the caller's stream waits for it */
-    if (along && !e) e = OPS->stream_wait_event(stream, st->join);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
         return cuda_fail(moe->comm, e, "dispatch kernel launch");
+    }
+    if (along) { /* the quantization, then the caller's stream waits for it */
+        moea2a_result_t q = m2a_moe_cuda_quantize_alongside(moe, n, payloads, &ov);
+        e = OPS->event_record(st->join, st->qstream);
+        if (!e) e = OPS->stream_wait_event(stream, st->join);
+        if (q == MOEA2A_SUCCESS && e) q = cuda_fail(moe->comm, e, "quantize on dispatch: the join of its stream");
+        if (q != MOEA2A_SUCCESS) { /* this rank's dispatch then times out waiting for its rows: final */
+            st->poisoned = q;
+            return q;
+        }
     }
     if (r != MOEA2A_SUCCESS) st->poisoned = r;
     if (r == MOEA2A_SUCCESS && status == MOEA2A_SUCCESS && (phases & M2A_FAST_RECV))

@@ -184,32 +184,43 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
     return MOEA2A_SUCCESS;
 }
 
+moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const void *const *payloads,
+                                                const m2a_quant_overlap_t *ov)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    const moea2a_moe_config_t *c = &moe->cfg;
+    for (int i = 0; i < c->num_payloads; i++) {
+        const moea2a_wire_t *w = &c->wire[i];
+        if (w->format == MOEA2A_WIRE_AS_IS) continue;
+        if (w->format != MOEA2A_WIRE_FP8)
+            return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: only FP8 is quantized alongside");
+        CU(moe->comm, OPS->fp8_quantize_ready(payloads[i], c->payloads[i].dtype, (size_t)n, c->payloads[i].elems_per_token,
+                                              moe->ws + l->send_codes[i], moe->ws + l->send_scales[i],
+                                              (w->flags & MOEA2A_FP8_UE8M0) != 0, ov->ready, (uint32_t)ov->rows,
+                                              ov->blocks, ov->stream));
+    }
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
-                                     const m2a_quant_overlap_t *ov, m2a_kpayloads_t *pay)
+                                     int quantize, m2a_kpayloads_t *pay)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     const moea2a_moe_config_t *c = &moe->cfg;
     memset(pay, 0, sizeof(*pay));
     if (!payloads) return MOEA2A_SUCCESS;
-    for (int i = 0; i < c->num_payloads && n > 0; i++) {
+    for (int i = 0; i < c->num_payloads && n > 0 && quantize; i++) {
         const moea2a_wire_t *w = &c->wire[i];
         if (w->format == MOEA2A_WIRE_AS_IS) continue;
         size_t e = c->payloads[i].elems_per_token;
         moea2a_datatype_t t = c->payloads[i].dtype;
         unsigned char *codes = moe->ws + l->send_codes[i], *scales = moe->ws + l->send_scales[i];
-        const int ue8m0 = (w->flags & MOEA2A_FP8_UE8M0) != 0;
-        if (w->format == MOEA2A_WIRE_FP8 && ov) {
-            CU(comm, OPS->fp8_quantize_ready(payloads[i], t, (size_t)n, e, codes, scales, ue8m0, ov->ready,
-                                             (uint32_t)ov->rows, ov->blocks, ov->stream));
-            continue;
-        }
         if (w->format == MOEA2A_WIRE_FP8) {
-            CU(comm, OPS->fp8_quantize(payloads[i], t, (size_t)n, e, codes, scales, MOEA2A_FP8_SCALES_ROW_MAJOR, ue8m0,
-                                       stream));
+            CU(comm, OPS->fp8_quantize(payloads[i], t, (size_t)n, e, codes, scales, MOEA2A_FP8_SCALES_ROW_MAJOR,
+                                       (w->flags & MOEA2A_FP8_UE8M0) != 0, stream));
             continue;
         }
-        if (ov) return m2a_error(comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: NVFP4 quantized alongside the dispatch");
         /* NVFP4: one global scale over the call's tokens, carried by each row */
         float *g = (float *)(moe->ws + l->send_global[i]);
         CU(comm, OPS->fp4_global_scale(payloads[i], t, (size_t)n * e, g, stream));
@@ -258,7 +269,7 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a
     const m2a_moe_layout_t *l = &moe->l;
     void *s = stream;
     m2a_kpayloads_t pay;
-    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, s, NULL, &pay));
+    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, s, 1, &pay));
     CU(comm, OPS->copy_async(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks, M2A_CUDA_H2D, s));
     CU(comm, OPS->pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
                                         (const int32_t *)(moe->ws + l->send_map), moe->ws,

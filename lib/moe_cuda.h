@@ -26,21 +26,24 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
 moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream);
 /* sanitize, then m2a_moe_cuda_wire_finish */
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);
-/* Quantize on dispatch overlapped with the dispatch kernel (load/store path, FP8
- * payloads only): the quantize kernels run on `stream` (forked from the dispatch's)
- * on `blocks` SMs and count the groups they finished per chunk of `rows` tokens in
- * `ready` (zeroed on the dispatch's stream before the fork). */
+/* The byte arrays' sources for a dispatch's kernels (kparams' num_payloads of them): a
+ * payload as given, or, for one sent quantized, its codes, scales [and global scale]
+ * in the workspace, made from the caller's rows once per token with the standalone
+ * quantize kernels (their bits): here on the stream when `quantize`, else by
+ * m2a_moe_cuda_quantize_alongside. */
+moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
+                                     int quantize, m2a_kpayloads_t *pay);
+/* Quantize on dispatch alongside the dispatch kernel (load/store path, FP8 payloads
+ * only): the quantize kernels run on `stream` (forked from the dispatch's) in `blocks`
+ * blocks and count the groups they finished per chunk of `rows` tokens in `ready`
+ * (zeroed on the dispatch's stream before the fork). */
 typedef struct {
     void *stream;
     uint32_t *ready;
     int rows, blocks;
 } m2a_quant_overlap_t;
-/* The byte arrays' sources for a dispatch's kernels (kparams' num_payloads of them): a
- * payload as given, or, for one sent quantized, its codes, scales [and global scale]
- * made in the workspace from the caller's rows, once per token (the standalone
- * quantize kernels: their bits): first, on the stream, or (ov, FP8 only) alongside. */
-moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
-                                     const m2a_quant_overlap_t *ov, m2a_kpayloads_t *pay);
+moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const void *const *payloads,
+                                                const m2a_quant_overlap_t *ov);
 /* After a dispatch landed (counts in the workspace): quantized payloads' padding
  * scales 0, the scales in the wire's layout, NVFP4's global scale per source. */
 moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *stream);
