@@ -246,6 +246,15 @@ extern "C" int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtyp
     });
 }
 
+extern "C" int m2a_cuda_fp8_quantize_ready_load(void)
+{
+    cudaFuncAttributes a;
+    int e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_BFLOAT16, kThreads, true>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT16, kThreads, true>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT32, kThreads, true>);
+    return e;
+}
+
 extern "C" int m2a_cuda_fp8_dequantize(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k,
                                        void *out, moea2a_datatype_t otype, void *stream)
 {

@@ -1281,6 +1281,12 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
     return (int)cudaGetLastError();
 }
 
+extern "C" int m2a_fast_quant_load(void)
+{
+    cudaFuncAttributes a;
+    return (int)cudaFuncGetAttributes(&a, dispatch_kernel<false, true>);
+}
+
 extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)
 {
     signal_kernel<<<1, M2A_FAST_MAX_PEERS, 0, (cudaStream_t)stream>>>(*f, (uint32_t)blocks);

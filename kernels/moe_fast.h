@@ -88,6 +88,9 @@ int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const u
  * rank's arrival count for this rank moves by `blocks` (the peers wait for blocks per
  * dispatch). After a QUIET send half and the rows the host had copied. */
 int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream);
+/* Loads the dispatch kernel that copies rows quantized alongside it (qrows > 0) now,
+ * not at its first launch (CUDA's lazy loading; m2a_cuda_fp8_quantize_ready_load). */
+int m2a_fast_quant_load(void);
 /* Copy-engine mode's combine sum, once the rows are in this GPU's memory: out[t] = the
  * sum of token t's rows (this rank's own in its combine buffer, the others' in
  * landing[index[rank]][cap][combine row]) in the load/store combine's arithmetic. */

@@ -246,7 +246,8 @@ static void quant_stream_open(moea2a_moe_t moe)
         other |= moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 && moe->cfg.wire[i].format != MOEA2A_WIRE_AS_IS;
     }
     if (!fp8 || other || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS || !on) return;
-    if (OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) || OPS->event_create(&st->join)) {
+    if (OPS->quantize_alongside_load() || OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) ||
+        OPS->event_create(&st->join)) {
         M2A_INFO(M2A_SUBSYS_MOE, "quantize on dispatch: no stream of its own (%s); it runs before the dispatch",
                  OPS->error_string(OPS->clear_error()));
         if (st->join) OPS->event_destroy(st->join);
