@@ -235,12 +235,15 @@ static int quant_groups(const moea2a_moe_t moe)
 }
 
 /* The context's stream for it, at create: where FP8 is the only quantized wire format
- * and MOEA2A_QUANT_OVERLAP allows; without it (or its events) dispatch quantizes first. */
+ * and MOEA2A_QUANT_OVERLAP=1 asks (off by default: on one H100 it cost 17% at 4096
+ * tokens, the copies and the quantization then sharing HBM; it is meant for dispatches
+ * bound by NVLink, unmeasured so far); without it (or its events) dispatch quantizes
+ * first. */
 static void quant_stream_open(moea2a_moe_t moe)
 {
     fast_state_t *st = moe->state;
     int fp8 = 0, other = 0;
-    long on = 1;
+    long on = 0;
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         fp8 |= moe->cfg.wire[i].format == MOEA2A_WIRE_FP8;
         other |= moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 && moe->cfg.wire[i].format != MOEA2A_WIRE_AS_IS;

@@ -35,10 +35,11 @@ static const moea2a_param_t params[] = {
      "48 is the smallest budget within 5% of the best time from 128 to 4096 tokens on 2 x H200 "
      "(moea2a_perf --sms; at 4096 tokens 32 SMs cost 5% on dispatch and 2% on combine, 24 SMs 0% and 23%; "
      "at 128 tokens 32 SMs cost 12% on combine)."},
-    {"MOEA2A_QUANT_OVERLAP", "int", "1",
+    {"MOEA2A_QUANT_OVERLAP", "int", "0",
      "1: on the load/store path a large dispatch that quantizes payloads to FP8 runs the quantization "
      "alongside the dispatch kernel, on the SMs that kernel leaves, and copies each chunk of tokens once it "
-     "is quantized; 0: quantize first, then dispatch (the same bits)."},
+     "is quantized (for dispatches bound by NVLink; on one GPU, bound by memory, it measured slower); "
+     "0 (default): quantize first, then dispatch. The same bits either way."},
     {"MOEA2A_TRANSPORT", "string", "",
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},

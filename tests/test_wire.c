@@ -181,7 +181,8 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     }
     if (m->cuda && !m->nvlink) cq.flags |= MOEA2A_MOE_NO_NVLINK, cp.flags |= MOEA2A_MOE_NO_NVLINK;
     /* every other seed on CUDA: one block per kernel, so that more than 4 tokens take
-     * the load/store dispatch's counter path, where FP8 is quantized alongside it */
+     * the load/store dispatch's counter path, where FP8 is quantized alongside it
+     * (MOEA2A_QUANT_OVERLAP=1, set for the CUDA runs) */
     if (m->cuda && (seed / 7) % 2 == 0) cq.num_sms = cp.num_sms = 1;
     moea2a_moe_t mq, mp;
     if (moea2a_moe_create(&mq, comm, &cq) || moea2a_moe_create(&mp, comm, &cp)) {
@@ -325,6 +326,7 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     if (m->cuda) {
         if (cudaSetDevice(me % m->ndev) != cudaSuccess) return 1;
         cfg.cuda_device = me % m->ndev;
+        setenv("MOEA2A_QUANT_OVERLAP", "1", 1); /* FP8 quantized alongside the dispatch where it can */
     }
 #endif
     moea2a_comm_t comm;
