@@ -33,7 +33,13 @@
  *   2. (token, 1 KB segment) units taken from a counter (few tokens: 2 KB segments
  *      split evenly, in a kernel of its own): each token's rows, read over NVLink in
  *      ascending rank order and summed in fp32 from 0.0f, rounded once: the host
- *      reference's arithmetic. */
+ *      reference's arithmetic.
+ *  variants: copy-engine mode runs the dispatch's send half QUIET, without payload
+ *   arrays (steps 1-3 and 5's counts and headers, no rows, no signal); the host copies
+ *   the rows, signal_kernel signals, and landing_reduce_kernel sums the combine's rows
+ *   once the copy engines brought them here. A dispatch whose FP8 rows are quantized
+ *   alongside it (dispatch_kernel<false, true>) waits in step 4 for each chunk's
+ *   quantization counter and reads the rows through L2. */
 #include <cuda_runtime.h>
 #ifdef M2A_FAST_PROFILE
 #include <stdio.h>

@@ -211,8 +211,6 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
                      moea2a_strerror((moea2a_result_t)code), step, why, comm->timeout_s);
 }
 
-static moea2a_result_t fast_status(moea2a_moe_t moe);
-
 /* Quantize on dispatch alongside the dispatch kernel, when the payloads sent quantized
  * are all FP8 (its kernels count finished rows per chunk), the batch takes the
  * counter's path (over 4 tokens per block) and the GPU has SMs the dispatch does not
@@ -280,11 +278,12 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
 {
     fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
-    m2a_fast_t f = st->f;
+    const m2a_fast_t *fp = &st->f;
+    m2a_fast_t f; /* with the quantization's chunks, when it runs alongside */
     /* the quantization's blocks: 8 of 256 threads per SM the dispatch leaves (launched
      * after the dispatch, they find its SMs full: each block of it holds most of an SM's
      * registers) */
-    m2a_quant_overlap_t ov = {st->qstream, (uint32_t *)(f.peer[moe->comm->rank] + f.ctl + M2A_FAST_CTL_QREADY),
+    m2a_quant_overlap_t ov = {st->qstream, (uint32_t *)(fp->peer[moe->comm->rank] + fp->ctl + M2A_FAST_CTL_QREADY),
                               (n + M2A_FAST_QCHUNKS - 1) / M2A_FAST_QCHUNKS, 8 * (st->sms - st->blocks)};
     const int along = status == MOEA2A_SUCCESS && quant_alongside(moe, n, phases, payloads);
     (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
@@ -296,7 +295,7 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
             st->poisoned = MOEA2A_ERR_CUDA;
             return cuda_fail(moe->comm, e, "quantize on dispatch: the fork of its stream");
         }
-        f.qrows = ov.rows, f.qgroups = (uint32_t)quant_groups(moe);
+        f = st->f, f.qrows = ov.rows, f.qgroups = (uint32_t)quant_groups(moe), fp = &f;
     }
     moea2a_result_t r = m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, !along, &pay);
     if (r != MOEA2A_SUCCESS) { /* the peers wait for this launch: it goes, as a failed rank's */
@@ -314,7 +313,7 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
             return r;
         }
     }
-    int e = OPS->fast_dispatch(&f, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
+    int e = OPS->fast_dispatch(fp, st->blocks, status ? 0 : n, stride, (int)status, pay, status ? NULL : ids,
                               status ? NULL : weights, phases, stream);
     if (e) {
         st->poisoned = MOEA2A_ERR_CUDA;
@@ -391,8 +390,8 @@ static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
     if (r == MOEA2A_SUCCESS) fast_params(moe), quant_stream_open(moe);
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
         fast_state_t *st = moe->state;
-        r = m2a_moe_agree(moe->comm, r == MOEA2A_SUCCESS ? m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce) : r,
-                          NULL);
+        if (r == MOEA2A_SUCCESS) r = m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce);
+        r = m2a_moe_agree(moe->comm, r, NULL);
     }
     return r;
 }

@@ -116,21 +116,26 @@ moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int blocks
     return m2a_moe_cuda_sync(moe, stream, "moea2a_dispatch (copy-engine mode, the routing)");
 }
 
+/* A run of len tokens from token t, to rank q's slots from s: a copy per payload. */
+static void add_run(m2a_ce_t *ce, const m2a_kparams_t *p, const m2a_kpayloads_t *pay, int stride, int q, int t, int s,
+                    int len, size_t *nc)
+{
+    for (int a = 0; a < p->num_payloads && len; a++, (*nc)++) {
+        ce->dst[*nc] = ce->f->peer[q] + p->ws_off[a] + ((size_t)p->me * stride + (size_t)s) * p->width[a];
+        ce->src[*nc] = (const unsigned char *)pay->p[a] + (size_t)t * p->width[a];
+        ce->bytes[*nc] = (size_t)len * p->width[a];
+    }
+}
+
 moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride,
                                      m2a_kpayloads_t pay, void *stream)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_kparams_t *p = (const m2a_kparams_t *)moe->kparams;
-    const int ep = p->ep, me = p->me, k = p->k, cap = p->cap, P = p->num_payloads;
+    const int ep = p->ep, k = p->k, cap = p->cap;
     /* each destination's open run: its first token and slot, its length */
     int run_t[M2A_FAST_MAX_PEERS], run_s[M2A_FAST_MAX_PEERS], run_n[M2A_FAST_MAX_PEERS] = {0};
     size_t nc = 0;
-#define FLUSH(q)                                                                                               \
-    for (int a = 0; a < P && run_n[q]; a++, nc++) {                                                            \
-        ce->dst[nc] = ce->f->peer[q] + p->ws_off[a] + ((size_t)me * stride + (size_t)run_s[q]) * p->width[a]; \
-        ce->src[nc] = (const unsigned char *)pay.p[a] + (size_t)run_t[q] * p->width[a];                      \
-        ce->bytes[nc] = (size_t)run_n[q] * p->width[a];                                                       \
-    }
     for (int t = 0; t < n; t++) {
         for (int d = 0; d < k; d++) {
             const int32_t code = ce->map[(size_t)t * k + d];
@@ -145,12 +150,11 @@ moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int blocks,
                 run_n[q]++;
                 continue;
             }
-            FLUSH(q);
+            add_run(ce, p, &pay, stride, q, run_t[q], run_s[q], run_n[q], &nc);
             run_t[q] = t, run_s[q] = s, run_n[q] = 1;
         }
     }
-    for (int q = 0; q < ep; q++) FLUSH(q);
-#undef FLUSH
+    for (int q = 0; q < ep; q++) add_run(ce, p, &pay, stride, q, run_t[q], run_s[q], run_n[q], &nc);
     int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
     if (e) return cuda_fail(comm, e, "the rows' copies");
     e = OPS->fast_signal(ce->f, blocks, stream);
