@@ -178,29 +178,40 @@ static void test_ep_once(void)
     tap_ok(a.payload_bytes[0] == 16u * 1024 * 7168 * 2, "bf16 payload is ep x cap x 7168 x 2 bytes exactly");
 }
 
+/* moea2a_info --workspace KEYS (its topology= given) against the API for the same
+ * context: its last line is the API's total. */
+static void info_matches(const char *keys, const char *xml, int ep, int rpn, int rank, const moea2a_moe_config_t *c)
+{
+    const char *b = getenv("top_builddir");
+    char cmd[2048], line[512], last[512] = "", path[1024];
+    snprintf(path, sizeof(path), "%s/tests/topologies/%s", srcdir(), xml);
+    snprintf(cmd, sizeof(cmd), "%s/tools/moea2a_info --workspace %s,topology=%s 2>&1", b && *b ? b : ".", keys, path);
+    FILE *f = popen(cmd, "r");
+    while (f && fgets(line, sizeof(line), f)) snprintf(last, sizeof(last), "%s", line);
+    int rc = f ? pclose(f) : -1;
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    lay.ep = ep, lay.ranks_per_node = rpn, lay.rank = rank, lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    moea2a_moe_workspace_size_layout(&lay, c, &s);
+    char want[64];
+    snprintf(want, sizeof(want), "total %zu bytes\n", s.total_bytes);
+    tap_ok(rc == 0 && !strcmp(last, want), "moea2a_info --workspace %s ends with '%.*s' (got '%.*s')", keys,
+           (int)strlen(want) - 1, want, (int)strcspn(last, "\n"), last);
+}
+
 /* moea2a_info --workspace prints the breakdown and ends with the API's total. */
 static void test_info_tool(void)
 {
     const char *b = getenv("top_builddir");
-    char cmd[2048], line[512], last[512] = "";
-    snprintf(cmd, sizeof(cmd),
-             "%s/tools/moea2a_info --workspace ep=16,hidden=7168,topk=8,experts=256,cap=8192,dtype=bf16,weights=1,"
-             "ranks_per_node=8,rank=3,memory=cuda,topology=%s/tests/topologies/8gpu-2socket-4nic.xml 2>&1",
-             b && *b ? b : ".", srcdir());
-    FILE *f = popen(cmd, "r");
-    while (f && fgets(line, sizeof(line), f)) snprintf(last, sizeof(last), "%s", line);
-    int rc = f ? pclose(f) : -1;
+    char cmd[2048], line[512];
     moea2a_moe_config_t c = deepseek(8192, 1, MOEA2A_BFLOAT16);
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/tests/topologies/8gpu-2socket-4nic.xml", srcdir());
-    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
-    lay.ep = 16, lay.ranks_per_node = 8, lay.rank = 3, lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_CUDA;
-    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
-    moea2a_moe_workspace_size_layout(&lay, &c, &s);
-    char want[64];
-    snprintf(want, sizeof(want), "total %zu bytes\n", s.total_bytes);
-    tap_ok(rc == 0 && !strcmp(last, want), "moea2a_info --workspace ends with '%.*s' (got '%.*s')", (int)strlen(want) - 1,
-           want, (int)strcspn(last, "\n"), last);
+    info_matches("ep=16,hidden=7168,topk=8,experts=256,cap=8192,dtype=bf16,weights=1,ranks_per_node=8,rank=3,"
+                 "memory=cuda", "8gpu-2socket-4nic.xml", 16, 8, 3, &c);
+    moea2a_moe_config_t ce = deepseek(4096, 0, MOEA2A_BFLOAT16);
+    ce.flags |= MOEA2A_MOE_COPY_ENGINE;
+    info_matches("ep=4,hidden=7168,topk=8,experts=256,cap=4096,dtype=bf16,ranks_per_node=4,rank=1,memory=cuda,"
+                 "engine=ce", "4gpu-nvlink.xml", 4, 4, 1, &ce);
+    FILE *f;
     snprintf(cmd, sizeof(cmd), "%s/tools/moea2a_info --workspace ep=32,hidden=7168,topk=8,cap=8192,dtype=bf16,mem=80G >/dev/null 2>&1; echo $?",
              b && *b ? b : ".");
     f = popen(cmd, "r");

@@ -20,6 +20,7 @@ typedef struct {
     const char *topology;
     double mem_limit;
     moea2a_wire_t wire; /* wire=fp8|fp8-ue8m0|nvfp4: the payload quantized on dispatch */
+    int copy_engine;    /* engine=ce: MOEA2A_MOE_COPY_ENGINE */
 } ws_args_t;
 
 /* The wire settings of moea2a_perf --wire: MN-major FP8 scales (fp32 or UE8M0), 128x4
@@ -69,6 +70,7 @@ static int parse_args(char *spec, ws_args_t *a)
         else if (!strcmp(kv, "combine") && !parse_dtype(v, &a->combine)) continue;
         else if (!strcmp(kv, "topology")) a->topology = v;
         else if (!strcmp(kv, "wire") && !parse_wire(v, &a->wire)) continue;
+        else if (!strcmp(kv, "engine") && (!strcmp(v, "sm") || !strcmp(v, "ce"))) a->copy_engine = !strcmp(v, "ce");
         else if (!strcmp(kv, "mem") && (a->mem_limit = parse_bytes(v)) > 0) continue;
         else if (!strcmp(kv, "memory") && (!strcmp(v, "cuda") || !strcmp(v, "host") || !strcmp(v, "auto")))
             a->memory = !strcmp(v, "cuda") ? MOEA2A_MEMORY_CUDA : !strcmp(v, "host") ? MOEA2A_MEMORY_HOST : MOEA2A_MEMORY_AUTO;
@@ -92,6 +94,7 @@ static moea2a_moe_config_t config_of(const ws_args_t *a)
         c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, (size_t)a->hidden / 16};
     }
     if (a->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
+    if (a->copy_engine) c.flags |= MOEA2A_MOE_COPY_ENGINE;
     c.wire[0] = a->wire;
     if (a->align > 0 || a->expert_rows > 0) {
         c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, c.expert_alignment = a->align, c.max_expert_rows = a->expert_rows;
