@@ -86,11 +86,6 @@ static int copy_batch(void *const *dst, const void *const *src, const size_t *by
     }
     return 0;
 }
-static int quantize_alongside_load(void)
-{
-    int e = m2a_cuda_fp8_quantize_ready_load();
-    return e ? e : m2a_fast_quant_load();
-}
 static int stream_create(void **stream)
 {
     return (int)cudaStreamCreateWithFlags((cudaStream_t *)stream, cudaStreamNonBlocking);
@@ -155,7 +150,8 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .fast_signal = m2a_fast_signal,
     .fast_landing_reduce = m2a_fast_landing_reduce,
     .fp8_quantize_ready = m2a_cuda_fp8_quantize_ready,
-    .quantize_alongside_load = quantize_alongside_load,
+    .quantize_alongside_load = m2a_cuda_fp8_quantize_ready_load,
+    .fast_load = m2a_fast_load,
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,
     .event_create = event_create,

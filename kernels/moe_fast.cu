@@ -1287,10 +1287,28 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
     return (int)cudaGetLastError();
 }
 
-extern "C" int m2a_fast_quant_load(void)
+/* Every kernel of this file, loaded now (cudaFuncGetAttributes loads a function). */
+template <typename K> static int load(K kernel, int e)
 {
     cudaFuncAttributes a;
-    return (int)cudaFuncGetAttributes(&a, dispatch_kernel<false, true>);
+    return e ? e : (int)cudaFuncGetAttributes(&a, kernel);
+}
+
+extern "C" int m2a_fast_load(void)
+{
+    int e = load(dispatch_kernel<true>, 0);
+    e = load(dispatch_kernel<false>, e);
+    e = load(dispatch_kernel<false, true>, e);
+    e = load(combine_kernel<MOEA2A_FLOAT32, false>, e);
+    e = load(combine_kernel<MOEA2A_FLOAT32, true>, e);
+    e = load(combine_kernel<MOEA2A_FLOAT16, false>, e);
+    e = load(combine_kernel<MOEA2A_FLOAT16, true>, e);
+    e = load(combine_kernel<MOEA2A_BFLOAT16, false>, e);
+    e = load(combine_kernel<MOEA2A_BFLOAT16, true>, e);
+    e = load(signal_kernel, e);
+    e = load(landing_reduce_kernel<MOEA2A_FLOAT32>, e);
+    e = load(landing_reduce_kernel<MOEA2A_FLOAT16>, e);
+    return load(landing_reduce_kernel<MOEA2A_BFLOAT16>, e);
 }
 
 extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)

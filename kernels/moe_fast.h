@@ -88,9 +88,11 @@ int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const u
  * rank's arrival count for this rank moves by `blocks` (the peers wait for blocks per
  * dispatch). After a QUIET send half and the rows the host had copied. */
 int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream);
-/* Loads the dispatch kernel that copies rows quantized alongside it (qrows > 0) now,
- * not at its first launch (CUDA's lazy loading; m2a_cuda_fp8_quantize_ready_load). */
-int m2a_fast_quant_load(void);
+/* Loads every kernel here now, not at its first launch: with CUDA's lazy loading a
+ * kernel loads at its first launch, which waits for the kernels running on the device;
+ * these wait for each other across streams (another context's, a quantization
+ * alongside), so a first launch behind a waiting one would never come. */
+int m2a_fast_load(void);
 /* Copy-engine mode's combine sum, once the rows are in this GPU's memory: out[t] = the
  * sum of token t's rows (this rank's own in its combine buffer, the others' in
  * landing[index[rank]][cap][combine row]) in the load/store combine's arithmetic. */

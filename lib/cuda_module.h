@@ -108,10 +108,11 @@ typedef struct moea2a_cuda_v1 {
      * back with events (capturable) */
     int (*fp8_quantize_ready)(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
                               int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, void *stream);
-    /* both sides of it loaded before first use: with CUDA's lazy loading a kernel loads
-     * at its first launch, after the device's running kernels end, and the dispatch
-     * spins until the quantization runs */
+    /* the quantization's kernels loaded before first use: with CUDA's lazy loading a
+     * kernel loads at its first launch, after the device's running kernels end, and the
+     * dispatch spins until the quantization runs */
     int (*quantize_alongside_load)(void);
+    int (*fast_load)(void); /* the load/store kernels, the same way (m2a_fast_load) */
     int (*stream_create)(void **stream); /* non-blocking: no implicit order with the legacy stream */
     void (*stream_destroy)(void *stream);
     int (*event_create)(void **event); /* no timing */

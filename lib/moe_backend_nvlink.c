@@ -107,6 +107,12 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     int blocks = moe->cfg.num_sms, sms = 0;
     if (r == MOEA2A_SUCCESS && comm->cuda_device >= 0 && OPS->set_device(comm->cuda_device) != 0)
         r = m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a_moe_create: cudaSetDevice(%d) failed", comm->cuda_device);
+    /* loaded now: loaded at a first launch, a kernel would wait for the device's running
+     * ones, which may be this context's or another's waiting for peers */
+    if (r == MOEA2A_SUCCESS) {
+        int e = OPS->fast_load();
+        if (e) r = cuda_fail(comm, e, "loading the load/store kernels");
+    }
     if (r == MOEA2A_SUCCESS && OPS->sm_count(moe->device, &sms) == 0 &&
         sms < blocks)
         blocks = sms; /* every block must be resident: they wait for each other's peers */
