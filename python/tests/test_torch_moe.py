@@ -66,9 +66,10 @@ def xs(rank, seed):
     return ((np.arange(n)[:, None] * 3 + rank * 5 + np.arange(H)[None, :] + seed) % 16 - 8).astype(np.float32)
 
 
-def rank_main(rank, ep, uid, port=None):
+def rank_main(rank, ep, uid, port=None, copy_engine=False):
     """One rank: its communicator from uid, or (with a port) from a torch.distributed
-    NCCL group of ep ranks through Comm.from_torch."""
+    NCCL group of ep ranks through Comm.from_torch; copy_engine: the rows moved by the
+    GPU's copy engines (MOEA2A_MOE_COPY_ENGINE)."""
     torch.cuda.set_device(rank)
     if port is not None:
         import torch.distributed as dist
@@ -79,7 +80,7 @@ def rank_main(rank, ep, uid, port=None):
     else:
         comm = moea2a.Comm(ep, rank, uid, cuda_device=rank)
     with comm:
-        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda")
+        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda", copy_engine=copy_engine)
         stream = torch.cuda.Stream()
         for seed in (1, 2, 3):
             ids, _ = tokens(rank, seed)
@@ -104,6 +105,23 @@ def free_port():
 
 def test_one_rank():
     rank_main(0, 1, moea2a.unique_id())
+
+
+def test_copy_engine_one_rank():
+    """Copy-engine mode gives the same rows and sums; under CUDA graph capture its
+    dispatch raises moea2a.Unavailable (it waits on the host) and launches nothing."""
+    rank_main(0, 1, moea2a.unique_id(), copy_engine=True)
+    with moea2a.Comm(1, 0, moea2a.unique_id(), cuda_device=0) as comm:
+        moe = moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", memory="cuda", copy_engine=True)
+        ids, _ = tokens(0, 1)
+        dx, dids = bf16(xs(0, 1)), torch.from_numpy(ids).cuda()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with pytest.raises(moea2a.Unavailable, match="CUDA graph"):
+                with torch.cuda.graph(graph, stream=stream):
+                    moe.dispatch(dx, dids, stream=stream)
+        moe.close()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
