@@ -75,8 +75,8 @@ constexpr uint32_t kMaxGroups = 1u << 30;             /* per launch: 32-bit indi
  * lane reaches every shuffle. READY (quantize on dispatch, overlapped with the
  * dispatch kernel): each warp adds the groups it wrote to ready[row / chunk_rows]
  * once they are visible, which the dispatch waits for before copying those rows. */
-template <moea2a_datatype_t T, int NT = kThreads, bool READY = false>
-__global__ void __launch_bounds__(NT) quantize(const void *x, uint32_t groups, uint32_t g_n, uint4 *q,
+template <moea2a_datatype_t T, bool READY = false>
+__global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t groups, uint32_t g_n, uint4 *q,
                                                unsigned char *scales, int layout, int ue8m0, size_t r0, size_t m_pad,
                                                uint32_t *ready = nullptr, uint32_t chunk_rows = 1)
 {
@@ -191,6 +191,34 @@ template <typename Launch> int by_rows(size_t m, size_t k, size_t group, Launch 
     return (int)cudaGetLastError();
 }
 
+/* Both quantize entry points: by_rows' launches of the READY variant or not, in `blocks`
+ * blocks (0: as many as the rows need, up to 8 per SM). */
+template <bool READY>
+int quantize_rows(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales, int layout,
+                         int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, cudaStream_t s)
+{
+    const size_t m_pad = (m + 3) / 4 * 4, esz = xtype == MOEA2A_FLOAT32 ? 4 : 2;
+    unsigned char *sb = static_cast<unsigned char *>(scales);
+    return by_rows(m, k, kGroup, [&](size_t r0, uint32_t groups, uint32_t g_n, int grid) {
+        const void *xs = static_cast<const char *>(x) + r0 * k * esz;
+        uint4 *qs = reinterpret_cast<uint4 *>(static_cast<unsigned char *>(q) + r0 * k);
+        const int g = blocks > 0 ? blocks : grid;
+        switch (xtype) {
+        case MOEA2A_BFLOAT16:
+            quantize<MOEA2A_BFLOAT16, READY><<<g, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
+                                                                    ready, chunk_rows);
+            break;
+        case MOEA2A_FLOAT16:
+            quantize<MOEA2A_FLOAT16, READY><<<g, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
+                                                                   ready, chunk_rows);
+            break;
+        default:
+            quantize<MOEA2A_FLOAT32, READY><<<g, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
+                                                                   ready, chunk_rows);
+        }
+    });
+}
+
 } // namespace
 
 /* lib/fp8.c has checked the alignment (values and codes 16 bytes, scales 4) and k. */
@@ -198,60 +226,26 @@ extern "C" int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, siz
                                      int layout, int ue8m0, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    const size_t nkb = k / M2A_FP8_BLOCK, m_pad = (m + 3) / 4 * 4, esz = xtype == MOEA2A_FLOAT32 ? 4 : 2;
-    const size_t bytes = m2a_fp8_scale_bytes(layout, ue8m0, m, nkb);
+    const size_t nkb = k / M2A_FP8_BLOCK, bytes = m2a_fp8_scale_bytes(layout, ue8m0, m, nkb);
     /* padding rows (MN-major) and unused bytes of UE8M0 words are 0 */
     if (bytes != m * nkb * (ue8m0 ? 1 : 4)) cudaMemsetAsync(scales, 0, bytes, s);
-    unsigned char *sb = static_cast<unsigned char *>(scales);
-    return by_rows(m, k, kGroup, [&](size_t r0, uint32_t groups, uint32_t g_n, int grid) {
-        const void *xs = static_cast<const char *>(x) + r0 * k * esz;
-        uint4 *qs = reinterpret_cast<uint4 *>(static_cast<unsigned char *>(q) + r0 * k);
-        switch (xtype) {
-        case MOEA2A_BFLOAT16:
-            quantize<MOEA2A_BFLOAT16><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
-            break;
-        case MOEA2A_FLOAT16:
-            quantize<MOEA2A_FLOAT16><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
-            break;
-        default: quantize<MOEA2A_FLOAT32><<<grid, kThreads, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad);
-        }
-    });
+    return quantize_rows<false>(x, xtype, m, k, q, scales, layout, ue8m0, nullptr, 1, 0, s);
 }
 
 extern "C" int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q,
                                            void *scales, int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks,
                                            void *stream)
 {
-    cudaStream_t s = (cudaStream_t)stream;
-    const size_t esz = xtype == MOEA2A_FLOAT32 ? 4 : 2, m_pad = (m + 3) / 4 * 4;
-    unsigned char *sb = static_cast<unsigned char *>(scales);
-    constexpr int NT = kThreads;
-    return by_rows(m, k, kGroup, [&](size_t r0, uint32_t groups, uint32_t g_n, int) {
-        const void *xs = static_cast<const char *>(x) + r0 * k * esz;
-        uint4 *qs = reinterpret_cast<uint4 *>(static_cast<unsigned char *>(q) + r0 * k);
-        const int layout = MOEA2A_FP8_SCALES_ROW_MAJOR;
-        switch (xtype) {
-        case MOEA2A_BFLOAT16:
-            quantize<MOEA2A_BFLOAT16, NT, true><<<blocks, NT, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
-                                                                      ready, chunk_rows);
-            break;
-        case MOEA2A_FLOAT16:
-            quantize<MOEA2A_FLOAT16, NT, true><<<blocks, NT, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
-                                                                     ready, chunk_rows);
-            break;
-        default:
-            quantize<MOEA2A_FLOAT32, NT, true><<<blocks, NT, 0, s>>>(xs, groups, g_n, qs, sb, layout, ue8m0, r0, m_pad,
-                                                                     ready, chunk_rows);
-        }
-    });
+    return quantize_rows<true>(x, xtype, m, k, q, scales, MOEA2A_FP8_SCALES_ROW_MAJOR, ue8m0, ready, chunk_rows, blocks,
+                               (cudaStream_t)stream);
 }
 
 extern "C" int m2a_cuda_fp8_quantize_ready_load(void)
 {
     cudaFuncAttributes a;
-    int e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_BFLOAT16, kThreads, true>);
-    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT16, kThreads, true>);
-    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT32, kThreads, true>);
+    int e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_BFLOAT16, true>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT16, true>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT32, true>);
     return e;
 }
 

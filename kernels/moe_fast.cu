@@ -1040,19 +1040,29 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     }
 }
 
-/* Token t's rows in the peers' combine buffers, ascending rank (D <= 64): row d in lane
- * d (*row_lo) or d - 32 (*row_hi); *nd of them. One warp. */
+/* Token t's rows, ascending rank (D <= 64), at(code) the row of a send map code (rank x
+ * cap + slot): row d in lane d (*row_lo) or d - 32 (*row_hi); *nd of them. One warp. */
+template <typename At>
+__device__ __forceinline__ void map_rows(const int32_t *send_map, int k, int t, int D, At at, int *nd,
+                                         const unsigned char **row_lo, const unsigned char **row_hi)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t *map = send_map + (size_t)t * k;
+    const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
+    *nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
+    if (lo >= 0) *row_lo = at(lo);
+    if (hi >= 0) *row_hi = at(hi);
+}
+
+/* Token t's rows in the peers' combine buffers. */
 __device__ __forceinline__ void token_rows(const m2a_fast_t &f, const int32_t *send_map, int t, int D, int stride,
                                            size_t row, int *nd, const unsigned char **row_lo,
                                            const unsigned char **row_hi)
 {
     const m2a_kparams_t &p = f.p;
-    const int lane = threadIdx.x & 31;
-    const int32_t *map = send_map + (size_t)t * p.k;
-    const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
-    *nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-    if (lo >= 0) *row_lo = f.peer[lo / p.cap] + f.combine + ((size_t)p.me * stride + lo % p.cap) * row;
-    if (hi >= 0) *row_hi = f.peer[hi / p.cap] + f.combine + ((size_t)p.me * stride + hi % p.cap) * row;
+    map_rows(send_map, p.k, t, D, [&](int32_t c) {
+        return (const unsigned char *)(f.peer[c / p.cap] + f.combine + ((size_t)p.me * stride + c % p.cap) * row);
+    }, nd, row_lo, row_hi);
 }
 
 /* The reduce for few tokens (up to kSmallUnitsPerWarp units of kSegSmall bytes per
@@ -1207,7 +1217,7 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
                                                               unsigned char *__restrict__ out)
 {
     const m2a_kparams_t &p = f.p;
-    const int D = p.k < p.ep ? p.k : p.ep, lane = threadIdx.x & 31;
+    const int D = p.k < p.ep ? p.k : p.ep;
     const unsigned char *ws = f.peer[p.me];
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t row = f.combine_row, out_row = f.hidden * Val<DT>::size;
@@ -1223,14 +1233,7 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     };
     for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
         const int t = (int)(u / S);
-        if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
-            const int32_t *map = send_map + (size_t)t * p.k;
-            const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
-            nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-            if (lo >= 0) row_lo = at(lo);
-            if (hi >= 0) row_hi = at(hi);
-            t_prev = t;
-        }
+        if (t != t_prev) map_rows(send_map, p.k, t, D, at, &nd, &row_lo, &row_hi), t_prev = t;
         const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
         reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
     }
