@@ -270,10 +270,10 @@ static moea2a_result_t ce_send(moea2a_moe_t moe, int n, const int32_t *ids, cons
                                int stride, moea2a_result_t status, void *stream)
 {
     fast_state_t *st = moe->state;
-    M2A_TRY(m2a_ce_dispatch_route(moe, st->ce, st->blocks, n, stride, (int)status, ids, weights, stream));
+    M2A_TRY(m2a_ce_dispatch_route(moe, st->ce, n, stride, (int)status, ids, weights, stream));
     if (status != MOEA2A_SUCCESS) return MOEA2A_SUCCESS;
     M2A_TRY(fast_status(moe));
-    return m2a_ce_dispatch_rows(moe, st->ce, st->blocks, n, stride, pay, stream);
+    return m2a_ce_dispatch_rows(moe, st->ce, n, stride, pay, stream);
 }
 
 /* One dispatch launch; status != MOEA2A_SUCCESS: this rank's checks failed, it tells

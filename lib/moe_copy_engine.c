@@ -95,7 +95,7 @@ static moea2a_result_t refuse_capture(moea2a_moe_t moe, void *stream, const char
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride, int status,
+moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int n, int stride, int status,
                                       const int32_t *ids, const float *weights, void *stream)
 {
     moea2a_comm_t comm = moe->comm;
@@ -103,11 +103,11 @@ moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int blocks
     m2a_kpayloads_t none;
     memset(&none, 0, sizeof(none));
     memset(ce->sent, 0, sizeof(ce->sent));
-    int e = OPS->fast_dispatch(&ce->route, blocks, status ? 0 : n, stride, status, none, status ? NULL : ids,
+    int e = OPS->fast_dispatch(&ce->route, ce->blocks, status ? 0 : n, stride, status, none, status ? NULL : ids,
                                status ? NULL : weights, M2A_FAST_SEND | M2A_FAST_QUIET, stream);
     if (e) return cuda_fail(comm, e, "the routing launch");
     if (status) { /* the peers learn this rank's failure from its header, after the signal */
-        e = OPS->fast_signal(ce->f, blocks, stream);
+        e = OPS->fast_signal(ce->f, ce->blocks, stream);
         return e ? cuda_fail(comm, e, "the signal launch") : MOEA2A_SUCCESS;
     }
     const size_t map_bytes = 4 * (size_t)n * (size_t)moe->cfg.top_k;
@@ -127,7 +127,7 @@ static void add_run(m2a_ce_t *ce, const m2a_kparams_t *p, const m2a_kpayloads_t 
     }
 }
 
-moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride,
+moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int stride,
                                      m2a_kpayloads_t pay, void *stream)
 {
     moea2a_comm_t comm = moe->comm;
@@ -157,7 +157,7 @@ moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int blocks,
     for (int q = 0; q < ep; q++) add_run(ce, p, &pay, stride, q, run_t[q], run_s[q], run_n[q], &nc);
     int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
     if (e) return cuda_fail(comm, e, "the rows' copies");
-    e = OPS->fast_signal(ce->f, blocks, stream);
+    e = OPS->fast_signal(ce->f, ce->blocks, stream);
     return e ? cuda_fail(comm, e, "the signal launch") : MOEA2A_SUCCESS;
 }
 

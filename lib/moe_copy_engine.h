@@ -27,7 +27,7 @@ typedef struct m2a_ce m2a_ce_t;
 void m2a_ce_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out);
 
 /* After the workspace, its window and f exist: the state (*out), the landing index
- * uploaded. blocks: the SM budget (the combine's sum runs on as many blocks);
+ * uploaded. blocks: the SM budget (the blocks of every launch here);
  * pinned_off: where its pinned part starts in the backend's
  * share of moe->pinned. */
 moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out);
@@ -38,10 +38,10 @@ void m2a_ce_destroy(m2a_ce_t *ce);
  * and the signal follows at once. Otherwise it waits for the stream (bounded) and
  * reads the send map: the caller then checks the launch's device error record before
  * m2a_ce_dispatch_rows. A capturing stream is refused (MOEA2A_ERR_UNAVAILABLE). */
-moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride, int status,
+moea2a_result_t m2a_ce_dispatch_route(moea2a_moe_t moe, m2a_ce_t *ce, int n, int stride, int status,
                                       const int32_t *ids, const float *weights, void *stream);
 /* Second part: the rows by the copy engines, then the signal. */
-moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int blocks, int n, int stride,
+moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int stride,
                                      m2a_kpayloads_t pay, void *stream);
 /* Before a combine launches anything: a capturing stream is refused. */
 moea2a_result_t m2a_ce_combine_check(moea2a_moe_t moe, void *stream);

@@ -217,7 +217,6 @@ static int graph_replays(moea2a_moe_t dm, int rank, const moe_case_t *c, const i
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "CUDA graph"),
                     "copy-engine mode under capture: %s: %s", moea2a_strerror(r), moea2a_last_error(NULL));
         if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
-        (void)din, (void)dout, (void)hout, (void)rowb, (void)res, (void)ge;
         return fails;
     }
     r = r ? r : moea2a_dispatch_send(dm, c->n, dids, dw, dp, c->rt, s);
