@@ -239,20 +239,21 @@ static int quant_groups(const moea2a_moe_t moe)
 }
 
 /* The context's stream for it, at create: where FP8 is the only quantized wire format
- * and MOEA2A_QUANT_OVERLAP=1 asks (off by default: on one H100 it cost 17% at 4096
- * tokens, the copies and the quantization then sharing HBM; it is meant for dispatches
- * bound by NVLink, unmeasured so far); without it (or its events) dispatch quantizes
- * first. */
+ * and MOEA2A_QUANT_OVERLAP allows: by default where the context spans 2+ GPUs (2 x
+ * H200, 4096 tokens: 131 against 142 us; with one rank, every row an HBM copy, the two
+ * kernels share one memory and it cost 17% on an H100); without it (or its events)
+ * dispatch quantizes first. */
 static void quant_stream_open(moea2a_moe_t moe)
 {
     fast_state_t *st = moe->state;
     int fp8 = 0, other = 0;
-    long on = 0;
+    long on = -1;
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         fp8 |= moe->cfg.wire[i].format == MOEA2A_WIRE_FP8;
         other |= moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 && moe->cfg.wire[i].format != MOEA2A_WIRE_AS_IS;
     }
-    if (!fp8 || other || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS || !on) return;
+    if (!fp8 || other || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS) return;
+    if (on == 0 || (on < 0 && moe->comm->nranks < 2)) return;
     if (OPS->quantize_alongside_load() || OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) ||
         OPS->event_create(&st->join)) {
         M2A_INFO(M2A_SUBSYS_MOE, "quantize on dispatch: no stream of its own (%s); it runs before the dispatch",

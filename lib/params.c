@@ -35,11 +35,12 @@ static const moea2a_param_t params[] = {
      "48 is the smallest budget within 5% of the best time from 128 to 4096 tokens on 2 x H200 "
      "(moea2a_perf --sms; at 4096 tokens 32 SMs cost 5% on dispatch and 2% on combine, 24 SMs 0% and 23%; "
      "at 128 tokens 32 SMs cost 12% on combine)."},
-    {"MOEA2A_QUANT_OVERLAP", "int", "0",
-     "1: on the load/store path a large dispatch that quantizes payloads to FP8 runs the quantization "
-     "alongside the dispatch kernel, on the SMs that kernel leaves, and copies each chunk of tokens once it "
-     "is quantized (for dispatches bound by NVLink; on one GPU, bound by memory, it measured slower); "
-     "0 (default): quantize first, then dispatch. The same bits either way."},
+    {"MOEA2A_QUANT_OVERLAP", "int", "-1",
+     "On the load/store path a large dispatch that quantizes payloads to FP8 can run the quantization "
+     "alongside the dispatch kernel, on the SMs that kernel leaves, copying each chunk of tokens once it is "
+     "quantized. -1 (default): where the context spans 2 or more GPUs (the dispatch bound by NVLink: 131 "
+     "against 142 us at 4096 tokens on 2 x H200; on one GPU, bound by memory, it cost 17%); 1: always; 0: "
+     "never (quantize first, then dispatch). The same bits either way."},
     {"MOEA2A_TRANSPORT", "string", "",
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},

@@ -179,8 +179,8 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
           --dtype bf16 --wire $w --baseline --check 1 --iters "${ITERS:-30}" --warmup 10 |
         grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
     done
-    echo "== the same, FP8 quantized alongside the dispatch (MOEA2A_QUANT_OVERLAP=1)"
-    MOEA2A_QUANT_OVERLAP=1 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" \
+    echo "== the same, FP8 quantized first (MOEA2A_QUANT_OVERLAP=0; the default quantizes alongside on 2+ GPUs)"
+    MOEA2A_QUANT_OVERLAP=0 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" \
         --tokens "${WIRE_TOKENS:-128,4096}" --dtype bf16 --wire fp8 --baseline --check 1 --iters "${ITERS:-30}" \
         --warmup 10 | grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
   fi
