@@ -19,6 +19,9 @@
  * applied to the fp32 sums. Within a thread the k order differs from memory order
  * (a thread takes 32 consecutive k of a row), the same on both MMA operands: the sum
  * is over the same products. */
+#ifdef HAVE_CONFIG_H
+#include "config.h" /* MOEA2A_HAVE_SM90A */
+#endif
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -41,7 +44,8 @@ constexpr int MAX_BN = 128, MAX_GROUPS = 8;
  * G = 8) the rest, each dequantized weight feeding twice as many MMAs, one stage in
  * flight. Each expert belongs to one of them by its count, read on the device. Their
  * shapes are what measured best on an H100 (bench/RESULTS.md, session 13). */
-template <int G, int MT, int KSUB> struct Cfg {
+template <int G, int MT, int KSUB, bool WGMMA = false> struct Cfg {
+    static constexpr bool WG = WGMMA; /* Hopper's warpgroup MMA (see wgmma below) */
     /* a stage is KS sub-stages of 128 k: each weight row's bytes of a stage are read
      * together (KS = 2: a whole 128-byte line), which DRAM serves better */
     static constexpr int KS = KSUB, KSTAGE = BK * KS;
@@ -54,6 +58,11 @@ template <int G, int MT, int KSUB> struct Cfg {
 };
 typedef Cfg<2, 1, 2> Small;
 typedef Cfg<8, 2, 2> Large;
+/* The large variant's tiles on Hopper's warpgroup MMA: the same tiles, copies and
+ * shared memory, but the block's four warps issue wgmma.m64n64k16 together (each of
+ * the two m64 tiles of weight rows times all 64 tokens), about twice the tensor rate of
+ * mma.sync, and the tokens are read by the MMA from shared memory, not by threads. */
+typedef Cfg<8, 2, 2, true> Hopper;
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -90,10 +99,18 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
  * the word puts at bits 6-9 and 22-25: no permute, paid for by regrouping the
  * activations the same way (act_pairs). Left shifts compile to multiplies, off the
  * integer pipe that the masks and permutes load. */
+/* The pair of byte j (0..3) of w, its two nibbles: select = j | (4 + j) << 8. */
+__device__ __forceinline__ uint32_t dequant_byte(uint32_t w, uint32_t select, uint32_t scale2)
+{
+    uint32_t x = __byte_perm(w << 4, w, select);
+    uint32_t mag = (x << 2) & 0x01c001c0u, sign = x << 8;
+    __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), *reinterpret_cast<__nv_bfloat162 *>(&scale2));
+    return *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
+}
+
 template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
 {
     const __nv_bfloat162 s2 = *reinterpret_cast<__nv_bfloat162 *>(&scale2);
-    const uint32_t wl = w << 4;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (PAIRED) {
@@ -102,10 +119,7 @@ template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint3
             __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), s2);
             d[j] = *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
         } else {
-            uint32_t x = __byte_perm(wl, w, j | (4 + j) << 8);
-            uint32_t mag = (x << 2) & 0x01c001c0u, sign = x << 8;
-            __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), s2);
-            d[j] = *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
+            d[j] = dequant_byte(w, j | (4 + j) << 8, scale2);
         }
     }
 }
@@ -160,7 +174,8 @@ template <class C> __device__ __forceinline__ int64_t weight_row(const m2a_kgemm
         int64_t n = (int64_t)ntile * C::BN + r;
         return n < p.n ? n : -1;
     }
-    constexpr int WR = 16 * C::M_TILES, HALF = WR / 2; /* rows per warp, and half of them */
+    /* rows per warp (wgmma: per warpgroup, gate rows in the first m64 tile), and half */
+    constexpr int WR = C::WG ? C::BN : 16 * C::M_TILES, HALF = WR / 2;
     int64_t j = (int64_t)ntile * (C::BN / 2) + (r / WR) * HALF + (r % HALF);
     return j < p.n / 2 ? j + ((r % WR) >= HALF ? p.n / 2 : 0) : -1;
 }
@@ -211,7 +226,10 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
     const bool lo = kk < k, hi = kk + 16 < k;
 #pragma unroll
     for (int i = 0; i < LC::W_N; i++) {
-        unsigned char *dst = st + tid * 16 + i * 2048;
+        /* wgmma: the pieces of row r at piece ^ (r % 8), so that the eight rows a warp
+         * reads at once lie in eight bank groups */
+        const int row = tid / LC::PPR + (THREADS / LC::PPR) * i, piece = tid % LC::PPR;
+        unsigned char *dst = st + (C::WG ? row * C::W_ROW + ((piece ^ (row & 7)) * 16) : tid * 16 + i * 2048);
         bool v = (L.wvalid >> i) & 1;
         if (W16) {
             cp_async<16>(dst, L.w[i] + kbase / 2, v && lo);
@@ -225,11 +243,29 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
 #pragma unroll
     for (int i = 0; i < LC::S_N; i++)
         cp_async<4>(st + C::W_BYTES + tid * 4 + i * 512, L.s[i] + kbase * 8, ((L.svalid >> i) & 1) && sv);
-    /* activations of the groups in use: unit u of row r at sub-stage u / 16 */
+    /* activations of the groups in use */
     constexpr int UPR = 16 * C::KS, RPI = THREADS / UPR; /* units per row, rows per pass */
+    unsigned char *const sa = st + C::W_BYTES + C::S_BYTES;
+    if (C::WG) {
+        /* wgmma reads the tokens as 8x8 core matrices, 128 contiguous bytes each: unit
+         * u (k 8u..8u+7) of token i at MMA step u / 2, half u % 2 (wgmma_desc). A pass
+         * copies units 4w..4w+3 (+16 on odd passes) of eight rows: in global memory 64
+         * contiguous bytes per row, in shared memory whole core matrices. */
+        const int lane = tid & 31;
+#pragma unroll
+        for (int i = 0; i < 2 * C::GROUPS; i++) {
+            const int row = (i / 2) * 8 + lane % 8, u = (tid / 8) % 16 + 16 * (i % 2), ka = kbase + 8 * u;
+            if (i / 2 < groups) {
+                const uint16_t *ar = sh.arow[row];
+                cp_async<16>(sa + (u / 2) * (C::BT * 32) + (row / 8) * 256 + (u % 2) * 128 + (row % 8) * 16,
+                             ar ? ar + ka : p.a, ar && ka < k);
+            }
+        }
+        return;
+    }
+    /* unit u of row r at sub-stage u / 16 */
     const int u = tid % UPR, row0 = tid / UPR, ka = kbase + 8 * u;
-    unsigned char *adst =
-        st + C::W_BYTES + C::S_BYTES + row0 * C::A_ROW + (u / 16) * A_SUB + swizzle(u % 16, row0) * 16;
+    unsigned char *adst = sa + row0 * C::A_ROW + (u / 16) * A_SUB + swizzle(u % 16, row0) * 16;
 #pragma unroll
     for (int i = 0; i < C::GROUPS * 8 / RPI; i++) {
         if (i * RPI < groups * 8) {
@@ -303,6 +339,128 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
     }
 }
 
+/* Hopper's warpgroup MMA (sm_90a only; the other archs' builds of the Hopper variant
+ * trap, and the launcher never picks it there). The weights are the A operand, from
+ * registers: a warp's fragment of an m64 tile is an mma.m16n8k16 A fragment of its 16
+ * rows (warp 16w..16w+15), thread (g, t) holding k 2t, 2t + 1 and 2t + 8, 2t + 9 of rows
+ * g and g + 8: byte t of a step's two code words, so a thread reads whole 16-byte
+ * pieces (shared by the four threads of a row) and takes its byte of each word. The
+ * tokens are B, read from shared memory through a descriptor: K-major, no swizzle,
+ * core matrices 128 bytes apart along k (leading byte offset) and 256 along the
+ * tokens (stride byte offset). Results as mma.sync's: d[4j..4j+3] are tokens
+ * 8j + 2t, + 1 of rows g and g + 8. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define M2A_WGMMA 1
+#endif
+
+__device__ __forceinline__ uint64_t wgmma_desc(unsigned saddr)
+{
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
+}
+
+__device__ __forceinline__ void wgmma_fence()
+{
+#ifdef M2A_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit()
+{
+#ifdef M2A_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+#ifdef M2A_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* keeps the compiler from touching a register the asynchronous MMA owns */
+__device__ __forceinline__ void wgmma_hold(float (&d)[8][4])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[j][i])::"memory");
+}
+
+/* d += a (64 weight rows x 16 k, registers) . b (16 k x 64 tokens, shared memory) */
+__device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b)
+{
+#ifdef M2A_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+#else
+    (void)d, (void)a, (void)b;
+    __trap();
+#endif
+}
+
+/* One stage on wgmma: per 16-byte piece of codes (32 k, two MMA steps) each thread
+ * reads its rows' pieces and two scale bytes, then per step dequantizes its four A
+ * registers per m64 tile and issues the tile's MMAs. The dequantization of a step runs
+ * while the previous step's MMAs do (two sets of A registers; a set is rewritten only
+ * after wgmma_wait<1> retired the MMAs that read it); the stage ends with every MMA
+ * retired, as the next stage's copies overwrite this one's tokens. */
+template <class C>
+__device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigned char *st,
+                                                 float (&acc)[C::M_TILES][C::GROUPS][4])
+{
+    constexpr int MT = C::M_TILES;
+    static_assert(C::GROUPS == 8 && C::KS == 2, "wgmma tiles are m64n64, stages 256 k");
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const uint32_t select = t | (4 + t) << 8;
+    const unsigned char *sw = st, *ss = st + C::W_BYTES;
+    const unsigned sb = smem_addr(st + C::W_BYTES + C::S_BYTES);
+#pragma unroll 1
+    for (int piece = 0; piece < 4 * C::KS; piece++) {
+        uint4 wq[MT][2];
+        uint32_t sc[MT][2][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = mt * 64 + warp * 16 + g + 8 * h; /* r % 8 == g */
+                wq[mt][h] = *reinterpret_cast<const uint4 *>(sw + r * C::W_ROW + ((piece ^ g) * 16));
+                unsigned two = *reinterpret_cast<const uint16_t *>(ss + r * C::S_ROW + 2 * piece);
+                sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
+            }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const uint32_t lo0 = e ? wq[mt][0].z : wq[mt][0].x, hi0 = e ? wq[mt][0].w : wq[mt][0].y;
+                const uint32_t lo1 = e ? wq[mt][1].z : wq[mt][1].x, hi1 = e ? wq[mt][1].w : wq[mt][1].y;
+                af[mt][0] = dequant_byte(lo0, select, sc[mt][0][e]);
+                af[mt][1] = dequant_byte(lo1, select, sc[mt][1][e]);
+                af[mt][2] = dequant_byte(hi0, select, sc[mt][0][e]);
+                af[mt][3] = dequant_byte(hi1, select, sc[mt][1][e]);
+            }
+            wgmma_fence();
+            const uint64_t b = wgmma_desc(sb + (2 * piece + e) * (C::BT * 32));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) wgmma_m64n64(acc[mt], af[mt], b);
+            wgmma_commit();
+            wgmma_wait<1>();
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) wgmma_hold(acc[mt]);
+}
+
 __device__ __forceinline__ void store(const m2a_kgemm_t &p, int64_t crow, int64_t col, float v)
 {
     size_t at = (size_t)crow * (size_t)p.ldc + (size_t)col;
@@ -324,8 +482,10 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
             int i = grp * 8 + 2 * t + (d & 1);
             if (i >= T.cnt) continue;
             int64_t crow = sh.crow[i];
-            int r = warp * 16 * MT + g + (d >> 1) * 8;
-            if (p.swiglu) { /* MT = 2: gate in the first m16 tile, up in the second; MT = 1: rows g, g + 8 */
+            /* the row of m tile 0; tile mt's is RS rows further (wgmma: m64 tiles) */
+            constexpr int RS = C::WG ? 64 : 16;
+            int r = warp * 16 * (C::WG ? 1 : MT) + g + (d >> 1) * 8;
+            if (p.swiglu) { /* MT = 2: gate in the first m tile, up in the second; MT = 1: rows g, g + 8 */
                 if (MT == 1 && d >= 2) continue;
                 int64_t j = sh.nrow[r];
                 if (j < 0) continue;
@@ -334,7 +494,7 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
             } else {
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    int64_t n = sh.nrow[r + mt * 16];
+                    int64_t n = sh.nrow[r + mt * RS];
                     if (n >= 0) store(p, crow, n, acc[mt][grp][d] * scale);
                 }
             }
@@ -437,7 +597,8 @@ __global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_
             if (kt + C::STAGES - 1 < ktiles)
                 load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * C::KSTAGE, groups);
             cp_commit();
-            compute_stage<C>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
+            if constexpr (C::WG) compute_stage_wg<C>(sh, stages + rd * C::STAGE_BYTES, acc);
+            else compute_stage<C>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
             rd = rd + 1 == C::STAGES ? 0 : rd + 1;
             wr = wr + 1 == C::STAGES ? 0 : wr + 1;
         }
@@ -547,13 +708,37 @@ template <bool W16, class C> int run(const m2a_kgemm_t *p, int lo, int hi, int64
     return (int)cudaGetLastError();
 }
 
+/* Whether the large variant runs on wgmma: the build has sm_90a code (configure
+ * builds arch 90 as 90a with CUDA 12 or later), the device is an sm_90 and the caller
+ * did not ask for mma.sync. */
+int wgmma_usable(const m2a_kgemm_t *p)
+{
+#ifdef MOEA2A_HAVE_SM90A
+    static signed char cc90[64]; /* per device: 0 unknown, 1 sm_90, -1 other */
+    int dev = 0, major = 0, minor = 0;
+    if (p->no_wgmma || cudaGetDevice(&dev)) return 0;
+    if (!cc90[dev & 63]) {
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev))
+            return 0;
+        cc90[dev & 63] = major == 9 && minor == 0 ? 1 : -1;
+    }
+    return cc90[dev & 63] > 0;
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
 template <bool W16> int run_both(const m2a_kgemm_t *p, cudaStream_t s)
 {
     const int64_t rows = p->slots ? p->rows * p->slots : p->rows;
     /* token tiles: at most one per expert for the small variant, rows / BT + experts for the large */
     int err = run<W16, Small>(p, 0, Small::BT, p->num_experts, s);
     if (err || rows <= Small::BT) return err; /* no expert can be the large variant's */
-    return run<W16, Large>(p, Small::BT, 0x7fffffff, rows / Large::BT + p->num_experts, s);
+    const int64_t bound = rows / Large::BT + p->num_experts;
+    return wgmma_usable(p) ? run<W16, Hopper>(p, Small::BT, 0x7fffffff, bound, s)
+                           : run<W16, Large>(p, Small::BT, 0x7fffffff, bound, s);
 }
 
 } /* namespace */

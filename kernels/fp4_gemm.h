@@ -22,6 +22,7 @@ typedef struct {
     int out_fp32; /* else bf16 */
     int slots;    /* rank-major: ids per A row (0: expert-major) */
     int32_t first_expert; /* rank-major: the global id of local expert 0 */
+    int no_wgmma;         /* 1: mma.sync even where Hopper's wgmma kernel could run */
     int64_t n, k, rows;   /* rows: A's rows (expert-major) or id rows (rank-major) */
     int64_t lda, ldc;     /* elements */
     const uint16_t *a;

@@ -41,6 +41,10 @@ static const moea2a_param_t params[] = {
      "quantized. -1 (default): where the context spans 2 or more GPUs (the dispatch bound by NVLink: 131 "
      "against 142 us at 4096 tokens on 2 x H200; on one GPU, bound by memory, it cost 17%); 1: always; 0: "
      "never (quantize first, then dispatch). The same bits either way."},
+    {"MOEA2A_GEMM_WGMMA", "int", "1",
+     "1: on Hopper (sm_90) moea2a_expert_gemm runs its tiles of more than 16 rows on the warpgroup MMA "
+     "(wgmma), where the library was built for arch 90 with CUDA 12 or later; 0: on mma.sync, as on other "
+     "GPUs (for comparison). The results agree within the documented bound either way, not bit for bit."},
     {"MOEA2A_TRANSPORT", "string", "",
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},

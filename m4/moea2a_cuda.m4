@@ -35,8 +35,16 @@ AS_IF([test "x$have_cuda" = xyes], [
         CUDA_ARCHS="80 90"
         AS_IF([$NVCC --list-gpu-arch 2>/dev/null | grep -q 'compute_100$'], [CUDA_ARCHS="$CUDA_ARCHS 100"])
     ], [CUDA_ARCHS=`echo "$with_cuda_arch" | tr ',;' '  '`])
-    for moea2a_a in $CUDA_ARCHS; do
+    # Hopper is built as sm_90a (CUDA 12 and later): the same GPUs, plus the warpgroup
+    # MMA the FP4 expert GEMM uses there.
+    moea2a_archs=$CUDA_ARCHS; CUDA_ARCHS=""
+    for moea2a_a in $moea2a_archs; do
+        AS_IF([test "x$moea2a_a" = x90 && test "x$moea2a_cudart" != xunknown && test "$moea2a_cudart" -ge 12000],
+              [moea2a_a=90a])
+        AS_IF([test "x$moea2a_a" = x90a],
+              [AC_DEFINE([MOEA2A_HAVE_SM90A], [1], [CUDA kernels built for sm_90a (Hopper's wgmma)])])
         NVCC_ARCH_FLAGS="$NVCC_ARCH_FLAGS -gencode=arch=compute_$moea2a_a,code=sm_$moea2a_a"
+        CUDA_ARCHS="${CUDA_ARCHS:+$CUDA_ARCHS }$moea2a_a"
     done
     AC_DEFINE([MOEA2A_HAVE_CUDA], [1], [Built with CUDA])
 ])

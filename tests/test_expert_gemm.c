@@ -9,7 +9,8 @@
  * skipped ids) left untouched. On CUDA also shapes with more tiles than the grid has
  * blocks (each block's next tile copied while it computes the last stages of the one
  * before), and a call captured into a graph that follows counts changed on the device
- * between replays. Then the argument checks. */
+ * between replays; on an sm_90 the CUDA shapes run twice, on the wgmma kernel and with
+ * MOEA2A_GEMM_WGMMA=0 on mma.sync. Then the argument checks. */
 #include "config.h"
 
 #include <math.h>
@@ -317,7 +318,8 @@ static void run_case(const case_t *c, int cuda)
         snprintf(why, sizeof(why), "%s", moea2a_last_error(NULL));
     }
     if (wrong) tap_diag("%s", why);
-    tap_ok(wrong == 0, "%s memory: %s (%ld wrong)", cuda ? "CUDA" : "host", c->name, wrong);
+    tap_ok(wrong == 0, "%s memory: %s%s (%ld wrong)", cuda ? "CUDA" : "host", c->name,
+           getenv("MOEA2A_GEMM_WGMMA") ? ", MOEA2A_GEMM_WGMMA=0" : "", wrong);
     if (wsp) mem_drop(cuda, wsp);
     unplace(&pl);
     drop(&d);
@@ -471,13 +473,19 @@ int main(void)
         if (!cases[i].gpu_only) run_case(&cases[i], 0);
     bad_inputs(0);
     if (ndev < 1) {
-        for (int i = 0; i < nc; i++) tap_skip("no CUDA device", "CUDA memory: %s", cases[i].name);
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < nc; i++)
+                tap_skip("no CUDA device", "CUDA memory: %s%s", cases[i].name, pass ? ", MOEA2A_GEMM_WGMMA=0" : "");
         tap_skip("no CUDA device", "CUDA graph capture");
         tap_skip("no CUDA device", "CUDA memory: bad descriptions");
         return tap_done();
     }
 #ifdef MOEA2A_HAVE_CUDA
     for (int i = 0; i < nc; i++) run_case(&cases[i], 1);
+    /* the mma.sync kernels, which other GPUs run, where the default is wgmma */
+    setenv("MOEA2A_GEMM_WGMMA", "0", 1);
+    for (int i = 0; i < nc; i++) run_case(&cases[i], 1);
+    unsetenv("MOEA2A_GEMM_WGMMA");
     graph_case();
     bad_inputs(1);
 #endif

@@ -28,7 +28,7 @@
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
 # FP4RANKS; EXPERT_TOKENS, default 128,4096); BENCH=expert runs only that benchmark.
 # GEMM=0 skips the FP4 expert GEMM next to cuBLAS (1 GPU; GEMM_ARGS adds moea2a_perf
-# options); BENCH=gemm runs only that one. CE=0 skips copy-engine mode next to the fused
+# options; GEMM_MMA=1 repeats it on mma.sync); BENCH=gemm runs only that one. CE=0 skips copy-engine mode next to the fused
 # kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
 # default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
 # that one.
@@ -152,6 +152,11 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     echo "== FP4 expert GEMM next to cuBLAS bf16 grouped, 1 GPU${GEMM_ARGS:+ ($GEMM_ARGS)}"
     timeout 500 ./tools/moea2a_perf --op expert-gemm --mem cuda --ranks 1 --iters "${ITERS:-20}" --warmup 5 \
         ${GEMM_ARGS:-}; echo "rc=$?"
+    if [ "${GEMM_MMA:-0}" = 1 ]; then
+      echo "== the same with MOEA2A_GEMM_WGMMA=0 (mma.sync, as before sm_90a builds)"
+      MOEA2A_GEMM_WGMMA=0 timeout 500 ./tools/moea2a_perf --op expert-gemm --mem cuda --ranks 1 \
+          --iters "${ITERS:-20}" --warmup 5 ${GEMM_ARGS:-}; echo "rc=$?"
+    fi
   }
   ce_block() {
     echo "== copy-engine mode (--engine ce) next to the fused kernels, checked, ${CE_RANKS:-${FP4RANKS:-4}} GPUs"
