@@ -32,10 +32,8 @@
 namespace {
 
 constexpr int BK = 128;      /* k per sub-stage (a stage holds KS of them) */
-constexpr int WARPS = 4;     /* each: MT m16 tiles of weight rows x the tile's tokens */
-constexpr int THREADS = 32 * WARPS;
 constexpr int W_SUB = BK / 2, S_SUB = BK / 16, A_SUB = 2 * BK; /* bytes per row per sub-stage */
-constexpr int MAX_BN = 128, MAX_GROUPS = 8;
+constexpr int MAX_BN = 256, MAX_GROUPS = 8;
 
 /* A variant: tiles of 64 MT weight rows (MT m16 tiles per warp) by G groups of 8 token
  * rows. The small one (MT = 1, G = 2) takes the experts with at most 16 rows (decode):
@@ -44,25 +42,31 @@ constexpr int MAX_BN = 128, MAX_GROUPS = 8;
  * G = 8) the rest, each dequantized weight feeding twice as many MMAs, one stage in
  * flight. Each expert belongs to one of them by its count, read on the device. Their
  * shapes are what measured best on an H100 (bench/RESULTS.md, session 13). */
-template <int G, int MT, int KSUB, bool WGMMA = false> struct Cfg {
+template <int G, int MT, int KSUB, bool WGMMA = false, int WGROUPS = 1> struct Cfg {
     static constexpr bool WG = WGMMA; /* Hopper's warpgroup MMA (see wgmma below) */
+    /* four warps per warpgroup, each with MT m16 tiles of weight rows x the tile's tokens */
+    static constexpr int THREADS = 128 * WGROUPS;
     /* a stage is KS sub-stages of 128 k: each weight row's bytes of a stage are read
      * together (KS = 2: a whole 128-byte line), which DRAM serves better */
     static constexpr int KS = KSUB, KSTAGE = BK * KS;
     static constexpr int W_ROW = W_SUB * KS, S_ROW = S_SUB * KS, A_ROW = A_SUB * KS;
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
-    static constexpr int M_TILES = MT, BN = 64 * MT, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
-    static constexpr int STAGES = G <= 2 ? 3 : KS == 2 ? 2 : 4; /* buffers: STAGES - 1 in flight */
+    static constexpr int M_TILES = MT, BN = 64 * MT * WGROUPS, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
+    /* buffers: STAGES - 1 in flight */
+    static constexpr int STAGES = WGMMA ? 3 : G <= 2 ? 3 : KS == 2 ? 2 : 4;
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
-    static constexpr int MIN_BLOCKS = G <= 2 ? 4 : 2;
+    static constexpr int MIN_BLOCKS = WGMMA ? 1 : G <= 2 ? 4 : 2;
 };
 typedef Cfg<2, 1, 2> Small;
 typedef Cfg<8, 2, 2> Large;
-/* The large variant's tiles on Hopper's warpgroup MMA: the same tiles, copies and
- * shared memory, but the block's four warps issue wgmma.m64n64k16 together (each of
- * the two m64 tiles of weight rows times all 64 tokens), about twice the tensor rate of
- * mma.sync, and the tokens are read by the MMA from shared memory, not by threads. */
-typedef Cfg<8, 2, 2, true> Hopper;
+/* The large variant on Hopper's warpgroup MMA: each of four warpgroups issues
+ * wgmma.m64n64k16 on its 64 weight rows times all 64 tokens (about twice the tensor
+ * rate of mma.sync), the tokens read by the MMA from shared memory. The warpgroups
+ * share the tokens of a 256-row tile (half the token bytes per weight of the mma.sync
+ * tile); the block, one per SM, keeps two stages in flight, and its 16 warps (128
+ * registers each) hide the dequantization's latencies. What measured best on an H100
+ * (bench/RESULTS.md, session 16). */
+typedef Cfg<8, 1, 2, true, 4> Hopper;
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -92,20 +96,22 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
  * bits and mantissa top (bits 6-8 of a half) read as its value x 2^-126.
  * The magnitudes are masked there and multiplied by the scale, and the codes' signs,
  * shifted to bits 15 and 31, flip the product's sign bits (exact, NaN stays NaN).
- * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j, which a
- * byte permute puts at bits 4-7 and 20-23 (shifted left 2 for the magnitudes, 8 for
- * the signs).
+ * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j
+ * (dequant_byte).
  * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which one shift of
  * the word puts at bits 6-9 and 22-25: no permute, paid for by regrouping the
  * activations the same way (act_pairs). Left shifts compile to multiplies, off the
  * integer pipe that the masks and permutes load. */
-/* The pair of byte j (0..3) of w, its two nibbles: select = j | (4 + j) << 8. */
+/* The pair of byte j (0..3) of w, its two nibbles: select = j | 0x4440 (byte j, then
+ * zeros). One multiply places copies of the byte at bits 6 and 18, so the low nibble's
+ * magnitude lands at bits 6-8 and the high one's at 22-24, their signs at 9 and 25
+ * (shifted to 15 and 31): six instructions per pair. */
 __device__ __forceinline__ uint32_t dequant_byte(uint32_t w, uint32_t select, uint32_t scale2)
 {
-    uint32_t x = __byte_perm(w << 4, w, select);
-    uint32_t mag = (x << 2) & 0x01c001c0u, sign = x << 8;
+    const uint32_t y = __byte_perm(w, 0, select) * 0x40040u;
+    uint32_t mag = y & 0x01c001c0u;
     __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), *reinterpret_cast<__nv_bfloat162 *>(&scale2));
-    return *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
+    return *reinterpret_cast<uint32_t *>(&v) ^ ((y << 6) & 0x80008000u);
 }
 
 template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
@@ -119,7 +125,7 @@ template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint3
             __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), s2);
             d[j] = *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
         } else {
-            d[j] = dequant_byte(w, j | (4 + j) << 8, scale2);
+            d[j] = dequant_byte(w, j | 0x4440, scale2);
         }
     }
 }
@@ -174,8 +180,9 @@ template <class C> __device__ __forceinline__ int64_t weight_row(const m2a_kgemm
         int64_t n = (int64_t)ntile * C::BN + r;
         return n < p.n ? n : -1;
     }
-    /* rows per warp (wgmma: per warpgroup, gate rows in the first m64 tile), and half */
-    constexpr int WR = C::WG ? C::BN : 16 * C::M_TILES, HALF = WR / 2;
+    /* rows per warp (wgmma with two m64 tiles: per warpgroup, gate rows in the first),
+     * and half of them */
+    constexpr int WR = (C::WG && C::M_TILES > 1 ? 64 : 16) * C::M_TILES, HALF = WR / 2;
     int64_t j = (int64_t)ntile * (C::BN / 2) + (r / WR) * HALF + (r % HALF);
     return j < p.n / 2 ? j + ((r % WR) >= HALF ? p.n / 2 : 0) : -1;
 }
@@ -186,7 +193,7 @@ template <class C> __device__ __forceinline__ int64_t weight_row(const m2a_kgemm
  * kstage / 64 + w); activation units tid % (16 KS) of rows tid / (16 KS) + (8 / KS) i.
  * Each thread's pieces are then 2048 (codes) or 512 (scales) bytes apart in the stage. */
 template <class C> struct Loader {
-    static constexpr int PPR = 4 * C::KS, W_N = C::BN * PPR / THREADS, S_N = C::BN * 2 * C::KS / THREADS;
+    static constexpr int PPR = 4 * C::KS, W_N = C::BN * PPR / C::THREADS, S_N = C::BN * 2 * C::KS / C::THREADS;
     const uint8_t *w[W_N];
     const uint8_t *s[S_N];
     unsigned wvalid, svalid;
@@ -201,13 +208,13 @@ __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &
     L.wvalid = L.svalid = 0;
 #pragma unroll
     for (int i = 0; i < LC::W_N; i++) {
-        int64_t n = sh.nrow[threadIdx.x / LC::PPR + (THREADS / LC::PPR) * i];
+        int64_t n = sh.nrow[threadIdx.x / LC::PPR + (C::THREADS / LC::PPR) * i];
         L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x % LC::PPR) * 16 : p.w; /* invalid: copies nothing from p.w */
         L.wvalid |= (unsigned)(n >= 0) << i;
     }
 #pragma unroll
     for (int i = 0; i < LC::S_N; i++) {
-        int64_t n = sh.nrow[threadIdx.x / (2 * C::KS) + (THREADS / (2 * C::KS)) * i];
+        int64_t n = sh.nrow[threadIdx.x / (2 * C::KS) + (C::THREADS / (2 * C::KS)) * i];
         L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (threadIdx.x % (2 * C::KS)) * 512 + (n % 32) * 16 +
                               ((n % 128) / 32) * 4
                         : p.sf;
@@ -228,8 +235,8 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
     for (int i = 0; i < LC::W_N; i++) {
         /* wgmma: the pieces of row r at piece ^ (r % 8), so that the eight rows a warp
          * reads at once lie in eight bank groups */
-        const int row = tid / LC::PPR + (THREADS / LC::PPR) * i, piece = tid % LC::PPR;
-        unsigned char *dst = st + (C::WG ? row * C::W_ROW + ((piece ^ (row & 7)) * 16) : tid * 16 + i * 2048);
+        const int row = tid / LC::PPR + (C::THREADS / LC::PPR) * i, piece = tid % LC::PPR;
+        unsigned char *dst = st + row * C::W_ROW + ((C::WG ? piece ^ (row & 7) : piece) * 16);
         bool v = (L.wvalid >> i) & 1;
         if (W16) {
             cp_async<16>(dst, L.w[i] + kbase / 2, v && lo);
@@ -241,23 +248,28 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
     /* scales: word tid % (2 KS) of the stage is 128x4 block group kbase / 64 + tid % (2 KS) */
     const bool sv = kbase / 64 + (tid % (2 * C::KS)) < (k / 16 + 3) / 4;
 #pragma unroll
-    for (int i = 0; i < LC::S_N; i++)
-        cp_async<4>(st + C::W_BYTES + tid * 4 + i * 512, L.s[i] + kbase * 8, ((L.svalid >> i) & 1) && sv);
+    for (int i = 0; i < LC::S_N; i++) {
+        const int row = tid / (2 * C::KS) + (C::THREADS / (2 * C::KS)) * i;
+        cp_async<4>(st + C::W_BYTES + row * C::S_ROW + (tid % (2 * C::KS)) * 4, L.s[i] + kbase * 8,
+                    ((L.svalid >> i) & 1) && sv);
+    }
     /* activations of the groups in use */
-    constexpr int UPR = 16 * C::KS, RPI = THREADS / UPR; /* units per row, rows per pass */
+    constexpr int UPR = 16 * C::KS, RPI = C::THREADS / UPR; /* units per row, rows per pass */
     unsigned char *const sa = st + C::W_BYTES + C::S_BYTES;
     if (C::WG) {
-        /* wgmma reads the tokens as 8x8 core matrices, 128 contiguous bytes each: unit
-         * u (k 8u..8u+7) of token i at MMA step u / 2, half u % 2 (wgmma_desc). A pass
-         * copies units 4w..4w+3 (+16 on odd passes) of eight rows: in global memory 64
-         * contiguous bytes per row, in shared memory whole core matrices. */
-        const int lane = tid & 31;
+        /* wgmma reads the tokens in 128-byte swizzled atoms (wgmma_desc): k 64a..64a+63
+         * of token i are row i % 8 of atom (a, i / 8), their 16-byte unit c at c ^ (i % 8).
+         * A pass copies one atom column a = i % 4 of rows RP (i / 4) + tid / 8: whole
+         * 128-byte lines from global memory, a whole atom row per eight threads into
+         * shared memory (eight bank groups). */
+        constexpr int RP = C::THREADS / 8;
+        const int c = tid % 8;
 #pragma unroll
-        for (int i = 0; i < 2 * C::GROUPS; i++) {
-            const int row = (i / 2) * 8 + lane % 8, u = (tid / 8) % 16 + 16 * (i % 2), ka = kbase + 8 * u;
-            if (i / 2 < groups) {
+        for (int i = 0; i < 4 * C::BT / RP; i++) {
+            const int row = (i / 4) * RP + tid / 8, a = i % 4, ka = kbase + 64 * a + 8 * c;
+            if (row < groups * 8) {
                 const uint16_t *ar = sh.arow[row];
-                cp_async<16>(sa + (u / 2) * (C::BT * 32) + (row / 8) * 256 + (u % 2) * 128 + (row % 8) * 16,
+                cp_async<16>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128 + ((c ^ (row % 8)) * 16),
                              ar ? ar + ka : p.a, ar && ka < k);
             }
         }
@@ -345,35 +357,36 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
  * rows (warp 16w..16w+15), thread (g, t) holding k 2t, 2t + 1 and 2t + 8, 2t + 9 of rows
  * g and g + 8: byte t of a step's two code words, so a thread reads whole 16-byte
  * pieces (shared by the four threads of a row) and takes its byte of each word. The
- * tokens are B, read from shared memory through a descriptor: K-major, no swizzle,
- * core matrices 128 bytes apart along k (leading byte offset) and 256 along the
- * tokens (stride byte offset). Results as mma.sync's: d[4j..4j+3] are tokens
- * 8j + 2t, + 1 of rows g and g + 8. */
+ * tokens are B, read from shared memory through a descriptor (wgmma_desc). Results
+ * as mma.sync's: d[4j..4j+3] are tokens 8j + 2t, + 1 of rows g and g + 8. */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define M2A_WGMMA 1
 #endif
 
+/* K-major, 128-byte swizzle: atoms of 8 tokens x 64 k (1024 bytes, 1024-aligned),
+ * 8-token groups 1024 bytes apart (stride byte offset); step s of a 64-k atom column
+ * starts 32 s bytes into it, the hardware applying the swizzle to the address. */
 __device__ __forceinline__ uint64_t wgmma_desc(unsigned saddr)
 {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
 __device__ __forceinline__ void wgmma_fence()
 {
 #ifdef M2A_WGMMA
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.fence.sync.aligned;\n");
 #endif
 }
 __device__ __forceinline__ void wgmma_commit()
 {
 #ifdef M2A_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.commit_group.sync.aligned;\n");
 #endif
 }
 template <int N> __device__ __forceinline__ void wgmma_wait()
 {
 #ifdef M2A_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N));
 #endif
 }
 /* keeps the compiler from touching a register the asynchronous MMA owns */
@@ -407,54 +420,79 @@ __device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const uint32_t (&
 #endif
 }
 
-/* One stage on wgmma: per 16-byte piece of codes (32 k, two MMA steps) each thread
- * reads its rows' pieces and two scale bytes, then per step dequantizes its four A
- * registers per m64 tile and issues the tile's MMAs. The dequantization of a step runs
- * while the previous step's MMAs do (two sets of A registers; a set is rewritten only
- * after wgmma_wait<1> retired the MMAs that read it); the stage ends with every MMA
- * retired, as the next stage's copies overwrite this one's tokens. */
+/* A thread's codes and scales of one 16-byte piece (32 k, two MMA steps): per m64 tile
+ * its rows g and g + 8, the pieces stored at piece ^ (row % 8) = piece ^ g. */
+template <class C> struct WgPiece {
+    uint4 wq[C::M_TILES][2];
+    uint32_t sc[C::M_TILES][2][2];
+};
+
+template <class C>
+__device__ __forceinline__ void wg_load(const Shared &sh, const unsigned char *st, int piece, WgPiece<C> &P)
+{
+    /* warpgroup wg's rows are 64 MT wg .. + 64 MT - 1; warp w of it, 16 w + 16 rows per m64 */
+    const int g = (threadIdx.x & 31) >> 2, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h;
+            P.wq[mt][h] = *reinterpret_cast<const uint4 *>(st + r * C::W_ROW + ((piece ^ g) * 16));
+            unsigned two = *reinterpret_cast<const uint16_t *>(st + C::W_BYTES + r * C::S_ROW + 2 * piece);
+            P.sc[mt][h][0] = sh.lut[two & 0xff], P.sc[mt][h][1] = sh.lut[two >> 8];
+        }
+}
+
+/* a piece's A registers: [step][m tile][4] */
+template <class C>
+__device__ __forceinline__ void wg_dequant(const WgPiece<C> &P, uint32_t select, uint32_t (&af)[2][C::M_TILES][4])
+{
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; mt++) {
+            const uint4 &w0 = P.wq[mt][0], &w1 = P.wq[mt][1];
+            af[e][mt][0] = dequant_byte(e ? w0.z : w0.x, select, P.sc[mt][0][e]);
+            af[e][mt][1] = dequant_byte(e ? w1.z : w1.x, select, P.sc[mt][1][e]);
+            af[e][mt][2] = dequant_byte(e ? w0.w : w0.y, select, P.sc[mt][0][e]);
+            af[e][mt][3] = dequant_byte(e ? w1.w : w1.y, select, P.sc[mt][1][e]);
+        }
+}
+
+/* One stage on wgmma, a piece at a time: its A registers dequantized, the next piece's
+ * codes and scales read, then the piece's MMAs (two steps x the m64 tiles) issued as
+ * one group. The A registers alternate between two sets (pieces unrolled): a set is
+ * rewritten only after wgmma_wait<1> retired the group that read it, so the
+ * dequantization of a piece runs while the previous piece's MMAs do. The stage ends
+ * with every MMA retired, as the next stage's copies overwrite this one's tokens. */
 template <class C>
 __device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigned char *st,
                                                  float (&acc)[C::M_TILES][C::GROUPS][4])
 {
-    constexpr int MT = C::M_TILES;
+    constexpr int MT = C::M_TILES, PIECES = 4 * C::KS;
     static_assert(C::GROUPS == 8 && C::KS == 2, "wgmma tiles are m64n64, stages 256 k");
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    const uint32_t select = t | (4 + t) << 8;
-    const unsigned char *sw = st, *ss = st + C::W_BYTES;
-    const unsigned sb = smem_addr(st + C::W_BYTES + C::S_BYTES);
-#pragma unroll 1
-    for (int piece = 0; piece < 4 * C::KS; piece++) {
-        uint4 wq[MT][2];
-        uint32_t sc[MT][2][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = mt * 64 + warp * 16 + g + 8 * h; /* r % 8 == g */
-                wq[mt][h] = *reinterpret_cast<const uint4 *>(sw + r * C::W_ROW + ((piece ^ g) * 16));
-                unsigned two = *reinterpret_cast<const uint16_t *>(ss + r * C::S_ROW + 2 * piece);
-                sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
-            }
+    static_assert((C::W_BYTES + C::S_BYTES) % 1024 == 0 && C::STAGE_BYTES % 1024 == 0, "atoms 1024-aligned");
+    const int t = threadIdx.x & 3;
+    const uint32_t select = t | 0x4440;
+    /* the stage's descriptor; a step's adds its offset / 16 to the address field */
+    const uint64_t b0 = wgmma_desc(smem_addr(st + C::W_BYTES + C::S_BYTES));
+    WgPiece<C> P;
+    wg_load<C>(sh, st, 0, P);
+#pragma unroll /* every offset an immediate */
+    for (int piece = 0; piece < PIECES; piece++) {
+        uint32_t af[2][MT][4];
+        wg_dequant<C>(P, select, af);
+        if (piece + 1 < PIECES) wg_load<C>(sh, st, piece + 1, P);
+        wgmma_fence();
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            uint32_t af[MT][4];
+            const int step = 2 * piece + e;
+            const uint64_t b = b0 + (((step / 4) * (C::BT * 128) + (step % 4) * 32) >> 4);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const uint32_t lo0 = e ? wq[mt][0].z : wq[mt][0].x, hi0 = e ? wq[mt][0].w : wq[mt][0].y;
-                const uint32_t lo1 = e ? wq[mt][1].z : wq[mt][1].x, hi1 = e ? wq[mt][1].w : wq[mt][1].y;
-                af[mt][0] = dequant_byte(lo0, select, sc[mt][0][e]);
-                af[mt][1] = dequant_byte(lo1, select, sc[mt][1][e]);
-                af[mt][2] = dequant_byte(hi0, select, sc[mt][0][e]);
-                af[mt][3] = dequant_byte(hi1, select, sc[mt][1][e]);
-            }
-            wgmma_fence();
-            const uint64_t b = wgmma_desc(sb + (2 * piece + e) * (C::BT * 32));
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) wgmma_m64n64(acc[mt], af[mt], b);
-            wgmma_commit();
-            wgmma_wait<1>();
+            for (int mt = 0; mt < MT; mt++) wgmma_m64n64(acc[mt], af[e][mt], b);
         }
+        wgmma_commit();
+        wgmma_wait<1>();
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -482,9 +520,10 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
             int i = grp * 8 + 2 * t + (d & 1);
             if (i >= T.cnt) continue;
             int64_t crow = sh.crow[i];
-            /* the row of m tile 0; tile mt's is RS rows further (wgmma: m64 tiles) */
+            /* the row of m tile 0; tile mt's is RS rows further (wgmma: m64 tiles, each
+             * warpgroup 64 MT rows) */
             constexpr int RS = C::WG ? 64 : 16;
-            int r = warp * 16 * (C::WG ? 1 : MT) + g + (d >> 1) * 8;
+            int r = (C::WG ? (warp >> 2) * 64 * MT + (warp & 3) * 16 : warp * 16 * MT) + g + (d >> 1) * 8;
             if (p.swiglu) { /* MT = 2: gate in the first m tile, up in the second; MT = 1: rows g, g + 8 */
                 if (MT == 1 && d >= 2) continue;
                 int64_t j = sh.nrow[r];
@@ -504,15 +543,15 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
 
 /* Experts with lo < count <= hi are this variant's. */
 template <bool W16, class C>
-__global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
 {
     constexpr int G = C::GROUPS, MT = C::M_TILES;
-    extern __shared__ __align__(16) unsigned char stages[];
+    extern __shared__ __align__(1024) unsigned char stages[]; /* wgmma's swizzled atoms: 1024-aligned */
     __shared__ Shared sh;
     /* after the stages: the tiles of the experts before e, [num_experts + 1] */
     int32_t *prefix = reinterpret_cast<int32_t *>(stages + C::SMEM);
     const int E = p.num_experts, ntiles = ntiles_of<C>(p);
-    for (int i = threadIdx.x; i < 256; i += THREADS) {
+    for (int i = threadIdx.x; i < 256; i += C::THREADS) {
         float s = m2a_e4m3_to_f32((uint8_t)i) * 0x1p118f;
         __nv_bfloat16 b = __float2bfloat16_rn(s);
         uint32_t h = *reinterpret_cast<uint16_t *>(&b);
@@ -558,8 +597,8 @@ __global__ void __launch_bounds__(THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_
         T.t0 = (local % ttiles) * C::BT;
         T.cnt = min(C::BT, cnt - T.t0);
         __syncthreads(); /* the previous tile's epilogue is done with sh and the stages */
-        for (int r = threadIdx.x; r < C::BN; r += THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
-        for (int i = threadIdx.x; i < C::BT; i += THREADS) {
+        for (int r = threadIdx.x; r < C::BN; r += C::THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
+        for (int i = threadIdx.x; i < C::BT; i += C::THREADS) {
             int64_t ar = -1, cr = -1;
             if (i < T.cnt) {
                 int64_t at = first + T.t0 + i;
@@ -683,7 +722,7 @@ template <bool W16, class C> int launch_shape(Launch *l, int prefix_bytes)
     }
     /* blocks per SM with this call's tile list, whose size depends on the experts */
     l->sms = sms[dev & 63];
-    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l->blocks_per_sm, gemm_kernel<W16, C>, THREADS,
+    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l->blocks_per_sm, gemm_kernel<W16, C>, C::THREADS,
                                                                    C::SMEM + prefix_bytes)))
         return err;
     if (l->blocks_per_sm < 1) l->blocks_per_sm = 1;
@@ -704,7 +743,7 @@ template <bool W16, class C> int run(const m2a_kgemm_t *p, int lo, int hi, int64
     const int64_t rounds = (most + slots - 1) / slots;
     int64_t grid = rounds ? (most + rounds - 1) / rounds : 1;
     if (grid < 1) grid = 1;
-    gemm_kernel<W16, C><<<(unsigned)grid, THREADS, C::SMEM + prefix_bytes, s>>>(*p, lo, hi);
+    gemm_kernel<W16, C><<<(unsigned)grid, C::THREADS, C::SMEM + prefix_bytes, s>>>(*p, lo, hi);
     return (int)cudaGetLastError();
 }
 
