@@ -438,9 +438,20 @@ __device__ __forceinline__ void wg_load(const Shared &sh, const unsigned char *s
         for (int h = 0; h < 2; h++) {
             const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h;
             P.wq[mt][h] = *reinterpret_cast<const uint4 *>(st + r * C::W_ROW + ((piece ^ g) * 16));
-            unsigned two = *reinterpret_cast<const uint16_t *>(st + C::W_BYTES + r * C::S_ROW + 2 * piece);
-            P.sc[mt][h][0] = sh.lut[two & 0xff], P.sc[mt][h][1] = sh.lut[two >> 8];
         }
+    /* the four threads of a row group need the same four scales (rows g, g + 8, the
+     * piece's two steps): thread t looks up the one of row g + 8 (t & 1), step t >> 1,
+     * and the quad trades them */
+    const int lane = threadIdx.x & 31, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; mt++) {
+        const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * (t & 1);
+        const uint32_t mine = sh.lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) P.sc[mt][h][e] = __shfl_sync(0xffffffffu, mine, (lane & ~3) | h | e << 1);
+    }
 }
 
 /* a piece's A registers: [step][m tile][4] */
