@@ -8,6 +8,7 @@
 #include "log.h"
 #include "moe_copy_engine.h"
 #include "moe_cuda.h"
+#include "params.h"
 
 /* The CUDA module is loaded: the nvlink backend's create began with it. */
 #define OPS (m2a_cuda_loaded())
@@ -23,6 +24,15 @@ struct m2a_ce {
     size_t *bytes, max_copies;
     int32_t sent[M2A_FAST_MAX_PEERS]; /* rows the last dispatch sent each rank: what its combine pulls */
     int blocks;                       /* the context's SM budget */
+    /* Lanes: one copy engine moves about 150 GB/s over NVLink (half the link), so a
+     * large batch is cut into nlanes parts of equal bytes, each on its own stream
+     * forked from the caller's and joined back: the driver spreads streams over the
+     * engines. The cut list (copies split at the parts' edges) is host memory. */
+    int nlanes;
+    void *lane[M2A_CE_MAX_LANES], *lane_done[M2A_CE_MAX_LANES], *fork;
+    void **cut_dst;
+    const void **cut_src;
+    size_t *cut_bytes;
 };
 
 static size_t max_copies(const moea2a_moe_config_t *c, int ep)
@@ -45,6 +55,45 @@ void m2a_ce_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *o
 static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
 {
     return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (copy-engine mode): %s: %s", what, OPS->error_string(e));
+}
+
+static moea2a_result_t lanes_create(moea2a_moe_t moe, m2a_ce_t *ce);
+
+/* Below this many bytes a batch stays on the caller's stream: the fork and join
+ * cost more than a second engine saves. */
+#define M2A_CE_LANE_MIN_BYTES ((size_t)4 << 20)
+
+/* The copy list's first nc entries, on the lanes: part j is bytes [j B / L, (j + 1) B / L)
+ * of the list's concatenation, its copies cut at the edges. */
+static int issue(m2a_ce_t *ce, size_t nc, void *stream)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < nc; i++) total += ce->bytes[i];
+    if (ce->nlanes == 1 || total < M2A_CE_LANE_MIN_BYTES) return OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
+    const int L = ce->nlanes;
+    size_t first[M2A_CE_MAX_LANES + 1], m = 0, at = 0, i = 0, done = 0; /* done: bytes of copy i already cut */
+    for (int j = 0; j < L; j++) {
+        const size_t end = total / (size_t)L * (size_t)(j + 1) + (j == L - 1 ? total % (size_t)L : 0);
+        first[j] = m;
+        while (at < end) {
+            const size_t take = ce->bytes[i] - done < end - at ? ce->bytes[i] - done : end - at;
+            ce->cut_dst[m] = (unsigned char *)ce->dst[i] + done;
+            ce->cut_src[m] = (const unsigned char *)ce->src[i] + done;
+            ce->cut_bytes[m++] = take;
+            at += take, done += take;
+            if (done == ce->bytes[i]) i++, done = 0;
+        }
+    }
+    first[L] = m;
+    int e = OPS->event_record(ce->fork, stream);
+    for (int j = 0; j < L && !e; j++) {
+        e = OPS->stream_wait_event(ce->lane[j], ce->fork);
+        if (!e) e = OPS->copy_batch(ce->cut_dst + first[j], ce->cut_src + first[j], ce->cut_bytes + first[j],
+                                    first[j + 1] - first[j], ce->lane[j]);
+        if (!e) e = OPS->event_record(ce->lane_done[j], ce->lane[j]);
+        if (!e) e = OPS->stream_wait_event(stream, ce->lane_done[j]);
+    }
+    return e;
 }
 
 moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out)
@@ -74,15 +123,50 @@ moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks,
     int32_t index[M2A_FAST_MAX_PEERS];
     for (int q = 0; q < ep; q++) index[q] = q < me ? q : q == me ? -1 : q - 1;
     int e = OPS->copy((void *)ce->index, index, 4 * (size_t)ep, M2A_CUDA_H2D);
-    if (e) {
-        free(ce);
-        return cuda_fail(comm, e, "the landing index");
+    moea2a_result_t r = e ? cuda_fail(comm, e, "the landing index") : lanes_create(moe, ce);
+    if (r != MOEA2A_SUCCESS) {
+        m2a_ce_destroy(ce);
+        return r;
     }
     *out = ce;
     return MOEA2A_SUCCESS;
 }
 
-void m2a_ce_destroy(m2a_ce_t *ce) { free(ce); }
+void m2a_ce_destroy(m2a_ce_t *ce)
+{
+    if (!ce) return;
+    for (int j = 0; j < M2A_CE_MAX_LANES; j++) {
+        if (ce->lane[j]) OPS->stream_destroy(ce->lane[j]);
+        if (ce->lane_done[j]) OPS->event_destroy(ce->lane_done[j]);
+    }
+    if (ce->fork) OPS->event_destroy(ce->fork);
+    free(ce->cut_dst), free(ce->cut_src), free(ce->cut_bytes);
+    free(ce);
+}
+
+/* MOEA2A_CE_LANES streams and events, and the cut list (max_copies + lanes entries:
+ * each edge between parts splits at most one copy). */
+static moea2a_result_t lanes_create(moea2a_moe_t moe, m2a_ce_t *ce)
+{
+    long n = 0;
+    M2A_TRY(m2a_param_int(moe->comm, "MOEA2A_CE_LANES", &n));
+    if (n < 1 || n > M2A_CE_MAX_LANES)
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_moe_create: MOEA2A_CE_LANES=%ld is outside 1..%d", n, M2A_CE_MAX_LANES);
+    ce->nlanes = (int)n;
+    if (n == 1) return MOEA2A_SUCCESS;
+    const size_t cap = ce->max_copies + (size_t)n;
+    ce->cut_dst = malloc(cap * sizeof(*ce->cut_dst)), ce->cut_src = malloc(cap * sizeof(*ce->cut_src));
+    ce->cut_bytes = malloc(cap * sizeof(*ce->cut_bytes));
+    if (!ce->cut_dst || !ce->cut_src || !ce->cut_bytes)
+        return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    int e = OPS->event_create(&ce->fork);
+    for (int j = 0; j < n && !e; j++) {
+        e = OPS->stream_create(&ce->lane[j]);
+        if (!e) e = OPS->event_create(&ce->lane_done[j]);
+    }
+    return e ? cuda_fail(moe->comm, e, "the copy lanes' streams") : MOEA2A_SUCCESS;
+}
 
 static moea2a_result_t refuse_capture(moea2a_moe_t moe, void *stream, const char *fn)
 {
@@ -155,7 +239,7 @@ moea2a_result_t m2a_ce_dispatch_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int 
         }
     }
     for (int q = 0; q < ep; q++) add_run(ce, p, &pay, stride, q, run_t[q], run_s[q], run_n[q], &nc);
-    int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
+    int e = issue(ce, nc, stream);
     if (e) return cuda_fail(comm, e, "the rows' copies");
     e = OPS->fast_signal(ce->f, ce->blocks, stream);
     return e ? cuda_fail(comm, e, "the signal launch") : MOEA2A_SUCCESS;
@@ -178,7 +262,7 @@ moea2a_result_t m2a_ce_combine_rows(moea2a_moe_t moe, m2a_ce_t *ce, int n, int s
         ce->src[nc] = f->peer[q] + f->combine + (size_t)me * stride * row;
         ce->bytes[nc++] = (size_t)ce->sent[q] * row;
     }
-    int e = OPS->copy_batch(ce->dst, ce->src, ce->bytes, nc, stream);
+    int e = issue(ce, nc, stream);
     if (e) return cuda_fail(moe->comm, e, "the combine rows' copies");
     e = OPS->fast_landing_reduce(f, ce->blocks, n, stride, ce->landing, ce->index, out, stream);
     return e ? cuda_fail(moe->comm, e, "the combine's sum") : MOEA2A_SUCCESS;

@@ -7,7 +7,8 @@
  * turns it into runs of consecutive tokens per destination and hands them to the copy
  * engines as one batch; the combine pulls each peer's [this rank][0, count) rows in
  * one copy per peer and sums them locally (the load/store combine's arithmetic, on the
- * SM budget's blocks). The host wait makes dispatch and combine uncapturable in CUDA graphs: both
+ * SM budget's blocks). A batch of 4 MiB or more is cut into MOEA2A_CE_LANES parts of
+ * equal bytes, each on its own stream, which the driver spreads over the engines. The host wait makes dispatch and combine uncapturable in CUDA graphs: both
  * refuse a capturing stream.
  *
  * Called by the nvlink backend (moe_backend_nvlink.c) only, with what it needs. */
@@ -18,6 +19,9 @@
 #include "moe_layout.h"
 
 typedef struct m2a_ce m2a_ce_t;
+
+/* The most copy lanes (MOEA2A_CE_LANES): streams a large batch is spread over. */
+#define M2A_CE_MAX_LANES 8
 
 /* The formula's additions (into the nvlink backend's): pinned, after the backend's
  * first `pinned` bytes: the send map as the host reads it (int32 [cap][k]) and the

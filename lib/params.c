@@ -41,6 +41,10 @@ static const moea2a_param_t params[] = {
      "quantized. -1 (default): where the context spans 2 or more GPUs (the dispatch bound by NVLink: 131 "
      "against 142 us at 4096 tokens on 2 x H200; on one GPU, bound by memory, it cost 17%); 1: always; 0: "
      "never (quantize first, then dispatch). The same bits either way."},
+    {"MOEA2A_CE_LANES", "int", "4",
+     "Copy-engine mode (MOEA2A_MOE_COPY_ENGINE): a dispatch's or combine's copies of 4 MiB or more are cut "
+     "into this many parts of equal bytes, each on its own stream (forked from the caller's and joined back), "
+     "so that several copy engines move them; 1..8, 1 keeps one batch on the caller's stream. Read at create."},
     {"MOEA2A_GEMM_WGMMA", "int", "1",
      "1: on Hopper (sm_90) moea2a_expert_gemm runs its tiles of more than 16 rows on the warpgroup MMA "
      "(wgmma), where the library was built for arch 90 with CUDA 12 or later; 0: on mma.sync, as on other "

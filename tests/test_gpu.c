@@ -124,6 +124,11 @@ static const moea2a_datatype_t pay_types[] = {MOEA2A_UINT8, MOEA2A_BFLOAT16, MOE
                                                MOEA2A_INT64, MOEA2A_NVFP4, MOEA2A_FLOAT16};
 static const moea2a_datatype_t comb_types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
 
+/* Cases large enough that copy-engine mode cuts its batches over several lanes
+ * (MOEA2A_CE_LANES; batches of 4 MiB or more): every rank sends all its tokens,
+ * bf16 rows of 6-8 KiB, combine rows of 6 KiB or more. */
+static int large_case = 0;
+
 static moe_case_t make_case(uint64_t seed, int rank, int ep)
 {
     moe_case_t c;
@@ -143,11 +148,18 @@ static moe_case_t make_case(uint64_t seed, int rank, int ep)
               (urand(&s, 0, 5) == 0 ? MOEA2A_MOE_NO_SANITIZE : 0);
     int skew = urand(&s, 0, 3) == 0;
     c.rt = urand(&s, 0, 1) ? 0 : m.max_tokens_per_rank;
+    if (large_case) {
+        m.max_tokens_per_rank = urand(&s, 900, 1200), m.num_payloads = 2, m.hidden = (size_t)urand(&s, 3072, 3500);
+        m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, (size_t)urand(&s, 3072, 4096)};
+        m.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT32, (size_t)urand(&s, 1, 64)};
+        m.combine_dtype = MOEA2A_FLOAT32, c.rt = 0;
+    }
     c.cfg = m;
     /* this rank's inputs: some ranks idle, invalid ids of every kind */
     uint64_t r = mix(seed ^ (uint64_t)(rank + 1) * 0x51ed27);
     int mode = urand(&r, 0, 4);
     c.n = mode == 0 ? 0 : mode == 1 ? m.max_tokens_per_rank : urand(&r, 0, m.max_tokens_per_rank);
+    if (large_case) c.n = m.max_tokens_per_rank;
     c.ids = malloc(sizeof(int32_t) * (size_t)(c.n * m.top_k + 1));
     c.w = malloc(sizeof(float) * (size_t)(c.n * m.top_k + 1));
     for (int i = 0; i < c.n * m.top_k; i++) {
@@ -400,6 +412,7 @@ typedef struct {
     int nvlink;    /* MOEA2A_NVLINK for this run */
     int node_size; /* MOEA2A_NODE_SIZE for this run (emulated nodes; 0: hosts) */
     int copy_engine;
+    int large; /* large_case */
 } moe_arg_t;
 
 static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -413,7 +426,7 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * path must be (NCCL forced onto its network transport; one rank still reaches
      * itself by load/store), unset either */
     expect_nvlink = !a->nvlink ? 0 : want && *want == '1' ? 1 : want && *want == '0' && n > 1 ? 0 : -1;
-    copy_engine = a->copy_engine;
+    copy_engine = a->copy_engine, large_case = a->large;
     if (a->node_size) { /* ranks on several (emulated) nodes: the generic path, node-grouped combine */
         char v[16];
         snprintf(v, sizeof(v), "%d", a->node_size);
@@ -702,6 +715,7 @@ int main(void)
             tap_skip("not enough GPUs", "MoE on %d GPUs, load/store path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode", n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode, MOEA2A_CE_LANES=3", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs in 2 emulated nodes", n);
             continue;
         }
@@ -720,6 +734,13 @@ int main(void)
             local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode: %d random configs equal the host reference bit "
                                     "for bit; capture refused", n, a.cases);
+            /* batches of 4 MiB and more, cut over three lanes (edges inside copies) */
+            moe_arg_t big = {ndev, quick ? 1 : 3, 555u * (uint64_t)n, 1, 0, 1, 1};
+            setenv("MOEA2A_CE_LANES", "3", 1);
+            local_ranks_run(n, moe_rank, &big, WATCHDOG, &res);
+            unsetenv("MOEA2A_CE_LANES");
+            tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode, MOEA2A_CE_LANES=3: %d configs with batches of "
+                                    "4 MiB or more equal the host reference bit for bit", n, big.cases);
         }
         if (n > 1 && !quick) { /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order */
             moe_arg_t a = {ndev, 20, 991u * (uint64_t)n, 1, n / 2, 0};
