@@ -3,22 +3,24 @@
  * become bf16 in registers, so at decode sizes, where the GEMM is bound by weight
  * bytes, it reads 3.6 x fewer bytes than a bf16 GEMM.
  *
- * Persistent kernels walk tiles of (expert, 64 or 128 weight rows, 16 or 64 token
- * rows: two variants, see Cfg), the tile list built from the counts on the device; an
+ * Persistent kernels walk tiles of (expert, 64 to 256 weight rows, 16 or 64 token
+ * rows: the variants of Cfg), the tile list built from the counts on the device; an
  * expert's rows past its count are not tiles, and in a tile's last rows only the 8-row
- * groups holding a row are loaded and multiplied. Per 256-k stage, cp.async copies the
- * tile's codes, scales and activation rows into shared memory (one or two stages in
- * flight); each warp dequantizes its 16 or 32 weight rows into mma.m16n8k16 A
- * fragments and multiplies them by every token group (the weights are the MMA's M
- * side: 8 tokens fill its N side, so a decode-size tile wastes nothing).
+ * groups holding a row are loaded (and, on mma.sync, multiplied). Per 256-k stage,
+ * cp.async copies the tile's codes, scales and activation rows into shared memory (one
+ * to three stages in flight); each warp dequantizes its 16 or 32 weight rows into
+ * m16n8k16 A fragments and multiplies them by every token group (the weights are the
+ * MMA's M side: 8 tokens fill its N side, so a decode-size tile wastes nothing). On
+ * Hopper the experts of more than 8 rows run on the warpgroup MMA (wgmma below), the
+ * same A fragments against tokens read from shared memory.
  *
  * Exactness of the dequantization: an E2M1 code whose bits are spread into a bf16's
  * exponent and mantissa is the value x 2^-126 (code 1 a subnormal); multiplied by the
  * block's E4M3 scale x 2^118 (a table) it is e2m1 x SF x 2^-8, exact in bf16 (at most
  * 5 significant bits, far from bf16's range ends). The 2^8 and the expert's 1/g are
- * applied to the fp32 sums. Within a thread the k order differs from memory order
- * (a thread takes 32 consecutive k of a row), the same on both MMA operands: the sum
- * is over the same products. */
+ * applied to the fp32 sums. On mma.sync, within a thread the k order differs from
+ * memory order (a thread takes 32 consecutive k of a row), the same on both MMA
+ * operands: the sum is over the same products. */
 #ifdef HAVE_CONFIG_H
 #include "config.h" /* MOEA2A_HAVE_SM90A */
 #endif
@@ -35,8 +37,8 @@ constexpr int BK = 128;      /* k per sub-stage (a stage holds KS of them) */
 constexpr int W_SUB = BK / 2, S_SUB = BK / 16, A_SUB = 2 * BK; /* bytes per row per sub-stage */
 constexpr int MAX_BN = 256, MAX_GROUPS = 8;
 
-/* A variant: tiles of 64 MT weight rows (MT m16 tiles per warp) by G groups of 8 token
- * rows. The small one (MT = 1, G = 2) takes the experts with at most 16 rows (decode):
+/* A variant: tiles of 64 MT x WGROUPS weight rows (MT m16 tiles per warp, or with
+ * wgmma m64 tiles per warpgroup) by G groups of 8 token rows. The small one (MT = 1, G = 2) takes the experts with at most 16 rows (decode):
  * its tiles are many and its registers few, so four blocks share an SM, each with two
  * stages in flight, and the tiles spread evenly over them; the large one (MT = 2,
  * G = 8) the rest, each dequantized weight feeding twice as many MMAs, one stage in
@@ -53,7 +55,7 @@ template <int G, int MT, int KSUB, bool WGMMA = false, int WGROUPS = 1> struct C
     static constexpr int GROUPS = G, BT = 8 * G, A_BYTES = BT * A_ROW;
     static constexpr int M_TILES = MT, BN = 64 * MT * WGROUPS, W_BYTES = BN * W_ROW, S_BYTES = BN * S_ROW;
     /* buffers: STAGES - 1 in flight */
-    static constexpr int STAGES = WGMMA ? 3 : G <= 2 ? 3 : KS == 2 ? 2 : 4;
+    static constexpr int STAGES = WGMMA ? (G <= 2 ? 4 : 3) : G <= 2 ? 3 : KS == 2 ? 2 : 4;
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
     static constexpr int MIN_BLOCKS = WGMMA ? 1 : G <= 2 ? 4 : 2;
 };
@@ -67,6 +69,9 @@ typedef Cfg<8, 2, 2> Large;
  * registers each) hide the dequantization's latencies. What measured best on an H100
  * (bench/RESULTS.md, session 16). */
 typedef Cfg<8, 1, 2, true, 4> Hopper;
+/* A small variant on wgmma (experts of 9-16 rows, run_both): the same 256-row tiles by
+ * 16 tokens (wgmma.m64n16k16), four stages (three in flight, 96 KB of codes per SM). */
+typedef Cfg<2, 1, 2, true, 4> HopperSmall;
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -259,14 +264,15 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
     if (C::WG) {
         /* wgmma reads the tokens in 128-byte swizzled atoms (wgmma_desc): k 64a..64a+63
          * of token i are row i % 8 of atom (a, i / 8), their 16-byte unit c at c ^ (i % 8).
-         * A pass copies one atom column a = i % 4 of rows RP (i / 4) + tid / 8: whole
-         * 128-byte lines from global memory, a whole atom row per eight threads into
-         * shared memory (eight bank groups). */
-        constexpr int RP = C::THREADS / 8;
+         * Pass i copies units c = tid % 8 of (row, a) = (v % BT, v / BT), v = tid / 8 +
+         * THREADS / 8 i: whole 128-byte lines from global memory, a whole atom row per
+         * eight threads into shared memory (eight bank groups). */
+        static_assert(C::BT * 32 % C::THREADS == 0, "whole passes");
+        __builtin_assume(tid >= 0 && tid < C::THREADS); /* v's row and column fold to shifts */
         const int c = tid % 8;
 #pragma unroll
-        for (int i = 0; i < 4 * C::BT / RP; i++) {
-            const int row = (i / 4) * RP + tid / 8, a = i % 4, ka = kbase + 64 * a + 8 * c;
+        for (int i = 0; i < C::BT * 32 / C::THREADS; i++) {
+            const int v = tid / 8 + C::THREADS / 8 * i, row = v % C::BT, a = v / C::BT, ka = kbase + 64 * a + 8 * c;
             if (row < groups * 8) {
                 const uint16_t *ar = sh.arow[row];
                 cp_async<16>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128 + ((c ^ (row % 8)) * 16),
@@ -390,10 +396,10 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
 #endif
 }
 /* keeps the compiler from touching a register the asynchronous MMA owns */
-__device__ __forceinline__ void wgmma_hold(float (&d)[8][4])
+template <int J> __device__ __forceinline__ void wgmma_hold(float (&d)[J][4])
 {
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < J; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[j][i])::"memory");
 }
@@ -470,6 +476,24 @@ __device__ __forceinline__ void wg_dequant(const WgPiece<C> &P, uint32_t select,
         }
 }
 
+/* d += a . b for 16 tokens */
+__device__ __forceinline__ void wgmma_m64n16(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b)
+{
+#ifdef M2A_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+#else
+    (void)d, (void)a, (void)b;
+    __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_tile(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) { wgmma_m64n64(d, a, b); }
+__device__ __forceinline__ void wgmma_tile(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b) { wgmma_m64n16(d, a, b); }
+
 /* One stage on wgmma, a piece at a time: its A registers dequantized, the next piece's
  * codes and scales read, then the piece's MMAs (two steps x the m64 tiles) issued as
  * one group. The A registers alternate between two sets (pieces unrolled): a set is
@@ -481,7 +505,7 @@ __device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigne
                                                  float (&acc)[C::M_TILES][C::GROUPS][4])
 {
     constexpr int MT = C::M_TILES, PIECES = 4 * C::KS;
-    static_assert(C::GROUPS == 8 && C::KS == 2, "wgmma tiles are m64n64, stages 256 k");
+    static_assert((C::GROUPS == 8 || C::GROUPS == 2) && C::KS == 2, "wgmma tiles are m64n64 or m64n16, stages 256 k");
     static_assert((C::W_BYTES + C::S_BYTES) % 1024 == 0 && C::STAGE_BYTES % 1024 == 0, "atoms 1024-aligned");
     const int t = threadIdx.x & 3;
     const uint32_t select = t | 0x4440;
@@ -500,7 +524,7 @@ __device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigne
             const int step = 2 * piece + e;
             const uint64_t b = b0 + (((step / 4) * (C::BT * 128) + (step % 4) * 32) >> 4);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) wgmma_m64n64(acc[mt], af[e][mt], b);
+            for (int mt = 0; mt < MT; mt++) wgmma_tile(acc[mt], af[e][mt], b);
         }
         wgmma_commit();
         wgmma_wait<1>();
@@ -784,11 +808,17 @@ template <bool W16> int run_both(const m2a_kgemm_t *p, cudaStream_t s)
 {
     const int64_t rows = p->slots ? p->rows * p->slots : p->rows;
     /* token tiles: at most one per expert for the small variant, rows / BT + experts for the large */
-    int err = run<W16, Small>(p, 0, Small::BT, p->num_experts, s);
+    const int wg = wgmma_usable(p);
+    /* on wgmma, experts of 9-16 rows take the m64n16 tiles: at 8 rows and fewer, where
+     * weight bytes bound the call, four independent mma.sync blocks per SM read faster
+     * (H100, 4096x7168: 225 against 248 us at 8 rows; 250 against 295 at 16) */
+    const int small_hi = wg ? 8 : Small::BT;
+    int err = run<W16, Small>(p, 0, small_hi, p->num_experts, s);
+    if (!err && wg && rows > small_hi) err = run<W16, HopperSmall>(p, small_hi, Small::BT, p->num_experts, s);
     if (err || rows <= Small::BT) return err; /* no expert can be the large variant's */
     const int64_t bound = rows / Large::BT + p->num_experts;
-    return wgmma_usable(p) ? run<W16, Hopper>(p, Small::BT, 0x7fffffff, bound, s)
-                           : run<W16, Large>(p, Small::BT, 0x7fffffff, bound, s);
+    return wg ? run<W16, Hopper>(p, Small::BT, 0x7fffffff, bound, s)
+              : run<W16, Large>(p, Small::BT, 0x7fffffff, bound, s);
 }
 
 } /* namespace */
