@@ -404,10 +404,11 @@ template <int J> __device__ __forceinline__ void wgmma_hold(float (&d)[J][4])
         for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[j][i])::"memory");
 }
 
-/* d += a (64 weight rows x 16 k, registers) . b (16 k x 64 tokens, shared memory) */
-__device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b)
-{
+/* d += a (64 weight rows x 16 k, registers) . b (16 k x N tokens, shared memory), for
+ * N = 64 and 16; other archs' builds trap (the launcher never runs them there) */
 #ifdef M2A_WGMMA
+__device__ __forceinline__ void wgmma_tile(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b)
+{
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -420,11 +421,22 @@ __device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const uint32_t (&
                    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
                    "+f"(d[7][2]), "+f"(d[7][3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
-#else
-    (void)d, (void)a, (void)b;
-    __trap();
-#endif
 }
+__device__ __forceinline__ void wgmma_tile(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+#else
+template <int J> __device__ __forceinline__ void wgmma_tile(float (&)[J][4], const uint32_t (&)[4], uint64_t)
+{
+    __trap();
+}
+#endif
 
 /* A thread's codes and scales of one 16-byte piece (32 k, two MMA steps): per m64 tile
  * its rows g and g + 8, the pieces stored at piece ^ (row % 8) = piece ^ g. */
@@ -476,23 +488,6 @@ __device__ __forceinline__ void wg_dequant(const WgPiece<C> &P, uint32_t select,
         }
 }
 
-/* d += a . b for 16 tokens */
-__device__ __forceinline__ void wgmma_m64n16(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b)
-{
-#ifdef M2A_WGMMA
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                   "+f"(d[1][2]), "+f"(d[1][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
-#else
-    (void)d, (void)a, (void)b;
-    __trap();
-#endif
-}
-__device__ __forceinline__ void wgmma_tile(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) { wgmma_m64n64(d, a, b); }
-__device__ __forceinline__ void wgmma_tile(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b) { wgmma_m64n16(d, a, b); }
 
 /* One stage on wgmma, a piece at a time: its A registers dequantized, the next piece's
  * codes and scales read, then the piece's MMAs (two steps x the m64 tiles) issued as
