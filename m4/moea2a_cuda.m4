@@ -9,7 +9,7 @@ AC_ARG_VAR([NVCC], [CUDA compiler])
 AC_ARG_VAR([NVCCFLAGS], [extra flags for nvcc (after moea2a's own)])
 AC_ARG_WITH([cuda-arch],
     [AS_HELP_STRING([--with-cuda-arch=LIST],
-                    [compute capabilities to build for, e.g. "80 90" (default: 80 90, plus 100 when nvcc knows it)])],
+                    [compute capabilities to build for, e.g. "80 90" (default: 80 90, plus 100 when nvcc knows it; 90 is built as sm_90a with CUDA 12 or later)])],
     [], [with_cuda_arch=default])
 CUDA_VERSION_STR=none; CUDA_ARCHS=none; NVCC_ARCH_FLAGS=""
 AS_IF([test "x$have_cuda" = xyes], [
