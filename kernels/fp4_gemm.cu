@@ -273,11 +273,10 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
 #pragma unroll
         for (int i = 0; i < C::BT * 32 / C::THREADS; i++) {
             const int v = tid / 8 + C::THREADS / 8 * i, row = v % C::BT, a = v / C::BT, ka = kbase + 64 * a + 8 * c;
-            if (row < groups * 8) {
-                const uint16_t *ar = sh.arow[row];
-                cp_async<16>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128 + ((c ^ (row % 8)) * 16),
-                             ar ? ar + ka : p.a, ar && ka < k);
-            }
+            /* rows of the groups not in use zero-filled rather than skipped: no branch */
+            const uint16_t *ar = row < groups * 8 ? sh.arow[row] : nullptr;
+            cp_async<16>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128 + ((c ^ (row % 8)) * 16),
+                         ar ? ar + ka : p.a, ar && ka < k);
         }
         return;
     }
