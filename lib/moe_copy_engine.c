@@ -57,8 +57,6 @@ static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
     return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (copy-engine mode): %s: %s", what, OPS->error_string(e));
 }
 
-static moea2a_result_t lanes_create(moea2a_moe_t moe, m2a_ce_t *ce);
-
 /* Below this many bytes a batch stays on the caller's stream: the fork and join
  * cost more than a second engine saves. */
 #define M2A_CE_LANE_MIN_BYTES ((size_t)4 << 20)
@@ -96,42 +94,6 @@ static int issue(m2a_ce_t *ce, size_t nc, void *stream)
     return e;
 }
 
-moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out)
-{
-    moea2a_comm_t comm = moe->comm;
-    const m2a_moe_layout_t *l = &moe->l;
-    const int ep = comm->nranks, me = comm->rank;
-    m2a_ce_t *ce = calloc(1, sizeof(*ce));
-    if (!ce) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    ce->f = f, ce->blocks = blocks;
-    /* the routing launch: arrays renumbered without the payloads (ids, weights and the
-     * source index keep their offsets), so that it has no row to copy */
-    ce->route = *f;
-    m2a_kparams_t *p = &ce->route.p;
-    const int P = p->num_payloads;
-    for (int a = P; a < p->narrays; a++)
-        p->width[a - P] = p->width[a], p->ws_off[a - P] = p->ws_off[a], p->rec_off[a - P] = p->rec_off[a];
-    p->narrays -= P, p->num_payloads = 0;
-    ce->index = (const int32_t *)(moe->stage + l->stage_backend);
-    ce->landing = moe->stage + l->stage_backend + m2a_align(4 * (size_t)ep);
-    unsigned char *pin = moe->pinned + l->pinned_backend + m2a_align(pinned_off);
-    ce->map = (int32_t *)pin;
-    pin += m2a_align(4 * (size_t)moe->cfg.max_tokens_per_rank * (size_t)moe->cfg.top_k);
-    ce->max_copies = max_copies(&moe->cfg, ep);
-    ce->dst = (void **)pin, ce->src = (const void **)(pin + 8 * ce->max_copies);
-    ce->bytes = (size_t *)(pin + 16 * ce->max_copies);
-    int32_t index[M2A_FAST_MAX_PEERS];
-    for (int q = 0; q < ep; q++) index[q] = q < me ? q : q == me ? -1 : q - 1;
-    int e = OPS->copy((void *)ce->index, index, 4 * (size_t)ep, M2A_CUDA_H2D);
-    moea2a_result_t r = e ? cuda_fail(comm, e, "the landing index") : lanes_create(moe, ce);
-    if (r != MOEA2A_SUCCESS) {
-        m2a_ce_destroy(ce);
-        return r;
-    }
-    *out = ce;
-    return MOEA2A_SUCCESS;
-}
-
 void m2a_ce_destroy(m2a_ce_t *ce)
 {
     if (!ce) return;
@@ -166,6 +128,42 @@ static moea2a_result_t lanes_create(moea2a_moe_t moe, m2a_ce_t *ce)
         if (!e) e = OPS->event_create(&ce->lane_done[j]);
     }
     return e ? cuda_fail(moe->comm, e, "the copy lanes' streams") : MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_ce_create(moea2a_moe_t moe, const m2a_fast_t *f, int blocks, size_t pinned_off, m2a_ce_t **out)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    const int ep = comm->nranks, me = comm->rank;
+    m2a_ce_t *ce = calloc(1, sizeof(*ce));
+    if (!ce) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    ce->f = f, ce->blocks = blocks;
+    /* the routing launch: arrays renumbered without the payloads (ids, weights and the
+     * source index keep their offsets), so that it has no row to copy */
+    ce->route = *f;
+    m2a_kparams_t *p = &ce->route.p;
+    const int P = p->num_payloads;
+    for (int a = P; a < p->narrays; a++)
+        p->width[a - P] = p->width[a], p->ws_off[a - P] = p->ws_off[a], p->rec_off[a - P] = p->rec_off[a];
+    p->narrays -= P, p->num_payloads = 0;
+    ce->index = (const int32_t *)(moe->stage + l->stage_backend);
+    ce->landing = moe->stage + l->stage_backend + m2a_align(4 * (size_t)ep);
+    unsigned char *pin = moe->pinned + l->pinned_backend + m2a_align(pinned_off);
+    ce->map = (int32_t *)pin;
+    pin += m2a_align(4 * (size_t)moe->cfg.max_tokens_per_rank * (size_t)moe->cfg.top_k);
+    ce->max_copies = max_copies(&moe->cfg, ep);
+    ce->dst = (void **)pin, ce->src = (const void **)(pin + 8 * ce->max_copies);
+    ce->bytes = (size_t *)(pin + 16 * ce->max_copies);
+    int32_t index[M2A_FAST_MAX_PEERS];
+    for (int q = 0; q < ep; q++) index[q] = q < me ? q : q == me ? -1 : q - 1;
+    int e = OPS->copy((void *)ce->index, index, 4 * (size_t)ep, M2A_CUDA_H2D);
+    moea2a_result_t r = e ? cuda_fail(comm, e, "the landing index") : lanes_create(moe, ce);
+    if (r != MOEA2A_SUCCESS) {
+        m2a_ce_destroy(ce);
+        return r;
+    }
+    *out = ce;
+    return MOEA2A_SUCCESS;
 }
 
 static moea2a_result_t refuse_capture(moea2a_moe_t moe, void *stream, const char *fn)

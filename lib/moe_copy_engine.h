@@ -8,8 +8,9 @@
  * engines as one batch; the combine pulls each peer's [this rank][0, count) rows in
  * one copy per peer and sums them locally (the load/store combine's arithmetic, on the
  * SM budget's blocks). A batch of 4 MiB or more is cut into MOEA2A_CE_LANES parts of
- * equal bytes, each on its own stream, which the driver spreads over the engines. The host wait makes dispatch and combine uncapturable in CUDA graphs: both
- * refuse a capturing stream.
+ * equal bytes, each on its own stream, which the driver spreads over the engines.
+ * The host wait makes dispatch and combine uncapturable in CUDA graphs: both refuse
+ * a capturing stream.
  *
  * Called by the nvlink backend (moe_backend_nvlink.c) only, with what it needs. */
 #ifndef M2A_MOE_COPY_ENGINE_H
