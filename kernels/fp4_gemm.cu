@@ -38,11 +38,11 @@ constexpr int W_SUB = BK / 2, S_SUB = BK / 16, A_SUB = 2 * BK; /* bytes per row 
 constexpr int MAX_BN = 256, MAX_GROUPS = 8;
 
 /* A variant: tiles of 64 MT x WGROUPS weight rows (MT m16 tiles per warp, or with
- * wgmma m64 tiles per warpgroup) by G groups of 8 token rows. The small one (MT = 1, G = 2) takes the experts with at most 16 rows (decode):
- * its tiles are many and its registers few, so four blocks share an SM, each with two
- * stages in flight, and the tiles spread evenly over them; the large one (MT = 2,
- * G = 8) the rest, each dequantized weight feeding twice as many MMAs, one stage in
- * flight. Each expert belongs to one of them by its count, read on the device. Their
+ * wgmma m64 tiles per warpgroup) by G groups of 8 token rows. The small one (MT = 1,
+ * G = 2) takes the experts with at most 16 rows (decode): its tiles are many and its
+ * registers few, so four blocks share an SM, each with two stages in flight, and the
+ * tiles spread evenly over them; the large one (MT = 2, G = 8) the rest, each
+ * dequantized weight feeding twice as many MMAs, one stage in flight. Each expert belongs to one of them by its count, read on the device. Their
  * shapes are what measured best on an H100 (bench/RESULTS.md, session 13). */
 template <int G, int MT, int KSUB, bool WGMMA = false, int WGROUPS = 1> struct Cfg {
     static constexpr bool WG = WGMMA; /* Hopper's warpgroup MMA (see wgmma below) */
@@ -96,17 +96,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Four bytes of codes (eight weights k0..k0+7) -> four bf16 pairs, multiplied by the
- * block's scale pair. A code's three magnitude bits placed at a bf16's exponent low
- * bits and mantissa top (bits 6-8 of a half) read as its value x 2^-126.
- * The magnitudes are masked there and multiplied by the scale, and the codes' signs,
- * shifted to bits 15 and 31, flip the product's sign bits (exact, NaN stays NaN).
- * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j
- * (dequant_byte).
- * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which one shift of
- * the word puts at bits 6-9 and 22-25: no permute, paid for by regrouping the
- * activations the same way (act_pairs). Left shifts compile to multiplies, off the
- * integer pipe that the masks and permutes load. */
 /* The pair of byte j (0..3) of w, its two nibbles: select = j | 0x4440 (byte j, then
  * zeros). One multiply places copies of the byte at bits 6 and 18, so the low nibble's
  * magnitude lands at bits 6-8 and the high one's at 22-24, their signs at 9 and 25
@@ -119,6 +108,17 @@ __device__ __forceinline__ uint32_t dequant_byte(uint32_t w, uint32_t select, ui
     return *reinterpret_cast<uint32_t *>(&v) ^ ((y << 6) & 0x80008000u);
 }
 
+/* Four bytes of codes (eight weights k0..k0+7) -> four bf16 pairs, multiplied by the
+ * block's scale pair. A code's three magnitude bits placed at a bf16's exponent low
+ * bits and mantissa top (bits 6-8 of a half) read as its value x 2^-126.
+ * The magnitudes are masked there and multiplied by the scale, and the codes' signs,
+ * shifted to bits 15 and 31, flip the product's sign bits (exact, NaN stays NaN).
+ * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j
+ * (dequant_byte).
+ * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which one shift of
+ * the word puts at bits 6-9 and 22-25: no permute, paid for by regrouping the
+ * activations the same way (act_pairs). Left shifts compile to multiplies, off the
+ * integer pipe that the masks and permutes load. */
 template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
 {
     const __nv_bfloat162 s2 = *reinterpret_cast<__nv_bfloat162 *>(&scale2);
