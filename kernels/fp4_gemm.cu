@@ -727,34 +727,55 @@ __global__ void __launch_bounds__(LIST_THREADS) list_fill(const m2a_kgemm_t p)
     }
 }
 
-struct Launch {
-    int sms, blocks_per_sm;
+/* The current device: its SM count, and whether the large variants may run on wgmma
+ * (the build has sm_90a code, configure building arch 90 as 90a with CUDA 12 or later,
+ * and the device is an sm_90). Looked up once per device; the same values whichever
+ * thread stores them. */
+struct Device {
+    int id, sms, sm90a;
 };
 
-/* The persistent grid of a variant on the current device. */
+int current_device(Device *d)
+{
+    static Device known[64]; /* sms 0: not looked up yet; stored last (release) */
+    int err = (int)cudaGetDevice(&d->id);
+    if (err) return err;
+    Device &k = known[d->id & 63];
+    if (!__atomic_load_n(&k.sms, __ATOMIC_ACQUIRE)) {
+        int major = 0, minor = 0, n = 0;
+        if ((err = (int)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d->id)) ||
+            (err = (int)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d->id)) ||
+            (err = (int)cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d->id)))
+            return err;
+#ifdef MOEA2A_HAVE_SM90A
+        k.sm90a = major == 9 && minor == 0;
+#endif
+        k.id = d->id;
+        __atomic_store_n(&k.sms, n, __ATOMIC_RELEASE);
+    }
+    *d = k;
+    return 0;
+}
+
+/* The persistent grid of a variant: blocks per SM with this call's tile list, whose
+ * size depends on the experts (the kernel's shared memory limit raised once per
+ * device). */
 constexpr int PREFIX_MAX = 4 * (M2A_GEMM_MAX_EXPERTS + 1);
 
-template <bool W16, class C> int launch_shape(Launch *l, int prefix_bytes)
+template <bool W16, class C> int blocks_per_sm(const Device &d, int prefix_bytes, int *out)
 {
-    /* per device, once: the SM count and the kernel's shared memory limit (the same
-     * values whichever thread sets them) */
-    static int sms[64];
-    int dev = 0, err;
-    if ((err = (int)cudaGetDevice(&dev))) return err;
-    if (!sms[dev & 63]) {
-        int n = 0;
+    static bool raised[64];
+    int err;
+    if (!raised[d.id & 63]) {
         if ((err = (int)cudaFuncSetAttribute(gemm_kernel<W16, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              C::SMEM + PREFIX_MAX)))
             return err;
-        if ((err = (int)cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev))) return err;
-        sms[dev & 63] = n;
+        raised[d.id & 63] = true;
     }
-    /* blocks per SM with this call's tile list, whose size depends on the experts */
-    l->sms = sms[dev & 63];
-    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l->blocks_per_sm, gemm_kernel<W16, C>, C::THREADS,
+    if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, gemm_kernel<W16, C>, C::THREADS,
                                                                    C::SMEM + prefix_bytes)))
         return err;
-    if (l->blocks_per_sm < 1) l->blocks_per_sm = 1;
+    if (*out < 1) *out = 1;
     return 0;
 }
 
@@ -762,13 +783,13 @@ template <bool W16, class C> int launch_shape(Launch *l, int prefix_bytes)
  * bounds its tiles. The grid is the fewest blocks that take at most as many tiles each as a
  * full grid would: every block then has the same number of tiles (or one fewer)
  * instead of some doing one more round than the rest. */
-template <bool W16, class C> int run(const m2a_kgemm_t *p, int lo, int hi, int64_t rows_bound, cudaStream_t s)
+template <bool W16, class C>
+int run(const m2a_kgemm_t *p, const Device &d, int lo, int hi, int64_t rows_bound, cudaStream_t s)
 {
-    Launch l;
     const int prefix_bytes = 4 * (p->num_experts + 1);
-    int err = launch_shape<W16, C>(&l, prefix_bytes);
+    int per_sm = 0, err = blocks_per_sm<W16, C>(d, prefix_bytes, &per_sm);
     if (err) return err;
-    const int64_t most = (int64_t)ntiles_of<C>(*p) * rows_bound, slots = (int64_t)l.sms * l.blocks_per_sm;
+    const int64_t most = (int64_t)ntiles_of<C>(*p) * rows_bound, slots = (int64_t)d.sms * per_sm;
     const int64_t rounds = (most + slots - 1) / slots;
     int64_t grid = rounds ? (most + rounds - 1) / rounds : 1;
     if (grid < 1) grid = 1;
@@ -776,43 +797,24 @@ template <bool W16, class C> int run(const m2a_kgemm_t *p, int lo, int hi, int64
     return (int)cudaGetLastError();
 }
 
-/* Whether the large variant runs on wgmma: the build has sm_90a code (configure
- * builds arch 90 as 90a with CUDA 12 or later), the device is an sm_90 and the caller
- * did not ask for mma.sync. */
-int wgmma_usable(const m2a_kgemm_t *p)
-{
-#ifdef MOEA2A_HAVE_SM90A
-    static signed char cc90[64]; /* per device: 0 unknown, 1 sm_90, -1 other */
-    int dev = 0, major = 0, minor = 0;
-    if (p->no_wgmma || cudaGetDevice(&dev)) return 0;
-    if (!cc90[dev & 63]) {
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev))
-            return 0;
-        cc90[dev & 63] = major == 9 && minor == 0 ? 1 : -1;
-    }
-    return cc90[dev & 63] > 0;
-#else
-    (void)p;
-    return 0;
-#endif
-}
-
 template <bool W16> int run_both(const m2a_kgemm_t *p, cudaStream_t s)
 {
+    Device d;
+    int err = current_device(&d);
+    if (err) return err;
     const int64_t rows = p->slots ? p->rows * p->slots : p->rows;
     /* token tiles: at most one per expert for the small variant, rows / BT + experts for the large */
-    const int wg = wgmma_usable(p);
+    const int wg = d.sm90a && !p->no_wgmma;
     /* on wgmma, experts of 9-16 rows take the m64n16 tiles: at 8 rows and fewer, where
      * weight bytes bound the call, four independent mma.sync blocks per SM read faster
      * (H100, 4096x7168: 225 against 248 us at 8 rows; 250 against 295 at 16) */
     const int small_hi = wg ? 8 : Small::BT;
-    int err = run<W16, Small>(p, 0, small_hi, p->num_experts, s);
-    if (!err && wg && rows > small_hi) err = run<W16, HopperSmall>(p, small_hi, Small::BT, p->num_experts, s);
+    err = run<W16, Small>(p, d, 0, small_hi, p->num_experts, s);
+    if (!err && wg && rows > small_hi) err = run<W16, HopperSmall>(p, d, small_hi, Small::BT, p->num_experts, s);
     if (err || rows <= Small::BT) return err; /* no expert can be the large variant's */
     const int64_t bound = rows / Large::BT + p->num_experts;
-    return wg ? run<W16, Hopper>(p, Small::BT, 0x7fffffff, bound, s)
-              : run<W16, Large>(p, Small::BT, 0x7fffffff, bound, s);
+    return wg ? run<W16, Hopper>(p, d, Small::BT, 0x7fffffff, bound, s)
+              : run<W16, Large>(p, d, Small::BT, 0x7fffffff, bound, s);
 }
 
 } /* namespace */
