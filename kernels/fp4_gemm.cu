@@ -108,30 +108,41 @@ __device__ __forceinline__ uint32_t dequant_byte(uint32_t w, uint32_t select, ui
     return *reinterpret_cast<uint32_t *>(&v) ^ ((y << 6) & 0x80008000u);
 }
 
+/* Two codes, alone at bits 0-3 and 16-19 (MUL = 0x1040) or 4-7 and 20-23 (MUL = 0x104),
+ * times the scale pair: one multiply places each code's magnitude at bits 6-8 of its
+ * half and its sign at bit 15 (the two copies do not overlap, so nothing carries); the
+ * mask keeps those, a signed bf16 of the code's value x 2^-126, and the scale multiply
+ * makes it e2m1 x SF x 2^-8 (exact, see the top). */
+template <uint32_t MUL> __device__ __forceinline__ uint32_t e2m1_pair(uint32_t codes, uint32_t scale2)
+{
+    uint32_t v = (codes * MUL) & 0x81c081c0u;
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&v), *reinterpret_cast<__nv_bfloat162 *>(&scale2));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* A word of eight codes (k 0..7) -> four bf16 pairs, pair i the codes i and i + 4 (bits
+ * 4i and 4i + 16): four instructions a pair and one shift a word. The pairing is not
+ * memory order; the tokens are regrouped the same way (wg_pair_tokens). */
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
+{
+    d[0] = e2m1_pair<0x1040u>(w & 0x000f000fu, scale2);
+    d[1] = e2m1_pair<0x104u>(w & 0x00f000f0u, scale2);
+    w >>= 8;
+    d[2] = e2m1_pair<0x1040u>(w & 0x000f000fu, scale2);
+    d[3] = e2m1_pair<0x104u>(w & 0x00f000f0u, scale2);
+}
+
 /* Four bytes of codes (eight weights k0..k0+7) -> four bf16 pairs, multiplied by the
- * block's scale pair. A code's three magnitude bits placed at a bf16's exponent low
- * bits and mantissa top (bits 6-8 of a half) read as its value x 2^-126.
- * The magnitudes are masked there and multiplied by the scale, and the codes' signs,
- * shifted to bits 15 and 31, flip the product's sign bits (exact, NaN stays NaN).
- * PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles of byte j
- * (dequant_byte).
- * PAIRED = true: pair j is (k0 + j, k0 + j + 4), nibbles j and j + 4, which one shift of
- * the word puts at bits 6-9 and 22-25: no permute, paid for by regrouping the
- * activations the same way (act_pairs). Left shifts compile to multiplies, off the
- * integer pipe that the masks and permutes load. */
+ * block's scale pair. PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles
+ * of byte j (dequant_byte). PAIRED = true: pair j is (k0 + j, k0 + j + 4)
+ * (dequant_word), paid for by regrouping the activations the same way (act_pairs). */
 template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
 {
-    const __nv_bfloat162 s2 = *reinterpret_cast<__nv_bfloat162 *>(&scale2);
+    if constexpr (PAIRED) {
+        dequant_word(w, scale2, d);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        if (PAIRED) {
-            uint32_t x = j < 2 ? w << (6 - 4 * j) : w >> (4 * j - 6);
-            uint32_t mag = x & 0x01c001c0u, sign = w << (12 - 4 * j);
-            __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&mag), s2);
-            d[j] = *reinterpret_cast<uint32_t *>(&v) ^ (sign & 0x80008000u);
-        } else {
-            d[j] = dequant_byte(w, j | 0x4440, scale2);
-        }
+        for (int j = 0; j < 4; j++) d[j] = dequant_byte(w, j | 0x4440, scale2);
     }
 }
 
@@ -359,11 +370,14 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
 /* Hopper's warpgroup MMA (sm_90a only; the other archs' builds of the Hopper variant
  * trap, and the launcher never picks it there). The weights are the A operand, from
  * registers: a warp's fragment of an m64 tile is an mma.m16n8k16 A fragment of its 16
- * rows (warp 16w..16w+15), thread (g, t) holding k 2t, 2t + 1 and 2t + 8, 2t + 9 of rows
- * g and g + 8: byte t of a step's two code words, so a thread reads whole 16-byte
- * pieces (shared by the four threads of a row) and takes its byte of each word. The
- * tokens are B, read from shared memory through a descriptor (wgmma_desc). Results
- * as mma.sync's: d[4j..4j+3] are tokens 8j + 2t, + 1 of rows g and g + 8. */
+ * rows (warp 16w..16w+15), thread (g, t) holding slots 2t, 2t + 1 and 2t + 8, 2t + 9 of
+ * rows g and g + 8. Which k a slot is, is ours to choose as long as the tokens follow:
+ * thread t takes word t of each 16-byte piece (32 k, two steps) of its rows, whose
+ * eight codes dequant_word turns into four pairs in four instructions each (memory
+ * order would cost six: wg_dequant), and the tokens are regrouped to match in shared
+ * memory (wg_pair_tokens). The tokens are B, read from shared memory through a
+ * descriptor (wgmma_desc). Results as mma.sync's: d[4j..4j+3] are tokens 8j + 2t, + 1
+ * of rows g and g + 8. */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define M2A_WGMMA 1
 #endif
@@ -438,55 +452,83 @@ template <int J> __device__ __forceinline__ void wgmma_tile(float (&)[J][4], con
 #endif
 
 /* A thread's codes and scales of one 16-byte piece (32 k, two MMA steps): per m64 tile
- * its rows g and g + 8, the pieces stored at piece ^ (row % 8) = piece ^ g. */
+ * word t of its rows g and g + 8 (k 8t..8t+7; the pieces stored at piece ^ (row % 8) =
+ * piece ^ g) and those rows' scales of that word's block. */
 template <class C> struct WgPiece {
-    uint4 wq[C::M_TILES][2];
-    uint32_t sc[C::M_TILES][2][2];
+    uint32_t w[C::M_TILES][2];
+    uint32_t sc[C::M_TILES][2];
 };
 
 template <class C>
 __device__ __forceinline__ void wg_load(const Shared &sh, const unsigned char *st, int piece, WgPiece<C> &P)
 {
     /* warpgroup wg's rows are 64 MT wg .. + 64 MT - 1; warp w of it, 16 w + 16 rows per m64 */
-    const int g = (threadIdx.x & 31) >> 2, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = (threadIdx.x >> 5) & 3,
+              wg = threadIdx.x >> 7;
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h;
-            P.wq[mt][h] = *reinterpret_cast<const uint4 *>(st + r * C::W_ROW + ((piece ^ g) * 16));
+            P.w[mt][h] = *reinterpret_cast<const uint32_t *>(st + r * C::W_ROW + ((piece ^ g) * 16) + 4 * t);
+            P.sc[mt][h] = sh.lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
         }
-    /* the four threads of a row group need the same four scales (rows g, g + 8, the
-     * piece's two steps): thread t looks up the one of row g + 8 (t & 1), step t >> 1,
-     * and the quad trades them */
-    const int lane = threadIdx.x & 31, t = lane & 3;
+}
+
+/* A piece's A registers: [step][m tile][4]. Thread t's word holds k 8t..8t+7 of the
+ * piece; step e takes its pairs 2e (slots 2t, 2t + 1: k 8t + 2e, + 4) and 2e + 1 (slots
+ * 2t + 8, 2t + 9: k 8t + 2e + 1, + 5). So step e's slot s is k 8 ((s % 8) / 2) + 2e +
+ * s / 8 + 4 (s % 2) of the piece, the order wg_pair_tokens gives the tokens. */
+template <class C>
+__device__ __forceinline__ void wg_dequant(const WgPiece<C> &P, uint32_t (&af)[2][C::M_TILES][4])
+{
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; mt++) {
-        const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * (t & 1);
-        const uint32_t mine = sh.lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) P.sc[mt][h][e] = __shfl_sync(0xffffffffu, mine, (lane & ~3) | h | e << 1);
+        uint32_t d0[4], d1[4];
+        dequant_word(P.w[mt][0], P.sc[mt][0], d0);
+        dequant_word(P.w[mt][1], P.sc[mt][1], d1);
+        af[0][mt][0] = d0[0], af[0][mt][1] = d1[0], af[0][mt][2] = d0[1], af[0][mt][3] = d1[1];
+        af[1][mt][0] = d0[2], af[1][mt][1] = d1[2], af[1][mt][2] = d0[3], af[1][mt][3] = d1[3];
     }
 }
 
-/* a piece's A registers: [step][m tile][4] */
-template <class C>
-__device__ __forceinline__ void wg_dequant(const WgPiece<C> &P, uint32_t select, uint32_t (&af)[2][C::M_TILES][4])
+/* The tokens of a stage into wg_dequant's k order, in place: a piece's 64 bytes of a
+ * token (four 16-byte units, k 8u..8u+7 each) become step 0's 16 slots then step 1's,
+ * word j of step e the pair (k 8 (j % 4) + 2e + j / 4, + 4): unit j % 4's word e and
+ * word e + 2, both their halves j / 4. The pieces a warp regroups are the ones its own
+ * copies wrote (load_stage: a warp copies 4 tokens x 128 bytes a pass), so after
+ * cp.async.wait_group a __syncwarp is all it needs; lane l takes pass l / 8, token
+ * l % 4 and piece half (l / 4) % 2, so that eight lanes at a time touch eight bank
+ * groups. The stores are the generic proxy's, the MMA reads the async proxy's: the
+ * fence orders them (the caller's barrier then publishes them to the block). */
+template <class C> __device__ __forceinline__ void wg_pair_tokens(unsigned char *sa)
 {
+    constexpr int PASSES = C::BT * 32 / C::THREADS;
+    const int tid = threadIdx.x, lane = tid & 31;
+    __syncwarp();
+    if (lane < 8 * PASSES) {
+        const int j = lane & 3, h = (lane >> 2) & 1, v = 4 * (tid >> 5) + j + C::THREADS / 8 * (lane >> 3);
+        const int row = v % C::BT, a = v / C::BT;
+        uint4 *atom_row = reinterpret_cast<uint4 *>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128);
+        uint4 in[4];
 #pragma unroll
-    for (int e = 0; e < 2; e++)
+        for (int u = 0; u < 4; u++) in[u] = atom_row[(4 * h + u) ^ (row % 8)];
 #pragma unroll
-        for (int mt = 0; mt < C::M_TILES; mt++) {
-            const uint4 &w0 = P.wq[mt][0], &w1 = P.wq[mt][1];
-            af[e][mt][0] = dequant_byte(e ? w0.z : w0.x, select, P.sc[mt][0][e]);
-            af[e][mt][1] = dequant_byte(e ? w1.z : w1.x, select, P.sc[mt][1][e]);
-            af[e][mt][2] = dequant_byte(e ? w0.w : w0.y, select, P.sc[mt][0][e]);
-            af[e][mt][3] = dequant_byte(e ? w1.w : w1.y, select, P.sc[mt][1][e]);
-        }
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const uint32_t sel = half ? 0x7632 : 0x5410;
+                uint32_t o[4];
+#pragma unroll
+                for (int m = 0; m < 4; m++)
+                    o[m] = __byte_perm(e ? in[m].y : in[m].x, e ? in[m].w : in[m].z, sel);
+                atom_row[(4 * h + 2 * e + half) ^ (row % 8)] = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+    }
+#ifdef M2A_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
-
 
 /* One stage on wgmma, a piece at a time: its A registers dequantized, the next piece's
  * codes and scales read, then the piece's MMAs (two steps x the m64 tiles) issued as
@@ -501,8 +543,6 @@ __device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigne
     constexpr int MT = C::M_TILES, PIECES = 4 * C::KS;
     static_assert((C::GROUPS == 8 || C::GROUPS == 2) && C::KS == 2, "wgmma tiles are m64n64 or m64n16, stages 256 k");
     static_assert((C::W_BYTES + C::S_BYTES) % 1024 == 0 && C::STAGE_BYTES % 1024 == 0, "atoms 1024-aligned");
-    const int t = threadIdx.x & 3;
-    const uint32_t select = t | 0x4440;
     /* the stage's descriptor; a step's adds its offset / 16 to the address field */
     const uint64_t b0 = wgmma_desc(smem_addr(st + C::W_BYTES + C::S_BYTES));
     WgPiece<C> P;
@@ -510,7 +550,7 @@ __device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigne
 #pragma unroll /* every offset an immediate */
     for (int piece = 0; piece < PIECES; piece++) {
         uint32_t af[2][MT][4];
-        wg_dequant<C>(P, select, af);
+        wg_dequant<C>(P, af);
         if (piece + 1 < PIECES) wg_load<C>(sh, st, piece + 1, P);
         wgmma_fence();
 #pragma unroll
@@ -661,6 +701,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m
         int rd = 0, wr = C::STAGES - 1;
         for (int kt = 0; kt < ktiles; kt++) {
             cp_wait<C::STAGES - 2>();
+            if constexpr (C::WG) wg_pair_tokens<C>(stages + rd * C::STAGE_BYTES + C::W_BYTES + C::S_BYTES);
             __syncthreads();
             if (kt + C::STAGES - 1 < ktiles)
                 load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * C::KSTAGE, groups);
