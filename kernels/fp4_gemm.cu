@@ -69,7 +69,7 @@ typedef Cfg<8, 2, 2> Large;
  * registers each) hide the dequantization's latencies. What measured best on an H100
  * (bench/RESULTS.md, session 16). */
 typedef Cfg<8, 1, 2, true, 4> Hopper;
-/* A small variant on wgmma (experts of 9-16 rows, run_both): the same 256-row tiles by
+/* A small variant on wgmma (experts of 9-16 rows, gemm_kernel_sm90): the same 256-row tiles by
  * 16 tokens (wgmma.m64n16k16), four stages (three in flight, 96 KB of codes per SM). */
 typedef Cfg<2, 1, 2, true, 4> HopperSmall;
 
@@ -162,12 +162,24 @@ struct Tile {
     int e, ntile, t0, cnt;
 };
 
+/* A thread group's tile (a group: the block, or on Hopper's merged kernel a warpgroup
+ * running the small variant as a block of its own, gemm_kernel_sm90) */
 struct Shared {
     int32_t nrow[MAX_BN];  /* weight row of each tile row, -1 past n (n < 2^31) */
     const uint16_t *arow[8 * MAX_GROUPS]; /* each token's A row, NULL past the count */
     int64_t crow[8 * MAX_GROUPS];         /* its C row */
-    uint32_t lut[256];     /* E4M3 byte -> bf16 pair of scale x 2^118 */
 };
+
+/* A thread's index in its variant's group, and the group's barrier: the block's, or
+ * (SUB: the group a warpgroup of a larger block) named barrier 1 + its index */
+template <class C> __device__ __forceinline__ int gtid() { return (int)(threadIdx.x % C::THREADS); }
+template <class C, bool SUB> __device__ __forceinline__ void group_sync()
+{
+    if constexpr (SUB)
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + (int)(threadIdx.x / C::THREADS)), "n"(C::THREADS) : "memory");
+    else
+        __syncthreads();
+}
 
 template <class C> __host__ __device__ __forceinline__ int ntiles_of(const m2a_kgemm_t &p)
 {
@@ -224,14 +236,14 @@ __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &
     L.wvalid = L.svalid = 0;
 #pragma unroll
     for (int i = 0; i < LC::W_N; i++) {
-        int64_t n = sh.nrow[threadIdx.x / LC::PPR + (C::THREADS / LC::PPR) * i];
-        L.w[i] = n >= 0 ? we + n * kh + (threadIdx.x % LC::PPR) * 16 : p.w; /* invalid: copies nothing from p.w */
+        int64_t n = sh.nrow[gtid<C>() / LC::PPR + (C::THREADS / LC::PPR) * i];
+        L.w[i] = n >= 0 ? we + n * kh + (gtid<C>() % LC::PPR) * 16 : p.w; /* invalid: copies nothing from p.w */
         L.wvalid |= (unsigned)(n >= 0) << i;
     }
 #pragma unroll
     for (int i = 0; i < LC::S_N; i++) {
-        int64_t n = sh.nrow[threadIdx.x / (2 * C::KS) + (C::THREADS / (2 * C::KS)) * i];
-        L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (threadIdx.x % (2 * C::KS)) * 512 + (n % 32) * 16 +
+        int64_t n = sh.nrow[gtid<C>() / (2 * C::KS) + (C::THREADS / (2 * C::KS)) * i];
+        L.s[i] = n >= 0 ? sfe + (n / 128) * nkt * 512 + (gtid<C>() % (2 * C::KS)) * 512 + (n % 32) * 16 +
                               ((n % 128) / 32) * 4
                         : p.sf;
         L.svalid |= (unsigned)(n >= 0) << i;
@@ -243,7 +255,7 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
                                            unsigned char *st, int kbase, int groups)
 {
     typedef Loader<C> LC;
-    const int tid = threadIdx.x, k = (int)p.k;
+    const int tid = gtid<C>(), k = (int)p.k;
     /* codes: piece tid % PPR holds k kbase + 32 (tid % PPR) .. + 31 */
     const int kk = kbase + 32 * (tid % LC::PPR);
     const bool lo = kk < k, hi = kk + 16 < k;
@@ -307,14 +319,14 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
  * (k 32t..32t+31), sub-step q their word q, which is MMA steps 2q and 2q + 1; the token
  * operand takes the same k of token g (16 bytes of unit 4t + q). */
 template <class C>
-__device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned char *st, int groups,
+__device__ __forceinline__ void compute_stage(const uint32_t *lut, const unsigned char *st, int groups,
                                               float (&acc)[C::M_TILES][C::GROUPS][4])
 {
     constexpr int MT = C::M_TILES, G = C::GROUPS;
     /* few token groups: regroup their activations rather than spend a byte permute on
      * every weight pair */
     constexpr bool PAIRED = G <= 2;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = gtid<C>() >> 5;
 #pragma unroll 1 /* one sub-stage's registers at a time */
     for (int sub = 0; sub < C::KS; sub++) {
     const unsigned char *sw = st + sub * W_SUB, *ss = st + C::W_BYTES + sub * S_SUB,
@@ -327,7 +339,7 @@ __device__ __forceinline__ void compute_stage(const Shared &sh, const unsigned c
         for (int h = 0; h < 2; h++) {
             unsigned two =
                 *reinterpret_cast<const uint16_t *>(ss + (warp * 16 * MT + mt * 16 + g + 8 * h) * C::S_ROW + 2 * t);
-            sc[mt][h][0] = sh.lut[two & 0xff], sc[mt][h][1] = sh.lut[two >> 8];
+            sc[mt][h][0] = lut[two & 0xff], sc[mt][h][1] = lut[two >> 8];
         }
     /* this thread's 16 bytes of codes of rows g and g + 8, per m16 tile */
     uint4 wq[MT][2];
@@ -460,7 +472,7 @@ template <class C> struct WgPiece {
 };
 
 template <class C>
-__device__ __forceinline__ void wg_load(const Shared &sh, const unsigned char *st, int piece, WgPiece<C> &P)
+__device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char *st, int piece, WgPiece<C> &P)
 {
     /* warpgroup wg's rows are 64 MT wg .. + 64 MT - 1; warp w of it, 16 w + 16 rows per m64 */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = (threadIdx.x >> 5) & 3,
@@ -471,7 +483,7 @@ __device__ __forceinline__ void wg_load(const Shared &sh, const unsigned char *s
         for (int h = 0; h < 2; h++) {
             const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h;
             P.w[mt][h] = *reinterpret_cast<const uint32_t *>(st + r * C::W_ROW + ((piece ^ g) * 16) + 4 * t);
-            P.sc[mt][h] = sh.lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
+            P.sc[mt][h] = lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
         }
 }
 
@@ -537,7 +549,7 @@ template <class C> __device__ __forceinline__ void wg_pair_tokens(unsigned char 
  * dequantization of a piece runs while the previous piece's MMAs do. The stage ends
  * with every MMA retired, as the next stage's copies overwrite this one's tokens. */
 template <class C>
-__device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigned char *st,
+__device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsigned char *st,
                                                  float (&acc)[C::M_TILES][C::GROUPS][4])
 {
     constexpr int MT = C::M_TILES, PIECES = 4 * C::KS;
@@ -546,12 +558,12 @@ __device__ __forceinline__ void compute_stage_wg(const Shared &sh, const unsigne
     /* the stage's descriptor; a step's adds its offset / 16 to the address field */
     const uint64_t b0 = wgmma_desc(smem_addr(st + C::W_BYTES + C::S_BYTES));
     WgPiece<C> P;
-    wg_load<C>(sh, st, 0, P);
+    wg_load<C>(lut, st, 0, P);
 #pragma unroll /* every offset an immediate */
     for (int piece = 0; piece < PIECES; piece++) {
         uint32_t af[2][MT][4];
         wg_dequant<C>(P, af);
-        if (piece + 1 < PIECES) wg_load<C>(sh, st, piece + 1, P);
+        if (piece + 1 < PIECES) wg_load<C>(lut, st, piece + 1, P);
         wgmma_fence();
 #pragma unroll
         for (int e = 0; e < 2; e++) {
@@ -580,7 +592,7 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
                                          float scale, float (&acc)[C::M_TILES][C::GROUPS][4])
 {
     constexpr int MT = C::M_TILES;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = gtid<C>() >> 5;
 #pragma unroll
     for (int grp = 0; grp < C::GROUPS; grp++) {
         if (grp >= groups) continue;
@@ -610,46 +622,53 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
     }
 }
 
-/* Experts with lo < count <= hi are this variant's. */
-template <bool W16, class C>
-__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
+/* The scale table: E4M3 byte -> bf16 pair of scale x 2^118 (all threads of the block) */
+__device__ __forceinline__ void fill_lut(uint32_t *lut)
 {
-    constexpr int G = C::GROUPS, MT = C::M_TILES;
-    extern __shared__ __align__(1024) unsigned char stages[]; /* wgmma's swizzled atoms: 1024-aligned */
-    __shared__ Shared sh;
-    /* after the stages: the tiles of the experts before e, [num_experts + 1] */
-    int32_t *prefix = reinterpret_cast<int32_t *>(stages + C::SMEM);
-    const int E = p.num_experts, ntiles = ntiles_of<C>(p);
-    for (int i = threadIdx.x; i < 256; i += C::THREADS) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
         float s = m2a_e4m3_to_f32((uint8_t)i) * 0x1p118f;
         __nv_bfloat16 b = __float2bfloat16_rn(s);
         uint32_t h = *reinterpret_cast<uint16_t *>(&b);
-        sh.lut[i] = h | (h << 16);
+        lut[i] = h | (h << 16);
     }
-    /* the tile list: expert e's tiles are ceil(count / BT) token tiles x ntiles */
-    if (threadIdx.x < 32) {
-        int carry = 0;
-        if (threadIdx.x == 0) prefix[0] = 0;
-        for (int base = 0; base < E; base += 32) {
-            int e = base + threadIdx.x, v = 0;
-            if (e < E) {
-                int64_t first;
-                int cnt;
-                expert_rows(p, e, &first, &cnt);
-                v = cnt > lo && cnt <= hi ? (cnt + C::BT - 1) / C::BT * ntiles : 0;
-            }
-            for (int o = 1; o < 32; o <<= 1) {
-                int n = __shfl_up_sync(0xffffffffu, v, o);
-                if ((int)threadIdx.x >= o) v += n;
-            }
-            if (e < E) prefix[e + 1] = carry + v;
-            carry += __shfl_sync(0xffffffffu, v, 31);
+}
+
+/* A variant's tile list, by one warp: prefix[e] = the tiles of the experts before e,
+ * [num_experts + 1], expert e's being ceil(count / BT) token tiles x the weight tiles
+ * when lo < count <= hi (the variant's experts), else none */
+template <class C> __device__ __forceinline__ void tile_prefix(const m2a_kgemm_t &p, int lo, int hi, int32_t *prefix)
+{
+    const int lane = threadIdx.x & 31, E = p.num_experts, ntiles = ntiles_of<C>(p);
+    int carry = 0;
+    if (lane == 0) prefix[0] = 0;
+    for (int base = 0; base < E; base += 32) {
+        int e = base + lane, v = 0;
+        if (e < E) {
+            int64_t first;
+            int cnt;
+            expert_rows(p, e, &first, &cnt);
+            v = cnt > lo && cnt <= hi ? (cnt + C::BT - 1) / C::BT * ntiles : 0;
         }
+        for (int o = 1; o < 32; o <<= 1) {
+            int n = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += n;
+        }
+        if (e < E) prefix[e + 1] = carry + v;
+        carry += __shfl_sync(0xffffffffu, v, 31);
     }
-    __syncthreads();
-    const int total = prefix[E];
+}
+
+/* A group's tiles of a variant: tiles first, first + stride, ... of its list, each
+ * through the stages at `stages`. Ends with the group's copies retired. */
+template <bool W16, class C, bool SUB = false>
+__device__ __forceinline__ void run_tiles(const m2a_kgemm_t &p, const int32_t *prefix, int first_tile, int stride,
+                                          unsigned char *stages, Shared &sh, const uint32_t *lut)
+{
+    constexpr int G = C::GROUPS, MT = C::M_TILES;
+    const int E = p.num_experts, total = prefix[E];
+    /* stages of k */
     const int ktiles = (int)((p.k + C::KSTAGE - 1) / C::KSTAGE);
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int tile = first_tile; tile < total; tile += stride) {
         Tile T;
         int lo = 0, hi = E - 1; /* the expert whose tiles hold this one */
         while (lo < hi) {
@@ -665,9 +684,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m
         T.ntile = local / ttiles; /* token tiles of one weight tile run side by side: L2 reuse */
         T.t0 = (local % ttiles) * C::BT;
         T.cnt = min(C::BT, cnt - T.t0);
-        __syncthreads(); /* the previous tile's epilogue is done with sh and the stages */
-        for (int r = threadIdx.x; r < C::BN; r += C::THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
-        for (int i = threadIdx.x; i < C::BT; i += C::THREADS) {
+        group_sync<C, SUB>(); /* the previous tile's epilogue is done with sh and the stages */
+        for (int r = gtid<C>(); r < C::BN; r += C::THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
+        for (int i = gtid<C>(); i < C::BT; i += C::THREADS) {
             int64_t ar = -1, cr = -1;
             if (i < T.cnt) {
                 int64_t at = first + T.t0 + i;
@@ -681,7 +700,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m
             sh.arow[i] = ar >= 0 ? p.a + ar * p.lda : nullptr;
             sh.crow[i] = cr;
         }
-        __syncthreads();
+        group_sync<C, SUB>();
         const int groups = (T.cnt + 7) / 8;
         Loader<C> L;
         loader_init<C>(p, sh, p.w + (size_t)T.e * (size_t)p.n * (size_t)(p.k / 2), p.sf + (size_t)T.e * p.sf_stride, L);
@@ -702,18 +721,71 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m
         for (int kt = 0; kt < ktiles; kt++) {
             cp_wait<C::STAGES - 2>();
             if constexpr (C::WG) wg_pair_tokens<C>(stages + rd * C::STAGE_BYTES + C::W_BYTES + C::S_BYTES);
-            __syncthreads();
+            group_sync<C, SUB>();
             if (kt + C::STAGES - 1 < ktiles)
                 load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * C::KSTAGE, groups);
             cp_commit();
-            if constexpr (C::WG) compute_stage_wg<C>(sh, stages + rd * C::STAGE_BYTES, acc);
-            else compute_stage<C>(sh, stages + rd * C::STAGE_BYTES, groups, acc);
+            if constexpr (C::WG) compute_stage_wg<C>(lut, stages + rd * C::STAGE_BYTES, acc);
+            else compute_stage<C>(lut, stages + rd * C::STAGE_BYTES, groups, acc);
             rd = rd + 1 == C::STAGES ? 0 : rd + 1;
             wr = wr + 1 == C::STAGES ? 0 : wr + 1;
         }
         epilogue<C>(p, sh, T, groups, 256.0f / p.g[T.e], acc);
     }
     cp_wait<0>();
+}
+
+/* One variant, its experts those with lo < count <= hi; a persistent grid of blocks
+ * of its group size. */
+template <bool W16, class C>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m2a_kgemm_t p, int lo, int hi)
+{
+    extern __shared__ __align__(1024) unsigned char stages[]; /* wgmma's swizzled atoms: 1024-aligned */
+    __shared__ Shared sh;
+    __shared__ uint32_t lut[256];
+    int32_t *prefix = reinterpret_cast<int32_t *>(stages + C::SMEM); /* after the stages */
+    fill_lut(lut);
+    if (threadIdx.x < 32) tile_prefix<C>(p, lo, hi, prefix);
+    __syncthreads();
+    run_tiles<W16, C>(p, prefix, blockIdx.x, gridDim.x, stages, sh, lut);
+}
+
+/* Hopper: the three variants in one launch, one block of four warpgroups per SM. Each
+ * warpgroup first is a block of the mma.sync small variant (experts of 8 rows and
+ * fewer; four per SM, as when launched alone), with its own quarter of the stages and
+ * its own named barrier; then the blocks take the m64n16 tiles (9-16 rows), then the
+ * m64n64 ones (more). One launch rather than three: a variant with
+ * no expert of its size cost 3-5 us of launch and set-up in a kernel of its own (the
+ * counts are on the device, so the host cannot skip it). */
+constexpr int SM90_THREADS = 512;
+static_assert(Hopper::THREADS == SM90_THREADS && HopperSmall::THREADS == SM90_THREADS &&
+                  Hopper::MIN_BLOCKS == 1 && HopperSmall::MIN_BLOCKS == 1 && SM90_THREADS % Small::THREADS == 0,
+              "one block of warpgroups per SM");
+constexpr int SM90_GROUPS = SM90_THREADS / Small::THREADS;
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int SM90_SMEM = cmax(cmax(Hopper::SMEM, HopperSmall::SMEM), SM90_GROUPS * Small::SMEM);
+
+template <bool W16> __global__ void __launch_bounds__(SM90_THREADS, 1) gemm_kernel_sm90(const m2a_kgemm_t p)
+{
+    extern __shared__ __align__(1024) unsigned char stages[];
+    __shared__ Shared sh[SM90_GROUPS];
+    __shared__ uint32_t lut[256];
+    const int E1 = p.num_experts + 1, warp = threadIdx.x >> 5;
+    int32_t *prefix = reinterpret_cast<int32_t *>(stages + SM90_SMEM); /* [3][E1], after the stages */
+    fill_lut(lut);
+    if (warp == 0) tile_prefix<Hopper>(p, HopperSmall::BT, 0x7fffffff, prefix);
+    else if (warp == 1) tile_prefix<HopperSmall>(p, 8, HopperSmall::BT, prefix + E1);
+    else if (warp == 2) tile_prefix<Small>(p, 0, 8, prefix + 2 * E1);
+    __syncthreads();
+    const int group = threadIdx.x / Small::THREADS;
+    run_tiles<W16, Small, true>(p, prefix + 2 * E1, blockIdx.x * SM90_GROUPS + group, gridDim.x * SM90_GROUPS,
+                                stages + group * Small::SMEM, sh[group], lut);
+    __syncthreads(); /* the whole block is done with the stages and sh[] */
+    run_tiles<W16, HopperSmall>(p, prefix + E1, blockIdx.x, gridDim.x, stages, sh[0], lut);
+    /* last: nothing stays live across its loop, so it keeps every register it had in a
+     * kernel of its own (first, values for the later phases spilled, and the spills
+     * reloaded at each tile's start missed L1: 5% slower at 64 rows) */
+    run_tiles<W16, Hopper>(p, prefix, blockIdx.x, gridDim.x, stages, sh[0], lut);
 }
 
 /* Rank-major: expert e's (row, slot) pairs, ascending; one block per expert. */
@@ -838,24 +910,37 @@ int run(const m2a_kgemm_t *p, const Device &d, int lo, int hi, int64_t rows_boun
     return (int)cudaGetLastError();
 }
 
-template <bool W16> int run_both(const m2a_kgemm_t *p, cudaStream_t s)
+/* Hopper's merged kernel: one block per SM (its shared memory limit raised once per
+ * device; the largest tile lists fit: 204 KB of stages, 12 KB of lists, 9 KB static) */
+template <bool W16> int run_sm90(const m2a_kgemm_t *p, const Device &d, cudaStream_t s)
+{
+    static bool raised[64];
+    int err;
+    if (!raised[d.id & 63]) {
+        if ((err = (int)cudaFuncSetAttribute(gemm_kernel_sm90<W16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             SM90_SMEM + 3 * PREFIX_MAX)))
+            return err;
+        raised[d.id & 63] = true;
+    }
+    gemm_kernel_sm90<W16><<<d.sms, SM90_THREADS, SM90_SMEM + 3 * 4 * (p->num_experts + 1), s>>>(*p);
+    return (int)cudaGetLastError();
+}
+
+template <bool W16> int run_all(const m2a_kgemm_t *p, cudaStream_t s)
 {
     Device d;
     int err = current_device(&d);
     if (err) return err;
+    /* Hopper: experts of 8 rows and fewer on mma.sync's small tiles (where weight bytes
+     * bound the call, four independent groups per SM read faster: H100, 4096x7168, 225
+     * against 248 us on the m64n16 tiles), 9-16 rows on the m64n16 tiles, more on the
+     * m64n64 ones, in one launch */
+    if (d.sm90a && !p->no_wgmma) return run_sm90<W16>(p, d, s);
     const int64_t rows = p->slots ? p->rows * p->slots : p->rows;
     /* token tiles: at most one per expert for the small variant, rows / BT + experts for the large */
-    const int wg = d.sm90a && !p->no_wgmma;
-    /* on wgmma, experts of 9-16 rows take the m64n16 tiles: at 8 rows and fewer, where
-     * weight bytes bound the call, four independent mma.sync blocks per SM read faster
-     * (H100, 4096x7168: 225 against 248 us at 8 rows; 250 against 295 at 16) */
-    const int small_hi = wg ? 8 : Small::BT;
-    err = run<W16, Small>(p, d, 0, small_hi, p->num_experts, s);
-    if (!err && wg && rows > small_hi) err = run<W16, HopperSmall>(p, d, small_hi, Small::BT, p->num_experts, s);
+    err = run<W16, Small>(p, d, 0, Small::BT, p->num_experts, s);
     if (err || rows <= Small::BT) return err; /* no expert can be the large variant's */
-    const int64_t bound = rows / Large::BT + p->num_experts;
-    return wg ? run<W16, Hopper>(p, d, Small::BT, 0x7fffffff, bound, s)
-              : run<W16, Large>(p, d, Small::BT, 0x7fffffff, bound, s);
+    return run<W16, Large>(p, d, Small::BT, 0x7fffffff, rows / Large::BT + p->num_experts, s);
 }
 
 } /* namespace */
@@ -869,5 +954,5 @@ extern "C" int m2a_cuda_expert_gemm(const m2a_kgemm_t *p, void *stream)
         int err = (int)cudaGetLastError();
         if (err) return err;
     }
-    return p->k % 32 == 0 ? run_both<true>(p, s) : run_both<false>(p, s);
+    return p->k % 32 == 0 ? run_all<true>(p, s) : run_all<false>(p, s);
 }
