@@ -58,6 +58,10 @@ template <int G, int MT, int KSUB, bool WGMMA = false, int WGROUPS = 1> struct C
     static constexpr int STAGES = WGMMA ? (G <= 2 ? 4 : 3) : G <= 2 ? 3 : KS == 2 ? 2 : 4;
     static constexpr int STAGE_BYTES = W_BYTES + S_BYTES + A_BYTES, SMEM = STAGES * STAGE_BYTES;
     static constexpr int MIN_BLOCKS = WGMMA ? 1 : G <= 2 ? 4 : 2;
+    /* mma.sync with few token groups: codes paired i with i + 4 (dequant<true>) and the
+     * tokens regrouped to match once per stage (pair_tokens), rather than a byte
+     * permute on every weight pair */
+    static constexpr bool PAIRED = !WGMMA && G <= 2;
 };
 typedef Cfg<2, 1, 2> Small;
 typedef Cfg<8, 2, 2> Large;
@@ -250,6 +254,16 @@ __device__ __forceinline__ void loader_init(const m2a_kgemm_t &p, const Shared &
     }
 }
 
+/* mma.sync: the first of the 16-byte token units thread tid copies each stage, unit u =
+ * tid % (16 KS) of rows tid / (16 KS) + (8 / KS) i, unit u of a row at sub-stage u / 16
+ * (the rows of a thread alike in parity, so one swizzle serves them all) */
+template <class C> __device__ __forceinline__ unsigned char *act_unit(unsigned char *st, int tid)
+{
+    constexpr int UPR = 16 * C::KS;
+    const int u = tid % UPR, row0 = tid / UPR;
+    return st + C::W_BYTES + C::S_BYTES + row0 * C::A_ROW + (u / 16) * A_SUB + swizzle(u % 16, row0) * 16;
+}
+
 template <bool W16, class C>
 __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader<C> &L,
                                            unsigned char *st, int kbase, int groups)
@@ -303,14 +317,30 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
         }
         return;
     }
-    /* unit u of row r at sub-stage u / 16 */
-    const int u = tid % UPR, row0 = tid / UPR, ka = kbase + 8 * u;
-    unsigned char *adst = sa + row0 * C::A_ROW + (u / 16) * A_SUB + swizzle(u % 16, row0) * 16;
+    const int row0 = tid / UPR, ka = kbase + 8 * (tid % UPR);
+    unsigned char *adst = act_unit<C>(st, tid);
 #pragma unroll
     for (int i = 0; i < C::GROUPS * 8 / RPI; i++) {
         if (i * RPI < groups * 8) {
             const uint16_t *ar = sh.arow[row0 + RPI * i];
             cp_async<16>(adst + i * RPI * C::A_ROW, ar ? ar + ka : p.a, ar && ka < k);
+        }
+    }
+}
+
+/* mma.sync, PAIRED: a stage's tokens into dequant<true>'s pairs, in place, each thread
+ * the 16-byte units it copied itself (load_stage), so that cp.async.wait_group is all
+ * it waits for (the caller's barrier then publishes them). Once per stage and unit,
+ * rather than once per warp reading it. */
+template <class C> __device__ __forceinline__ void pair_tokens(unsigned char *st, int groups)
+{
+    constexpr int RPI = C::THREADS / (16 * C::KS);
+    unsigned char *a = act_unit<C>(st, gtid<C>());
+#pragma unroll
+    for (int i = 0; i < C::GROUPS * 8 / RPI; i++) {
+        if (i * RPI < groups * 8) {
+            uint4 *x = reinterpret_cast<uint4 *>(a + i * RPI * C::A_ROW);
+            *x = act_pairs(*x);
         }
     }
 }
@@ -323,9 +353,7 @@ __device__ __forceinline__ void compute_stage(const uint32_t *lut, const unsigne
                                               float (&acc)[C::M_TILES][C::GROUPS][4])
 {
     constexpr int MT = C::M_TILES, G = C::GROUPS;
-    /* few token groups: regroup their activations rather than spend a byte permute on
-     * every weight pair */
-    constexpr bool PAIRED = G <= 2;
+    constexpr bool PAIRED = C::PAIRED;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = gtid<C>() >> 5;
 #pragma unroll 1 /* one sub-stage's registers at a time */
     for (int sub = 0; sub < C::KS; sub++) {
@@ -367,7 +395,6 @@ __device__ __forceinline__ void compute_stage(const uint32_t *lut, const unsigne
             if (grp < groups) {
                 int i = grp * 8 + g;
                 uint4 b = *reinterpret_cast<const uint4 *>(sa + i * C::A_ROW + swizzle(4 * t + q, i) * 16);
-                if (PAIRED) b = act_pairs(b);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma(acc[mt][grp], af[mt][0], b.x, b.y);
@@ -721,6 +748,7 @@ __device__ __forceinline__ void run_tiles(const m2a_kgemm_t &p, const int32_t *p
         for (int kt = 0; kt < ktiles; kt++) {
             cp_wait<C::STAGES - 2>();
             if constexpr (C::WG) wg_pair_tokens<C>(stages + rd * C::STAGE_BYTES + C::W_BYTES + C::S_BYTES);
+            if constexpr (C::PAIRED) pair_tokens<C>(stages + rd * C::STAGE_BYTES, groups);
             group_sync<C, SUB>();
             if (kt + C::STAGES - 1 < ktiles)
                 load_stage<W16, C>(p, sh, L, stages + wr * C::STAGE_BYTES, (kt + C::STAGES - 1) * C::KSTAGE, groups);
