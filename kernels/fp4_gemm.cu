@@ -139,7 +139,7 @@ __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t scale2, uint32
 /* Four bytes of codes (eight weights k0..k0+7) -> four bf16 pairs, multiplied by the
  * block's scale pair. PAIRED = false: pair j is (k0 + 2j, k0 + 2j + 1), the two nibbles
  * of byte j (dequant_byte). PAIRED = true: pair j is (k0 + j, k0 + j + 4)
- * (dequant_word), paid for by regrouping the activations the same way (act_pairs). */
+ * (dequant_word), paid for by regrouping the activations the same way (pair_tokens). */
 template <bool PAIRED> __device__ __forceinline__ void dequant(uint32_t w, uint32_t scale2, uint32_t (&d)[4])
 {
     if constexpr (PAIRED) {
@@ -790,6 +790,9 @@ static_assert(Hopper::THREADS == SM90_THREADS && HopperSmall::THREADS == SM90_TH
                   Hopper::MIN_BLOCKS == 1 && HopperSmall::MIN_BLOCKS == 1 && SM90_THREADS % Small::THREADS == 0,
               "one block of warpgroups per SM");
 constexpr int SM90_GROUPS = SM90_THREADS / Small::THREADS;
+/* experts of at most this many rows take mma.sync's small tiles, where weight bytes bound
+ * the call (run_all), those of up to HopperSmall::BT the m64n16 ones */
+constexpr int SM90_SMALL_ROWS = 8;
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int SM90_SMEM = cmax(cmax(Hopper::SMEM, HopperSmall::SMEM), SM90_GROUPS * Small::SMEM);
 
@@ -802,8 +805,8 @@ template <bool W16> __global__ void __launch_bounds__(SM90_THREADS, 1) gemm_kern
     int32_t *prefix = reinterpret_cast<int32_t *>(stages + SM90_SMEM); /* [3][E1], after the stages */
     fill_lut(lut);
     if (warp == 0) tile_prefix<Hopper>(p, HopperSmall::BT, 0x7fffffff, prefix);
-    else if (warp == 1) tile_prefix<HopperSmall>(p, 8, HopperSmall::BT, prefix + E1);
-    else if (warp == 2) tile_prefix<Small>(p, 0, 8, prefix + 2 * E1);
+    else if (warp == 1) tile_prefix<HopperSmall>(p, SM90_SMALL_ROWS, HopperSmall::BT, prefix + E1);
+    else if (warp == 2) tile_prefix<Small>(p, 0, SM90_SMALL_ROWS, prefix + 2 * E1);
     __syncthreads();
     const int group = threadIdx.x / Small::THREADS;
     run_tiles<W16, Small, true>(p, prefix + 2 * E1, blockIdx.x * SM90_GROUPS + group, gridDim.x * SM90_GROUPS,
@@ -903,16 +906,23 @@ int current_device(Device *d)
  * device). */
 constexpr int PREFIX_MAX = 4 * (M2A_GEMM_MAX_EXPERTS + 1);
 
-template <bool W16, class C> int blocks_per_sm(const Device &d, int prefix_bytes, int *out)
+/* A kernel's dynamic shared memory limit raised to `most` bytes, once per device and
+ * kernel (the same value whichever thread sets it) */
+template <auto KERNEL> int allow_smem(const Device &d, int most)
 {
     static bool raised[64];
-    int err;
     if (!raised[d.id & 63]) {
-        if ((err = (int)cudaFuncSetAttribute(gemm_kernel<W16, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             C::SMEM + PREFIX_MAX)))
-            return err;
+        int err = (int)cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        if (err) return err;
         raised[d.id & 63] = true;
     }
+    return 0;
+}
+
+template <bool W16, class C> int blocks_per_sm(const Device &d, int prefix_bytes, int *out)
+{
+    int err = allow_smem<gemm_kernel<W16, C>>(d, C::SMEM + PREFIX_MAX);
+    if (err) return err;
     if ((err = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, gemm_kernel<W16, C>, C::THREADS,
                                                                    C::SMEM + prefix_bytes)))
         return err;
@@ -942,14 +952,8 @@ int run(const m2a_kgemm_t *p, const Device &d, int lo, int hi, int64_t rows_boun
  * device; the largest tile lists fit: 204 KB of stages, 12 KB of lists, 9 KB static) */
 template <bool W16> int run_sm90(const m2a_kgemm_t *p, const Device &d, cudaStream_t s)
 {
-    static bool raised[64];
-    int err;
-    if (!raised[d.id & 63]) {
-        if ((err = (int)cudaFuncSetAttribute(gemm_kernel_sm90<W16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             SM90_SMEM + 3 * PREFIX_MAX)))
-            return err;
-        raised[d.id & 63] = true;
-    }
+    int err = allow_smem<gemm_kernel_sm90<W16>>(d, SM90_SMEM + 3 * PREFIX_MAX);
+    if (err) return err;
     gemm_kernel_sm90<W16><<<d.sms, SM90_THREADS, SM90_SMEM + 3 * 4 * (p->num_experts + 1), s>>>(*p);
     return (int)cudaGetLastError();
 }
