@@ -24,6 +24,7 @@
 #ifdef HAVE_CONFIG_H
 #include "config.h" /* MOEA2A_HAVE_SM90A */
 #endif
+#include <cuda.h> /* CUtensorMap (the encoder is reached through the runtime) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -264,6 +265,13 @@ template <class C> __device__ __forceinline__ unsigned char *act_unit(unsigned c
     return st + C::W_BYTES + C::S_BYTES + row0 * C::A_ROW + (u / 16) * A_SUB + swizzle(u % 16, row0) * 16;
 }
 
+/* Token `row`'s atom row of atom column a (k 64a..64a+63 of the stage), in the layout
+ * wgmma_desc describes */
+template <class C> __device__ __forceinline__ unsigned char *atom_row(unsigned char *sa, int row, int a)
+{
+    return sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128;
+}
+
 template <bool W16, class C>
 __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &sh, const Loader<C> &L,
                                            unsigned char *st, int kbase, int groups)
@@ -312,7 +320,7 @@ __device__ __forceinline__ void load_stage(const m2a_kgemm_t &p, const Shared &s
             const int v = tid / 8 + C::THREADS / 8 * i, row = v % C::BT, a = v / C::BT, ka = kbase + 64 * a + 8 * c;
             /* rows of the groups not in use zero-filled rather than skipped: no branch */
             const uint16_t *ar = row < groups * 8 ? sh.arow[row] : nullptr;
-            cp_async<16>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128 + ((c ^ (row % 8)) * 16),
+            cp_async<16>(atom_row<C>(sa, row, a) + ((c ^ (row % 8)) * 16),
                          ar ? ar + ka : p.a, ar && ka < k);
         }
         return;
@@ -498,8 +506,31 @@ template <class C> struct WgPiece {
     uint32_t sc[C::M_TILES][2];
 };
 
+/* Where a stage's weight rows and scales lie: the block-synchronous copies' (row r at r,
+ * its scales S_ROW bytes a row), or the TMA boxes' of the warp-specialized phase (two
+ * boxes of 128 weight rows, SwiGLU's gate rows in the first and up rows in the second;
+ * their scales as the 128x4 layout has them, 2 KB a box: ws_scale) */
+struct StageLayout {
+    bool tma, swiglu;
+};
+
+/* the smem row of fragment row r: SwiGLU's boxes hold gate rows j and up rows j + n/2
+ * apart, where weight_row puts them 8 rows apart in each 16 (the same row mod 8) */
+__device__ __forceinline__ int smem_row(StageLayout L, int r)
+{
+    return L.tma && L.swiglu ? ((r & 8) << 4) + (r >> 4) * 8 + (r & 7) : r;
+}
+
+/* byte of smem row R's scale of 16-k block kb of the stage, in a TMA box (128x4 layout:
+ * 512 bytes per 64 k, row R % 32 at 16 (R % 32), R % 128 / 32 its word, kb % 4 its byte) */
+__device__ __forceinline__ int ws_scale(int R, int kb)
+{
+    return (R >> 7) * 2048 + (kb >> 2) * 512 + (R & 31) * 16 + ((R & 127) >> 5) * 4 + (kb & 3);
+}
+
 template <class C>
-__device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char *st, int piece, WgPiece<C> &P)
+__device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char *st, int piece, WgPiece<C> &P,
+                                        StageLayout L)
 {
     /* warpgroup wg's rows are 64 MT wg .. + 64 MT - 1; warp w of it, 16 w + 16 rows per m64 */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = (threadIdx.x >> 5) & 3,
@@ -508,9 +539,10 @@ __device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char
     for (int mt = 0; mt < C::M_TILES; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h;
+            const int r = smem_row(L, (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h);
             P.w[mt][h] = *reinterpret_cast<const uint32_t *>(st + r * C::W_ROW + ((piece ^ g) * 16) + 4 * t);
-            P.sc[mt][h] = lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
+            P.sc[mt][h] = lut[st[C::W_BYTES + (L.tma ? ws_scale(r, 2 * piece + (t >> 1))
+                                                     : r * C::S_ROW + 2 * piece + (t >> 1))]];
         }
 }
 
@@ -531,6 +563,34 @@ __device__ __forceinline__ void wg_dequant(const WgPiece<C> &P, uint32_t (&af)[2
     }
 }
 
+/* Half h (k 32h..32h+31) of an atom row of token `row` into wg_dequant's k order */
+__device__ __forceinline__ void pair_atom_half(unsigned char *at, int row, int h)
+{
+    uint4 *atom = reinterpret_cast<uint4 *>(at);
+    uint4 in[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) in[u] = atom[(4 * h + u) ^ (row % 8)];
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const uint32_t sel = half ? 0x7632 : 0x5410;
+            uint32_t o[4];
+#pragma unroll
+            for (int m = 0; m < 4; m++) o[m] = __byte_perm(e ? in[m].y : in[m].x, e ? in[m].w : in[m].z, sel);
+            atom[(4 * h + 2 * e + half) ^ (row % 8)] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+}
+
+/* Orders this thread's generic-proxy stores to shared memory before the async proxy's
+ * reads (wgmma's operands), once a barrier has published them */
+__device__ __forceinline__ void proxy_fence()
+{
+#ifdef M2A_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 /* The tokens of a stage into wg_dequant's k order, in place: a piece's 64 bytes of a
  * token (four 16-byte units, k 8u..8u+7 each) become step 0's 16 slots then step 1's,
  * word j of step e the pair (k 8 (j % 4) + 2e + j / 4, + 4): unit j % 4's word e and
@@ -547,37 +607,27 @@ template <class C> __device__ __forceinline__ void wg_pair_tokens(unsigned char 
     __syncwarp();
     if (lane < 8 * PASSES) {
         const int j = lane & 3, h = (lane >> 2) & 1, v = 4 * (tid >> 5) + j + C::THREADS / 8 * (lane >> 3);
-        const int row = v % C::BT, a = v / C::BT;
-        uint4 *atom_row = reinterpret_cast<uint4 *>(sa + a * (C::BT * 128) + (row / 8) * 1024 + (row % 8) * 128);
-        uint4 in[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) in[u] = atom_row[(4 * h + u) ^ (row % 8)];
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const uint32_t sel = half ? 0x7632 : 0x5410;
-                uint32_t o[4];
-#pragma unroll
-                for (int m = 0; m < 4; m++)
-                    o[m] = __byte_perm(e ? in[m].y : in[m].x, e ? in[m].w : in[m].z, sel);
-                atom_row[(4 * h + 2 * e + half) ^ (row % 8)] = make_uint4(o[0], o[1], o[2], o[3]);
-            }
+        pair_atom_half(atom_row<C>(sa, v % C::BT, v / C::BT), v % C::BT, h);
     }
-#ifdef M2A_WGMMA
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
+    proxy_fence();
 }
 
 /* One stage on wgmma, a piece at a time: its A registers dequantized, the next piece's
  * codes and scales read, then the piece's MMAs (two steps x the m64 tiles) issued as
  * one group. The A registers alternate between two sets (pieces unrolled): a set is
  * rewritten only after wgmma_wait<1> retired the group that read it, so the
- * dequantization of a piece runs while the previous piece's MMAs do. The stage ends
- * with every MMA retired, as the next stage's copies overwrite this one's tokens. */
-template <class C>
+ * dequantization of a piece runs while the previous piece's MMAs do. The block-
+ * synchronous pipeline ends a stage with every MMA retired, as the next stage's copies
+ * overwrite this one's tokens; the warp-specialized one (DRAIN false) leaves the last
+ * group in flight into the next stage and calls `retired` once the first wait there has
+ * retired it, so that the tensor pipe never drains between stages. */
+struct Nothing {
+    __device__ void operator()() const {}
+};
+template <class C, bool DRAIN = true, class Retired = Nothing>
 __device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsigned char *st,
-                                                 float (&acc)[C::M_TILES][C::GROUPS][4])
+                                                 float (&acc)[C::M_TILES][C::GROUPS][4], StageLayout L = {},
+                                                 Retired retired = {})
 {
     constexpr int MT = C::M_TILES, PIECES = 4 * C::KS;
     static_assert((C::GROUPS == 8 || C::GROUPS == 2) && C::KS == 2, "wgmma tiles are m64n64 or m64n16, stages 256 k");
@@ -585,12 +635,12 @@ __device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsi
     /* the stage's descriptor; a step's adds its offset / 16 to the address field */
     const uint64_t b0 = wgmma_desc(smem_addr(st + C::W_BYTES + C::S_BYTES));
     WgPiece<C> P;
-    wg_load<C>(lut, st, 0, P);
+    wg_load<C>(lut, st, 0, P, L);
 #pragma unroll /* every offset an immediate */
     for (int piece = 0; piece < PIECES; piece++) {
         uint32_t af[2][MT][4];
         wg_dequant<C>(P, af);
-        if (piece + 1 < PIECES) wg_load<C>(lut, st, piece + 1, P);
+        if (piece + 1 < PIECES) wg_load<C>(lut, st, piece + 1, P, L);
         wgmma_fence();
 #pragma unroll
         for (int e = 0; e < 2; e++) {
@@ -601,8 +651,9 @@ __device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsi
         }
         wgmma_commit();
         wgmma_wait<1>();
+        if (piece == 0) retired();
     }
-    wgmma_wait<0>();
+    if (DRAIN) wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) wgmma_hold(acc[mt]);
 }
@@ -685,6 +736,65 @@ template <class C> __device__ __forceinline__ void tile_prefix(const m2a_kgemm_t
     }
 }
 
+/* Tile `tile` of a variant's list (prefix: tile_prefix) and the first row of its expert */
+template <class C> __device__ __forceinline__ Tile tile_at(const m2a_kgemm_t &p, const int32_t *prefix, int tile,
+                                                         int64_t *first)
+{
+    Tile T;
+    int lo = 0, hi = p.num_experts - 1; /* the expert whose tiles hold this one */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (prefix[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    T.e = lo;
+    int cnt;
+    expert_rows(p, T.e, first, &cnt);
+    int local = tile - prefix[T.e], ttiles = (cnt + C::BT - 1) / C::BT;
+    T.ntile = local / ttiles; /* token tiles of one weight tile run side by side: L2 reuse */
+    T.t0 = (local % ttiles) * C::BT;
+    T.cnt = min(C::BT, cnt - T.t0);
+    return T;
+}
+
+/* A tile's rows into sh, by threads tid, tid + nt, ...: each weight row's index, each
+ * token's A row and C row */
+template <class C>
+__device__ __forceinline__ void tile_rows(const m2a_kgemm_t &p, const Tile &T, int64_t first, Shared &sh, int tid,
+                                          int nt)
+{
+    for (int r = tid; r < C::BN; r += nt) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
+    for (int i = tid; i < C::BT; i += nt) {
+        int64_t ar = -1, cr = -1;
+        if (i < T.cnt) {
+            int64_t at = first + T.t0 + i;
+            if (p.slots) {
+                int32_t pair = p.list[at];
+                ar = pair / p.slots, cr = pair;
+            } else {
+                ar = cr = at;
+            }
+        }
+        sh.arow[i] = ar >= 0 ? p.a + ar * p.lda : nullptr;
+        sh.crow[i] = cr;
+    }
+}
+
+template <class C> __device__ __forceinline__ void zero_acc(float (&acc)[C::M_TILES][C::GROUPS][4])
+{
+#pragma unroll
+    for (int a = 0; a < C::M_TILES; a++)
+#pragma unroll
+        for (int b = 0; b < C::GROUPS; b++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.0f;
+}
+
+template <class C> __device__ __forceinline__ int ktiles_of(const m2a_kgemm_t &p)
+{
+    return (int)((p.k + C::KSTAGE - 1) / C::KSTAGE);
+}
+
 /* A group's tiles of a variant: tiles first, first + stride, ... of its list, each
  * through the stages at `stages`. Ends with the group's copies retired. */
 template <bool W16, class C, bool SUB = false>
@@ -692,41 +802,12 @@ __device__ __forceinline__ void run_tiles(const m2a_kgemm_t &p, const int32_t *p
                                           unsigned char *stages, Shared &sh, const uint32_t *lut)
 {
     constexpr int G = C::GROUPS, MT = C::M_TILES;
-    const int E = p.num_experts, total = prefix[E];
-    /* stages of k */
-    const int ktiles = (int)((p.k + C::KSTAGE - 1) / C::KSTAGE);
+    const int total = prefix[p.num_experts], ktiles = ktiles_of<C>(p);
     for (int tile = first_tile; tile < total; tile += stride) {
-        Tile T;
-        int lo = 0, hi = E - 1; /* the expert whose tiles hold this one */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (prefix[mid] <= tile) lo = mid;
-            else hi = mid - 1;
-        }
-        T.e = lo;
         int64_t first;
-        int cnt;
-        expert_rows(p, T.e, &first, &cnt);
-        int local = tile - prefix[T.e], ttiles = (cnt + C::BT - 1) / C::BT;
-        T.ntile = local / ttiles; /* token tiles of one weight tile run side by side: L2 reuse */
-        T.t0 = (local % ttiles) * C::BT;
-        T.cnt = min(C::BT, cnt - T.t0);
+        const Tile T = tile_at<C>(p, prefix, tile, &first);
         group_sync<C, SUB>(); /* the previous tile's epilogue is done with sh and the stages */
-        for (int r = gtid<C>(); r < C::BN; r += C::THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
-        for (int i = gtid<C>(); i < C::BT; i += C::THREADS) {
-            int64_t ar = -1, cr = -1;
-            if (i < T.cnt) {
-                int64_t at = first + T.t0 + i;
-                if (p.slots) {
-                    int32_t pair = p.list[at];
-                    ar = pair / p.slots, cr = pair;
-                } else {
-                    ar = cr = at;
-                }
-            }
-            sh.arow[i] = ar >= 0 ? p.a + ar * p.lda : nullptr;
-            sh.crow[i] = cr;
-        }
+        tile_rows<C>(p, T, first, sh, gtid<C>(), C::THREADS);
         group_sync<C, SUB>();
         const int groups = (T.cnt + 7) / 8;
         Loader<C> L;
@@ -737,12 +818,7 @@ __device__ __forceinline__ void run_tiles(const m2a_kgemm_t &p, const int32_t *p
             cp_commit();
         }
         float acc[MT][G][4];
-#pragma unroll
-        for (int a = 0; a < MT; a++)
-#pragma unroll
-            for (int b = 0; b < G; b++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[a][b][c] = 0.0f;
+        zero_acc<C>(acc);
         /* the stage read now and the one written now, rotating */
         int rd = 0, wr = C::STAGES - 1;
         for (int kt = 0; kt < ktiles; kt++) {
@@ -776,6 +852,206 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m
     if (threadIdx.x < 32) tile_prefix<C>(p, lo, hi, prefix);
     __syncthreads();
     run_tiles<W16, C>(p, prefix, blockIdx.x, gridDim.x, stages, sh, lut);
+}
+
+/* Hopper's wgmma tiles, warp-specialized (gemm_kernel_ws, where ws_maps can describe the
+ * operands: expert-major rows, 16-byte aligned). One thread copies each stage with TMA:
+ * two boxes of 128 weight rows, their two 2 KB boxes of scales, the tokens' four 64-k
+ * atoms (swizzled by the copy as wgmma_desc reads them), in eight instructions that
+ * count their bytes on a barrier. Three warps regroup each stage's tokens (wg_dequant's
+ * pairs) once it has landed, and the four consumer warpgroups only dequantize and
+ * multiply. Stages pass through a ring of shared-memory barriers (landed, full, empty),
+ * so no warp waits for a copy it issued, the warpgroups run as far ahead as the ring
+ * allows, and the next tile's stages stream in while this one's results are written.
+ * With cp.async copies issued by three warps instead, the copies alone took longer than
+ * the whole block-synchronous kernel (bench/RESULTS.md, session 18, run 5). */
+constexpr int WS_CONSUMERS = Hopper::THREADS;
+constexpr int WS_PRODUCERS = 128, WS_REGROUPERS = WS_PRODUCERS - 32; /* warp 0 copies, 1-3 regroup */
+template <class C> constexpr bool ws_boxes()
+{
+    return C::BN == 256 && C::KS == 2 && C::W_BYTES == 2 * 128 * 128 && C::S_BYTES == 2 * 2048 &&
+           C::A_BYTES == 4 * C::BT * 128 && C::THREADS == WS_CONSUMERS;
+}
+static_assert(ws_boxes<Hopper>() && ws_boxes<HopperSmall>(), "a stage is the TMA boxes of ws_copy");
+
+/* The operands as TMA sees them (ws_maps): codes [experts][n][k/2] bytes (boxes of 128 k/2
+ * x 128 rows, 128-byte swizzle), scales [experts][n/128][k/64][128 words] (boxes of 4 x
+ * 128 words), tokens [rows][k] bf16 (boxes of 64 k x 64 rows, or x 16 rows for the
+ * m64n16 tiles; 128-byte swizzle) */
+struct WsMaps {
+    CUtensorMap w, sf, a64, a16;
+};
+
+template <int S> struct Ring {
+    uint64_t landed[S]; /* a stage's bytes have landed */
+    uint64_t full[S];   /* ... and its tokens are regrouped: the consumers may read it */
+    uint64_t empty[S];  /* its last MMA has retired: it may be overwritten */
+};
+
+/* sm_90a only, as wgmma: the other archs' builds of the merged kernel trap (the
+ * launcher never runs them there) */
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
+{
+#ifdef M2A_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+#ifdef M2A_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
+#endif
+}
+/* an arrival that also expects `bytes` of copies to land on the barrier */
+__device__ __forceinline__ void mbar_expect(uint64_t *b, unsigned bytes)
+{
+#ifdef M2A_WGMMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+/* until the phase of this parity has completed (a fresh barrier: parity 1 at once) */
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
+{
+#ifdef M2A_WGMMA
+    asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(
+                     smem_addr(b)),
+                 "r"(parity)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+/* A TMA box at coordinates c (innermost first) into dst, its bytes counted on bar */
+template <int D>
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, const int (&c)[D], uint64_t *bar)
+{
+#ifdef M2A_WGMMA
+    const uint64_t m = reinterpret_cast<uint64_t>(map);
+    if constexpr (D == 2)
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                     "%3}], [%4];\n" ::"r"(smem_addr(dst)),
+                     "l"(m), "r"(c[0]), "r"(c[1]), "r"(smem_addr(bar))
+                     : "memory");
+    else if constexpr (D == 3)
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                     "%3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+                     "l"(m), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(smem_addr(bar))
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                     "%3, %4, %5}], [%6];\n" ::"r"(smem_addr(dst)),
+                     "l"(m), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(smem_addr(bar))
+                     : "memory");
+#endif
+}
+
+template <int S> __device__ __forceinline__ void ring_init(Ring<S> &r)
+{
+    for (int s = 0; s < S; s++) {
+        mbar_init(&r.landed[s], 1); /* the copying thread's expect */
+        mbar_init(&r.full[s], WS_REGROUPERS);
+        mbar_init(&r.empty[s], WS_CONSUMERS); /* every consumer thread */
+    }
+}
+
+/* The copying thread: each stage once its slot is free. A tile's weight rows: 256 from
+ * 256 ntile, or (SwiGLU) gate rows 128 ntile.. and up rows n/2 + 128 ntile.. (ws_maps
+ * asks n/2 % 128 == 0, so each box is one 128-row group of scales). Rows and k past the
+ * operands' ends are zero-filled by the copy. */
+template <class C>
+__device__ __forceinline__ void ws_copy(const m2a_kgemm_t &p, const WsMaps &maps, const int32_t *prefix,
+                                        unsigned char *stages, Ring<C::STAGES> &ring)
+{
+    constexpr unsigned S = C::STAGES;
+    const CUtensorMap *amap = C::BT == 64 ? &maps.a64 : &maps.a16;
+    const int total = prefix[p.num_experts], ktiles = ktiles_of<C>(p);
+    unsigned q = 0; /* stages copied so far: slot q % S, its use q / S */
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int64_t first;
+        const Tile T = tile_at<C>(p, prefix, tile, &first);
+        const int r0 = p.swiglu ? 128 * T.ntile : 256 * T.ntile, r1 = p.swiglu ? (int)(p.n / 2) + r0 : r0 + 128;
+        const int a0 = (int)(first + T.t0);
+        for (int kt = 0; kt < ktiles; kt++, q++) {
+            const unsigned slot = q % S;
+            unsigned char *st = stages + slot * C::STAGE_BYTES, *sa = st + C::W_BYTES + C::S_BYTES;
+            uint64_t *bar = &ring.landed[slot];
+            const int kb = kt * C::KSTAGE;
+            mbar_wait(&ring.empty[slot], ((q / S) & 1) ^ 1);
+            mbar_expect(bar, C::STAGE_BYTES);
+            tma_load<3>(st, &maps.w, {kb / 2, r0, T.e}, bar);
+            tma_load<3>(st + C::W_BYTES / 2, &maps.w, {kb / 2, r1, T.e}, bar);
+            tma_load<4>(st + C::W_BYTES, &maps.sf, {0, kb / 64, r0 / 128, T.e}, bar);
+            tma_load<4>(st + C::W_BYTES + C::S_BYTES / 2, &maps.sf, {0, kb / 64, r1 / 128, T.e}, bar);
+#pragma unroll
+            for (int a = 0; a < 4; a++) tma_load<2>(sa + a * (C::BT * 128), amap, {kb + 64 * a, a0}, bar);
+        }
+    }
+}
+
+/* The regrouping warps: each stage's tokens once they have landed, then the stage
+ * published to the consumers */
+template <class C>
+__device__ __forceinline__ void ws_regroup(const m2a_kgemm_t &p, const int32_t *prefix, unsigned char *stages,
+                                           Ring<C::STAGES> &ring)
+{
+    constexpr unsigned S = C::STAGES;
+    const int total = prefix[p.num_experts], first = (int)blockIdx.x, stride = (int)gridDim.x;
+    const int tid = (int)threadIdx.x % WS_PRODUCERS - 32;
+    const unsigned all = first < total ? (unsigned)((total - first + stride - 1) / stride * ktiles_of<C>(p)) : 0;
+    for (unsigned q = 0; q < all; q++) {
+        const unsigned slot = q % S;
+        mbar_wait(&ring.landed[slot], (q / S) & 1);
+        unsigned char *const sa = stages + slot * C::STAGE_BYTES + C::W_BYTES + C::S_BYTES;
+        for (int i = tid; i < C::BT * 8; i += WS_REGROUPERS) {
+            const int h = i & 1, row = (i >> 1) % C::BT, a = (i >> 1) / C::BT;
+            pair_atom_half(atom_row<C>(sa, row, a), row, h);
+        }
+        proxy_fence();
+        mbar_arrive(&ring.full[slot]);
+    }
+}
+
+/* A consumer thread done with a stage (when `done`): its arrival on the stage's empty
+ * barrier, which counts every consumer thread; predicated, so that no branch parts a
+ * warp while its MMAs are in flight */
+__device__ __forceinline__ void release(uint64_t *empty, bool done)
+{
+#ifdef M2A_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(
+                     smem_addr(empty)),
+                 "r"((unsigned)done)
+                 : "memory");
+#endif
+}
+
+template <class C>
+__device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *prefix, unsigned char *stages,
+                                           Shared &sh, Ring<C::STAGES> &ring, const uint32_t *lut)
+{
+    constexpr unsigned S = C::STAGES;
+    const int total = prefix[p.num_experts], ktiles = ktiles_of<C>(p);
+    const StageLayout L = {true, p.swiglu != 0};
+    unsigned q = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int64_t first;
+        const Tile T = tile_at<C>(p, prefix, tile, &first);
+        group_sync<C, true>(); /* the previous tile's epilogue is done with sh */
+        tile_rows<C>(p, T, first, sh, gtid<C>(), C::THREADS);
+        group_sync<C, true>();
+        float acc[C::M_TILES][C::GROUPS][4];
+        zero_acc<C>(acc);
+        for (int kt = 0; kt < ktiles; kt++, q++) {
+            const unsigned slot = q % S;
+            mbar_wait(&ring.full[slot], (q / S) & 1);
+            /* the stage before is released once its last MMAs have retired */
+            compute_stage_wg<C, false>(lut, stages + slot * C::STAGE_BYTES, acc, L,
+                                       [&] { release(&ring.empty[(q - 1) % S], kt > 0); });
+        }
+        wgmma_wait<0>();
+        release(&ring.empty[(q - 1) % S], ktiles > 0);
+        epilogue<C>(p, sh, T, (T.cnt + 7) / 8, 256.0f / p.g[T.e], acc);
+    }
 }
 
 /* Hopper: the three variants in one launch, one block of four warpgroups per SM. Each
@@ -817,6 +1093,67 @@ template <bool W16> __global__ void __launch_bounds__(SM90_THREADS, 1) gemm_kern
      * kernel of its own (first, values for the later phases spilled, and the spills
      * reloaded at each tile's start missed L1: 5% slower at 64 rows) */
     run_tiles<W16, Hopper>(p, prefix, blockIdx.x, gridDim.x, stages, sh[0], lut);
+}
+
+/* Hopper where TMA can describe the operands (ws_maps): the m64n16 tiles (experts of
+ * 1-16 rows: with TMA they read weights faster than mma.sync's small tiles, which this
+ * kernel has no need of), then the m64n64 ones, each warp-specialized, in one launch of
+ * four consumer warpgroups and a producer warpgroup per SM (96 registers a thread). A
+ * kernel of its own: beside the block-synchronous phases in one kernel, ptxas
+ * serialized every wgmma of it. */
+constexpr int WS_THREADS = WS_CONSUMERS + WS_PRODUCERS;
+constexpr int WS_SMEM = cmax(Hopper::SMEM, HopperSmall::SMEM);
+
+/* The registers split by role once the roles part: the producer warpgroup needs few and
+ * gives them to the consumers (at 96 each, 64 rows took 283.8 against 263.9 us at 104:
+ * bench/RESULTS.md, session 18). setmaxnreg.inc only takes what a .dec of the block gave
+ * back: the split must fit the 96 a thread the block was launched with (an inc past it
+ * waits forever). */
+constexpr int WS_LAUNCH_REGS = 96, WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 104;
+static_assert(WS_PRODUCERS * WS_PRODUCER_REGS + WS_CONSUMERS * WS_CONSUMER_REGS <= WS_THREADS * WS_LAUNCH_REGS &&
+                  WS_THREADS * WS_LAUNCH_REGS <= 65536,
+              "the launch's registers, split");
+
+/* all of the block, where its roles' code has parted (bar.sync 0 is __syncthreads') */
+__device__ __forceinline__ void ws_block_sync() { asm volatile("bar.sync 0;\n" ::: "memory"); }
+
+__global__ void __launch_bounds__(WS_THREADS, 1) gemm_kernel_ws(const m2a_kgemm_t p, const __grid_constant__ WsMaps maps)
+{
+    extern __shared__ __align__(1024) unsigned char stages[];
+    __shared__ Shared sh;
+    __shared__ uint32_t lut[256];
+    __shared__ Ring<HopperSmall::STAGES> ring16;
+    __shared__ Ring<Hopper::STAGES> ring64;
+    const int E1 = p.num_experts + 1, warp = threadIdx.x >> 5;
+    int32_t *prefix = reinterpret_cast<int32_t *>(stages + WS_SMEM); /* [2][E1], after the stages */
+    fill_lut(lut);
+    if (threadIdx.x == 0) ring_init(ring16), ring_init(ring64);
+    if (warp == 0) tile_prefix<Hopper>(p, HopperSmall::BT, 0x7fffffff, prefix);
+    else if (warp == 1) tile_prefix<HopperSmall>(p, 0, HopperSmall::BT, prefix + E1);
+    __syncthreads();
+    /* the m64n16 tiles, then (the stages free again) the m64n64 ones */
+    if (warp < WS_CONSUMERS / 32) {
+#ifdef M2A_WGMMA
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
+#endif
+        ws_consume<HopperSmall>(p, prefix + E1, stages, sh, ring16, lut);
+        ws_block_sync();
+        ws_consume<Hopper>(p, prefix, stages, sh, ring64, lut);
+    } else {
+#ifdef M2A_WGMMA
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
+#endif
+        if (warp > WS_CONSUMERS / 32) {
+            ws_regroup<HopperSmall>(p, prefix + E1, stages, ring16);
+            ws_block_sync();
+            ws_regroup<Hopper>(p, prefix, stages, ring64);
+        } else {
+            if (threadIdx.x == WS_CONSUMERS) ws_copy<HopperSmall>(p, maps, prefix + E1, stages, ring16);
+            __syncwarp(); /* the warp whole again at the (aligned) barrier */
+            ws_block_sync();
+            if (threadIdx.x == WS_CONSUMERS) ws_copy<Hopper>(p, maps, prefix, stages, ring64);
+        }
+    }
 }
 
 /* Rank-major: expert e's (row, slot) pairs, ascending; one block per expert. */
@@ -948,12 +1285,90 @@ int run(const m2a_kgemm_t *p, const Device &d, int lo, int hi, int64_t rows_boun
     return (int)cudaGetLastError();
 }
 
-/* Hopper's merged kernel: one block per SM (its shared memory limit raised once per
- * device; the largest tile lists fit: 204 KB of stages, 12 KB of lists, 9 KB static) */
+/* cuTensorMapEncodeTiled, from the driver the runtime has loaded (no link to libcuda);
+ * NULL where it has none. Looked up once; the same value whichever thread stores it. */
+typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled()
+{
+    static EncodeTiled fn;
+    static int looked;
+    if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ||
+            q != cudaDriverEntryPointSuccess)
+            f = nullptr;
+        __atomic_store_n(&fn, (EncodeTiled)f, __ATOMIC_RELAXED);
+        __atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&fn, __ATOMIC_RELAXED);
+}
+
+/* One map: `rank` dims (innermost first), strides of dims 1.. in bytes, box, swizzle */
+bool encode(EncodeTiled fn, CUtensorMap *m, CUtensorMapDataType type, int rank, const void *base,
+            const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box, CUtensorMapSwizzle swz)
+{
+    const cuuint32_t ones[4] = {1, 1, 1, 1};
+    return fn(m, type, (cuuint32_t)rank, const_cast<void *>(base), dims, strides, box, ones,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The TMA maps of the warp-specialized phase (ws_copy), where TMA can describe the
+ * operands: expert-major rows (rank-major ones are gathered through the list), 16-byte
+ * aligned bases and row strides (k % 32 == 0), dims TMA takes, and with SwiGLU n/2 a
+ * multiple of 128. Else false: the block-synchronous phase runs. */
+bool ws_maps(const m2a_kgemm_t *p, WsMaps *m)
+{
+    const EncodeTiled fn = encode_tiled();
+    const uint64_t kh = (uint64_t)p->k / 2, nkt = ((uint64_t)p->k / 16 + 3) / 4, groups = ((uint64_t)p->n + 127) / 128;
+    if (!fn || p->slots || p->k % 32 || p->rows < 1 || p->lda % 8 || p->sf_stride % 16 ||
+        ((uintptr_t)p->w | (uintptr_t)p->sf | (uintptr_t)p->a) % 16 || (p->swiglu && (p->n / 2) % 128) ||
+        p->k >= (1LL << 31) || p->n >= (1LL << 31) || p->rows >= (1LL << 31))
+        return false;
+    const cuuint64_t wd[3] = {kh, (cuuint64_t)p->n, (cuuint64_t)p->num_experts},
+                     ws[2] = {kh, kh * (cuuint64_t)p->n};
+    const cuuint32_t wb[3] = {128, 128, 1};
+    const cuuint64_t sd[4] = {128, nkt, groups, (cuuint64_t)p->num_experts},
+                     ss[3] = {512, 512 * nkt, (cuuint64_t)p->sf_stride};
+    const cuuint32_t sb[4] = {128, 4, 1, 1};
+    const cuuint64_t ad[2] = {(cuuint64_t)p->k, (cuuint64_t)p->rows}, as[1] = {2 * (cuuint64_t)p->lda};
+    const cuuint32_t ab64[2] = {64, 64}, ab16[2] = {64, 16};
+    return encode(fn, &m->w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p->w, wd, ws, wb, CU_TENSOR_MAP_SWIZZLE_128B) &&
+           encode(fn, &m->sf, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, p->sf, sd, ss, sb, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+           encode(fn, &m->a64, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p->a, ad, as, ab64, CU_TENSOR_MAP_SWIZZLE_128B) &&
+           encode(fn, &m->a16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p->a, ad, as, ab16, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+/* Whether the warp-specialized kernel was built with the registers its split assumes
+ * (gemm_kernel_ws: else its setmaxnreg.inc would wait forever); checked once */
+bool ws_registers_fit()
+{
+    static int fit; /* 0 not checked, 1 yes, 2 no; the same whichever thread stores it */
+    if (!__atomic_load_n(&fit, __ATOMIC_ACQUIRE)) {
+        cudaFuncAttributes a;
+        bool ok = cudaFuncGetAttributes(&a, gemm_kernel_ws) == cudaSuccess && a.numRegs == WS_LAUNCH_REGS;
+        __atomic_store_n(&fit, ok ? 1 : 2, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&fit, __ATOMIC_ACQUIRE) == 1;
+}
+
+/* Hopper: the warp-specialized kernel where TMA can describe the operands, else the
+ * merged block-synchronous one; one block per SM (their shared memory limits raised once
+ * per device; the largest tile lists fit: 204 KB of stages, 12 KB of lists, 10 KB
+ * static) */
 template <bool W16> int run_sm90(const m2a_kgemm_t *p, const Device &d, cudaStream_t s)
 {
-    int err = allow_smem<gemm_kernel_sm90<W16>>(d, SM90_SMEM + 3 * PREFIX_MAX);
-    if (err) return err;
+    WsMaps maps;
+    int err;
+    if (W16 && !p->no_ws && ws_registers_fit() && ws_maps(p, &maps)) {
+        if ((err = allow_smem<gemm_kernel_ws>(d, WS_SMEM + 2 * PREFIX_MAX))) return err;
+        gemm_kernel_ws<<<d.sms, WS_THREADS, WS_SMEM + 2 * 4 * (p->num_experts + 1), s>>>(*p, maps);
+        return (int)cudaGetLastError();
+    }
+    if ((err = allow_smem<gemm_kernel_sm90<W16>>(d, SM90_SMEM + 3 * PREFIX_MAX))) return err;
     gemm_kernel_sm90<W16><<<d.sms, SM90_THREADS, SM90_SMEM + 3 * 4 * (p->num_experts + 1), s>>>(*p);
     return (int)cudaGetLastError();
 }

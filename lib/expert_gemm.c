@@ -181,7 +181,7 @@ moea2a_result_t moea2a_expert_gemm(const moea2a_expert_gemm_t *g, void *stream)
                   "%s: rank-major rows on CUDA memory need a 4-byte aligned workspace of %zu bytes "
                   "(moea2a_expert_gemm_workspace_size; workspace_size=%zu)", fn, need, g->workspace_size);
     if (g->rows == 0) return MOEA2A_SUCCESS;
-    long wgmma = 1;
+    long wgmma = 2;
     M2A_TRY(m2a_param_int(NULL, "MOEA2A_GEMM_WGMMA", &wgmma));
     int32_t *ws = g->workspace;
     size_t pairs = rank_major ? (size_t)g->rows * (size_t)g->slots : 0;
@@ -192,6 +192,7 @@ moea2a_result_t moea2a_expert_gemm(const moea2a_expert_gemm_t *g, void *stream)
         .slots = rank_major ? g->slots : 0,
         .first_expert = g->first_expert,
         .no_wgmma = wgmma == 0,
+        .no_ws = wgmma < 2,
         .n = (int64_t)g->n,
         .k = (int64_t)g->k,
         .rows = g->rows,

@@ -9,8 +9,9 @@
  * skipped ids) left untouched. On CUDA also shapes with more tiles than the grid has
  * blocks (each block's next tile copied while it computes the last stages of the one
  * before), and a call captured into a graph that follows counts changed on the device
- * between replays; on an sm_90 the CUDA shapes run twice, on the wgmma kernel and with
- * MOEA2A_GEMM_WGMMA=0 on mma.sync. Then the argument checks. */
+ * between replays. The CUDA shapes run three times: by default (on an sm_90 wgmma, fed
+ * by TMA where the operands allow it), with MOEA2A_GEMM_WGMMA=1 (wgmma without TMA) and
+ * with MOEA2A_GEMM_WGMMA=0 (mma.sync, as other GPUs run). Then the argument checks. */
 #include "config.h"
 
 #include <math.h>
@@ -44,6 +45,9 @@ typedef struct {
     int gpu_only; /* large enough that blocks take several tiles; its oracle runs on the host */
 } case_t;
 
+/* the CUDA passes' suffixes (main: MOEA2A_GEMM_WGMMA unset, then 1, then 0) */
+static const char *const pass_names[3] = {"", ", MOEA2A_GEMM_WGMMA=1", ", MOEA2A_GEMM_WGMMA=0"};
+
 static const case_t cases[] = {
     {"expert-major, n=200 and k=272 (k % 32 == 16), 0/1/37 rows", 3, 200, 272, 0, 0, 0, 0, {0, 1, 37}, 0, 0, 0, 1},
     {"expert-major, every code, zero/subnormal/448/NaN scales, fp32 C", 4, 256, 384, 0, 0, 0, 0, {70, 8, 0, 5}, 0, 1,
@@ -58,6 +62,10 @@ static const case_t cases[] = {
      {9, 16, 12, 10, 16, 11, 9, 13, 14, 16, 10, 9, 15, 12, 16, 11}, 0, 0, 0, 7, 1},
     {"4 experts of 600 rows, n=1024, k=512: several large tiles per block", 4, 1024, 512, 0, 0, 0, 0,
      {600, 600, 600, 600}, 0, 0, 0, 8, 1},
+    /* Hopper's TMA boxes: SwiGLU's gate and up rows in boxes of their own (n/2 % 128 ==
+     * 0), and n and k ending inside a box and inside a 64-k group of scales */
+    {"expert-major, SwiGLU, n=512, 12/40 rows", 2, 512, 256, 0, 0, 0, 0, {12, 40}, 1, 0, 0, 9},
+    {"expert-major, n=200 and k=288, 20/70 rows", 2, 200, 288, 0, 0, 0, 0, {20, 70}, 0, 0, 0, 10},
 };
 
 static float bf16_float(uint16_t h)
@@ -318,8 +326,9 @@ static void run_case(const case_t *c, int cuda)
         snprintf(why, sizeof(why), "%s", moea2a_last_error(NULL));
     }
     if (wrong) tap_diag("%s", why);
-    tap_ok(wrong == 0, "%s memory: %s%s (%ld wrong)", cuda ? "CUDA" : "host", c->name,
-           getenv("MOEA2A_GEMM_WGMMA") ? ", MOEA2A_GEMM_WGMMA=0" : "", wrong);
+    const char *kernel = getenv("MOEA2A_GEMM_WGMMA");
+    tap_ok(wrong == 0, "%s memory: %s%s%s (%ld wrong)", cuda ? "CUDA" : "host", c->name,
+           kernel ? ", MOEA2A_GEMM_WGMMA=" : "", kernel ? kernel : "", wrong);
     if (wsp) mem_drop(cuda, wsp);
     unplace(&pl);
     drop(&d);
@@ -473,16 +482,19 @@ int main(void)
         if (!cases[i].gpu_only) run_case(&cases[i], 0);
     bad_inputs(0);
     if (ndev < 1) {
-        for (int pass = 0; pass < 2; pass++)
+        for (int pass = 0; pass < 3; pass++)
             for (int i = 0; i < nc; i++)
-                tap_skip("no CUDA device", "CUDA memory: %s%s", cases[i].name, pass ? ", MOEA2A_GEMM_WGMMA=0" : "");
+                tap_skip("no CUDA device", "CUDA memory: %s%s", cases[i].name, pass_names[pass]);
         tap_skip("no CUDA device", "CUDA graph capture");
         tap_skip("no CUDA device", "CUDA memory: bad descriptions");
         return tap_done();
     }
 #ifdef MOEA2A_HAVE_CUDA
     for (int i = 0; i < nc; i++) run_case(&cases[i], 1);
-    /* the mma.sync kernels, which other GPUs run, where the default is wgmma */
+    /* on Hopper, wgmma with the copies issued by the MMA warps (what runs where TMA cannot
+     * describe the operands), then the mma.sync kernels, which other GPUs run */
+    setenv("MOEA2A_GEMM_WGMMA", "1", 1);
+    for (int i = 0; i < nc; i++) run_case(&cases[i], 1);
     setenv("MOEA2A_GEMM_WGMMA", "0", 1);
     for (int i = 0; i < nc; i++) run_case(&cases[i], 1);
     unsetenv("MOEA2A_GEMM_WGMMA");
