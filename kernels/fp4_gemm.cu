@@ -909,14 +909,18 @@ __device__ __forceinline__ void mbar_expect(uint64_t *b, unsigned bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
 #endif
 }
-/* until the phase of this parity has completed (a fresh barrier: parity 1 at once) */
+/* until the phase of this parity has completed (a fresh barrier: parity 1 at once). A C
+ * loop, whose exit the compiler reconverges (a branch inside the asm left the warp
+ * diverged at the next aligned barrier or wgmma: compute-sanitizer synccheck). */
 __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
 {
 #ifdef M2A_WGMMA
-    asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(
-                     smem_addr(b)),
-                 "r"(parity)
-                 : "memory");
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_addr(b)), "r"(parity)
+                     : "memory");
 #else
     __trap();
 #endif
@@ -1114,8 +1118,10 @@ static_assert(WS_PRODUCERS * WS_PRODUCER_REGS + WS_CONSUMERS * WS_CONSUMER_REGS 
                   WS_THREADS * WS_LAUNCH_REGS <= 65536,
               "the launch's registers, split");
 
-/* all of the block, where its roles' code has parted (bar.sync 0 is __syncthreads') */
-__device__ __forceinline__ void ws_block_sync() { asm volatile("bar.sync 0;\n" ::: "memory"); }
+/* all of the block, where its roles' code has parted: the unaligned barrier, which the
+ * threads may reach at different instructions (bar.sync, __syncthreads', may not:
+ * compute-sanitizer synccheck) */
+__device__ __forceinline__ void ws_block_sync() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
 
 __global__ void __launch_bounds__(WS_THREADS, 1) gemm_kernel_ws(const m2a_kgemm_t p, const __grid_constant__ WsMaps maps)
 {
@@ -1149,7 +1155,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1) gemm_kernel_ws(const m2a_kgemm_
             ws_regroup<Hopper>(p, prefix, stages, ring64);
         } else {
             if (threadIdx.x == WS_CONSUMERS) ws_copy<HopperSmall>(p, maps, prefix + E1, stages, ring16);
-            __syncwarp(); /* the warp whole again at the (aligned) barrier */
             ws_block_sync();
             if (threadIdx.x == WS_CONSUMERS) ws_copy<Hopper>(p, maps, prefix, stages, ring64);
         }
