@@ -11,8 +11,10 @@
  * to three stages in flight); each warp dequantizes its 16 or 32 weight rows into
  * m16n8k16 A fragments and multiplies them by every token group (the weights are the
  * MMA's M side: 8 tokens fill its N side, so a decode-size tile wastes nothing). On
- * Hopper the experts of more than 8 rows run on the warpgroup MMA (wgmma below), the
- * same A fragments against tokens read from shared memory.
+ * Hopper the experts run on the warpgroup MMA (wgmma below), the same A fragments
+ * against tokens read from shared memory: where TMA can describe the operands, in a
+ * warp-specialized kernel whose copies are TMA's (gemm_kernel_ws), else those of more
+ * than 8 rows, copied by the MMA warps.
  *
  * Exactness of the dequantization: an E2M1 code whose bits are spread into a bf16's
  * exponent and mantissa is the value x 2^-126 (code 1 a subnormal); multiplied by the
@@ -620,7 +622,7 @@ template <class C> __device__ __forceinline__ void wg_pair_tokens(unsigned char 
  * synchronous pipeline ends a stage with every MMA retired, as the next stage's copies
  * overwrite this one's tokens; the warp-specialized one (DRAIN false) leaves the last
  * group in flight into the next stage and calls `retired` once the first wait there has
- * retired it, so that the tensor pipe never drains between stages. */
+ * retired it, so that the tensor pipe does not drain between stages. */
 struct Nothing {
     __device__ void operator()() const {}
 };
@@ -1102,9 +1104,10 @@ template <bool W16> __global__ void __launch_bounds__(SM90_THREADS, 1) gemm_kern
 /* Hopper where TMA can describe the operands (ws_maps): the m64n16 tiles (experts of
  * 1-16 rows: with TMA they read weights faster than mma.sync's small tiles, which this
  * kernel has no need of), then the m64n64 ones, each warp-specialized, in one launch of
- * four consumer warpgroups and a producer warpgroup per SM (96 registers a thread). A
- * kernel of its own: beside the block-synchronous phases in one kernel, ptxas
- * serialized every wgmma of it. */
+ * four consumer warpgroups and a producer warpgroup per SM (registers split by role). A
+ * kernel of its own, so that the block-synchronous one keeps 512 threads of 128
+ * registers where TMA cannot serve (with the producers in it, 96 each: 16 rows took 245
+ * against 233 us, bench/RESULTS.md, session 18, run 6). */
 constexpr int WS_THREADS = WS_CONSUMERS + WS_PRODUCERS;
 constexpr int WS_SMEM = cmax(Hopper::SMEM, HopperSmall::SMEM);
 
