@@ -23,7 +23,7 @@ typedef struct {
     int slots;    /* rank-major: ids per A row (0: expert-major) */
     int32_t first_expert; /* rank-major: the global id of local expert 0 */
     int no_wgmma;         /* 1: mma.sync even where Hopper's wgmma kernel could run */
-    int no_ws;            /* 1: Hopper's m64n64 tiles block-synchronous, not warp-specialized on TMA */
+    int no_ws;            /* 1: on Hopper the block-synchronous wgmma kernel even where the TMA one could run */
     int64_t n, k, rows;   /* rows: A's rows (expert-major) or id rows (rank-major) */
     int64_t lda, ldc;     /* elements */
     const uint16_t *a;

@@ -46,11 +46,12 @@ static const moea2a_param_t params[] = {
      "into this many parts of equal bytes, each on its own stream (forked from the caller's and joined back), "
      "so that several copy engines move them; 1..8, 1 keeps one batch on the caller's stream. Read at create."},
     {"MOEA2A_GEMM_WGMMA", "int", "2",
-     "2: on Hopper (sm_90) moea2a_expert_gemm runs the experts of more than 8 rows on the warpgroup MMA "
-     "(wgmma), where the library was built for arch 90 with CUDA 12 or later, those of more than 16 rows fed "
-     "by TMA copies and warps of their own where the operands allow it (expert-major rows, 16-byte aligned); "
-     "1: wgmma with copies issued by the MMA warps themselves; 0: mma.sync, as on other GPUs (for "
-     "comparison). The results agree within the documented bound either way, not bit for bit."},
+     "2: on Hopper (sm_90) moea2a_expert_gemm runs every expert on the warpgroup MMA (wgmma), fed by TMA "
+     "copies from warps of their own, where the library was built for arch 90 with CUDA 12 or later and TMA "
+     "can describe the operands (expert-major rows, 16-byte aligned: moea2a_expert(3)); 1: the experts of "
+     "more than 8 rows on wgmma with the copies issued by the MMA warps themselves (what runs where TMA "
+     "cannot); 0: mma.sync, as on other GPUs (for comparison). The results agree within the documented "
+     "bound either way, not bit for bit."},
     {"MOEA2A_TRANSPORT", "string", "",
      "Transports to use, in order of preference (e.g. \"nccl,ucx\"); \"^name\" excludes. "
      "Empty: every transport found, chosen by memory type."},
