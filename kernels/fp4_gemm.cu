@@ -890,8 +890,8 @@ template <int S> struct Ring {
     uint64_t empty[S];  /* its last MMA has retired: it may be overwritten */
 };
 
-/* sm_90a only, as wgmma: the other archs' builds of the merged kernel trap (the
- * launcher never runs them there) */
+/* sm_90a only, as wgmma: the other archs' builds of the warp-specialized kernel trap
+ * (the launcher never runs them there) */
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count)
 {
 #ifdef M2A_WGMMA
@@ -912,8 +912,8 @@ __device__ __forceinline__ void mbar_expect(uint64_t *b, unsigned bytes)
 #endif
 }
 /* until the phase of this parity has completed (a fresh barrier: parity 1 at once). A C
- * loop, whose exit the compiler reconverges (a branch inside the asm left the warp
- * diverged at the next aligned barrier or wgmma: compute-sanitizer synccheck). */
+ * loop, so that the compiler reconverges the warp at its exit: aligned barriers and
+ * wgmma follow. */
 __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
 {
 #ifdef M2A_WGMMA
