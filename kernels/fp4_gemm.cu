@@ -33,8 +33,11 @@
 
 #include "fp4_gemm.h"
 #include "fp4_math.h"
+#include "mbarrier.cuh"
 
 namespace {
+
+using namespace m2a_mbar;
 
 constexpr int BK = 128;      /* k per sub-stage (a stage holds KS of them) */
 constexpr int W_SUB = BK / 2, S_SUB = BK / 16, A_SUB = 2 * BK; /* bytes per row per sub-stage */
@@ -759,14 +762,13 @@ template <class C> __device__ __forceinline__ Tile tile_at(const m2a_kgemm_t &p,
     return T;
 }
 
-/* A tile's rows into sh, by threads tid, tid + nt, ...: each weight row's index, each
- * token's A row and C row */
+/* A tile's rows into sh, by the variant's group: each weight row's index, each token's
+ * A row and C row */
 template <class C>
-__device__ __forceinline__ void tile_rows(const m2a_kgemm_t &p, const Tile &T, int64_t first, Shared &sh, int tid,
-                                          int nt)
+__device__ __forceinline__ void tile_rows(const m2a_kgemm_t &p, const Tile &T, int64_t first, Shared &sh)
 {
-    for (int r = tid; r < C::BN; r += nt) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
-    for (int i = tid; i < C::BT; i += nt) {
+    for (int r = gtid<C>(); r < C::BN; r += C::THREADS) sh.nrow[r] = (int32_t)weight_row<C>(p, T.ntile, r);
+    for (int i = gtid<C>(); i < C::BT; i += C::THREADS) {
         int64_t ar = -1, cr = -1;
         if (i < T.cnt) {
             int64_t at = first + T.t0 + i;
@@ -809,7 +811,7 @@ __device__ __forceinline__ void run_tiles(const m2a_kgemm_t &p, const int32_t *p
         int64_t first;
         const Tile T = tile_at<C>(p, prefix, tile, &first);
         group_sync<C, SUB>(); /* the previous tile's epilogue is done with sh and the stages */
-        tile_rows<C>(p, T, first, sh, gtid<C>(), C::THREADS);
+        tile_rows<C>(p, T, first, sh);
         group_sync<C, SUB>();
         const int groups = (T.cnt + 7) / 8;
         Loader<C> L;
@@ -889,44 +891,6 @@ template <int S> struct Ring {
     uint64_t full[S];   /* ... and its tokens are regrouped: the consumers may read it */
     uint64_t empty[S];  /* its last MMA has retired: it may be overwritten */
 };
-
-/* sm_90a only, as wgmma: the other archs' builds of the warp-specialized kernel trap
- * (the launcher never runs them there) */
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
-{
-#ifdef M2A_WGMMA
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b)
-{
-#ifdef M2A_WGMMA
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
-#endif
-}
-/* an arrival that also expects `bytes` of copies to land on the barrier */
-__device__ __forceinline__ void mbar_expect(uint64_t *b, unsigned bytes)
-{
-#ifdef M2A_WGMMA
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
-#endif
-}
-/* until the phase of this parity has completed (a fresh barrier: parity 1 at once). A C
- * loop, so that the compiler reconverges the warp at its exit: aligned barriers and
- * wgmma follow. */
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
-{
-#ifdef M2A_WGMMA
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_addr(b)), "r"(parity)
-                     : "memory");
-#else
-    __trap();
-#endif
-}
 
 /* A TMA box at coordinates c (innermost first) into dst, its bytes counted on bar */
 template <int D>
@@ -1043,7 +1007,7 @@ __device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *
         int64_t first;
         const Tile T = tile_at<C>(p, prefix, tile, &first);
         group_sync<C, true>(); /* the previous tile's epilogue is done with sh */
-        tile_rows<C>(p, T, first, sh, gtid<C>(), C::THREADS);
+        tile_rows<C>(p, T, first, sh);
         group_sync<C, true>();
         float acc[C::M_TILES][C::GROUPS][4];
         zero_acc<C>(acc);

@@ -47,9 +47,12 @@
 #endif
 
 #include "convert.h"
+#include "mbarrier.cuh"
 #include "moe_fast.h"
 
 namespace {
+
+using namespace m2a_mbar;
 
 constexpr int T = M2A_FAST_THREADS;
 constexpr int kWarps = T / 32;
@@ -888,37 +891,12 @@ __host__ __device__ constexpr int tma_stages(int D)
 __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 #endif
 
-__device__ __forceinline__ void mbar_init(uint64_t *bar)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
-
-/* Arms the barrier for bytes of bulk copies (one arrival: this lane's). */
-__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-#endif
-}
-
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned phase)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .pred p;\n W%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W%=;\n}" ::"r"(
-                     smem_u32(bar)),
-                 "r"(phase)
                  : "memory");
 #endif
 }
@@ -980,7 +958,7 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     const size_t seg = tma_seg(D), stage_bytes = (size_t)D * seg;
     unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
     if (lane == 0)
-        for (int s = 0; s < NS; s++) mbar_init(&bars[w][s]);
+        for (int s = 0; s < NS; s++) mbar_init(&bars[w][s], 1);
     fence_proxy_async(); /* the barriers' init and the signals' acquire before any bulk copy */
     __syncwarp();
     /* the warp's units in order: grab g covers units [g * take, (g + 1) * take) */
