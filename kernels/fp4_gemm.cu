@@ -511,31 +511,8 @@ template <class C> struct WgPiece {
     uint32_t sc[C::M_TILES][2];
 };
 
-/* Where a stage's weight rows and scales lie: the block-synchronous copies' (row r at r,
- * its scales S_ROW bytes a row), or the TMA boxes' of the warp-specialized phase (two
- * boxes of 128 weight rows, SwiGLU's gate rows in the first and up rows in the second;
- * their scales as the 128x4 layout has them, 2 KB a box: ws_scale) */
-struct StageLayout {
-    bool tma, swiglu;
-};
-
-/* the smem row of fragment row r: SwiGLU's boxes hold gate rows j and up rows j + n/2
- * apart, where weight_row puts them 8 rows apart in each 16 (the same row mod 8) */
-__device__ __forceinline__ int smem_row(StageLayout L, int r)
-{
-    return L.tma && L.swiglu ? ((r & 8) << 4) + (r >> 4) * 8 + (r & 7) : r;
-}
-
-/* byte of smem row R's scale of 16-k block kb of the stage, in a TMA box (128x4 layout:
- * 512 bytes per 64 k, row R % 32 at 16 (R % 32), R % 128 / 32 its word, kb % 4 its byte) */
-__device__ __forceinline__ int ws_scale(int R, int kb)
-{
-    return (R >> 7) * 2048 + (kb >> 2) * 512 + (R & 31) * 16 + ((R & 127) >> 5) * 4 + (kb & 3);
-}
-
 template <class C>
-__device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char *st, int piece, WgPiece<C> &P,
-                                        StageLayout L)
+__device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char *st, int piece, WgPiece<C> &P)
 {
     /* warpgroup wg's rows are 64 MT wg .. + 64 MT - 1; warp w of it, 16 w + 16 rows per m64 */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = (threadIdx.x >> 5) & 3,
@@ -544,10 +521,9 @@ __device__ __forceinline__ void wg_load(const uint32_t *lut, const unsigned char
     for (int mt = 0; mt < C::M_TILES; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = smem_row(L, (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h);
+            const int r = (wg * C::M_TILES + mt) * 64 + warp * 16 + g + 8 * h;
             P.w[mt][h] = *reinterpret_cast<const uint32_t *>(st + r * C::W_ROW + ((piece ^ g) * 16) + 4 * t);
-            P.sc[mt][h] = lut[st[C::W_BYTES + (L.tma ? ws_scale(r, 2 * piece + (t >> 1))
-                                                     : r * C::S_ROW + 2 * piece + (t >> 1))]];
+            P.sc[mt][h] = lut[st[C::W_BYTES + r * C::S_ROW + 2 * piece + (t >> 1)]];
         }
 }
 
@@ -617,50 +593,56 @@ template <class C> __device__ __forceinline__ void wg_pair_tokens(unsigned char 
     proxy_fence();
 }
 
-/* One stage on wgmma, a piece at a time: its A registers dequantized, the next piece's
- * codes and scales read, then the piece's MMAs (two steps x the m64 tiles) issued as
- * one group. The A registers alternate between two sets (pieces unrolled): a set is
- * rewritten only after wgmma_wait<1> retired the group that read it, so the
- * dequantization of a piece runs while the previous piece's MMAs do. The block-
- * synchronous pipeline ends a stage with every MMA retired, as the next stage's copies
- * overwrite this one's tokens; the warp-specialized one (DRAIN false) leaves the last
- * group in flight into the next stage and calls `retired` once the first wait there has
- * retired it, so that the tensor pipe does not drain between stages. */
-struct Nothing {
-    __device__ void operator()() const {}
-};
-template <class C, bool DRAIN = true, class Retired = Nothing>
-__device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsigned char *st,
-                                                 float (&acc)[C::M_TILES][C::GROUPS][4], StageLayout L = {},
-                                                 Retired retired = {})
+/* A piece's MMAs (two k16 steps x the m64 tiles; b0: the stage's token descriptor) as
+ * one group, then the wait that leaves only this group in flight: the A registers
+ * alternate between two sets, and a set is rewritten only after the group that read it
+ * has retired, so that a piece's dequantization runs while the previous piece's MMAs
+ * do. */
+template <class C>
+__device__ __forceinline__ void wg_mma_piece(float (&acc)[C::M_TILES][C::GROUPS][4],
+                                             const uint32_t (&af)[2][C::M_TILES][4], uint64_t b0, int piece)
 {
-    constexpr int MT = C::M_TILES, PIECES = 4 * C::KS;
+    wgmma_fence();
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int step = 2 * piece + e;
+        const uint64_t b = b0 + (((step / 4) * (C::BT * 128) + (step % 4) * 32) >> 4);
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; mt++) wgmma_tile(acc[mt], af[e][mt], b);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+}
+
+/* The descriptor of a stage's tokens; a step's adds its offset / 16 to the address field */
+template <class C> __device__ __forceinline__ uint64_t stage_desc(const unsigned char *st)
+{
     static_assert((C::GROUPS == 8 || C::GROUPS == 2) && C::KS == 2, "wgmma tiles are m64n64 or m64n16, stages 256 k");
     static_assert((C::W_BYTES + C::S_BYTES) % 1024 == 0 && C::STAGE_BYTES % 1024 == 0, "atoms 1024-aligned");
-    /* the stage's descriptor; a step's adds its offset / 16 to the address field */
-    const uint64_t b0 = wgmma_desc(smem_addr(st + C::W_BYTES + C::S_BYTES));
+    return wgmma_desc(smem_addr(st + C::W_BYTES + C::S_BYTES));
+}
+
+/* One stage on wgmma (block-synchronous pipeline), a piece at a time: its A registers
+ * dequantized, the next piece's codes and scales read, then its MMAs. The stage ends
+ * with every MMA retired, as the next stage's copies overwrite this one's tokens. */
+template <class C>
+__device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsigned char *st,
+                                                 float (&acc)[C::M_TILES][C::GROUPS][4])
+{
+    constexpr int PIECES = 4 * C::KS;
+    const uint64_t b0 = stage_desc<C>(st);
     WgPiece<C> P;
-    wg_load<C>(lut, st, 0, P, L);
+    wg_load<C>(lut, st, 0, P);
 #pragma unroll /* every offset an immediate */
     for (int piece = 0; piece < PIECES; piece++) {
-        uint32_t af[2][MT][4];
+        uint32_t af[2][C::M_TILES][4];
         wg_dequant<C>(P, af);
-        if (piece + 1 < PIECES) wg_load<C>(lut, st, piece + 1, P, L);
-        wgmma_fence();
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int step = 2 * piece + e;
-            const uint64_t b = b0 + (((step / 4) * (C::BT * 128) + (step % 4) * 32) >> 4);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) wgmma_tile(acc[mt], af[e][mt], b);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (piece == 0) retired();
+        if (piece + 1 < PIECES) wg_load<C>(lut, st, piece + 1, P);
+        wg_mma_piece<C>(acc, af, b0, piece);
     }
-    if (DRAIN) wgmma_wait<0>();
+    wgmma_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) wgmma_hold(acc[mt]);
+    for (int mt = 0; mt < C::M_TILES; mt++) wgmma_hold(acc[mt]);
 }
 
 __device__ __forceinline__ void store(const m2a_kgemm_t &p, int64_t crow, int64_t col, float v)
@@ -886,10 +868,21 @@ struct WsMaps {
     CUtensorMap w, sf, a64, a16;
 };
 
+/* a stage's tokens are four 64-k atoms, regrouped and published one at a time */
+constexpr int WS_ATOMS = 4;
 template <int S> struct Ring {
-    uint64_t landed[S]; /* a stage's bytes have landed */
-    uint64_t full[S];   /* ... and its tokens are regrouped: the consumers may read it */
-    uint64_t empty[S];  /* its last MMA has retired: it may be overwritten */
+    uint64_t landed[S];          /* a stage's bytes have landed */
+    uint64_t full[S][WS_ATOMS];  /* ... and its atom a of tokens is regrouped: the MMAs may read it */
+    uint64_t empty[S];           /* its last MMA has retired: it may be overwritten */
+};
+
+/* Where a role is in the ring: the slot, and the parity of the slot's current use */
+template <int S> struct RingPos {
+    unsigned slot = 0, parity = 0;
+    __device__ __forceinline__ void next()
+    {
+        if (++slot == S) slot = 0, parity ^= 1;
+    }
 };
 
 /* A TMA box at coordinates c (innermost first) into dst, its bytes counted on bar */
@@ -920,7 +913,7 @@ template <int S> __device__ __forceinline__ void ring_init(Ring<S> &r)
 {
     for (int s = 0; s < S; s++) {
         mbar_init(&r.landed[s], 1); /* the copying thread's expect */
-        mbar_init(&r.full[s], WS_REGROUPERS);
+        for (int a = 0; a < WS_ATOMS; a++) mbar_init(&r.full[s][a], WS_REGROUPERS);
         mbar_init(&r.empty[s], WS_CONSUMERS); /* every consumer thread */
     }
 }
@@ -933,53 +926,104 @@ template <class C>
 __device__ __forceinline__ void ws_copy(const m2a_kgemm_t &p, const WsMaps &maps, const int32_t *prefix,
                                         unsigned char *stages, Ring<C::STAGES> &ring)
 {
-    constexpr unsigned S = C::STAGES;
     const CUtensorMap *amap = C::BT == 64 ? &maps.a64 : &maps.a16;
     const int total = prefix[p.num_experts], ktiles = ktiles_of<C>(p);
-    unsigned q = 0; /* stages copied so far: slot q % S, its use q / S */
+    RingPos<C::STAGES> at;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         int64_t first;
         const Tile T = tile_at<C>(p, prefix, tile, &first);
         const int r0 = p.swiglu ? 128 * T.ntile : 256 * T.ntile, r1 = p.swiglu ? (int)(p.n / 2) + r0 : r0 + 128;
         const int a0 = (int)(first + T.t0);
-        for (int kt = 0; kt < ktiles; kt++, q++) {
-            const unsigned slot = q % S;
-            unsigned char *st = stages + slot * C::STAGE_BYTES, *sa = st + C::W_BYTES + C::S_BYTES;
-            uint64_t *bar = &ring.landed[slot];
+        for (int kt = 0; kt < ktiles; kt++, at.next()) {
+            unsigned char *st = stages + at.slot * C::STAGE_BYTES, *sa = st + C::W_BYTES + C::S_BYTES;
+            uint64_t *bar = &ring.landed[at.slot];
             const int kb = kt * C::KSTAGE;
-            mbar_wait(&ring.empty[slot], ((q / S) & 1) ^ 1);
+            mbar_wait(&ring.empty[at.slot], at.parity ^ 1);
             mbar_expect(bar, C::STAGE_BYTES);
             tma_load<3>(st, &maps.w, {kb / 2, r0, T.e}, bar);
             tma_load<3>(st + C::W_BYTES / 2, &maps.w, {kb / 2, r1, T.e}, bar);
             tma_load<4>(st + C::W_BYTES, &maps.sf, {0, kb / 64, r0 / 128, T.e}, bar);
             tma_load<4>(st + C::W_BYTES + C::S_BYTES / 2, &maps.sf, {0, kb / 64, r1 / 128, T.e}, bar);
 #pragma unroll
-            for (int a = 0; a < 4; a++) tma_load<2>(sa + a * (C::BT * 128), amap, {kb + 64 * a, a0}, bar);
+            for (int a = 0; a < WS_ATOMS; a++) tma_load<2>(sa + a * (C::BT * 128), amap, {kb + 64 * a, a0}, bar);
         }
     }
 }
 
-/* The regrouping warps: each stage's tokens once they have landed, then the stage
- * published to the consumers */
+/* The regrouping warps: each stage's tokens once they have landed, an atom at a time,
+ * each atom published to the consumers once regrouped (the first piece's MMAs need only
+ * the first atom, so the consumers wait for a quarter of the regrouping, not all of it:
+ * bench/RESULTS.md, session 19). The items (half atom rows) are dealt in atom order, so a
+ * thread arrives on atom a's barrier once it has passed a's last item. */
 template <class C>
 __device__ __forceinline__ void ws_regroup(const m2a_kgemm_t &p, const int32_t *prefix, unsigned char *stages,
                                            Ring<C::STAGES> &ring)
 {
-    constexpr unsigned S = C::STAGES;
+    constexpr int ITEMS = 2 * C::BT; /* per atom */
     const int total = prefix[p.num_experts], first = (int)blockIdx.x, stride = (int)gridDim.x;
     const int tid = (int)threadIdx.x % WS_PRODUCERS - 32;
     const unsigned all = first < total ? (unsigned)((total - first + stride - 1) / stride * ktiles_of<C>(p)) : 0;
-    for (unsigned q = 0; q < all; q++) {
-        const unsigned slot = q % S;
-        mbar_wait(&ring.landed[slot], (q / S) & 1);
-        unsigned char *const sa = stages + slot * C::STAGE_BYTES + C::W_BYTES + C::S_BYTES;
-        for (int i = tid; i < C::BT * 8; i += WS_REGROUPERS) {
-            const int h = i & 1, row = (i >> 1) % C::BT, a = (i >> 1) / C::BT;
-            pair_atom_half(atom_row<C>(sa, row, a), row, h);
+    RingPos<C::STAGES> at;
+    for (unsigned q = 0; q < all; q++, at.next()) {
+        mbar_wait(&ring.landed[at.slot], at.parity);
+        unsigned char *const sa = stages + at.slot * C::STAGE_BYTES + C::W_BYTES + C::S_BYTES;
+        int i = tid;
+#pragma unroll
+        for (int a = 0; a < WS_ATOMS; a++) {
+            for (; i < (a + 1) * ITEMS; i += WS_REGROUPERS) {
+                const int row = (i - a * ITEMS) >> 1;
+                pair_atom_half(atom_row<C>(sa, row, a), row, i & 1);
+            }
+            proxy_fence();
+            mbar_arrive(&ring.full[at.slot][a]);
         }
-        proxy_fence();
-        mbar_arrive(&ring.full[slot]);
     }
+}
+
+/* Where a consumer thread's codes and scales lie in any stage of the TMA boxes (two boxes
+ * of 128 weight rows, SwiGLU's gate rows in the first and up rows in the second; their
+ * scales as the 128x4 layout has them, 2 KB a box), set once (ws_offsets) so that a
+ * stage's loop only adds the slot's base: row g's code word of piece 0 with g in the
+ * swizzle bits (piece p's at code ^ (p << 4): the box's 128-byte swizzle puts 16-byte
+ * piece p of row r at p ^ (r % 8), and r % 8 = g), its scale byte of piece 0 (piece p's
+ * 512 (p / 2) + 2 (p % 2) further), and how much further row g + 8's are. */
+struct WsOffsets {
+    uint32_t code, scale, dcode, dscale;
+};
+
+/* byte of smem row R's scale of 16-k block kb of the stage, in a TMA box (128x4 layout:
+ * 512 bytes per 64 k, row R % 32 at 16 (R % 32), R % 128 / 32 its word, kb % 4 its byte) */
+__device__ __forceinline__ int ws_scale(int R, int kb)
+{
+    return (R >> 7) * 2048 + (kb >> 2) * 512 + (R & 31) * 16 + ((R & 127) >> 5) * 4 + (kb & 3);
+}
+
+template <class C> __device__ __forceinline__ WsOffsets ws_offsets(bool swiglu)
+{
+    static_assert(C::M_TILES == 1 && C::W_ROW == 128, "one m64 tile per warpgroup, 128-byte rows");
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = (threadIdx.x >> 5) & 3,
+              wg = threadIdx.x >> 7;
+    /* fragment rows r and r + 8 (weight_row's order) in the boxes: SwiGLU's gate row j
+     * and up row j + n/2 are 8 rows apart in each 16 there, 128 apart here */
+    const int r = wg * 64 + warp * 16 + g, R = swiglu ? (r >> 4) * 8 + g : r, D = swiglu ? 128 : 8;
+    WsOffsets o;
+    o.code = (uint32_t)(R * C::W_ROW + (g << 4) + 4 * t);
+    o.scale = (uint32_t)(C::W_BYTES + ws_scale(R, t >> 1));
+    o.dcode = (uint32_t)(D * C::W_ROW);
+    o.dscale = (uint32_t)(ws_scale(R + D, t >> 1) - ws_scale(R, t >> 1));
+    return o;
+}
+
+template <class C>
+__device__ __forceinline__ void ws_load(const uint32_t *lut, const unsigned char *st, const WsOffsets &o, int piece,
+                                        WgPiece<C> &P)
+{
+    const unsigned char *w = st + (o.code ^ (uint32_t)(piece << 4)),
+                        *s = st + o.scale + (piece >> 1) * 512 + 2 * (piece & 1);
+    P.w[0][0] = *reinterpret_cast<const uint32_t *>(w);
+    P.w[0][1] = *reinterpret_cast<const uint32_t *>(w + o.dcode);
+    P.sc[0][0] = lut[s[0]];
+    P.sc[0][1] = lut[s[o.dscale]];
 }
 
 /* A consumer thread done with a stage (when `done`): its arrival on the stage's empty
@@ -995,32 +1039,162 @@ __device__ __forceinline__ void release(uint64_t *empty, bool done)
 #endif
 }
 
+/* One stage of the warp-specialized pipeline (its first atom published: the caller
+ * waited): as compute_stage_wg, each atom of tokens waited for before the first MMA that
+ * reads it; the last piece's MMAs are left in flight into the next stage, whose first
+ * wait retires them, after which `prev` (the stage before, when `release_prev`) is
+ * released, so that the tensor pipe does not drain between stages. */
+template <class C>
+__device__ __forceinline__ void ws_stage(const uint32_t *lut, const unsigned char *st, const WsOffsets &o,
+                                         uint64_t (&full)[WS_ATOMS], unsigned parity, uint64_t *prev,
+                                         bool release_prev, float (&acc)[1][C::GROUPS][4])
+{
+    constexpr int PIECES = 4 * C::KS;
+    const uint64_t b0 = stage_desc<C>(st);
+    WgPiece<C> P;
+    ws_load<C>(lut, st, o, 0, P);
+#pragma unroll /* every offset an immediate */
+    for (int piece = 0; piece < PIECES; piece++) {
+        uint32_t af[2][1][4];
+        wg_dequant<C>(P, af);
+        if (piece + 1 < PIECES) ws_load<C>(lut, st, o, piece + 1, P);
+        if (piece > 0 && piece % 2 == 0) mbar_wait(&full[piece / 2], parity);
+        wg_mma_piece<C>(acc, af, b0, piece);
+        if (piece == 0) release(prev, release_prev);
+    }
+    wgmma_hold(acc[0]);
+}
+
+/* A tile's bf16 results written through shared memory (ws_consume, where C's rows are
+ * 16-byte aligned): each warpgroup puts its 64 tokens x 64 columns (SwiGLU: 32) into its
+ * own weight rows of the tile's last stage, which no other warpgroup reads, with
+ * stmatrix (.trans: the fragment's rows are columns of C), then writes each token's
+ * columns as 16-byte stores. Storing each value where it lies in the fragment took 2-byte
+ * stores to four rows at once: 28 of the 160 us of the 64-row down projection
+ * (bench/RESULTS.md, session 19). The buffer's rows are 128 (64) bytes, their 16-byte
+ * chunks swizzled so that the eight rows of a matrix hit eight bank groups. */
+__device__ __forceinline__ int epi_chunk(int tok, int c, bool swiglu)
+{
+    return swiglu ? c ^ ((tok >> 1) & 3) : c ^ (tok & 7);
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* four 8x8 matrices of 16-bit values, fragment row lane / 4, columns 2 (lane % 4) + 0..1
+ * in register i, stored transposed: lanes 8i..8i+7 name matrix i's eight rows */
+__device__ __forceinline__ void stmatrix_trans(unsigned char *row, const uint32_t (&r)[4])
+{
+#ifdef M2A_WGMMA
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#endif
+}
+
+/* the warpgroup's named barrier (1 is the consumers', 0 the block's) */
+__device__ __forceinline__ void warpgroup_sync()
+{
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + (int)(threadIdx.x >> 7)) : "memory");
+}
+
+template <class C>
+__device__ __forceinline__ void ws_epilogue(const m2a_kgemm_t &p, const Tile &T, int64_t first, float scale,
+                                            const float (&acc)[1][C::GROUPS][4], unsigned char *st)
+{
+    static_assert(C::GROUPS % 4 == 0 || C::GROUPS == 2, "stmatrix.x4: four token groups or two of two columns");
+    const bool swiglu = p.swiglu != 0;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    const int RB = swiglu ? 64 : 128, CPR = RB / 16; /* buffer row bytes, 16-byte chunks */
+    unsigned char *buf = st + wg * 64 * RB;          /* its own weight rows (ws_offsets) */
+    warpgroup_sync(); /* every warp of it is past its last reads of those rows */
+    /* matrix i of a store: lanes 8i.. name its rows, tokens 8 grp + lane % 8 */
+    const int mi = lane >> 3, tok_in = lane & 7;
+    if (swiglu) { /* column warp * 8 + g: gate rows g, up rows g + 8; matrix i token group
+                   * g0 + i (m64n16's two groups: matrices 2, 3 repeat 0, 1, same values
+                   * to the same rows) */
+#pragma unroll
+        for (int g0 = 0; g0 < C::GROUPS; g0 += 4) {
+            uint32_t r[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int grp = (g0 + i) % C::GROUPS;
+                float v[2];
+#pragma unroll
+                for (int d = 0; d < 2; d++) {
+                    const float gate = acc[0][grp][d] * scale, up = acc[0][grp][d + 2] * scale;
+                    v[d] = gate / (1.0f + __expf(-gate)) * up;
+                }
+                r[i] = bf16_pair(v[0], v[1]);
+            }
+            const int tok = (g0 + mi) % C::GROUPS * 8 + tok_in;
+            stmatrix_trans(buf + tok * RB + epi_chunk(tok, warp, true) * 16, r);
+        }
+    } else { /* columns warp * 16 + g (+ 8): matrices (grp, half) */
+#pragma unroll
+        for (int g0 = 0; g0 < C::GROUPS; g0 += 2) {
+            uint32_t r[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                r[i] = bf16_pair(acc[0][g0 + (i >> 1)][2 * (i & 1)] * scale, acc[0][g0 + (i >> 1)][2 * (i & 1) + 1] * scale);
+            const int tok = (g0 + (mi >> 1)) * 8 + tok_in;
+            stmatrix_trans(buf + tok * RB + epi_chunk(tok, warp * 2 + (mi & 1), false) * 16, r);
+        }
+    }
+    warpgroup_sync();
+    const int64_t ncols = swiglu ? p.n / 2 : p.n, col0 = (int64_t)T.ntile * (swiglu ? 128 : 256) + wg * (swiglu ? 32 : 64);
+    __nv_bfloat16 *c = static_cast<__nv_bfloat16 *>(p.c);
+    for (int x = tid; x < T.cnt * CPR; x += 128) {
+        const int tok = x / CPR, ch = x % CPR;
+        const int64_t col = col0 + ch * 8;
+        if (col >= ncols) continue;
+        const unsigned char *src = buf + tok * RB + epi_chunk(tok, ch, swiglu) * 16;
+        __nv_bfloat16 *dst = c + (first + T.t0 + tok) * p.ldc + col;
+        if (col + 8 <= ncols) {
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+        } else { /* the last columns, n % 8 of them */
+            const __nv_bfloat16 *e = reinterpret_cast<const __nv_bfloat16 *>(src);
+            for (int j = 0; j < ncols - col; j++) dst[j] = e[j];
+        }
+    }
+}
+
 template <class C>
 __device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *prefix, unsigned char *stages,
                                            Shared &sh, Ring<C::STAGES> &ring, const uint32_t *lut)
 {
-    constexpr unsigned S = C::STAGES;
     const int total = prefix[p.num_experts], ktiles = ktiles_of<C>(p);
-    const StageLayout L = {true, p.swiglu != 0};
-    unsigned q = 0;
+    const WsOffsets o = ws_offsets<C>(p.swiglu != 0);
+    /* bf16 C rows 16-byte aligned: the results go out through shared memory */
+    const bool staged = !p.out_fp32 && ((uintptr_t)p.c & 15) == 0 && p.ldc % 8 == 0;
+    RingPos<C::STAGES> at;
+    unsigned prev = C::STAGES - 1; /* the slot before at's */
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         int64_t first;
         const Tile T = tile_at<C>(p, prefix, tile, &first);
         group_sync<C, true>(); /* the previous tile's epilogue is done with sh */
         tile_rows<C>(p, T, first, sh);
         group_sync<C, true>();
-        float acc[C::M_TILES][C::GROUPS][4];
+        float acc[1][C::GROUPS][4];
         zero_acc<C>(acc);
-        for (int kt = 0; kt < ktiles; kt++, q++) {
-            const unsigned slot = q % S;
-            mbar_wait(&ring.full[slot], (q / S) & 1);
-            /* the stage before is released once its last MMAs have retired */
-            compute_stage_wg<C, false>(lut, stages + slot * C::STAGE_BYTES, acc, L,
-                                       [&] { release(&ring.empty[(q - 1) % S], kt > 0); });
+        for (int kt = 0; kt < ktiles; kt++, prev = at.slot, at.next()) {
+            mbar_wait(&ring.full[at.slot][0], at.parity); /* the weights too have landed */
+            ws_stage<C>(lut, stages + at.slot * C::STAGE_BYTES, o, ring.full[at.slot], at.parity, &ring.empty[prev],
+                        kt > 0, acc);
         }
         wgmma_wait<0>();
-        release(&ring.empty[(q - 1) % S], ktiles > 0);
-        epilogue<C>(p, sh, T, (T.cnt + 7) / 8, 256.0f / p.g[T.e], acc);
+        const float scale = 256.0f / p.g[T.e];
+        if (staged && ktiles > 0) {
+            ws_epilogue<C>(p, T, first, scale, acc, stages + prev * C::STAGE_BYTES);
+            proxy_fence(); /* the buffer's stores before the copies that next overwrite it */
+            release(&ring.empty[prev], true);
+        } else {
+            release(&ring.empty[prev], ktiles > 0);
+            epilogue<C>(p, sh, T, (T.cnt + 7) / 8, scale, acc);
+        }
     }
 }
 

@@ -43,6 +43,7 @@ typedef struct {
     int swiglu, fp32, special;
     uint64_t seed;
     int gpu_only; /* large enough that blocks take several tiles; its oracle runs on the host */
+    int ldc_pad;  /* ldc = C's columns + this (the columns past them must stay untouched) */
 } case_t;
 
 /* the CUDA passes' suffixes (main: MOEA2A_GEMM_WGMMA unset, then 1, then 0) */
@@ -66,6 +67,13 @@ static const case_t cases[] = {
      * 0), and n and k ending inside a box and inside a 64-k group of scales */
     {"expert-major, SwiGLU, n=512, 12/40 rows", 2, 512, 256, 0, 0, 0, 0, {12, 40}, 1, 0, 0, 9},
     {"expert-major, n=200 and k=288, 20/70 rows", 2, 200, 288, 0, 0, 0, 0, {20, 70}, 0, 0, 0, 10},
+    /* how Hopper's TMA kernel writes C: bf16 rows 16-byte aligned through shared memory
+     * (n % 8 != 0: the last columns one at a time), else each value where it lies */
+    {"expert-major, n=196 and ldc=200, 12/70 rows", 2, 196, 256, 0, 0, 0, 0, {12, 70}, 0, 0, 0, 11, 0, 4},
+    {"expert-major, SwiGLU, n=512, ldc=264, 12/70 rows", 2, 512, 256, 0, 0, 0, 0, {12, 70}, 1, 0, 0, 12, 0, 8},
+    {"expert-major, n=256 and ldc=257 (rows not 16-byte aligned), 12/70 rows", 2, 256, 256, 0, 0, 0, 0, {12, 70}, 0,
+     0, 0, 13, 0, 1},
+    {"expert-major, SwiGLU, n=512, fp32 C, 12/70 rows", 2, 512, 256, 0, 0, 0, 0, {12, 70}, 1, 1, 0, 14},
 };
 
 static float bf16_float(uint16_t h)
@@ -90,7 +98,7 @@ static size_t sf_at(size_t r, size_t kb, size_t kbs)
 typedef struct {
     const case_t *c;
     int64_t rows, crows; /* A rows; C rows */
-    size_t cols, sf_stride;
+    size_t cols, ldc, sf_stride;
     uint16_t *a;
     unsigned char *w, *sf;
     float *g;
@@ -103,6 +111,7 @@ static void build(const case_t *c, data_t *d)
     d->c = c;
     size_t n = c->n, k = c->k, kbs = k / 16;
     d->cols = c->swiglu ? n / 2 : n;
+    d->ldc = d->cols + (size_t)c->ldc_pad;
     d->sf_stride = (n + 127) / 128 * 128 * ((kbs + 3) / 4 * 4);
     uint64_t s = c->seed * 1000003u;
     d->counts = calloc(MAX_E, 4), d->offsets = calloc(MAX_E, 4);
@@ -225,7 +234,7 @@ static moea2a_expert_gemm_t describe(const data_t *d, const void *a, const void 
     x.counts = counts, x.offsets = offsets;
     x.ids = ids, x.slots = c->slots, x.first_expert = c->first_expert;
     x.w = w, x.w_scales = sf, x.w_global = g;
-    x.c = cbuf, x.c_type = c->fp32 ? MOEA2A_FLOAT32 : MOEA2A_BFLOAT16, x.ldc = d->cols;
+    x.c = cbuf, x.c_type = c->fp32 ? MOEA2A_FLOAT32 : MOEA2A_BFLOAT16, x.ldc = d->ldc;
     return x;
 }
 
@@ -243,7 +252,7 @@ static void place(const data_t *d, int cuda, placed_t *p)
     const case_t *c = d->c;
     size_t k = c->k;
     p->cuda = cuda;
-    p->cbytes = d->cols * (c->fp32 ? 4 : 2) * (size_t)d->crows;
+    p->cbytes = d->ldc * (c->fp32 ? 4 : 2) * (size_t)d->crows;
     unsigned char *hc = malloc(p->cbytes);
     memset(hc, SENTINEL, p->cbytes);
     p->a = mem_put(cuda, d->a, 2 * (size_t)d->rows * k);
@@ -272,7 +281,7 @@ static moea2a_expert_gemm_t describe_placed(const data_t *d, const placed_t *p)
 static long verify(const data_t *d, const unsigned char *cc, char *why, size_t why_len)
 {
     const case_t *c = d->c;
-    size_t rb = d->cols * (c->fp32 ? 4 : 2);
+    size_t rb = d->ldc * (c->fp32 ? 4 : 2), used = d->cols * (c->fp32 ? 4 : 2);
     long wrong = 0;
     for (int64_t r = 0; r < d->crows; r++) {
         int e = -1;
@@ -285,6 +294,11 @@ static long verify(const data_t *d, const unsigned char *cc, char *why, size_t w
                 if (r >= d->offsets[x] && r < d->offsets[x] + d->counts[x]) e = x;
         }
         const unsigned char *row = cc + (size_t)r * rb;
+        for (size_t b = used; b < rb; b++) /* past the columns (ldc > cols) */
+            if (row[b] != SENTINEL) {
+                if (!wrong++) snprintf(why, why_len, "row %lld: byte %zu past its columns was written", (long long)r, b);
+                break;
+            }
         if (e < 0) {
             for (size_t b = 0; b < rb; b++)
                 if (row[b] != SENTINEL) {
