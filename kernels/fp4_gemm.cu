@@ -1167,7 +1167,7 @@ __device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *
                                            Shared &sh, Ring<C::STAGES> &ring, const uint32_t *lut)
 {
     const int total = prefix[p.num_experts], ktiles = ktiles_of<C>(p);
-    const WsOffsets o = ws_offsets<C>(p.swiglu != 0);
+    WsOffsets o = ws_offsets<C>(p.swiglu != 0);
     /* bf16 C rows 16-byte aligned: the results go out through shared memory */
     const bool staged = !p.out_fp32 && ((uintptr_t)p.c & 15) == 0 && p.ldc % 8 == 0;
     RingPos<C::STAGES> at;
@@ -1175,13 +1175,19 @@ __device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         int64_t first;
         const Tile T = tile_at<C>(p, prefix, tile, &first);
-        group_sync<C, true>(); /* the previous tile's epilogue is done with sh */
-        tile_rows<C>(p, T, first, sh);
-        group_sync<C, true>();
+        if (!staged) { /* epilogue()'s rows */
+            group_sync<C, true>(); /* the previous tile's epilogue is done with sh */
+            tile_rows<C>(p, T, first, sh);
+            group_sync<C, true>();
+        }
         float acc[1][C::GROUPS][4];
         zero_acc<C>(acc);
         for (int kt = 0; kt < ktiles; kt++, prev = at.slot, at.next()) {
             mbar_wait(&ring.full[at.slot][0], at.parity); /* the weights too have landed */
+            /* opaque to the compiler, so that it keeps the offsets in registers rather than
+             * working them out again at each stage (142.5 -> 139.0 us at 64 rows, 7168 x
+             * 2048: bench/RESULTS.md, session 19) */
+            asm volatile("" : "+r"(o.code), "+r"(o.scale), "+r"(o.dcode), "+r"(o.dscale));
             ws_stage<C>(lut, stages + at.slot * C::STAGE_BYTES, o, ring.full[at.slot], at.parity, &ring.empty[prev],
                         kt > 0, acc);
         }
