@@ -1014,16 +1014,22 @@ template <class C> __device__ __forceinline__ WsOffsets ws_offsets(bool swiglu)
     return o;
 }
 
+/* A stage's own offsets (ws_stage: the slot's base added once): a thread's rows g and
+ * g + 8, codes and scales */
+struct WsStage {
+    uint32_t c0, c1, s0, s1;
+};
+
 template <class C>
-__device__ __forceinline__ void ws_load(const uint32_t *lut, const unsigned char *st, const WsOffsets &o, int piece,
+__device__ __forceinline__ void ws_load(const uint32_t *lut, const unsigned char *stages, const WsStage &o, int piece,
                                         WgPiece<C> &P)
 {
-    const unsigned char *w = st + (o.code ^ (uint32_t)(piece << 4)),
-                        *s = st + o.scale + (piece >> 1) * 512 + 2 * (piece & 1);
-    P.w[0][0] = *reinterpret_cast<const uint32_t *>(w);
-    P.w[0][1] = *reinterpret_cast<const uint32_t *>(w + o.dcode);
-    P.sc[0][0] = lut[s[0]];
-    P.sc[0][1] = lut[s[o.dscale]];
+    /* the slot's base is a multiple of 4 KB: the swizzle bits are the offsets' own */
+    const uint32_t x = (uint32_t)piece << 4, s = (piece >> 1) * 512 + 2 * (piece & 1);
+    P.w[0][0] = *reinterpret_cast<const uint32_t *>(stages + (o.c0 ^ x));
+    P.w[0][1] = *reinterpret_cast<const uint32_t *>(stages + (o.c1 ^ x));
+    P.sc[0][0] = lut[stages[o.s0 + s]];
+    P.sc[0][1] = lut[stages[o.s1 + s]];
 }
 
 /* A consumer thread done with a stage (when `done`): its arrival on the stage's empty
@@ -1045,19 +1051,22 @@ __device__ __forceinline__ void release(uint64_t *empty, bool done)
  * wait retires them, after which `prev` (the stage before, when `release_prev`) is
  * released, so that the tensor pipe does not drain between stages. */
 template <class C>
-__device__ __forceinline__ void ws_stage(const uint32_t *lut, const unsigned char *st, const WsOffsets &o,
+__device__ __forceinline__ void ws_stage(const uint32_t *lut, const unsigned char *stages, uint32_t slot, const WsOffsets &o,
                                          uint64_t (&full)[WS_ATOMS], unsigned parity, uint64_t *prev,
                                          bool release_prev, float (&acc)[1][C::GROUPS][4])
 {
     constexpr int PIECES = 4 * C::KS;
-    const uint64_t b0 = stage_desc<C>(st);
+    static_assert(C::STAGE_BYTES % 4096 == 0, "a slot's base leaves the swizzle bits alone");
+    const uint32_t base = slot * C::STAGE_BYTES;
+    const WsStage so = {base + o.code, base + o.code + o.dcode, base + o.scale, base + o.scale + o.dscale};
+    const uint64_t b0 = stage_desc<C>(stages + base);
     WgPiece<C> P;
-    ws_load<C>(lut, st, o, 0, P);
+    ws_load<C>(lut, stages, so, 0, P);
 #pragma unroll /* every offset an immediate */
     for (int piece = 0; piece < PIECES; piece++) {
         uint32_t af[2][1][4];
         wg_dequant<C>(P, af);
-        if (piece + 1 < PIECES) ws_load<C>(lut, st, o, piece + 1, P);
+        if (piece + 1 < PIECES) ws_load<C>(lut, stages, so, piece + 1, P);
         if (piece > 0 && piece % 2 == 0) mbar_wait(&full[piece / 2], parity);
         wg_mma_piece<C>(acc, af, b0, piece);
         if (piece == 0) release(prev, release_prev);
@@ -1188,7 +1197,7 @@ __device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *
              * working them out again at each stage (142.5 -> 139.0 us at 64 rows, 7168 x
              * 2048: bench/RESULTS.md, session 19) */
             asm volatile("" : "+r"(o.code), "+r"(o.scale), "+r"(o.dcode), "+r"(o.dscale));
-            ws_stage<C>(lut, stages + at.slot * C::STAGE_BYTES, o, ring.full[at.slot], at.parity, &ring.empty[prev],
+            ws_stage<C>(lut, stages, at.slot, o, ring.full[at.slot], at.parity, &ring.empty[prev],
                         kt > 0, acc);
         }
         wgmma_wait<0>();
