@@ -951,10 +951,11 @@ __device__ __forceinline__ void ws_copy(const m2a_kgemm_t &p, const WsMaps &maps
 }
 
 /* The regrouping warps: each stage's tokens once they have landed, an atom at a time,
- * each atom published to the consumers once regrouped (the first piece's MMAs need only
- * the first atom, so the consumers wait for a quarter of the regrouping, not all of it:
- * bench/RESULTS.md, session 19). The items (half atom rows) are dealt in atom order, so a
- * thread arrives on atom a's barrier once it has passed a's last item. */
+ * each atom published to the consumers once regrouped, so that a stage's first MMAs wait
+ * for a quarter of the regrouping rather than all of it (with the consumers' offsets set
+ * once: 270.2 -> 266.5 us at 64 rows, 4096 x 7168, the down projection unchanged;
+ * bench/RESULTS.md, session 19, run 3). The items (half atom rows) are dealt in atom
+ * order, so a thread arrives on atom a's barrier once it has passed a's last item. */
 template <class C>
 __device__ __forceinline__ void ws_regroup(const m2a_kgemm_t &p, const int32_t *prefix, unsigned char *stages,
                                            Ring<C::STAGES> &ring)
@@ -1117,7 +1118,7 @@ __device__ __forceinline__ void ws_epilogue(const m2a_kgemm_t &p, const Tile &T,
     static_assert(C::GROUPS % 4 == 0 || C::GROUPS == 2, "stmatrix.x4: four token groups or two of two columns");
     const bool swiglu = p.swiglu != 0;
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    const int RB = swiglu ? 64 : 128, CPR = RB / 16; /* buffer row bytes, 16-byte chunks */
+    const int CS = swiglu ? 2 : 3, RB = 16 << CS; /* a buffer row's 16-byte chunks (log2), bytes */
     unsigned char *buf = st + wg * 64 * RB;          /* its own weight rows (ws_offsets) */
     warpgroup_sync(); /* every warp of it is past its last reads of those rows */
     /* matrix i of a store: lanes 8i.. name its rows, tokens 8 grp + lane % 8 */
@@ -1156,8 +1157,8 @@ __device__ __forceinline__ void ws_epilogue(const m2a_kgemm_t &p, const Tile &T,
     warpgroup_sync();
     const int64_t ncols = swiglu ? p.n / 2 : p.n, col0 = (int64_t)T.ntile * (swiglu ? 128 : 256) + wg * (swiglu ? 32 : 64);
     __nv_bfloat16 *c = static_cast<__nv_bfloat16 *>(p.c);
-    for (int x = tid; x < T.cnt * CPR; x += 128) {
-        const int tok = x / CPR, ch = x % CPR;
+    for (int x = tid; x < T.cnt << CS; x += 128) {
+        const int tok = x >> CS, ch = x & ((1 << CS) - 1);
         const int64_t col = col0 + ch * 8;
         if (col >= ncols) continue;
         const unsigned char *src = buf + tok * RB + epi_chunk(tok, ch, swiglu) * 16;
