@@ -1025,7 +1025,7 @@ template <class C>
 __device__ __forceinline__ void ws_load(const uint32_t *lut, const unsigned char *stages, const WsStage &o, int piece,
                                         WgPiece<C> &P)
 {
-    /* the slot's base is a multiple of 4 KB: the swizzle bits are the offsets' own */
+    /* the slot's base is a multiple of 128: the swizzle bits (4-6) are the offsets' own */
     const uint32_t x = (uint32_t)piece << 4, s = (piece >> 1) * 512 + 2 * (piece & 1);
     P.w[0][0] = *reinterpret_cast<const uint32_t *>(stages + (o.c0 ^ x));
     P.w[0][1] = *reinterpret_cast<const uint32_t *>(stages + (o.c1 ^ x));
@@ -1057,7 +1057,7 @@ __device__ __forceinline__ void ws_stage(const uint32_t *lut, const unsigned cha
                                          bool release_prev, float (&acc)[1][C::GROUPS][4])
 {
     constexpr int PIECES = 4 * C::KS;
-    static_assert(C::STAGE_BYTES % 4096 == 0, "a slot's base leaves the swizzle bits alone");
+    static_assert(C::STAGE_BYTES % 128 == 0, "a slot's base leaves the swizzle bits (4-6) alone");
     const uint32_t base = slot * C::STAGE_BYTES;
     const WsStage so = {base + o.code, base + o.code + o.dcode, base + o.scale, base + o.scale + o.dscale};
     const uint64_t b0 = stage_desc<C>(stages + base);
