@@ -848,7 +848,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm_kernel(const m
  * pairs) once it has landed, and the four consumer warpgroups only dequantize and
  * multiply. Stages pass through a ring of shared-memory barriers (landed, full, empty),
  * so no warp waits for a copy it issued, the warpgroups run as far ahead as the ring
- * allows, and the next tile's stages stream in while this one's results are written.
+ * allows, and the next tile's stages stream in while this one's results are written
+ * (bf16 ones through each warpgroup's own rows of the tile's last stage: ws_epilogue).
  * With cp.async copies issued by three warps instead, the copies alone took longer than
  * the whole block-synchronous kernel (bench/RESULTS.md, session 18, run 5). */
 constexpr int WS_CONSUMERS = Hopper::THREADS;
