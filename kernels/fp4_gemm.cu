@@ -645,6 +645,9 @@ __device__ __forceinline__ void compute_stage_wg(const uint32_t *lut, const unsi
     for (int mt = 0; mt < C::M_TILES; mt++) wgmma_hold(acc[mt]);
 }
 
+/* SwiGLU of a gate and an up value (both epilogues: one formula, the same bits) */
+__device__ __forceinline__ float silu_times(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
+
 __device__ __forceinline__ void store(const m2a_kgemm_t &p, int64_t crow, int64_t col, float v)
 {
     size_t at = (size_t)crow * (size_t)p.ldc + (size_t)col;
@@ -675,7 +678,7 @@ __device__ __forceinline__ void epilogue(const m2a_kgemm_t &p, const Shared &sh,
                 int64_t j = sh.nrow[r];
                 if (j < 0) continue;
                 float gate = acc[0][grp][d] * scale, up = (MT == 2 ? acc[MT - 1][grp][d] : acc[0][grp][d + 2]) * scale;
-                store(p, crow, j, gate / (1.0f + __expf(-gate)) * up);
+                store(p, crow, j, silu_times(gate, up));
             } else {
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
@@ -1133,13 +1136,8 @@ __device__ __forceinline__ void ws_epilogue(const m2a_kgemm_t &p, const Tile &T,
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int grp = (g0 + i) % C::GROUPS;
-                float v[2];
-#pragma unroll
-                for (int d = 0; d < 2; d++) {
-                    const float gate = acc[0][grp][d] * scale, up = acc[0][grp][d + 2] * scale;
-                    v[d] = gate / (1.0f + __expf(-gate)) * up;
-                }
-                r[i] = bf16_pair(v[0], v[1]);
+                r[i] = bf16_pair(silu_times(acc[0][grp][0] * scale, acc[0][grp][2] * scale),
+                                 silu_times(acc[0][grp][1] * scale, acc[0][grp][3] * scale));
             }
             const int tok = (g0 + mi) % C::GROUPS * 8 + tok_in;
             stmatrix_trans(buf + tok * RB + epi_chunk(tok, warp, true) * 16, r);
