@@ -1047,9 +1047,7 @@ __device__ __forceinline__ void token_rows(const m2a_fast_t &f, const int32_t *s
  * warp; the launch decides, few_units): the units split evenly over the warps, no
  * counter. Each warp then has one or two units, and a unit costs a round trip over
  * NVLink (the counter's grab cost another each): at 128 tokens that was most of the
- * reduce. A kernel of its own (combine_kernel<DT, true>): compiled into the counter's
- * kernel, even unused, it slowed that one by 3-15% at 4096 tokens (H200). 16-byte rows
- * and output only. */
+ * reduce. 16-byte rows and output only. */
 __host__ __device__ inline bool few_units(size_t out_row, int n, int blocks)
 {
     return (unsigned long long)n * ((out_row + kSegSmall - 1) / kSegSmall) <=
@@ -1073,13 +1071,19 @@ __device__ __forceinline__ void combine_few(const m2a_fast_t &f, const int32_t *
     }
 }
 
+/* The combine's three ways to reduce, each compiled into a kernel of its own and chosen
+ * at launch: the code of one way, present in another's kernel even unused, slowed that
+ * kernel's loads. On one H200 at 4096 tokens, 48 SMs: the few-token reduce in the
+ * counter's kernel 139 -> 163 us (session 14); the bulk-copy way's barrier wait written
+ * as a C loop (ca85db8) 139.6 -> 159.5 us. */
+enum CombineWay { kLoads, kFew, kTma };
+
 /* phases as dispatch_kernel's: M2A_FAST_SEND is step 1 and the signal, M2A_FAST_RECV
- * the wait and step 2. */
-template <moea2a_datatype_t DT, bool FEW>
+ * the wait and step 2 (in the way WAY). */
+template <moea2a_datatype_t DT, CombineWay WAY>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
-                                                       unsigned char *__restrict__ out, bool tma, int status,
-                                                       int phases)
+                                                       unsigned char *__restrict__ out, int status, int phases)
 {
     __shared__ uint32_t s_epoch;
     const m2a_kparams_t &p = f.p;
@@ -1146,14 +1150,14 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t out_row = f.hidden * Val<DT>::size;
-    const size_t seg = tma ? tma_seg(D) : kSegC;
+    const size_t seg = WAY == kTma ? tma_seg(D) : kSegC;
     const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const unsigned long long units = (unsigned long long)n * S;
     unsigned long long *next = c.next_cunit + (e & 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
-    if (FEW) { /* few tokens: split evenly, no counter */
+    if constexpr (WAY == kFew) { /* few tokens: split evenly, no counter */
         if (ok) combine_few<DT>(f, send_map, D, stride, row, out_row, n, out);
         PROF_END(1, 2);
         return;
@@ -1162,22 +1166,22 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const unsigned take = units_per_grab(units, G);
     const unsigned long long grabs = (units + take - 1) / take;
     unsigned long long taken = lane == 0 ? atomicAdd(next, 1ull) : 0;
-    if (ok && tma) {
-        combine_tma<DT>(f, c, send_map, D, stride, row, out_row, S, units, take, grabs, next, taken, out);
-        ok = false; /* done */
-    }
-    while (ok) {
-        const unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
-        if (g >= grabs) break;
-        if (lane == 0) taken = atomicAdd(next, 1ull);
-        for (unsigned long long u = g * take; u < (g + 1) * take && u < units; u++) {
-            const int t = (int)(u / S);
-            if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
-                token_rows(f, send_map, t, D, stride, row, &nd, &row_lo, &row_hi);
-                t_prev = t;
+    if constexpr (WAY == kTma) {
+        if (ok) combine_tma<DT>(f, c, send_map, D, stride, row, out_row, S, units, take, grabs, next, taken, out);
+    } else {
+        while (ok) {
+            const unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
+            if (g >= grabs) break;
+            if (lane == 0) taken = atomicAdd(next, 1ull);
+            for (unsigned long long u = g * take; u < (g + 1) * take && u < units; u++) {
+                const int t = (int)(u / S);
+                if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
+                    token_rows(f, send_map, t, D, stride, row, &nd, &row_lo, &row_hi);
+                    t_prev = t;
+                }
+                const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+                reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
             }
-            const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
-            reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
         }
     }
     PROF_END(1, 2);
@@ -1275,17 +1279,19 @@ template <typename K> static int load(K kernel, int e)
     return e ? e : (int)cudaFuncGetAttributes(&a, kernel);
 }
 
+template <moea2a_datatype_t DT> static int load_combine(int e)
+{
+    return load(combine_kernel<DT, kTma>, load(combine_kernel<DT, kFew>, load(combine_kernel<DT, kLoads>, e)));
+}
+
 extern "C" int m2a_fast_load(void)
 {
     int e = load(dispatch_kernel<true>, 0);
     e = load(dispatch_kernel<false>, e);
     e = load(dispatch_kernel<false, true>, e);
-    e = load(combine_kernel<MOEA2A_FLOAT32, false>, e);
-    e = load(combine_kernel<MOEA2A_FLOAT32, true>, e);
-    e = load(combine_kernel<MOEA2A_FLOAT16, false>, e);
-    e = load(combine_kernel<MOEA2A_FLOAT16, true>, e);
-    e = load(combine_kernel<MOEA2A_BFLOAT16, false>, e);
-    e = load(combine_kernel<MOEA2A_BFLOAT16, true>, e);
+    e = load_combine<MOEA2A_FLOAT32>(e);
+    e = load_combine<MOEA2A_FLOAT16>(e);
+    e = load_combine<MOEA2A_BFLOAT16>(e);
     e = load(signal_kernel, e);
     e = load(landing_reduce_kernel<MOEA2A_FLOAT32>, e);
     e = load(landing_reduce_kernel<MOEA2A_FLOAT16>, e);
@@ -1322,11 +1328,11 @@ static bool tma_capable()
     if (!cached[dev]) {
         int major = 0;
         bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT32, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)kTmaSmem) == cudaSuccess &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT16, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)kTmaSmem) == cudaSuccess &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_BFLOAT16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  cudaFuncSetAttribute(combine_kernel<MOEA2A_BFLOAT16, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)kTmaSmem) == cudaSuccess;
         cudaGetLastError();
         cached[dev] = ok ? 1 : -1;
@@ -1334,14 +1340,15 @@ static bool tma_capable()
     return cached[dev] > 0;
 }
 
-template <bool FEW>
-static void launch_combine(const m2a_fast_t *f, int blocks, size_t smem, cudaStream_t s, int n, int stride,
-                           const unsigned char *expert_rows, unsigned char *o, bool tma, int status, int phases)
+template <CombineWay WAY>
+static void launch_combine(const m2a_fast_t *f, int blocks, cudaStream_t s, int n, int stride,
+                           const unsigned char *expert_rows, unsigned char *o, int status, int phases)
 {
+    const size_t smem = WAY == kTma ? kTmaSmem : 0;
     switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, FEW><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
-    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, FEW><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
-    default: combine_kernel<MOEA2A_BFLOAT16, FEW><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, tma, status, phases); break;
+    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
+    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
+    default: combine_kernel<MOEA2A_BFLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
     }
 }
 
@@ -1354,11 +1361,12 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
     const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
     if ((phases & M2A_FAST_RECV) && vec && few_units(out_row, n, blocks)) {
-        launch_combine<true>(f, blocks, 0, s, n, stride, expert_rows, o, false, status, phases);
+        launch_combine<kFew>(f, blocks, s, n, stride, expert_rows, o, status, phases);
+    } else if ((phases & M2A_FAST_RECV) && vec && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() &&
+               D <= kTmaRows && tma_stages(D) >= 2) {
+        launch_combine<kTma>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     } else {
-        const bool tma = (phases & M2A_FAST_RECV) && vec && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() &&
-                         D <= kTmaRows && tma_stages(D) >= 2;
-        launch_combine<false>(f, blocks, tma ? kTmaSmem : 0, s, n, stride, expert_rows, o, tma, status, phases);
+        launch_combine<kLoads>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     }
     return (int)cudaGetLastError();
 }
