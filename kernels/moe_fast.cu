@@ -24,9 +24,9 @@
  *   6. wait for every source; check strides and statuses; sanitize padding slots;
  *      add the block's invalid and merged entries to the stats.
  *  dispatch, few tokens (a kernel of its own): the (token, segment) units are split
- *   evenly over all warps, each warp prefetching its first ones; 1 (the block's own
- *   tokens routed from the same pass over the ids), 2, then 3 for the block's range
- *   with its warps copying their units, 5, 6.
+ *   evenly over all warps; 1 (the block's own tokens routed from the same pass over
+ *   the ids) with 2 waited for by the last warp meanwhile, then 3 for the block's
+ *   range with its warps copying their units, 5, 6.
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
@@ -202,11 +202,29 @@ __device__ __forceinline__ bool invalid_id(const m2a_kparams_t &p, int32_t e)
     return e < 0 || e >= p.num_experts || e == p.invalid_id;
 }
 
+/* Developers' switch for A/B runs (run.sh VARIANTS), 1 by default: the expert -> rank
+ * table copied into shared memory at the dispatch's start (bench/RESULTS.md, session 20). */
+#ifndef M2A_OWNER_SMEM
+#define M2A_OWNER_SMEM 1
+#endif
+/* Experts whose owners a dispatch keeps in shared memory (a byte each: ep <= 64). */
+constexpr int kOwnerSmem = M2A_OWNER_SMEM ? 4096 : 0;
+
+/* Expert e's rank: from the block's copy of the table in shared memory (loaded while
+ * the kernel reads its epoch, so a token's ids are the one round trip to memory that
+ * its count waits for), else from the workspace's table (more than kOwnerSmem experts). */
+struct Owners {
+    const unsigned char *smem;
+    const int32_t *table;
+    __device__ __forceinline__ int operator()(int32_t e) const { return smem ? smem[e] : table[e]; }
+};
+
 /* Bit r set: the token goes to rank r. Counts invalid and merged entries. The ids of a
  * batch are all loaded before any owner, and the owners before any is used: two
  * round trips to memory per 8 entries instead of two per entry (at 8 tokens on one
  * H200 the count took 3.5 us of an 11 us dispatch). */
-__device__ unsigned long long token_mask(const m2a_kparams_t &p, const int32_t *ids, int t, int *inv, int *merged)
+__device__ unsigned long long token_mask(const m2a_kparams_t &p, const Owners &owner, const int32_t *ids, int t,
+                                         int *inv, int *merged)
 {
     constexpr int B = 8;
     unsigned long long mask = 0;
@@ -216,7 +234,7 @@ __device__ unsigned long long token_mask(const m2a_kparams_t &p, const int32_t *
 #pragma unroll
         for (int j = 0; j < B; j++) e[j] = j0 + j < p.k ? row[j0 + j] : p.invalid_id;
 #pragma unroll
-        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e[j]) ? p.owner[e[j]] : -1;
+        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e[j]) ? owner(e[j]) : -1;
 #pragma unroll
         for (int j = 0; j < B; j++) {
             if (j0 + j >= p.k) continue;
@@ -265,6 +283,9 @@ struct Shared {
     unsigned long long pre[T];     /* few tokens: the block's tokens' masks, from the count */
     long long red[kWarps];
     uint32_t epoch;
+    int recv_count[M2A_FAST_MAX_PEERS]; /* rows each source sent here (the receive step) */
+    unsigned long long pending[2];      /* block 0: the invalid and merged entries of every block */
+    unsigned char owner[kOwnerSmem > 0 ? kOwnerSmem : 1]; /* expert -> rank (Owners) */
 };
 
 /* One warp copies len bytes (a segment of a row) to nd destinations: 16-byte vectors
@@ -307,13 +328,21 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 }
 
 /* Developers' switches for A/B runs (run.sh VARIANTS), each 1 by default: the few-token
- * dispatch's prefetch of its units and its single pass over the ids; the zero-copy
- * combine's one signal per launch (bench/RESULTS.md, session 14). */
-#ifndef M2A_DISPATCH_PREFETCH
-#define M2A_DISPATCH_PREFETCH 1
-#endif
+ * dispatch's single pass over the ids; the zero-copy combine's one signal per launch
+ * (bench/RESULTS.md, session 14); the few-token dispatch's gate waited for by its last
+ * warp during the count (session 20); and, 0 by default, a system fence by one thread
+ * before the signals' releases, which are cumulative over the block's barrier and make
+ * it redundant (session 20). Session 14's prefetch of the few-token units into L1 went
+ * in session 20: an acquire load (the gate's) invalidates L1 (CCTL.IVALL), and without
+ * the prefetch 128 tokens took 0.5 us less on one H200. */
 #ifndef M2A_DISPATCH_PRE
 #define M2A_DISPATCH_PRE 1
+#endif
+#ifndef M2A_DISPATCH_EARLY_GATE
+#define M2A_DISPATCH_EARLY_GATE 1
+#endif
+#ifndef M2A_SIGNAL_FENCE
+#define M2A_SIGNAL_FENCE 0
 #endif
 #ifndef M2A_COMBINE_ONE_SIGNAL
 #define M2A_COMBINE_ONE_SIGNAL 1
@@ -380,20 +409,6 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
     });
 }
 
-/* Brings unit u's source bytes into this SM's L1 (one 128-byte line per lane at a
- * time), so that the copy, which can start only once the tokens are routed, finds
- * them there: at a few tokens per block the routing and this load overlap instead of
- * following each other. One warp. */
-__device__ void prefetch_unit(const m2a_kparams_t &p, const m2a_kpayloads_t &pay, unsigned long long u,
-                              uint32_t per_token)
-{
-    const int lane = threadIdx.x & 31;
-    unit_pieces(p, pay, u, per_token, [&](int, const unsigned char *src_row, size_t off, size_t len) {
-        for (size_t i = (size_t)lane * 128; i < len; i += 32 * 128)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(src_row + off + i));
-    });
-}
-
 /* The first of this warp's share of total units, split evenly over every warp of the
  * grid (the next warp's first ends the share). */
 __device__ long long warp_share(long long total, long long gw)
@@ -452,8 +467,8 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
 
 /* ids (sanitized for each destination), weights and the source index of the piece's
  * tokens tl0..tl1-1 (indices in the piece that starts at token first). */
-__device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int first, int tl0, int tl1, const int32_t *ids,
-                           const float *weights)
+__device__ void copy_small(const m2a_fast_t &f, const Shared &s, const Owners &owner, int D, int first, int tl0, int tl1,
+                           const int32_t *ids, const float *weights)
 {
     const m2a_kparams_t &p = f.p;
     const int k = p.k, P = p.num_payloads;
@@ -466,7 +481,7 @@ __device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int firs
         unsigned char *base = f.peer[rank];
         size_t row = (size_t)s.row[slot];
         int32_t e = ids[(size_t)t * k + j];
-        if (f.sanitize && (invalid_id(p, e) || (f.rewrite && p.owner[e] != rank))) e = p.invalid_id;
+        if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(e) != rank))) e = p.invalid_id;
         reinterpret_cast<int32_t *>(base + ids_off)[row * k + j] = e;
         if (p.weights) reinterpret_cast<float *>(base + w_off)[row * k + j] = weights[(size_t)t * k + j];
         if (j == 0) reinterpret_cast<int32_t *>(base + src_off)[row] = t;
@@ -480,8 +495,8 @@ __device__ void copy_small(const m2a_fast_t &f, const Shared &s, int D, int firs
  * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
  * send map, and their invalid and merged entries counted into *inv, *merged; pre: the
  * piece's masks, computed (and those entries counted) already, or NULL. */
-__device__ void route_piece(const m2a_fast_t &f, Shared &s, const int32_t *ids, int first, int ntok, int stride,
-                            int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged,
+__device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner, const int32_t *ids, int first,
+                            int ntok, int stride, int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged,
                             const unsigned long long *pre)
 {
     const m2a_kparams_t &p = f.p;
@@ -490,7 +505,7 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const int32_t *ids, 
     const bool own = tid < ntok && t >= own_lo && t < own_hi;
     int dummy = 0;
     unsigned long long m = 0;
-    if (tid < ntok) m = pre ? pre[tid] : token_mask(p, ids, t, own ? inv : &dummy, own ? merged : &dummy);
+    if (tid < ntok) m = pre ? pre[tid] : token_mask(p, owner, ids, t, own ? inv : &dummy, own ? merged : &dummy);
     for (int r = 0; r < ep; r++) {
         unsigned bal = __ballot_sync(0xffffffffu, (m >> r) & 1);
         if (lane == 0) s.warp_count[warp][r] = __popc(bal);
@@ -572,6 +587,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     bool ok = !failed(f);
     if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_d) + (send ? 1 : 0);
     if (tid < ep) s.base[tid] = 0;
+    const Owners owner = {send && p.num_experts <= kOwnerSmem ? s.owner : nullptr, p.owner};
+    if (owner.smem)
+        for (int i = tid; i < p.num_experts; i += T) s.owner[i] = (unsigned char)p.owner[i];
     __syncthreads();
     const uint32_t e = s.epoch;
     PROF_START(0);
@@ -594,8 +612,12 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         }
         const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
         const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
-        if (M2A_DISPATCH_PREFETCH && small && per_token) /* their source bytes load while the block counts and routes */
-            for (long long u = wu0; u < wu1 && u < wu0 + 2; u++) prefetch_unit(p, pay, (unsigned long long)u, per_token);
+        /* few tokens: step 2 (the gate) by the last warp, which has no tokens to count
+         * below unless the block's range reaches past T - 32, while the others count,
+         * instead of a round trip to memory after the count */
+        const bool early_gate = M2A_DISPATCH_EARLY_GATE && small;
+        if (early_gate && warp == kWarps - 1 && e > 1)
+            for (int r = lane; r < ep && ok; r += 32) ok = wait_for(f, &c.carrive[r], (e - 1) * (uint32_t)G, r, M2A_FAST_AT_GATE);
 
         /* 1. the slots before this block's range, at every destination: every block counts
          * the tokens [0, lo) itself (a warp takes 32 at a time). Replicated, but no block
@@ -611,7 +633,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
                 const int t = t0 + lane;
                 const bool mine = t >= lo && t < top, owned = mine && t >= own_lo && t < own_hi;
                 int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
-                unsigned long long m = t < top ? token_mask(p, ids, t, &ti, &tm) : 0;
+                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm) : 0;
                 if (owned) inv += ti, merged += tm;
                 if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
                 for (int r = 0; r < ep; r++) {
@@ -627,21 +649,21 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             PROF_MARK(0, 0);
         }
         /* 2. every destination's previous combine began */
-        if (tid < ep && e > 1 && ok) ok = wait_for(f, &c.carrive[tid], (e - 1) * (uint32_t)G, tid, M2A_FAST_AT_GATE);
+        if (!early_gate && tid < ep && e > 1 && ok) ok = wait_for(f, &c.carrive[tid], (e - 1) * (uint32_t)G, tid, M2A_FAST_AT_GATE);
         ok = __syncthreads_and(ok);
         PROF_MARK(0, 1);
 
         /* 3. route (and, small, copy) a piece of tokens at a time */
         for (int first = lo; first < hi && ok; first += piece) {
             const int ntok = hi - first < piece ? hi - first : piece;
-            route_piece(f, s, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
+            route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
                         top == hi ? s.pre + (first - lo) : nullptr);
             if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
                 __threadfence();
                 atomicExch(&c.routed[b], e);
             }
             const int c0 = first > own_lo ? first : own_lo, c1 = first + ntok < own_hi ? first + ntok : own_hi;
-            if (c1 > c0) copy_small(f, s, D, first, c0 - first, c1 - first, ids, weights);
+            if (c1 > c0) copy_small(f, s, owner, D, first, c0 - first, c1 - first, ids, weights);
             if (small && per_token) {
                 const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
                 copy_units(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
@@ -672,9 +694,15 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             for (int r = 0; r < ep; r++) sent += s.base[r];
             c.stats[2] = sent;
         }
-        __syncthreads();
-        if (tid == 0) __threadfence_system();
-        __syncthreads();
+        if (M2A_SIGNAL_FENCE) {
+            __syncthreads();
+            if (tid == 0) __threadfence_system();
+            __syncthreads();
+        }
+        /* the release is cumulative: the block's rows, ordered before it by the barrier
+         * after the copies, are visible to a peer that acquires the count (the pattern of
+         * cooperative groups' grid sync: bar.sync, then one thread's fence and atomic;
+         * red.release is that fence and atomic) */
         if (tid < ep && ok && !(phases & M2A_FAST_QUIET)) /* a failed block stays silent */
             add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1);
         PROF_MARK(0, 4);
@@ -684,25 +712,31 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         return;
     }
 
-    /* 6. every source's rows arrived: check its header, then sanitize padding */
+    /* 6. every source's rows arrived: check its header, then sanitize padding. The
+     * source's count is read with its header (one round trip after the arrival, not
+     * two) and kept in shared memory for the sanitize and the stats. */
+    const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
     if (tid < ep && ok) {
         ok = wait_for(f, &c.arrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_ARRIVE);
         if (ok) {
-            int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);
-            int32_t sr = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid]);
+            const int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);
+            const int32_t sr = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid]);
+            s.recv_count[tid] = *reinterpret_cast<const volatile int32_t *>(&counts[tid]);
+            if (b == 0 && tid == me) /* every block of this rank added its sums before its signal */
+                for (int i = 0; i < 2; i++)
+                    s.pending[i] = *reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + i]);
             if (st) ok = fail(f, st, tid, M2A_FAST_AT_HEADER);
             else if (sr != stride) ok = fail(f, kErrMismatch, tid, M2A_FAST_AT_HEADER);
         }
     }
     ok = __syncthreads_and(ok);
     PROF_MARK(0, 5);
-    const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
     int32_t *rids = reinterpret_cast<int32_t *>(ws + p.ws_off[p.num_payloads]);
     int32_t *src_index = reinterpret_cast<int32_t *>(ws + p.ws_off[p.narrays - 1]);
     const size_t slots = (size_t)ep * stride;
     for (size_t slot = (size_t)b * T + tid; slot < slots; slot += (size_t)G * T) {
         int src = (int)(slot / stride), i = (int)(slot % stride);
-        if (ok && i < *reinterpret_cast<const volatile int32_t *>(&counts[src])) continue;
+        if (ok && i < s.recv_count[src]) continue;
         src_index[slot] = -1;
         if (f.sanitize)
             for (int j = 0; j < p.k; j++) rids[slot * p.k + j] = p.invalid_id;
@@ -714,10 +748,10 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
      * but the context is then poisoned for good) */
     if (b == 0 && tid == 0) {
         long long recv = 0;
-        for (int r = 0; r < ep; r++) recv += *reinterpret_cast<const volatile int32_t *>(&counts[r]);
+        for (int r = 0; r < ep; r++) recv += ok ? s.recv_count[r] : *reinterpret_cast<const volatile int32_t *>(&counts[r]);
         c.stats[0] = recv;
-        c.stats[1] = (long long)*reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1)]);
-        c.stats[3] = (long long)*reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + 1]);
+        for (int i = 0; i < 2; i++)
+            c.stats[1 + 2 * i] = (long long)(ok ? s.pending[i] : *reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + i]));
         c.pending[2 * ((e + 1) & 1)] = c.pending[2 * ((e + 1) & 1) + 1] = 0;
         if (send) *c.epoch_d = e;
     }
@@ -1018,27 +1052,35 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     }
 }
 
-/* Token t's rows, ascending rank (D <= 64), at(code) the row of a send map code (rank x
- * cap + slot): row d in lane d (*row_lo) or d - 32 (*row_hi); *nd of them. One warp. */
-template <typename At>
-__device__ __forceinline__ void map_rows(const int32_t *send_map, int k, int t, int D, At at, int *nd,
-                                         const unsigned char **row_lo, const unsigned char **row_hi)
+/* Token t's send map codes (rank x cap + slot, ascending rank, D <= 64, then -1): entry d
+ * in lane d (lo) or d - 32 (hi). One warp. */
+struct MapCodes {
+    int32_t lo, hi;
+};
+__device__ __forceinline__ MapCodes map_codes(const int32_t *send_map, int k, int t, int D)
 {
     const int lane = threadIdx.x & 31;
     const int32_t *map = send_map + (size_t)t * k;
-    const int32_t lo = lane < D ? map[lane] : -1, hi = lane + 32 < D ? map[lane + 32] : -1;
-    *nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-    if (lo >= 0) *row_lo = at(lo);
-    if (hi >= 0) *row_hi = at(hi);
+    return {lane < D ? map[lane] : -1, lane + 32 < D ? map[lane + 32] : -1};
 }
 
-/* Token t's rows in the peers' combine buffers. */
-__device__ __forceinline__ void token_rows(const m2a_fast_t &f, const int32_t *send_map, int t, int D, int stride,
-                                           size_t row, int *nd, const unsigned char **row_lo,
-                                           const unsigned char **row_hi)
+/* The rows of codes m, at(code) the row of a code: row d in lane d (*row_lo) or d - 32
+ * (*row_hi); *nd of them. One warp. */
+template <typename At>
+__device__ __forceinline__ void code_rows(const MapCodes &m, At at, int *nd, const unsigned char **row_lo,
+                                          const unsigned char **row_hi)
+{
+    *nd = __popc(__ballot_sync(0xffffffffu, m.lo >= 0)) + __popc(__ballot_sync(0xffffffffu, m.hi >= 0));
+    if (m.lo >= 0) *row_lo = at(m.lo);
+    if (m.hi >= 0) *row_hi = at(m.hi);
+}
+
+/* The rows of a token's codes m in the peers' combine buffers. */
+__device__ __forceinline__ void token_rows(const m2a_fast_t &f, const MapCodes &m, int stride, size_t row, int *nd,
+                                           const unsigned char **row_lo, const unsigned char **row_hi)
 {
     const m2a_kparams_t &p = f.p;
-    map_rows(send_map, p.k, t, D, [&](int32_t c) {
+    code_rows(m, [&](int32_t c) {
         return (const unsigned char *)(f.peer[c / p.cap] + f.combine + ((size_t)p.me * stride + c % p.cap) * row);
     }, nd, row_lo, row_hi);
 }
@@ -1054,18 +1096,33 @@ __host__ __device__ inline bool few_units(size_t out_row, int n, int blocks)
            (unsigned long long)kSmallUnitsPerWarp * blocks * kWarps;
 }
 
-template <moea2a_datatype_t DT>
-__device__ __forceinline__ void combine_few(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
-                                            size_t out_row, int n, unsigned char *out)
+/* This warp's units [*u0, *u1) of the few-token reduce, and the send map codes of the
+ * first one's token: loaded before the kernel waits for its peers (this rank's dispatch
+ * wrote the map before the launch), so that after the wait the rows are the one round
+ * trip before the sum. */
+__device__ __forceinline__ MapCodes few_first(const int32_t *send_map, int k, int D, size_t out_row, int n,
+                                              long long *u0, long long *u1)
 {
     const uint32_t S = (uint32_t)((out_row + kSegSmall - 1) / kSegSmall);
-    const unsigned long long units = (unsigned long long)n * S;
-    const long long gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    *u0 = warp_share(units, gw), *u1 = warp_share(units, gw + 1);
+    return *u0 < *u1 ? map_codes(send_map, k, (int)(*u0 / S), D) : MapCodes{-1, -1};
+}
+
+template <moea2a_datatype_t DT>
+__device__ __forceinline__ void combine_few(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
+                                            size_t out_row, long long u0, long long u1, MapCodes first,
+                                            unsigned char *out)
+{
+    const uint32_t S = (uint32_t)((out_row + kSegSmall - 1) / kSegSmall);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr;
-    for (long long u = warp_share((long long)units, gw); u < warp_share((long long)units, gw + 1); u++) {
+    for (long long u = u0; u < u1; u++) {
         const int t = (int)(u / S);
-        if (t != t_prev) token_rows(f, send_map, t, D, stride, row, &nd, &row_lo, &row_hi), t_prev = t;
+        if (t != t_prev) {
+            token_rows(f, t_prev < 0 ? first : map_codes(send_map, f.p.k, t, D), stride, row, &nd, &row_lo, &row_hi);
+            t_prev = t;
+        }
         const size_t off = (size_t)(u % S) * kSegSmall, len = out_row - off < kSegSmall ? out_row - off : kSegSmall;
         reduce_unit<DT, (int)(kSegSmall / 16 / 32), 2>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, true);
     }
@@ -1114,11 +1171,11 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
             else ws[f.combine + i] = expert_rows[i];
         }
     }
-    if (copy_in) {
+    if (copy_in && M2A_SIGNAL_FENCE) {
         __syncthreads();
         if (tid == 0) __threadfence_system();
     }
-    ok = __syncthreads_and(ok);
+    ok = __syncthreads_and(ok); /* the rows before the signal's release (cumulative) */
     PROF_MARK(1, 0);
     /* the signal: one per block, or, when the rows were complete before this launch
      * (zero copy), all G from block 0 to the peers, which then need not wait for this
@@ -1134,6 +1191,12 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
         send_done(c.done_c, c.epoch_c, e);
         return;
     }
+    const int D = p.k < ep ? p.k : ep, lane = tid & 31;
+    const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
+    const size_t out_row = f.hidden * Val<DT>::size;
+    long long few_u0 = 0, few_u1 = 0;
+    MapCodes few_codes = {-1, -1};
+    if constexpr (WAY == kFew) few_codes = few_first(send_map, p.k, D, out_row, n, &few_u0, &few_u1);
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     if (tid < ep && ok) { /* 0 since that rank's last dispatch, unless its combine failed its checks (final) */
         const int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);
@@ -1147,9 +1210,6 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     /* 2. (token, segment) units taken from a counter by any warp: SMs that the links
      * serve faster take more, so all end together; a few tokens still spread over
      * every SM */
-    const int D = p.k < ep ? p.k : ep, lane = tid & 31;
-    const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
-    const size_t out_row = f.hidden * Val<DT>::size;
     const size_t seg = WAY == kTma ? tma_seg(D) : kSegC;
     const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
@@ -1158,7 +1218,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
     if constexpr (WAY == kFew) { /* few tokens: split evenly, no counter */
-        if (ok) combine_few<DT>(f, send_map, D, stride, row, out_row, n, out);
+        if (ok) combine_few<DT>(f, send_map, D, stride, row, out_row, few_u0, few_u1, few_codes, out);
         PROF_END(1, 2);
         return;
     }
@@ -1176,7 +1236,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
             for (unsigned long long u = g * take; u < (g + 1) * take && u < units; u++) {
                 const int t = (int)(u / S);
                 if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
-                    token_rows(f, send_map, t, D, stride, row, &nd, &row_lo, &row_hi);
+                    token_rows(f, map_codes(send_map, p.k, t, D), stride, row, &nd, &row_lo, &row_hi);
                     t_prev = t;
                 }
                 const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
@@ -1215,7 +1275,7 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     };
     for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
         const int t = (int)(u / S);
-        if (t != t_prev) map_rows(send_map, p.k, t, D, at, &nd, &row_lo, &row_hi), t_prev = t;
+        if (t != t_prev) code_rows(map_codes(send_map, p.k, t, D), at, &nd, &row_lo, &row_hi), t_prev = t;
         const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
         reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
     }
