@@ -30,10 +30,10 @@
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
- *   2. (token, 1 KB segment) units taken from a counter (few tokens: 2 KB segments
- *      split evenly, in a kernel of its own): each token's rows, read over NVLink in
- *      ascending rank order and summed in fp32 from 0.0f, rounded once: the host
- *      reference's arithmetic.
+ *   2. (token, 2 KB segment) units split evenly over the warps (up to 16 per warp, in a
+ *      kernel of its own), else (token, 1 KB segment) units taken from a counter: each
+ *      token's rows, read over NVLink in ascending rank order and summed in fp32 from
+ *      0.0f, rounded once: the host reference's arithmetic.
  *  variants: copy-engine mode runs the dispatch's send half QUIET, without payload
  *   arrays (steps 1-3 and 5's counts and headers, no rows, no signal); the host copies
  *   the rows, signal_kernel signals, and landing_reduce_kernel sums the combine's rows
@@ -785,13 +785,17 @@ template <> struct Val<MOEA2A_FLOAT16> {
 };
 
 constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
-/* Few tokens (up to kSmallUnitsPerWarp units of kSegSmall bytes per warp): larger
- * units, split evenly, 4 vectors per lane of 2 rows at a time. */
-constexpr size_t kSegSmall = 2048;
-#ifndef M2A_COMBINE_SMALL_UNITS
-#define M2A_COMBINE_SMALL_UNITS 2
+/* Up to kEvenUnitsPerWarp units of kSegEven bytes per warp: larger units, split evenly,
+ * 4 vectors per lane of 2 rows at a time (bench/RESULTS.md, session 20: on one H200,
+ * 48 SMs, the counter's way took 16.4 / 23.0 / 42.0 us at 256 / 512 / 1024 tokens, this
+ * one 11.4 / 15.2 / 27.8; 2048 and 4096 tokens too are faster this way there, 75 -> 47
+ * and 142 -> 85 us, but there two GPUs are bound by the links, whose uneven service the
+ * counter's balance was chosen for: the bound stays at 16 until it is measured there). */
+constexpr size_t kSegEven = 2048;
+#ifndef M2A_COMBINE_EVEN_UNITS
+#define M2A_COMBINE_EVEN_UNITS 16
 #endif
-constexpr int kSmallUnitsPerWarp = M2A_COMBINE_SMALL_UNITS;
+constexpr int kEvenUnitsPerWarp = M2A_COMBINE_EVEN_UNITS;
 
 /* Row d of a token, held by lane d (row_lo) or lane d - 32 (row_hi). */
 __device__ __forceinline__ const unsigned char *row_of(const unsigned char *row_lo, const unsigned char *row_hi, int d)
@@ -1085,36 +1089,36 @@ __device__ __forceinline__ void token_rows(const m2a_fast_t &f, const MapCodes &
     }, nd, row_lo, row_hi);
 }
 
-/* The reduce for few tokens (up to kSmallUnitsPerWarp units of kSegSmall bytes per
- * warp; the launch decides, few_units): the units split evenly over the warps, no
- * counter. Each warp then has one or two units, and a unit costs a round trip over
- * NVLink (the counter's grab cost another each): at 128 tokens that was most of the
- * reduce. 16-byte rows and output only. */
-__host__ __device__ inline bool few_units(size_t out_row, int n, int blocks)
+/* The reduce of up to kEvenUnitsPerWarp units of kSegEven bytes per warp (the launch
+ * decides, even_units): the units split evenly over the warps, no counter. A unit costs
+ * a round trip over NVLink, and the counter's grab cost another each (at 128 tokens that
+ * was most of the reduce); 1 KB units kept too few bytes in flight. 16-byte rows and
+ * output only. */
+__host__ __device__ inline bool even_units(size_t out_row, int n, int blocks)
 {
-    return (unsigned long long)n * ((out_row + kSegSmall - 1) / kSegSmall) <=
-           (unsigned long long)kSmallUnitsPerWarp * blocks * kWarps;
+    return (unsigned long long)n * ((out_row + kSegEven - 1) / kSegEven) <=
+           (unsigned long long)kEvenUnitsPerWarp * blocks * kWarps;
 }
 
-/* This warp's units [*u0, *u1) of the few-token reduce, and the send map codes of the
+/* This warp's units [*u0, *u1) of the even reduce, and the send map codes of the
  * first one's token: loaded before the kernel waits for its peers (this rank's dispatch
  * wrote the map before the launch), so that after the wait the rows are the one round
  * trip before the sum. */
-__device__ __forceinline__ MapCodes few_first(const int32_t *send_map, int k, int D, size_t out_row, int n,
+__device__ __forceinline__ MapCodes even_first(const int32_t *send_map, int k, int D, size_t out_row, int n,
                                               long long *u0, long long *u1)
 {
-    const uint32_t S = (uint32_t)((out_row + kSegSmall - 1) / kSegSmall);
+    const uint32_t S = (uint32_t)((out_row + kSegEven - 1) / kSegEven);
     const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
     *u0 = warp_share(units, gw), *u1 = warp_share(units, gw + 1);
     return *u0 < *u1 ? map_codes(send_map, k, (int)(*u0 / S), D) : MapCodes{-1, -1};
 }
 
 template <moea2a_datatype_t DT>
-__device__ __forceinline__ void combine_few(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
+__device__ __forceinline__ void combine_even(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
                                             size_t out_row, long long u0, long long u1, MapCodes first,
                                             unsigned char *out)
 {
-    const uint32_t S = (uint32_t)((out_row + kSegSmall - 1) / kSegSmall);
+    const uint32_t S = (uint32_t)((out_row + kSegEven - 1) / kSegEven);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr;
     for (long long u = u0; u < u1; u++) {
@@ -1123,17 +1127,17 @@ __device__ __forceinline__ void combine_few(const m2a_fast_t &f, const int32_t *
             token_rows(f, t_prev < 0 ? first : map_codes(send_map, f.p.k, t, D), stride, row, &nd, &row_lo, &row_hi);
             t_prev = t;
         }
-        const size_t off = (size_t)(u % S) * kSegSmall, len = out_row - off < kSegSmall ? out_row - off : kSegSmall;
-        reduce_unit<DT, (int)(kSegSmall / 16 / 32), 2>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, true);
+        const size_t off = (size_t)(u % S) * kSegEven, len = out_row - off < kSegEven ? out_row - off : kSegEven;
+        reduce_unit<DT, (int)(kSegEven / 16 / 32), 2>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, true);
     }
 }
 
 /* The combine's three ways to reduce, each compiled into a kernel of its own and chosen
  * at launch: the code of one way, present in another's kernel even unused, slowed that
- * kernel's loads. On one H200 at 4096 tokens, 48 SMs: the few-token reduce in the
+ * kernel's loads. On one H200 at 4096 tokens, 48 SMs: the even reduce in the
  * counter's kernel 139 -> 163 us (session 14); the bulk-copy way's barrier wait written
  * as a C loop (ca85db8) 139.6 -> 159.5 us. */
-enum CombineWay { kLoads, kFew, kTma };
+enum CombineWay { kLoads, kEven, kTma };
 
 /* phases as dispatch_kernel's: M2A_FAST_SEND is step 1 and the signal, M2A_FAST_RECV
  * the wait and step 2 (in the way WAY). */
@@ -1194,9 +1198,9 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t out_row = f.hidden * Val<DT>::size;
-    long long few_u0 = 0, few_u1 = 0;
-    MapCodes few_codes = {-1, -1};
-    if constexpr (WAY == kFew) few_codes = few_first(send_map, p.k, D, out_row, n, &few_u0, &few_u1);
+    long long even_u0 = 0, even_u1 = 0;
+    MapCodes even_codes = {-1, -1};
+    if constexpr (WAY == kEven) even_codes = even_first(send_map, p.k, D, out_row, n, &even_u0, &even_u1);
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     if (tid < ep && ok) { /* 0 since that rank's last dispatch, unless its combine failed its checks (final) */
         const int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);
@@ -1207,9 +1211,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     if (send && b == 0 && tid == 0) *c.epoch_c = e;
     PROF_MARK(1, 1);
 
-    /* 2. (token, segment) units taken from a counter by any warp: SMs that the links
-     * serve faster take more, so all end together; a few tokens still spread over
-     * every SM */
+    /* 2. (token, segment) units split evenly (kEven), or taken from a counter by any warp:
+     * SMs that the links serve faster take more, so all end together */
     const size_t seg = WAY == kTma ? tma_seg(D) : kSegC;
     const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
@@ -1217,8 +1220,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     unsigned long long *next = c.next_cunit + (e & 1);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
-    if constexpr (WAY == kFew) { /* few tokens: split evenly, no counter */
-        if (ok) combine_few<DT>(f, send_map, D, stride, row, out_row, few_u0, few_u1, few_codes, out);
+    if constexpr (WAY == kEven) {
+        if (ok) combine_even<DT>(f, send_map, D, stride, row, out_row, even_u0, even_u1, even_codes, out);
         PROF_END(1, 2);
         return;
     }
@@ -1341,7 +1344,7 @@ template <typename K> static int load(K kernel, int e)
 
 template <moea2a_datatype_t DT> static int load_combine(int e)
 {
-    return load(combine_kernel<DT, kTma>, load(combine_kernel<DT, kFew>, load(combine_kernel<DT, kLoads>, e)));
+    return load(combine_kernel<DT, kTma>, load(combine_kernel<DT, kEven>, load(combine_kernel<DT, kLoads>, e)));
 }
 
 extern "C" int m2a_fast_load(void)
@@ -1420,8 +1423,8 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
     const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
     const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
-    if ((phases & M2A_FAST_RECV) && vec && few_units(out_row, n, blocks)) {
-        launch_combine<kFew>(f, blocks, s, n, stride, expert_rows, o, status, phases);
+    if ((phases & M2A_FAST_RECV) && vec && even_units(out_row, n, blocks)) {
+        launch_combine<kEven>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     } else if ((phases & M2A_FAST_RECV) && vec && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() &&
                D <= kTmaRows && tma_stages(D) >= 2) {
         launch_combine<kTma>(f, blocks, s, n, stride, expert_rows, o, status, phases);
