@@ -1253,8 +1253,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
 /* Copy-engine mode's sum (its own kernel: nothing waits, every row is in this GPU's
  * memory): each token's rows from this rank's combine buffer (its own slot there) or
  * from the landing area the copy engines filled ([index[rank]][cap][row]), summed by
- * reduce_unit (the load/store combine's arithmetic), 1 KB units split evenly over the
- * warps. */
+ * reduce_unit (the load/store combine's arithmetic), units split evenly over the warps
+ * as in the even reduce (2 KB; 1 KB where rows are not 16-byte aligned). */
 template <moea2a_datatype_t DT>
 __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int n, int stride,
                                                               const unsigned char *__restrict__ landing,
@@ -1267,7 +1267,8 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t row = f.combine_row, out_row = f.hidden * Val<DT>::size;
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && ((uintptr_t)out | (uintptr_t)landing) % 16 == 0;
-    const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
+    const size_t seg = vec ? kSegEven : kSegC; /* the even reduce's units where rows allow */
+    const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
     const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr;
@@ -1279,8 +1280,9 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
         const int t = (int)(u / S);
         if (t != t_prev) code_rows(map_codes(send_map, p.k, t, D), at, &nd, &row_lo, &row_hi), t_prev = t;
-        const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
-        reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
+        const size_t off = (size_t)(u % S) * seg, len = out_row - off < seg ? out_row - off : seg;
+        if (vec) reduce_unit<DT, (int)(kSegEven / 16 / 32), 2>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, true);
+        else reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, false);
     }
 }
 
