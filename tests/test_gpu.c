@@ -126,7 +126,11 @@ static const moea2a_datatype_t comb_types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, 
 
 /* Cases large enough that copy-engine mode cuts its batches over several lanes
  * (MOEA2A_CE_LANES; batches of 4 MiB or more): every rank sends all its tokens,
- * bf16 rows of 6-8 KiB, combine rows of 6 KiB or more. */
+ * bf16 rows of 6-8 KiB, fp32 combine rows of 14-16 KiB (8 segments of 2 KB). On the
+ * load/store path they take the combine's reduce past its even split (moea2a_moe(3):
+ * over 16 segments per warp, 1,800 tokens x 8 at 48 SMs): through the counter at 48
+ * SMs, through bulk copies at 16 and 24, where the random cases' few segments take the
+ * even split. */
 static int large_case = 0;
 
 static moe_case_t make_case(uint64_t seed, int rank, int ep)
@@ -149,7 +153,7 @@ static moe_case_t make_case(uint64_t seed, int rank, int ep)
     int skew = urand(&s, 0, 3) == 0;
     c.rt = urand(&s, 0, 1) ? 0 : m.max_tokens_per_rank;
     if (large_case) {
-        m.max_tokens_per_rank = urand(&s, 900, 1200), m.num_payloads = 2, m.hidden = (size_t)urand(&s, 3072, 3500);
+        m.max_tokens_per_rank = urand(&s, 1800, 2200), m.num_payloads = 2, m.hidden = (size_t)urand(&s, 3600, 4000);
         m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, (size_t)urand(&s, 3072, 4096)};
         m.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT32, (size_t)urand(&s, 1, 64)};
         m.combine_dtype = MOEA2A_FLOAT32, c.rt = 0;
@@ -713,6 +717,7 @@ int main(void)
         if (n > ndev) {
             tap_skip("not enough GPUs", "%d ranks on %d GPUs", n, n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, load/store path", n);
+            tap_skip("not enough GPUs", "MoE on %d GPUs, load/store path, large configs", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode, MOEA2A_CE_LANES=3", n);
@@ -728,6 +733,12 @@ int main(void)
             local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), %s path: %d random configs equal the host reference bit for bit",
                    n, nvlink ? "load/store (NVLink)" : "generic NCCL", a.cases);
+        }
+        { /* the combine's reduce through the counter and through bulk copies */
+            moe_arg_t big = {ndev, quick ? 1 : 3, 333u * (uint64_t)n, 1, 0, 0, 1};
+            local_ranks_run(n, moe_rank, &big, WATCHDOG, &res);
+            tap_ok(res.failed == 0, "MoE on %d GPU(s), load/store path, large configs: %d of 1,800-2,200 tokens at 16 / 24 / "
+                                    "48 SMs equal the host reference bit for bit", n, big.cases);
         }
         { /* the same cases with the rows moved by the copy engines */
             moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + 1, 1, 0, 1};
