@@ -1105,7 +1105,7 @@ __host__ __device__ inline bool even_units(size_t out_row, int n, int blocks)
  * wrote the map before the launch), so that after the wait the rows are the one round
  * trip before the sum. */
 __device__ __forceinline__ MapCodes even_first(const int32_t *send_map, int k, int D, size_t out_row, int n,
-                                              long long *u0, long long *u1)
+                                               long long *u0, long long *u1)
 {
     const uint32_t S = (uint32_t)((out_row + kSegEven - 1) / kSegEven);
     const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -1115,8 +1115,8 @@ __device__ __forceinline__ MapCodes even_first(const int32_t *send_map, int k, i
 
 template <moea2a_datatype_t DT>
 __device__ __forceinline__ void combine_even(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
-                                            size_t out_row, long long u0, long long u1, MapCodes first,
-                                            unsigned char *out)
+                                             size_t out_row, long long u0, long long u1, MapCodes first,
+                                             unsigned char *out)
 {
     const uint32_t S = (uint32_t)((out_row + kSegEven - 1) / kSegEven);
     int t_prev = -1, nd = 0;
