@@ -349,7 +349,17 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 #endif
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
-constexpr int kSmallPerBlock = 4; /* up to this many tokens per block, units are split evenly */
+/* Up to this many tokens per block, the dispatch's units are split evenly over the warps
+ * (no counter). On one H200 (bench/RESULTS.md, session 20, run 15), 48 SMs, 256 / 512 /
+ * 1024 tokens: 4 per block 17.5 / 20.1 / 29.6 us, 16 per block 14.3 / 17.2 / 29.4, 32 per
+ * block 14.4 / 17.2 / 26.7 (results checked, #wrong 0). Not raised yet: the test suite has
+ * not run on such a build, and two GPUs may need the counter's balance across SMs that
+ * the links serve unevenly (session 6: blocks ended up to 6 us apart with a static split
+ * at 4096 tokens), which one GPU cannot show. */
+#ifndef M2A_DISPATCH_SMALL_PER_BLOCK
+#define M2A_DISPATCH_SMALL_PER_BLOCK 4
+#endif
+constexpr int kSmallPerBlock = M2A_DISPATCH_SMALL_PER_BLOCK;
 
 /* The copy units: kSeg-byte segments of a token's payload rows, all byte arrays laid
  * end to end, so that a unit may span arrays. A payload quantized on dispatch carries
