@@ -330,9 +330,10 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 /* Developers' switches for A/B runs (run.sh VARIANTS), each 1 by default: the few-token
  * dispatch's single pass over the ids; the zero-copy combine's one signal per launch
  * (bench/RESULTS.md, session 14); the few-token dispatch's gate waited for by its last
- * warp during the count (session 20); and, 0 by default, a system fence by one thread
- * before the signals' releases, which are cumulative over the block's barrier and make
- * it redundant (session 20). Session 14's prefetch of the few-token units into L1 went
+ * warp during the count (session 20). A system fence by one thread before the signals'
+ * releases went in session 20: the releases are cumulative over the block's barrier, and
+ * without the fence 8 / 128 / 1024 tokens took 12.50 / 13.54 / 29.90 -> 11.84 / 13.26 / 29.46 us
+ * on one H200. Session 14's prefetch of the few-token units into L1 went
  * in session 20: an acquire load (the gate's) invalidates L1 (CCTL.IVALL), and without
  * the prefetch 128 tokens took 0.5 us less on one H200. */
 #ifndef M2A_DISPATCH_PRE
@@ -340,9 +341,6 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 #endif
 #ifndef M2A_DISPATCH_EARLY_GATE
 #define M2A_DISPATCH_EARLY_GATE 1
-#endif
-#ifndef M2A_SIGNAL_FENCE
-#define M2A_SIGNAL_FENCE 0
 #endif
 #ifndef M2A_COMBINE_ONE_SIGNAL
 #define M2A_COMBINE_ONE_SIGNAL 1
@@ -703,11 +701,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             long long sent = 0;
             for (int r = 0; r < ep; r++) sent += s.base[r];
             c.stats[2] = sent;
-        }
-        if (M2A_SIGNAL_FENCE) {
-            __syncthreads();
-            if (tid == 0) __threadfence_system();
-            __syncthreads();
         }
         /* the release is cumulative: the block's rows, ordered before it by the barrier
          * after the copies, are visible to a peer that acquires the count (the pattern of
@@ -1089,15 +1082,16 @@ __device__ __forceinline__ void code_rows(const MapCodes &m, At at, int *nd, con
     if (m.hi >= 0) *row_hi = at(m.hi);
 }
 
-/* The rows of a token's codes m in the peers' combine buffers. */
-__device__ __forceinline__ void token_rows(const m2a_fast_t &f, const MapCodes &m, int stride, size_t row, int *nd,
-                                           const unsigned char **row_lo, const unsigned char **row_hi)
-{
-    const m2a_kparams_t &p = f.p;
-    code_rows(m, [&](int32_t c) {
-        return (const unsigned char *)(f.peer[c / p.cap] + f.combine + ((size_t)p.me * stride + c % p.cap) * row);
-    }, nd, row_lo, row_hi);
-}
+/* The row of a send map code in the peers' combine buffers (this rank's slot there). */
+struct PeerRow {
+    const m2a_fast_t &f;
+    int stride;
+    size_t row;
+    __device__ __forceinline__ const unsigned char *operator()(int32_t c) const
+    {
+        return f.peer[c / f.p.cap] + f.combine + ((size_t)f.p.me * stride + c % f.p.cap) * row;
+    }
+};
 
 /* The reduce of up to kEvenUnitsPerWarp units of kSegEven bytes per warp (the launch
  * decides, even_units): the units split evenly over the warps, no counter. A unit costs
@@ -1123,10 +1117,11 @@ __device__ __forceinline__ MapCodes even_first(const int32_t *send_map, int k, i
     return *u0 < *u1 ? map_codes(send_map, k, (int)(*u0 / S), D) : MapCodes{-1, -1};
 }
 
-template <moea2a_datatype_t DT>
-__device__ __forceinline__ void combine_even(const m2a_fast_t &f, const int32_t *send_map, int D, int stride, size_t row,
-                                             size_t out_row, long long u0, long long u1, MapCodes first,
-                                             unsigned char *out)
+/* The even reduce of this warp's units [u0, u1) (even_first), first the codes of u0's
+ * token, at(code) the row of a code: the combine's kEven way and copy-engine mode's sum. */
+template <moea2a_datatype_t DT, typename At>
+__device__ __forceinline__ void reduce_even(const int32_t *send_map, int k, int D, size_t out_row, long long u0,
+                                            long long u1, MapCodes first, At at, unsigned char *out)
 {
     const uint32_t S = (uint32_t)((out_row + kSegEven - 1) / kSegEven);
     int t_prev = -1, nd = 0;
@@ -1134,7 +1129,7 @@ __device__ __forceinline__ void combine_even(const m2a_fast_t &f, const int32_t 
     for (long long u = u0; u < u1; u++) {
         const int t = (int)(u / S);
         if (t != t_prev) {
-            token_rows(f, t_prev < 0 ? first : map_codes(send_map, f.p.k, t, D), stride, row, &nd, &row_lo, &row_hi);
+            code_rows(t_prev < 0 ? first : map_codes(send_map, k, t, D), at, &nd, &row_lo, &row_hi);
             t_prev = t;
         }
         const size_t off = (size_t)(u % S) * kSegEven, len = out_row - off < kSegEven ? out_row - off : kSegEven;
@@ -1185,10 +1180,6 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
             else ws[f.combine + i] = expert_rows[i];
         }
     }
-    if (copy_in && M2A_SIGNAL_FENCE) {
-        __syncthreads();
-        if (tid == 0) __threadfence_system();
-    }
     ok = __syncthreads_and(ok); /* the rows before the signal's release (cumulative) */
     PROF_MARK(1, 0);
     /* the signal: one per block, or, when the rows were complete before this launch
@@ -1228,10 +1219,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const unsigned long long units = (unsigned long long)n * S;
     unsigned long long *next = c.next_cunit + (e & 1);
-    int t_prev = -1, nd = 0;
-    const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
     if constexpr (WAY == kEven) {
-        if (ok) combine_even<DT>(f, send_map, D, stride, row, out_row, even_u0, even_u1, even_codes, out);
+        if (ok) reduce_even<DT>(send_map, p.k, D, out_row, even_u0, even_u1, even_codes, PeerRow{f, stride, row}, out);
         PROF_END(1, 2);
         return;
     }
@@ -1242,6 +1231,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     if constexpr (WAY == kTma) {
         if (ok) combine_tma<DT>(f, c, send_map, D, stride, row, out_row, S, units, take, grabs, next, taken, out);
     } else {
+        int t_prev = -1, nd = 0;
+        const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
         while (ok) {
             const unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
             if (g >= grabs) break;
@@ -1249,7 +1240,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
             for (unsigned long long u = g * take; u < (g + 1) * take && u < units; u++) {
                 const int t = (int)(u / S);
                 if (t != t_prev) { /* the token's rows, ascending rank (D <= 64) */
-                    token_rows(f, map_codes(send_map, p.k, t, D), stride, row, &nd, &row_lo, &row_hi);
+                    code_rows(map_codes(send_map, p.k, t, D), PeerRow{f, stride, row}, &nd, &row_lo, &row_hi);
                     t_prev = t;
                 }
                 const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
@@ -1263,8 +1254,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
 /* Copy-engine mode's sum (its own kernel: nothing waits, every row is in this GPU's
  * memory): each token's rows from this rank's combine buffer (its own slot there) or
  * from the landing area the copy engines filled ([index[rank]][cap][row]), summed by
- * reduce_unit (the load/store combine's arithmetic), units split evenly over the warps
- * as in the even reduce (2 KB; 1 KB where rows are not 16-byte aligned). */
+ * reduce_unit (the load/store combine's arithmetic): the even reduce (reduce_even), or
+ * 1 KB units split evenly where rows are not 16-byte aligned. */
 template <moea2a_datatype_t DT>
 __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int n, int stride,
                                                               const unsigned char *__restrict__ landing,
@@ -1277,22 +1268,26 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t row = f.combine_row, out_row = f.hidden * Val<DT>::size;
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && ((uintptr_t)out | (uintptr_t)landing) % 16 == 0;
-    const size_t seg = vec ? kSegEven : kSegC; /* the even reduce's units where rows allow */
-    const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
-    const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
-    int t_prev = -1, nd = 0;
-    const unsigned char *row_lo = nullptr, *row_hi = nullptr;
     auto at = [&](int32_t code) -> const unsigned char * {
         const int rank = code / p.cap, slot = code % p.cap;
         return rank == p.me ? ws + f.combine + ((size_t)p.me * stride + slot) * row
                             : landing + ((size_t)index[rank] * p.cap + slot) * row;
     };
+    if (vec) {
+        long long u0, u1;
+        const MapCodes first = even_first(send_map, p.k, D, out_row, n, &u0, &u1);
+        reduce_even<DT>(send_map, p.k, D, out_row, u0, u1, first, at, out);
+        return;
+    }
+    const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
+    const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    int t_prev = -1, nd = 0;
+    const unsigned char *row_lo = nullptr, *row_hi = nullptr;
     for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
         const int t = (int)(u / S);
         if (t != t_prev) code_rows(map_codes(send_map, p.k, t, D), at, &nd, &row_lo, &row_hi), t_prev = t;
-        const size_t off = (size_t)(u % S) * seg, len = out_row - off < seg ? out_row - off : seg;
-        if (vec) reduce_unit<DT, (int)(kSegEven / 16 / 32), 2>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, true);
-        else reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, false);
+        const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+        reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, false);
     }
 }
 
