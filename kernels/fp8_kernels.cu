@@ -1,22 +1,21 @@
 /* FP8 block quantization kernels: one thread per 16 consecutive values of a row (32
  * or 64 bytes in, 16 bytes of codes out), eight threads per block of 128. They give
- * the bits of the host reference (lib/fp8_math.h) by cheaper means: the amax from the
- * values' bits (|x| orders like its bit pattern), the hardware E4M3 and 16-bit
- * conversions (round to nearest even, saturating: the reference's rounding), NaN
- * results in the reference's canonical pattern. tests/test_gpu.c compares the bits. */
+ * the bits of the host reference (lib/fp8_math.h) with the arithmetic of
+ * fp8_device.cuh, and the hardware 16-bit conversions for dequantized values (NaN
+ * results in the reference's canonical pattern). tests/test_gpu.c compares the bits. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "fp8_device.cuh"
 #include "fp8_kernels.h"
-#include "fp8_math.h"
 
 namespace {
 
 /* Values [N x group, N x group + N) of x (N = 8 or 16: whole 16-byte vectors, x
- * 16-byte aligned) as fp32 into v; returns the fp32 bits of their largest magnitude (at or above the infinity pattern: a
- * non-finite value). live == false: zeros, nothing read. */
+ * 16-byte aligned) as fp32 into v; returns the fp32 bits of their largest magnitude (at
+ * or above the infinity pattern: a non-finite value). live == false: zeros, nothing read. */
 template <moea2a_datatype_t T, int N>
 __device__ __forceinline__ uint32_t m2a_fp8_load(const void *x, size_t group, bool live, float *v)
 {
@@ -25,43 +24,7 @@ __device__ __forceinline__ uint32_t m2a_fp8_load(const void *x, size_t group, bo
     uint4 raw[NV];
 #pragma unroll
     for (int c = 0; c < NV; c++) raw[c] = live ? __ldcs(src + c) : make_uint4(0, 0, 0, 0);
-    uint32_t am = 0, m = 0;
-#pragma unroll
-    for (int c = 0; c < NV; c++) {
-        const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (T == MOEA2A_FLOAT32) {
-                v[4 * c + i] = __uint_as_float(w[i]), am = max(am, w[i] & 0x7fffffffu);
-            } else if (T == MOEA2A_BFLOAT16) {
-                m = __vmaxu2(m, w[i] & 0x7fff7fffu);
-                v[8 * c + 2 * i] = __uint_as_float(w[i] << 16), v[8 * c + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-            } else { /* exact widening; a NaN's payload does not matter (its block's codes are 0) */
-                m = __vmaxu2(m, w[i] & 0x7fff7fffu);
-                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-                v[8 * c + 2 * i] = f.x, v[8 * c + 2 * i + 1] = f.y;
-            }
-        }
-    }
-    if (T == MOEA2A_FLOAT32) return am;
-    const uint32_t a16 = max(m & 0xffffu, m >> 16);
-    if (T == MOEA2A_BFLOAT16) return a16 << 16;
-    return a16 >= 0x7c00u ? 0x7f800000u | (a16 & 0x3ffu) << 13
-                          : __float_as_uint(__half2float(__ushort_as_half((unsigned short)a16)));
-}
-
-/* N codes (N / 4 little-endian words) of v x mul, or zeros for a non-finite block. */
-template <int N> __device__ __forceinline__ void m2a_fp8_encode(const float *v, float mul, bool finite, uint32_t *w)
-{
-#pragma unroll
-    for (int i = 0; i < N / 4; i++) w[i] = 0;
-    if (!finite) return;
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) {
-        const __nv_fp8x2_storage_t c =
-            __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * mul, v[2 * i + 1] * mul), __NV_SATFINITE, __NV_E4M3);
-        w[i / 2] |= (uint32_t)c << (16 * (i % 2));
-    }
+    return m2a_fp8_unpack<T, NV>(raw, v);
 }
 
 constexpr int kThreads = 256;

@@ -47,6 +47,7 @@
 #endif
 
 #include "convert.h"
+#include "fp8_device.cuh"
 #include "mbarrier.cuh"
 #include "moe_fast.h"
 
@@ -374,12 +375,11 @@ __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
     return (uint32_t)((bytes + kSeg - 1) / kSeg);
 }
 
-/* Calls piece(a, src, off, len) for each payload array a that unit u (token u /
- * per_token, the bytes [lo, lo + kSeg) of its arrays end to end) overlaps: src is the
- * token's row of a, [off, off + len) the unit's bytes of that row. */
+/* Calls piece(a, t, off, len) for each payload array a that unit u (token t = u /
+ * per_token, the bytes [lo, lo + kSeg) of its arrays end to end) overlaps: [off, off +
+ * len) the unit's bytes of the token's row of a. */
 template <typename Piece>
-__device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, const m2a_kpayloads_t &pay, unsigned long long u,
-                                            uint32_t per_token, Piece piece)
+__device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, unsigned long long u, uint32_t per_token, Piece piece)
 {
     const int t = (int)(u / per_token);
     const size_t lo = (size_t)(u % per_token) * kSeg, hi = lo + kSeg;
@@ -388,21 +388,128 @@ __device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, const m2a_kp
         const size_t width = p.width[a];
         if (start + width <= lo) continue;
         const size_t off = lo > start ? lo - start : 0, len = (start + width < hi ? start + width : hi) - start - off;
-        piece(a, static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width, off, len);
+        piece(a, t, off, len);
+    }
+}
+
+/* How the rows of payloads sent quantized come to be: by the standalone kernels before
+ * the launch (or none is quantized), by them alongside the dispatch kernel (each chunk
+ * of tokens waited for, f.qrows), or inside the dispatch's copies (f.qfuse). */
+enum QuantWay { kBefore, kAlongside, kInCopy };
+
+/* The largest of each lane's a[0..7] over the 16 lanes of its half-warp, transposed:
+ * lane q of a half (q = lane % 16) returns that of a[q / 2]. Each butterfly step
+ * trades half of the values still held, so 4 + 2 + 1 + 1 shuffles do the work of 8 x 4. */
+__device__ __forceinline__ uint32_t half_max_transposed(const uint32_t *a, int lane)
+{
+    const bool b3 = lane & 8, b2 = lane & 4, b1 = lane & 2;
+    uint32_t x[4], y[2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) x[i] = max(b3 ? a[i + 4] : a[i], __shfl_xor_sync(0xffffffffu, b3 ? a[i] : a[i + 4], 8));
+#pragma unroll
+    for (int i = 0; i < 2; i++) y[i] = max(b2 ? x[i + 2] : x[i], __shfl_xor_sync(0xffffffffu, b2 ? x[i] : x[i + 2], 4));
+    uint32_t z = max(b1 ? y[1] : y[0], __shfl_xor_sync(0xffffffffu, b1 ? y[0] : y[1], 2));
+    return max(z, __shfl_xor_sync(0xffffffffu, z, 1));
+}
+
+/* FP8 quantized inside the copies (m2a_fast_t.qfuse): the codes [off, off + len) of a
+ * token's row of array a (whole 128-value blocks; off a multiple of 512, so that UE8M0
+ * scale words are whole) from its 16-bit row src (2 bytes per code), stored with their
+ * row-major scales (array a + 1) at nd destinations by one warp: each token is read
+ * and quantized once, whatever its destinations. The arithmetic of the standalone
+ * quantize kernel (fp8_device.cuh), so the same bits. A pass is 8 16-byte vectors per
+ * lane in flight, 16 blocks of 128 values (block 2u + h: vector u of half-warp h);
+ * each block's amax is reduced into one lane pair (half_max_transposed), which alone
+ * computes its scale (the divisions cost more than the rest of the arithmetic when
+ * every lane made every scale: 4096 tokens on one H200 took 116 against 93 us without
+ * them) and stores it, and hands the multiplier back to its 16 lanes. */
+template <moea2a_datatype_t SRC, typename Dest>
+__device__ void quantize_piece(const m2a_fast_t &f, int a, const unsigned char *src, size_t off, size_t len, bool ue8m0,
+                               int nd, Dest dest)
+{
+    const m2a_kparams_t &p = f.p;
+    constexpr int U = 8;
+    const int lane = threadIdx.x & 31, h = lane >> 4, C = (int)(len / 8); /* source vectors of 8 values */
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(src + 2 * off);
+    const size_t kb0 = off / M2A_FP8_BLOCK;
+    for (int v0 = 0; v0 < C; v0 += 32 * U) { /* warp-uniform: every lane shuffles */
+        const int i0 = v0 + lane;
+        uint4 raw[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) raw[u] = i0 + 32 * u < C ? __ldg(s4 + i0 + 32 * u) : make_uint4(0, 0, 0, 0);
+        uint32_t am[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float v[8]; /* unused here: the compiler drops it */
+            am[u] = m2a_fp8_unpack<SRC, 1>(&raw[u], v);
+        }
+        /* this lane's block: vector u = (lane % 16) / 2 of half h, the lane pair's */
+        const uint32_t bam = half_max_transposed(am, lane);
+        const bool blive = v0 + 32 * ((lane & 15) >> 1) + 16 * h < C;
+        float bmul; /* 0 for a non-finite block (finite ones get at least 448 / FLT_MAX) */
+        const uint32_t sc = m2a_fp8_scale(__uint_as_float(bam), bam < 0x7f800000u, ue8m0, &bmul);
+        uint2 code[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const float mul = __shfl_sync(0xffffffffu, bmul, 16 * h + 2 * u);
+            float v[8];
+            m2a_fp8_unpack<SRC, 1>(&raw[u], v);
+            uint32_t w[2];
+            m2a_fp8_encode<8>(v, mul, mul != 0.0f, w);
+            code[u] = make_uint2(w[0], w[1]);
+        }
+        /* UE8M0: blocks 4j..4j+3 of the pass (lanes 4j, 16 + 4j, 4j + 2, 18 + 4j) make word j,
+         * packed by lane 4j; bytes of blocks past the row's end 0 */
+        uint32_t word = 0;
+        if (ue8m0) {
+            const int from[4] = {0, 16, 2, 18};
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const uint32_t byte = __shfl_sync(0xffffffffu, sc, (lane + from[b]) & 31);
+                if (v0 + 64 * (lane >> 2) + 16 * b < C) word |= byte << (8 * b);
+            }
+        }
+        const size_t kb = kb0 + (size_t)(v0 / 16); /* the pass's first block */
+        for (int d = 0; d < nd; d++) {
+            int rank;
+            size_t row;
+            dest(d, &rank, &row);
+            unsigned char *base = f.peer[rank];
+            uint2 *dc = reinterpret_cast<uint2 *>(base + p.ws_off[a] + row * p.width[a] + off);
+            uint32_t *ds = reinterpret_cast<uint32_t *>(base + p.ws_off[a + 1] + row * p.width[a + 1]);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + 32 * u < C) dc[i0 + 32 * u] = code[u];
+            if (ue8m0) {
+                if (lane < 16 && (lane & 3) == 0 && v0 + 64 * (lane >> 2) < C) ds[kb / 4 + (lane >> 2)] = word;
+            } else if ((lane & 1) == 0 && blive) {
+                ds[kb + 2 * ((lane & 15) >> 1) + h] = sc;
+            }
+        }
     }
 }
 
 /* Copies unit u to the token's nd destinations, kDst at a time; dest(d, &rank, &row)
  * gives destination d's rank and receive row. One warp, warp-uniform arguments. CG:
  * loads through L2 only (the source rows are being written while the kernel runs: the
- * read-only path may keep a stale line of a neighbour's scales). */
-template <bool CG = false, typename Dest>
+ * read-only path may keep a stale line of a neighbour's scales). FUSE: the arrays of
+ * f.qfuse are quantized here (quantize_piece), their scale arrays written with them. */
+template <bool CG = false, bool FUSE = false, typename Dest>
 __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
                           int nd, Dest dest)
 {
     const m2a_kparams_t &p = f.p;
-    unit_pieces(p, pay, u, per_token, [&](int a, const unsigned char *src_row, size_t off, size_t len) {
+    unit_pieces(p, u, per_token, [&](int a, int t, size_t off, size_t len) {
         const size_t width = p.width[a];
+        const unsigned char *src_row = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width;
+        if (FUSE && ((f.qfuse >> a) & 1)) {
+            const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * 2 * width;
+            const bool ue8m0 = (f.qfuse_ue8m0 >> a) & 1;
+            if ((f.qfuse_f16 >> a) & 1) quantize_piece<MOEA2A_FLOAT16>(f, a, src, off, len, ue8m0, nd, dest);
+            else quantize_piece<MOEA2A_BFLOAT16>(f, a, src, off, len, ue8m0, nd, dest);
+            return;
+        }
+        if (FUSE && a > 0 && ((f.qfuse >> (a - 1)) & 1)) return; /* scales: written with their codes */
         for (int d0 = 0; d0 < nd; d0 += kDst) {
             unsigned char *dst[kDst];
             const int m = nd - d0 < kDst ? nd - d0 : kDst;
@@ -428,10 +535,9 @@ __device__ long long warp_share(long long total, long long gw)
  * take from a counter: an SM that the links serve faster takes more units, so all
  * blocks end at about the same time (a static split left the links idle while the
  * slowest blocks finished), and a few tokens still spread over every SM. A token's
- * slots come from its send map, written by the block that routed it. QUANT: the rows
- * are being quantized by a kernel running alongside; a token's chunk is waited for
- * (f.qrows). */
-template <bool QUANT>
+ * slots come from its send map, written by the block that routed it. Q: how payloads
+ * sent quantized become their rows (QuantWay). */
+template <QuantWay Q>
 __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, const Ctl &c, const m2a_kpayloads_t &pay,
                               int n, int stride, const int32_t *send_map, uint32_t e, int G)
 {
@@ -440,7 +546,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
     const uint32_t per_token = segments_per_token(p);
     const unsigned long long units = (unsigned long long)n * per_token;
     int ready = -1;  /* the last block whose send map this warp saw complete */
-    int quantized = -1; /* QUANT: the last chunk this warp saw quantized */
+    int quantized = -1; /* kAlongside: the last chunk this warp saw quantized */
     for (;;) {
         unsigned long long u = 0;
         if (lane == 0) u = atomicAdd(next, 1ull);
@@ -454,7 +560,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
             if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
             ready = owner;
         }
-        if (QUANT && t / f.qrows != quantized) {
+        if (Q == kAlongside && t / f.qrows != quantized) {
             const int q = t / f.qrows, rows = n - q * f.qrows < f.qrows ? n - q * f.qrows : f.qrows;
             bool ok = true;
             if (lane == 0) ok = wait_for(f, c.qready + q, (uint32_t)rows * f.qgroups, p.me, M2A_FAST_AT_QUANTIZE);
@@ -466,7 +572,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
         const int32_t *map = send_map + (size_t)t * p.k;
         const int32_t lo = lane < D ? __ldcg(map + lane) : -1, hi = lane + 32 < D ? __ldcg(map + lane + 32) : -1;
         const int nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-        copy_unit<QUANT>(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
+        copy_unit<Q == kAlongside, Q == kInCopy>(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
             const int32_t cd = d < 32 ? __shfl_sync(0xffffffffu, lo, d) : __shfl_sync(0xffffffffu, hi, d - 32);
             *rank = cd / p.cap, *row = (size_t)p.me * stride + cd % p.cap;
         });
@@ -557,13 +663,14 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner,
 
 /* Copies the units [u0, u1) (token-major, per_token per token) of the routed piece
  * that starts at token first: one warp, slots from shared memory. */
+template <bool FUSE>
 __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayloads_t &pay, long long u0, long long u1,
                            uint32_t per_token, int first)
 {
     const int D = f.p.k < f.p.ep ? f.p.k : f.p.ep;
     for (long long u = u0; u < u1; u++) {
         const int tl = (int)(u / per_token) - first;
-        copy_unit(f, pay, (unsigned long long)u, per_token, s.nd[tl], [&](int d, int *rank, size_t *row) {
+        copy_unit<false, FUSE>(f, pay, (unsigned long long)u, per_token, s.nd[tl], [&](int d, int *rank, size_t *row) {
             *rank = s.rank[tl * D + d], *row = (size_t)s.row[tl * D + d];
         });
     }
@@ -581,7 +688,7 @@ __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayl
  * phases: M2A_FAST_SEND (steps 1-5), M2A_FAST_RECV (6) or both. A send-only launch
  * moves the epoch on when its last block ends; the receive-only launch that follows it
  * on the stream uses that epoch. */
-template <bool SMALL, bool QUANT = false>
+template <bool SMALL, QuantWay Q = kBefore>
 __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights, int phases)
 {
@@ -674,14 +781,14 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             if (c1 > c0) copy_small(f, s, owner, D, first, c0 - first, c1 - first, ids, weights);
             if (small && per_token) {
                 const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
-                copy_units(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
+                copy_units<Q == kInCopy>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
             }
             __syncthreads();
         }
         if (!small) { /* any warp may now copy the rows of tokens whose chunk is routed */
             if (tid == 0 && ok && lo == hi) atomicExch(&c.routed[b], e); /* an empty chunk */
             PROF_MARK(0, 2);
-            if (ok) ok = copy_payloads<QUANT>(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
+            if (ok) ok = copy_payloads<Q>(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
         }
         const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
         if (tid == 0 && ok) { /* before the signal: the stats take the sum once every block signalled */
@@ -1333,9 +1440,13 @@ extern "C" void m2a_fast_profile_report(int rank)
 extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                                  const int32_t *ids, const float *weights, int phases, void *stream)
 {
-    if (f->qrows > 0 && !status && n > kSmallPerBlock * blocks) /* the rows are quantized alongside */
-        dispatch_kernel<false, true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
-    else if ((status ? 0 : n) <= kSmallPerBlock * blocks)
+    const bool small = (status ? 0 : n) <= kSmallPerBlock * blocks;
+    if (f->qfuse && !status) /* FP8 quantized inside the copies */
+        (small ? dispatch_kernel<true, kInCopy> : dispatch_kernel<false, kInCopy>)<<<blocks, T, 0, (cudaStream_t)stream>>>(
+            *f, n, stride, status, payloads, ids, weights, phases);
+    else if (f->qrows > 0 && !status && !small) /* the rows are quantized alongside */
+        dispatch_kernel<false, kAlongside><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+    else if (small)
         dispatch_kernel<true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     else
         dispatch_kernel<false><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
@@ -1358,7 +1469,9 @@ extern "C" int m2a_fast_load(void)
 {
     int e = load(dispatch_kernel<true>, 0);
     e = load(dispatch_kernel<false>, e);
-    e = load(dispatch_kernel<false, true>, e);
+    e = load(dispatch_kernel<false, kAlongside>, e);
+    e = load(dispatch_kernel<true, kInCopy>, e);
+    e = load(dispatch_kernel<false, kInCopy>, e);
     e = load_combine<MOEA2A_FLOAT32>(e);
     e = load_combine<MOEA2A_FLOAT16>(e);
     e = load_combine<MOEA2A_BFLOAT16>(e);

@@ -63,6 +63,13 @@ typedef struct {
      * counter c at M2A_FAST_CTL_QREADY holds its rows x qgroups */
     int qrows;
     uint32_t qgroups;
+    /* FP8 quantized inside the dispatch's copies (0: none). Bit a: byte array a holds
+     * FP8 codes (a whole number of 128-value blocks per row, starting a multiple of 512
+     * bytes into a token's arrays laid end to end) that the kernel makes from the
+     * 16-bit rows at payloads.p[a] (2 bytes per code, 16-byte aligned), writing their
+     * row-major scales into array a + 1; qfuse_ue8m0: UE8M0 scales; qfuse_f16: fp16
+     * rows (else bf16). */
+    uint32_t qfuse, qfuse_ue8m0, qfuse_f16;
     unsigned long long timeout_ns;
     m2a_fast_error_t *err;      /* device memory: the record the kernels race for */
     m2a_fast_error_t *host_err; /* mapped pinned memory: the copy the host reads */

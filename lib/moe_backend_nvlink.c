@@ -48,6 +48,11 @@ typedef struct {
     /* quantize on dispatch alongside the dispatch kernel (FP8 payloads; NULL: never):
      * the context's stream, and the events that fork it from the caller's and join back */
     void *qstream, *fork, *join;
+    /* quantize on dispatch inside the dispatch's copies: the payloads it applies to
+     * (bit i: payload i), and the kernels' view of them (m2a_fast_t.qfuse...), set in
+     * the parameters of a call that sends */
+    unsigned in_copy;
+    uint32_t qfuse, qfuse_ue8m0, qfuse_f16;
     int sms; /* the GPU's */
 } fast_state_t;
 
@@ -226,7 +231,7 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
 static int quant_alongside(const moea2a_moe_t moe, int n, int phases, const void *const *payloads)
 {
     const fast_state_t *st = moe->state;
-    if (!st->qstream || st->ce || !(phases & M2A_FAST_SEND) || !payloads || n <= 4 * st->blocks) return 0;
+    if (!st->qstream || st->in_copy || st->ce || !(phases & M2A_FAST_SEND) || !payloads || n <= 4 * st->blocks) return 0;
     return st->sms - st->blocks >= 8;
 }
 
@@ -265,6 +270,32 @@ static void quant_stream_open(moea2a_moe_t moe)
     }
 }
 
+/* Quantize on dispatch inside the dispatch's copies, decided at create where
+ * MOEA2A_QUANT_IN_COPY allows: each FP8 payload from bf16 or fp16 rows whose codes
+ * start a multiple of 512 bytes into a token's arrays laid end to end (so the kernel's
+ * units hold whole UE8M0 scale words; the first payload always does). Not in
+ * copy-engine mode, where the copy engines move the rows. The rows' 16-byte alignment
+ * the kernel needs is checked for every payload quantized on dispatch (moe.c). */
+static void quant_in_copy_open(moea2a_moe_t moe)
+{
+    fast_state_t *st = moe->state;
+    const m2a_moe_layout_t *l = &moe->l;
+    long on = 0;
+    if (st->ce || m2a_param_int(moe->comm, "MOEA2A_QUANT_IN_COPY", &on) != MOEA2A_SUCCESS || !on) return;
+    size_t start = 0; /* of array a in the concatenation, each array 16-byte aligned in it */
+    for (int a = 0; a < l->narrays && l->array[a].kind <= M2A_ARR_GLOBAL; /* the byte arrays come first */ start += (l->array[a].width + 15) / 16 * 16, a++) {
+        const int i = l->array[a].payload;
+        const moea2a_datatype_t t = moe->cfg.payloads[i].dtype;
+        if (l->array[a].kind != M2A_ARR_PAYLOAD || moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 || start % 512 ||
+            (t != MOEA2A_BFLOAT16 && t != MOEA2A_FLOAT16))
+            continue;
+        st->in_copy |= 1u << i, st->qfuse |= 1u << a;
+        if (moe->cfg.wire[i].flags & MOEA2A_FP8_UE8M0) st->qfuse_ue8m0 |= 1u << a;
+        if (t == MOEA2A_FLOAT16) st->qfuse_f16 |= 1u << a;
+    }
+    if (st->in_copy) M2A_INFO(M2A_SUBSYS_MOE, "quantize on dispatch: FP8 payloads 0x%x inside the dispatch's copies", st->in_copy);
+}
+
 /* Copy-engine mode's send half: the routing launch, its error record once the host
  * has waited for it, then the rows and the signal. */
 static moea2a_result_t ce_send(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights, m2a_kpayloads_t pay,
@@ -286,13 +317,14 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
     fast_state_t *st = moe->state;
     m2a_kpayloads_t pay;
     const m2a_fast_t *fp = &st->f;
-    m2a_fast_t f; /* with the quantization's chunks, when it runs alongside */
+    m2a_fast_t f; /* with the quantization's chunks when it runs alongside, or the arrays quantized in the copies */
     /* the quantization's blocks: 8 of 256 threads per SM the dispatch leaves (launched
      * after the dispatch, they find its SMs full: each block of it holds most of an SM's
      * registers) */
     m2a_quant_overlap_t ov = {st->qstream, (uint32_t *)(fp->peer[moe->comm->rank] + fp->ctl + M2A_FAST_CTL_QREADY),
                               (n + M2A_FAST_QCHUNKS - 1) / M2A_FAST_QCHUNKS, 8 * (st->sms - st->blocks)};
     const int along = status == MOEA2A_SUCCESS && quant_alongside(moe, n, phases, payloads);
+    const unsigned in_copy = status == MOEA2A_SUCCESS && (phases & M2A_FAST_SEND) && payloads ? st->in_copy : 0;
     (void)OPS->clear_error(); /* an earlier call's error is not this launch's */
     if (along) { /* the counters zeroed, then the context's stream forked from the caller's */
         int e = OPS->set_async(ov.ready, 0, 4 * M2A_FAST_QCHUNKS, stream);
@@ -304,7 +336,9 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
         }
         f = st->f, f.qrows = ov.rows, f.qgroups = (uint32_t)quant_groups(moe), fp = &f;
     }
-    moea2a_result_t r = m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, !along, &pay);
+    if (in_copy) f = st->f, f.qfuse = st->qfuse, f.qfuse_ue8m0 = st->qfuse_ue8m0, f.qfuse_f16 = st->qfuse_f16, fp = &f;
+    moea2a_result_t r =
+        m2a_moe_cuda_sources(moe, n, status == MOEA2A_SUCCESS ? payloads : NULL, stream, !along, in_copy, &pay);
     if (r != MOEA2A_SUCCESS) { /* the peers wait for this launch: it goes, as a failed rank's */
         status = r;
         memset(&pay, 0, sizeof(pay));
@@ -394,12 +428,13 @@ static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
     moea2a_result_t r = m2a_moe_agree(moe->comm, m2a_moe_cuda_begin(moe), NULL);
     if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
-    if (r == MOEA2A_SUCCESS) fast_params(moe), quant_stream_open(moe);
+    if (r == MOEA2A_SUCCESS) fast_params(moe);
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
         fast_state_t *st = moe->state;
         if (r == MOEA2A_SUCCESS) r = m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce);
         r = m2a_moe_agree(moe->comm, r, NULL);
     }
+    if (r == MOEA2A_SUCCESS) quant_in_copy_open(moe), quant_stream_open(moe); /* after the copy engines: not with them */
     return r;
 }
 

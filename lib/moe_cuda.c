@@ -203,7 +203,7 @@ moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const v
 }
 
 moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
-                                     int quantize, m2a_kpayloads_t *pay)
+                                     int quantize, unsigned in_copy, m2a_kpayloads_t *pay)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
@@ -212,7 +212,7 @@ moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const 
     if (!payloads) return MOEA2A_SUCCESS;
     for (int i = 0; i < c->num_payloads && n > 0 && quantize; i++) {
         const moea2a_wire_t *w = &c->wire[i];
-        if (w->format == MOEA2A_WIRE_AS_IS) continue;
+        if (w->format == MOEA2A_WIRE_AS_IS || ((in_copy >> i) & 1)) continue;
         size_t e = c->payloads[i].elems_per_token;
         moea2a_datatype_t t = c->payloads[i].dtype;
         unsigned char *codes = moe->ws + l->send_codes[i], *scales = moe->ws + l->send_scales[i];
@@ -231,6 +231,10 @@ moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const 
         const m2a_moe_array_t *ar = &l->array[a];
         int i = ar->payload, as_is = ar->kind == M2A_ARR_PAYLOAD && c->wire[i].format == MOEA2A_WIRE_AS_IS;
         if (!is_byte_array(ar->kind)) break;
+        if ((in_copy >> i) & 1) { /* the kernel reads the caller's rows and writes the scales */
+            pay->p[a] = ar->kind == M2A_ARR_PAYLOAD ? payloads[i] : NULL;
+            continue;
+        }
         pay->p[a] = as_is                          ? payloads[i]
                     : ar->kind == M2A_ARR_PAYLOAD ? (const void *)(moe->ws + l->send_codes[i])
                     : ar->kind == M2A_ARR_SCALES  ? (const void *)(moe->ws + l->send_scales[i])
@@ -269,7 +273,7 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a
     const m2a_moe_layout_t *l = &moe->l;
     void *s = stream;
     m2a_kpayloads_t pay;
-    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, s, 1, &pay));
+    M2A_TRY(m2a_moe_cuda_sources(moe, a->n, a->payloads, s, 1, 0, &pay));
     CU(comm, OPS->copy_async(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks, M2A_CUDA_H2D, s));
     CU(comm, OPS->pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
                                         (const int32_t *)(moe->ws + l->send_map), moe->ws,

@@ -30,9 +30,11 @@ moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream
  * payload as given, or, for one sent quantized, its codes, scales [and global scale]
  * in the workspace, made from the caller's rows once per token with the standalone
  * quantize kernels (their bits): here on the stream when `quantize`, else by
- * m2a_moe_cuda_quantize_alongside. */
+ * m2a_moe_cuda_quantize_alongside. Payload i with bit i of in_copy is quantized by the
+ * dispatch kernel inside its copies (m2a_fast_t.qfuse): its codes' source is the
+ * caller's rows, its scales' none. */
 moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const *payloads, void *stream,
-                                     int quantize, m2a_kpayloads_t *pay);
+                                     int quantize, unsigned in_copy, m2a_kpayloads_t *pay);
 /* Quantize on dispatch alongside the dispatch kernel (load/store path, FP8 payloads
  * only): the quantize kernels run on `stream` (forked from the dispatch's) in `blocks`
  * blocks and count the groups they finished per chunk of `rows` tokens in `ready`

@@ -40,7 +40,17 @@ static const moea2a_param_t params[] = {
      "alongside the dispatch kernel, on the SMs that kernel leaves, copying each chunk of tokens once it is "
      "quantized. -1 (default): where the context spans 2 or more GPUs (the dispatch bound by NVLink: 131 "
      "against 142 us at 4096 tokens on 2 x H200; on one GPU, bound by memory, it cost 17%); 1: always; 0: "
-     "never (quantize first, then dispatch). The same bits either way."},
+     "never (quantize first, then dispatch). Not for payloads MOEA2A_QUANT_IN_COPY quantizes inside the "
+     "dispatch's copies. The same bits either way."},
+    {"MOEA2A_QUANT_IN_COPY", "int", "0",
+     "On the load/store path, FP8 payloads sent quantized from bf16 or fp16 rows can be quantized by the "
+     "dispatch kernel itself, inside its copies: each token read and quantized once, its codes and scales "
+     "stored at every destination, with no quantize pass before the dispatch. 1: where the layout allows (an FP8 "
+     "payload whose codes start a multiple of 512 bytes into a token's rows, as the first payload's do; not in "
+     "copy-engine mode); 0 (default): never (MOEA2A_QUANT_OVERLAP decides). On one H100 it ties quantizing "
+     "first at 48 SMs (4096 tokens: 94.1 against 93.2 us; 128 tokens: 18.9 against 19.4-22.8) and loses at 24 "
+     "(154.8 against 123.7): the default waits for a measurement across GPUs. The same bits either way. Read "
+     "at create."},
     {"MOEA2A_CE_LANES", "int", "4",
      "Copy-engine mode (MOEA2A_MOE_COPY_ENGINE): a dispatch's or combine's copies of 4 MiB or more are cut "
      "into this many parts of equal bytes, each on its own stream (forked from the caller's and joined back), "

@@ -46,6 +46,11 @@ static const wire_case_t cases[] = {
     {MOEA2A_WIRE_NVFP4, MOEA2A_SF_LINEAR, 0, MOEA2A_BFLOAT16, 96},
     {MOEA2A_WIRE_NVFP4, MOEA2A_SF_128X4, 0, MOEA2A_FLOAT32, 64},
     {MOEA2A_WIRE_NVFP4, MOEA2A_SF_8X4, 0, MOEA2A_FLOAT16, 208},
+    /* rows past the load/store dispatch's 4096-byte units, whose warps quantize FP8 in
+     * passes of 2048 values when MOEA2A_QUANT_IN_COPY is on: two units, a full pass, a
+     * partial one, UE8M0 words with unused bytes */
+    {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_ROW_MAJOR, MOEA2A_FP8_UE8M0, MOEA2A_BFLOAT16, 4736},
+    {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, 0, MOEA2A_FLOAT16, 4224},
 };
 #define NCASES ((int)(sizeof(cases) / sizeof(cases[0])))
 
@@ -181,9 +186,12 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     }
     if (m->cuda && !m->nvlink) cq.flags |= MOEA2A_MOE_NO_NVLINK, cp.flags |= MOEA2A_MOE_NO_NVLINK;
     /* every other seed on CUDA: one block per kernel, so that more than 4 tokens take
-     * the load/store dispatch's counter path, where FP8 is quantized alongside it
-     * (MOEA2A_QUANT_OVERLAP=1, set for the CUDA runs) */
+     * the load/store dispatch's counter path; and, independently, FP8 from 16-bit rows
+     * quantized inside the dispatch's copies (MOEA2A_QUANT_IN_COPY, read at create) or
+     * not, then alongside the dispatch on the counter path (MOEA2A_QUANT_OVERLAP=1,
+     * set for the CUDA runs) */
     if (m->cuda && (seed / 7) % 2 == 0) cq.num_sms = cp.num_sms = 1;
+    if (m->cuda) setenv("MOEA2A_QUANT_IN_COPY", (seed / 3) % 2 == 0 ? "1" : "0", 1);
     moea2a_moe_t mq, mp;
     if (moea2a_moe_create(&mq, comm, &cq) || moea2a_moe_create(&mp, comm, &cp)) {
         RANK_EXPECT(fails, me, 0, "create: %s", moea2a_last_error(comm));

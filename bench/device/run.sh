@@ -184,10 +184,14 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
           --dtype bf16 --wire $w --baseline --check 1 --iters "${ITERS:-30}" --warmup 10 |
         grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
     done
-    echo "== the same, FP8 quantized first (MOEA2A_QUANT_OVERLAP=0; the default quantizes alongside on 2+ GPUs)"
-    MOEA2A_QUANT_OVERLAP=0 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" \
-        --tokens "${WIRE_TOKENS:-128,4096}" --dtype bf16 --wire fp8 --baseline --check 1 --iters "${ITERS:-30}" \
-        --warmup 10 | grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
+    # the default quantizes FP8 alongside the dispatch kernel on 2+ GPUs (first on one);
+    # next to it, inside the dispatch's copies, and first
+    for env in "MOEA2A_QUANT_IN_COPY=1" "MOEA2A_QUANT_OVERLAP=0"; do
+      echo "== the same, FP8 with $env"
+      env $env timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${FP4RANKS:-4}" \
+          --tokens "${WIRE_TOKENS:-128,4096}" --dtype bf16 --wire fp8 --baseline --check 1 --iters "${ITERS:-30}" \
+          --warmup 10 | grep -E "wire|dispatch|q\+|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
+    done
   fi
   [ "${EXPERT:-1}" != 0 ] && expert_block
   [ "${GEMM:-1}" != 0 ] && gemm_block
