@@ -283,7 +283,8 @@ static void quant_in_copy_open(moea2a_moe_t moe)
     long on = 0;
     if (st->ce || m2a_param_int(moe->comm, "MOEA2A_QUANT_IN_COPY", &on) != MOEA2A_SUCCESS || !on) return;
     size_t start = 0; /* of array a in the concatenation, each array 16-byte aligned in it */
-    for (int a = 0; a < l->narrays && l->array[a].kind <= M2A_ARR_GLOBAL; /* the byte arrays come first */ start += (l->array[a].width + 15) / 16 * 16, a++) {
+    /* the byte arrays (payloads, scales, global scales) come first */
+    for (int a = 0; a < l->narrays && l->array[a].kind <= M2A_ARR_GLOBAL; start += (l->array[a].width + 15) / 16 * 16, a++) {
         const int i = l->array[a].payload;
         const moea2a_datatype_t t = moe->cfg.payloads[i].dtype;
         if (l->array[a].kind != M2A_ARR_PAYLOAD || moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 || start % 512 ||
