@@ -422,7 +422,9 @@ __device__ __forceinline__ uint32_t half_max_transposed(const uint32_t *a, int l
  * each block's amax is reduced into one lane pair (half_max_transposed), which alone
  * computes its scale (the divisions cost more than the rest of the arithmetic when
  * every lane made every scale: 4096 tokens on one H200 took 116 against 93 us without
- * them) and stores it, and hands the multiplier back to its 16 lanes. */
+ * them; 91 with this) and stores it, and hands the multiplier back to its 16 lanes.
+ * (Loading the next pass before quantizing this one spilled registers and cost 16%:
+ * bench/RESULTS.md, session 21.) */
 template <moea2a_datatype_t SRC, typename Dest>
 __device__ void quantize_piece(const m2a_fast_t &f, int a, const unsigned char *src, size_t off, size_t len, bool ue8m0,
                                int nd, Dest dest)
@@ -501,7 +503,6 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
     const m2a_kparams_t &p = f.p;
     unit_pieces(p, u, per_token, [&](int a, int t, size_t off, size_t len) {
         const size_t width = p.width[a];
-        const unsigned char *src_row = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width;
         if (FUSE && ((f.qfuse >> a) & 1)) {
             const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * 2 * width;
             const bool ue8m0 = (f.qfuse_ue8m0 >> a) & 1;
@@ -510,6 +511,7 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
             return;
         }
         if (FUSE && a > 0 && ((f.qfuse >> (a - 1)) & 1)) return; /* scales: written with their codes */
+        const unsigned char *src_row = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * width;
         for (int d0 = 0; d0 < nd; d0 += kDst) {
             unsigned char *dst[kDst];
             const int m = nd - d0 < kDst ? nd - d0 : kDst;
