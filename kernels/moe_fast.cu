@@ -368,21 +368,40 @@ constexpr int kSmallPerBlock = M2A_DISPATCH_SMALL_PER_BLOCK;
  * piece of it starts 16-byte aligned in its row (16-byte copies where rows allow). */
 __device__ __forceinline__ size_t span16(size_t width) { return (width + 15) / 16 * 16; }
 
-__device__ uint32_t segments_per_token(const m2a_kparams_t &p)
+/* How the rows of payloads sent quantized come to be: by the standalone kernels before
+ * the launch (or none is quantized), by them alongside the dispatch kernel (each chunk
+ * of tokens waited for, f.qrows), or inside the dispatch's copies (f.qfuse). */
+enum QuantWay { kBefore, kAlongside, kInCopy };
+
+/* Bytes of a unit. Quantizing in the copies with few tokens (up to kSmallPerBlock per
+ * block), a unit is 2048 codes, one pass of the warp (quantize_piece): in 4096-code
+ * units each warp made two passes one after the other while most warps had no unit.
+ * On one H100, 128 / 1024 / 4096 tokens: 2048 17.8 / 40.2 / 106.7 us, 4096 19.0 / 37.5
+ * / 93.8 (bench/RESULTS.md, session 21, run 11). */
+#ifndef M2A_QUANT_COPY_SMALL_SEG
+#define M2A_QUANT_COPY_SMALL_SEG 2048
+#endif
+static_assert(M2A_QUANT_COPY_SMALL_SEG % 512 == 0, "in-copy units hold whole UE8M0 scale words");
+template <QuantWay Q, bool SMALL> __host__ __device__ constexpr size_t unit_bytes()
+{
+    return Q == kInCopy && SMALL ? (size_t)M2A_QUANT_COPY_SMALL_SEG : kSeg;
+}
+
+template <QuantWay Q, bool SMALL> __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
 {
     size_t bytes = 0;
     for (int a = 0; a < p.num_payloads; a++) bytes += span16(p.width[a]);
-    return (uint32_t)((bytes + kSeg - 1) / kSeg);
+    return (uint32_t)((bytes + unit_bytes<Q, SMALL>() - 1) / unit_bytes<Q, SMALL>());
 }
 
 /* Calls piece(a, t, off, len) for each payload array a that unit u (token t = u /
- * per_token, the bytes [lo, lo + kSeg) of its arrays end to end) overlaps: [off, off +
- * len) the unit's bytes of the token's row of a. */
-template <typename Piece>
+ * per_token, the bytes [lo, lo + unit_bytes) of its arrays end to end) overlaps: [off,
+ * off + len) the unit's bytes of the token's row of a. */
+template <QuantWay Q, bool SMALL, typename Piece>
 __device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, unsigned long long u, uint32_t per_token, Piece piece)
 {
     const int t = (int)(u / per_token);
-    const size_t lo = (size_t)(u % per_token) * kSeg, hi = lo + kSeg;
+    const size_t lo = (size_t)(u % per_token) * unit_bytes<Q, SMALL>(), hi = lo + unit_bytes<Q, SMALL>();
     size_t start = 0; /* of array a, end to end */
     for (int a = 0; a < p.num_payloads && start < hi; start += span16(p.width[a]), a++) {
         const size_t width = p.width[a];
@@ -391,11 +410,6 @@ __device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, unsigned lon
         piece(a, t, off, len);
     }
 }
-
-/* How the rows of payloads sent quantized come to be: by the standalone kernels before
- * the launch (or none is quantized), by them alongside the dispatch kernel (each chunk
- * of tokens waited for, f.qrows), or inside the dispatch's copies (f.qfuse). */
-enum QuantWay { kBefore, kAlongside, kInCopy };
 
 /* The largest of each lane's a[0..7] over the 16 lanes of its half-warp, transposed:
  * lane q of a half (q = lane % 16) returns that of a[q / 2]. Each butterfly step
@@ -492,16 +506,18 @@ __device__ void quantize_piece(const m2a_fast_t &f, int a, const unsigned char *
 }
 
 /* Copies unit u to the token's nd destinations, kDst at a time; dest(d, &rank, &row)
- * gives destination d's rank and receive row. One warp, warp-uniform arguments. CG:
- * loads through L2 only (the source rows are being written while the kernel runs: the
- * read-only path may keep a stale line of a neighbour's scales). FUSE: the arrays of
- * f.qfuse are quantized here (quantize_piece), their scale arrays written with them. */
-template <bool CG = false, bool FUSE = false, typename Dest>
+ * gives destination d's rank and receive row. One warp, warp-uniform arguments.
+ * kAlongside: loads through L2 only (the source rows are being written while the kernel
+ * runs: the read-only path may keep a stale line of a neighbour's scales). kInCopy: the
+ * arrays of f.qfuse are quantized here (quantize_piece), their scale arrays written with
+ * them. */
+template <QuantWay Q, bool SMALL, typename Dest>
 __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
                           int nd, Dest dest)
 {
     const m2a_kparams_t &p = f.p;
-    unit_pieces(p, u, per_token, [&](int a, int t, size_t off, size_t len) {
+    constexpr bool FUSE = Q == kInCopy;
+    unit_pieces<Q, SMALL>(p, u, per_token, [&](int a, int t, size_t off, size_t len) {
         const size_t width = p.width[a];
         if (FUSE && ((f.qfuse >> a) & 1)) {
             const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * 2 * width;
@@ -521,7 +537,7 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
                 dest(d0 + d, &rank, &row);
                 dst[d] = f.peer[rank] + p.ws_off[a] + row * width + off;
             }
-            copy_row<CG>(src_row + off, dst, m, len, threadIdx.x & 31);
+            copy_row<Q == kAlongside>(src_row + off, dst, m, len, threadIdx.x & 31);
         }
     });
 }
@@ -545,7 +561,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
 {
     const m2a_kparams_t &p = f.p;
     const int lane = threadIdx.x & 31, D = p.k < p.ep ? p.k : p.ep;
-    const uint32_t per_token = segments_per_token(p);
+    const uint32_t per_token = segments_per_token<Q, false>(p);
     const unsigned long long units = (unsigned long long)n * per_token;
     int ready = -1;  /* the last block whose send map this warp saw complete */
     int quantized = -1; /* kAlongside: the last chunk this warp saw quantized */
@@ -574,7 +590,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
         const int32_t *map = send_map + (size_t)t * p.k;
         const int32_t lo = lane < D ? __ldcg(map + lane) : -1, hi = lane + 32 < D ? __ldcg(map + lane + 32) : -1;
         const int nd = __popc(__ballot_sync(0xffffffffu, lo >= 0)) + __popc(__ballot_sync(0xffffffffu, hi >= 0));
-        copy_unit<Q == kAlongside, Q == kInCopy>(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
+        copy_unit<Q, false>(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
             const int32_t cd = d < 32 ? __shfl_sync(0xffffffffu, lo, d) : __shfl_sync(0xffffffffu, hi, d - 32);
             *rank = cd / p.cap, *row = (size_t)p.me * stride + cd % p.cap;
         });
@@ -665,14 +681,14 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner,
 
 /* Copies the units [u0, u1) (token-major, per_token per token) of the routed piece
  * that starts at token first: one warp, slots from shared memory. */
-template <bool FUSE>
+template <QuantWay Q>
 __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayloads_t &pay, long long u0, long long u1,
                            uint32_t per_token, int first)
 {
     const int D = f.p.k < f.p.ep ? f.p.k : f.p.ep;
     for (long long u = u0; u < u1; u++) {
         const int tl = (int)(u / per_token) - first;
-        copy_unit<false, FUSE>(f, pay, (unsigned long long)u, per_token, s.nd[tl], [&](int d, int *rank, size_t *row) {
+        copy_unit<Q, true>(f, pay, (unsigned long long)u, per_token, s.nd[tl], [&](int d, int *rank, size_t *row) {
             *rank = s.rank[tl * D + d], *row = (size_t)s.row[tl * D + d];
         });
     }
@@ -717,7 +733,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
                                    * compiled for its own way, leave the other's code out) */
         const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
         int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
-        const uint32_t per_token = segments_per_token(p), S = per_token ? per_token : 1;
+        const uint32_t per_token = segments_per_token<Q, SMALL>(p), S = per_token ? per_token : 1;
         int lo, hi, own_lo, own_hi; /* tokens this block routes; those it owns (map, ids, stats) */
         long long bu0 = 0, bu1 = 0;  /* small: this block's units */
         if (small) { /* the shares of this block's first warp and of the next block's */
@@ -783,7 +799,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             if (c1 > c0) copy_small(f, s, owner, D, first, c0 - first, c1 - first, ids, weights);
             if (small && per_token) {
                 const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
-                copy_units<Q == kInCopy>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
+                copy_units<Q>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
             }
             __syncthreads();
         }

@@ -46,9 +46,9 @@ static const wire_case_t cases[] = {
     {MOEA2A_WIRE_NVFP4, MOEA2A_SF_LINEAR, 0, MOEA2A_BFLOAT16, 96},
     {MOEA2A_WIRE_NVFP4, MOEA2A_SF_128X4, 0, MOEA2A_FLOAT32, 64},
     {MOEA2A_WIRE_NVFP4, MOEA2A_SF_8X4, 0, MOEA2A_FLOAT16, 208},
-    /* rows past the load/store dispatch's 4096-byte units, whose warps quantize FP8 in
-     * passes of 2048 values when MOEA2A_QUANT_IN_COPY is on: two units, a full pass, a
-     * partial one, UE8M0 words with unused bytes */
+    /* rows past one of the load/store dispatch's units (4096 bytes; with few tokens
+     * 2048 FP8 codes, one pass of the copying warp, when MOEA2A_QUANT_IN_COPY is on):
+     * full units, a partial one, UE8M0 words with unused bytes */
     {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_ROW_MAJOR, MOEA2A_FP8_UE8M0, MOEA2A_BFLOAT16, 4736},
     {MOEA2A_WIRE_FP8, MOEA2A_FP8_SCALES_MN_MAJOR, 0, MOEA2A_FLOAT16, 4224},
 };
