@@ -468,7 +468,8 @@ static void cuda_runs(void)
             local_ranks_result_t res;
             local_ranks_run(n, wire_rank, &m, WATCHDOG, &res);
             tap_ok(res.failed == 0, "quantize on dispatch on %d GPU(s), %s path, equals quantize-then-dispatch (host "
-                                    "quantization) bit for bit: FP8 and NVFP4, every scale layout; a misaligned payload refused", n, path);
+                                    "quantization) bit for bit: FP8 and NVFP4, every scale layout%s; a misaligned payload refused",
+                   n, path, nvlink ? ", FP8 quantized first, alongside and inside the copies" : "");
         }
 #else
     tap_skip("no CUDA device (built without CUDA or NCCL)", "quantize on dispatch on CUDA memory");
