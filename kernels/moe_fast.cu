@@ -694,6 +694,28 @@ __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayl
     }
 }
 
+/* The receive half's finish of one FP8 payload quantized on dispatch (m2a_fast_t.qfin),
+ * once every source's rows arrived (ok: their counts are in recv_count; else every row
+ * is padding): its padding rows' scales (`words` per row) 0, then, where mn is not
+ * NULL, the MN-major copy, [src][word][r] with row r's word and 0 past the source's
+ * count and the stride. The in-copy kernels only (the others leave it to the separate
+ * kernel of m2a_cuda_wire_finish: folded into them it spilled the few-token kernel,
+ * which is at its register bound). Not inlined, and given scalars. */
+__device__ __noinline__ void finish_fp8(uint32_t *rows, uint32_t *mn, size_t words, int ep, int stride,
+                                        const int *recv_count, bool ok)
+{
+    const size_t slots = (size_t)ep * stride, first = (size_t)blockIdx.x * T + threadIdx.x, step = (size_t)gridDim.x * T;
+    for (size_t slot = first; slot < slots; slot += step)
+        if (!ok || (int)(slot % stride) >= recv_count[slot / stride])
+            for (size_t w = 0; w < words; w++) rows[slot * words + w] = 0;
+    if (!mn) return;
+    const size_t pad = ((size_t)stride + 3) / 4 * 4;
+    for (size_t x = first; x < (size_t)ep * words * pad; x += step) {
+        const size_t r = x % pad, wd = x / pad % words, src = x / pad / words;
+        mn[x] = ok && r < (size_t)recv_count[src] ? rows[(src * (size_t)stride + r) * words + wd] : 0u;
+    }
+}
+
 /* Two ways to the same slots and the same bytes (a rank picks by its own n; the
  * receiving side cannot tell them apart). Both begin alike: every block counts the
  * tokens before its own range itself (replicated, no wait on other blocks).
@@ -869,6 +891,10 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         if (f.sanitize)
             for (int j = 0; j < p.k; j++) rids[slot * p.k + j] = p.invalid_id;
     }
+    for (int q = 0; Q == kInCopy && q < f.nqfin; q++) /* one launch for the whole FP8 dispatch */
+        finish_fp8(reinterpret_cast<uint32_t *>(ws + p.ws_off[f.qfin[q].arr]),
+                   f.qfin[q].mn ? reinterpret_cast<uint32_t *>(ws + f.qfin[q].mn) : nullptr, p.width[f.qfin[q].arr] / 4,
+                   ep, stride, s.recv_count, ok);
 
     /* stats, and the epoch moves on: every block of this rank signalled (block 0 waited
      * for them), so each read the epoch and added its sums already; the other parity's

@@ -53,6 +53,7 @@ typedef struct {
      * the parameters of a call that sends */
     unsigned in_copy;
     uint32_t qfuse, qfuse_ue8m0, qfuse_f16;
+    unsigned fp8_finished; /* bit i: payload i is FP8, finished by the in-copy kernels (f.qfin) */
     int sms; /* the GPU's */
 } fast_state_t;
 
@@ -76,6 +77,16 @@ static void fast_params(moea2a_moe_t moe)
     f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
     f->rewrite = (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0;
     f->timeout_ns = (unsigned long long)(moe->comm->timeout_s * 1e9);
+    /* FP8 payloads' receive finish, done by the in-copy kernels' receive half (one
+     * launch for the whole dispatch) */
+    f->nqfin = 0;
+    for (int a = 0; a < l->narrays; a++) {
+        const int i = l->array[a].payload;
+        if (l->array[a].kind != M2A_ARR_SCALES || moe->cfg.wire[i].format != MOEA2A_WIRE_FP8) continue;
+        f->qfin[f->nqfin].arr = a;
+        f->qfin[f->nqfin++].mn = moe->cfg.wire[i].scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR ? l->wire_final[i] : 0;
+        st->fp8_finished |= 1u << i;
+    }
 }
 
 /* Collective: the workspace as symmetric memory, the SM budget, the error record;
@@ -373,7 +384,7 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
     }
     if (r != MOEA2A_SUCCESS) st->poisoned = r;
     if (r == MOEA2A_SUCCESS && status == MOEA2A_SUCCESS && (phases & M2A_FAST_RECV))
-        r = m2a_moe_cuda_wire_finish(moe, stride, stream);
+        r = m2a_moe_cuda_wire_finish(moe, stride, in_copy ? st->fp8_finished : 0, stream);
     return r;
 }
 

@@ -243,7 +243,7 @@ moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const 
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *stream)
+moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, unsigned done, void *stream)
 {
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
@@ -252,7 +252,7 @@ moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *str
     int ep = comm->nranks;
     for (int i = 0; i < c->num_payloads; i++) {
         const moea2a_wire_t *w = &c->wire[i];
-        if (w->format == MOEA2A_WIRE_AS_IS) continue;
+        if (w->format == MOEA2A_WIRE_AS_IS || ((done >> i) & 1)) continue;
         int nvfp4 = w->format == MOEA2A_WIRE_NVFP4;
         m2a_kwire_t kw = {l->wire_scale_row[i], moe->ws + l->wire_scales[i],
                           !nvfp4 && w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR ? moe->ws + l->wire_final[i] : NULL,
@@ -288,7 +288,7 @@ moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream
                                                  (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index),
                                                  !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),
                                                  (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0, stream));
-    return m2a_moe_cuda_wire_finish(moe, stride, stream);
+    return m2a_moe_cuda_wire_finish(moe, stride, 0, stream);
 }
 
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)

@@ -47,8 +47,9 @@ typedef struct {
 moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const void *const *payloads,
                                                 const m2a_quant_overlap_t *ov);
 /* After a dispatch landed (counts in the workspace): quantized payloads' padding
- * scales 0, the scales in the wire's layout, NVFP4's global scale per source. */
-moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, void *stream);
+ * scales 0, the scales in the wire's layout, NVFP4's global scale per source; payload
+ * i with bit i of done was finished already (by the load/store dispatch kernel). */
+moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, unsigned done, void *stream);
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
 /* The expert-major layout on the stream (moe_expert.h): the kernels, and with
  * MOEA2A_MOE_HOST_EXPERT_COUNTS the copy of rows, counts and offsets to the pinned

@@ -47,12 +47,12 @@ static const moea2a_param_t params[] = {
      "dispatch kernel itself, inside its copies: each token read and quantized once, its codes and scales "
      "stored at every destination, with no quantize pass before the dispatch. 1: where the layout allows (an FP8 "
      "payload whose codes start a multiple of 512 bytes into a token's rows, as the first payload's do; not in "
-     "copy-engine mode); 0 (default): never (MOEA2A_QUANT_OVERLAP decides). With one rank on an H100 it is 7% "
-     "faster than quantizing first at 128 tokens (17.9 against 19.1 us), ties it at 1024 and 4096 (37.5 / 93.7 "
-     "against 37.6 / 93.0) and trails it at 512 (27.0 against 25.6) and at 24 SMs (4096 tokens: 154.6 against "
-     "123.4); on an H200 at 4096 tokens 91.0 against 81.1, ahead of quantizing alongside (102.3). The default "
-     "waits for a measurement across GPUs, where NVLink bounds the dispatch. The same bits either way. Read at "
-     "create."},
+     "copy-engine mode); 0 (default): never (MOEA2A_QUANT_OVERLAP decides). The dispatch is then one kernel "
+     "launch (its receive half also finishes the FP8 scales). With one rank on an H100 it is 16% faster than "
+     "quantizing first at 128 tokens (15.7-16.0 against 18.6-19.1 us), 3% at 1024 (36.5-36.7 against 37.7-37.8) "
+     "and 2% slower at 4096 (94.6 against 92.4-92.8), 25% slower at 24 SMs (4096 tokens: 154.6 against 123.4); "
+     "on an H200 at 4096 tokens 91.0 against 81.1, ahead of quantizing alongside (102.3). The default waits for "
+     "a measurement across GPUs, where NVLink bounds the dispatch. The same bits either way. Read at create."},
     {"MOEA2A_CE_LANES", "int", "4",
      "Copy-engine mode (MOEA2A_MOE_COPY_ENGINE): a dispatch's or combine's copies of 4 MiB or more are cut "
      "into this many parts of equal bytes, each on its own stream (forked from the caller's and joined back), "
