@@ -23,7 +23,7 @@
 #include "wire_kernels.h"
 
 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM; 4: copy-engine mode;
- * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse...) */
+ * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin) */
 #define MOEA2A_CUDA_ABI_VERSION 6
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
