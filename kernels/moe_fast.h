@@ -71,11 +71,11 @@ typedef struct {
      * rows (else bf16). */
     uint32_t qfuse, qfuse_ue8m0, qfuse_f16;
     /* The in-copy kernels' receive half also finishes the FP8 payloads quantized on
-     * dispatch (the separate kernel of m2a_cuda_wire_finish otherwise): for each of
-     * nqfin, byte array arr holds
-     * the row-major scales as they landed; padding rows' scales become 0, and where mn
-     * is not 0 the MN-major copy is made at that workspace offset ([ep][width / 4]
-     * [stride rounded up to 4] words, 0 past each source's count). */
+     * dispatch (the separate kernel of m2a_cuda_wire_finish otherwise). For each of
+     * nqfin, byte array arr holds the row-major scales as they landed: padding rows'
+     * scales become 0, and where mn is not 0 the MN-major copy is made at that
+     * workspace offset ([ep][width / 4][stride rounded up to 4] words, 0 past each
+     * source's count). */
     int nqfin;
     struct {
         int32_t arr;
