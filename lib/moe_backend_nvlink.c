@@ -242,7 +242,7 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
 static int quant_alongside(const moea2a_moe_t moe, int n, int phases, const void *const *payloads)
 {
     const fast_state_t *st = moe->state;
-    if (!st->qstream || st->in_copy || st->ce || !(phases & M2A_FAST_SEND) || !payloads || n <= 4 * st->blocks) return 0;
+    if (!st->qstream || st->ce || !(phases & M2A_FAST_SEND) || !payloads || n <= 4 * st->blocks) return 0;
     return st->sms - st->blocks >= 8;
 }
 
@@ -258,7 +258,8 @@ static int quant_groups(const moea2a_moe_t moe)
  * and MOEA2A_QUANT_OVERLAP allows: by default where the context spans 2+ GPUs (2 x
  * H200, 4096 tokens: 131 against 142 us; with one rank, every row an HBM copy, the two
  * kernels share one memory and it cost 17% on an H100); without it (or its events)
- * dispatch quantizes first. */
+ * dispatch quantizes first. Not where the dispatch quantizes in its copies
+ * (quant_in_copy_open, run before). */
 static void quant_stream_open(moea2a_moe_t moe)
 {
     fast_state_t *st = moe->state;
@@ -268,7 +269,8 @@ static void quant_stream_open(moea2a_moe_t moe)
         fp8 |= moe->cfg.wire[i].format == MOEA2A_WIRE_FP8;
         other |= moe->cfg.wire[i].format != MOEA2A_WIRE_FP8 && moe->cfg.wire[i].format != MOEA2A_WIRE_AS_IS;
     }
-    if (!fp8 || other || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS) return;
+    if (!fp8 || other || st->in_copy || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS)
+        return;
     if (on == 0 || (on < 0 && moe->comm->nranks < 2)) return;
     if (OPS->quantize_alongside_load() || OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) ||
         OPS->event_create(&st->join)) {
