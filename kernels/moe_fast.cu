@@ -50,6 +50,7 @@
 #include "fp8_device.cuh"
 #include "mbarrier.cuh"
 #include "moe_fast.h"
+#include "wire_device.cuh"
 
 namespace {
 
@@ -708,12 +709,7 @@ __device__ __noinline__ void finish_fp8(uint32_t *rows, uint32_t *mn, size_t wor
     for (size_t slot = first; slot < slots; slot += step)
         if (!ok || (int)(slot % stride) >= recv_count[slot / stride])
             for (size_t w = 0; w < words; w++) rows[slot * words + w] = 0;
-    if (!mn) return;
-    const size_t pad = ((size_t)stride + 3) / 4 * 4;
-    for (size_t x = first; x < (size_t)ep * words * pad; x += step) {
-        const size_t r = x % pad, wd = x / pad % words, src = x / pad / words;
-        mn[x] = ok && r < (size_t)recv_count[src] ? rows[(src * (size_t)stride + r) * words + wd] : 0u;
-    }
+    if (mn) m2a_wire_mn(rows, mn, words, ep, stride, [&](int src) { return ok ? recv_count[src] : 0; }, first, step);
 }
 
 /* Two ways to the same slots and the same bytes (a rank picks by its own n; the

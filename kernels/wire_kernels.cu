@@ -2,6 +2,7 @@
  * over scale rows: warps per row, threads per word. */
 #include <cuda_runtime.h>
 
+#include "wire_device.cuh"
 #include "wire_kernels.h"
 
 namespace {
@@ -19,16 +20,9 @@ __global__ void __launch_bounds__(kThreads) finish(m2a_kwire_t w, int ep, int st
         unsigned char *p = w.rows + row * w.srow;
         for (size_t b = lane; b < w.srow; b += 32) p[b] = 0;
     }
-    if (w.mn) { /* [src][word][r]: row r's word, 0 past the source's count and stride */
-        const size_t words = w.srow / 4, pad = ((size_t)stride + 3) / 4 * 4, total = (size_t)ep * words * pad;
-        for (size_t i = gtid; i < total; i += gthreads) {
-            const size_t r = i % pad, wd = (i / pad) % words, src = i / pad / words;
-            uint32_t v = 0;
-            if (r < (size_t)counts[src])
-                v = *reinterpret_cast<const uint32_t *>(w.rows + (src * (size_t)stride + r) * w.srow + 4 * wd);
-            reinterpret_cast<uint32_t *>(w.mn)[i] = v;
-        }
-    }
+    if (w.mn)
+        m2a_wire_mn(reinterpret_cast<const uint32_t *>(w.rows), reinterpret_cast<uint32_t *>(w.mn), w.srow / 4, ep, stride,
+                    [&](int src) { return counts[src]; }, gtid, gthreads);
     if (w.g)
         for (size_t src = gtid; src < (size_t)ep; src += gthreads)
             w.g[src] = counts[src] > 0 ? w.g_rows[src * (size_t)stride] : 0.0f;
