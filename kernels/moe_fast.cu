@@ -47,6 +47,7 @@
 #endif
 
 #include "convert.h"
+#include "elem.cuh"
 #include "fp8_device.cuh"
 #include "mbarrier.cuh"
 #include "moe_fast.h"
@@ -922,16 +923,19 @@ template <> struct Val<MOEA2A_FLOAT32> {
     static constexpr int size = 4;
     static __device__ float get(const unsigned char *b, int i) { return reinterpret_cast<const float *>(b)[i]; }
     static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<float *>(b)[i] = v; }
+    static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_FLOAT32>(v); }
 };
 template <> struct Val<MOEA2A_BFLOAT16> {
     static constexpr int size = 2;
     static __device__ float get(const unsigned char *b, int i) { return m2a_bf16_to_f32(reinterpret_cast<const uint16_t *>(b)[i]); }
     static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<uint16_t *>(b)[i] = m2a_f32_to_bf16(v); }
+    static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_BFLOAT16>(v); }
 };
 template <> struct Val<MOEA2A_FLOAT16> {
     static constexpr int size = 2;
     static __device__ float get(const unsigned char *b, int i) { return m2a_f16_to_f32(reinterpret_cast<const uint16_t *>(b)[i]); }
     static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<uint16_t *>(b)[i] = m2a_f32_to_f16(v); }
+    static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_FLOAT16>(v); }
 };
 
 constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
@@ -1098,41 +1102,44 @@ __device__ __forceinline__ void fence_proxy_async()
 #endif
 }
 
-/* A unit in flight: where its output goes and how many rows it waits for. */
-struct TmaUnit {
-    int t, nd;
-    unsigned off, len;
-};
-
-/* Reduces a landed stage: out bytes [off, off + len) of token t. */
+/* Reduces a landed stage of nd rows (row d at stage + d x seg) into len bytes at dst:
+ * rows summed in fp32 from 0 in stage order (ascending rank), rounded once. The rows
+ * are loaded before any is added; nd is the warp's, so its branches are uniform. */
 template <moea2a_datatype_t DT>
-__device__ void reduce_stage(const unsigned char *stage, size_t seg, const TmaUnit &u, size_t out_row,
-                             unsigned char *out)
+__device__ __forceinline__ void reduce_stage(const unsigned char *stage, unsigned seg, int nd, unsigned len,
+                                             unsigned char *dst)
 {
     constexpr int V = 16 / Val<DT>::size, U = (int)(kTmaSeg / 16 / 32); /* the largest unit */
-    const int lane = threadIdx.x & 31, C = (int)(u.len / 16);
+    const unsigned lane = threadIdx.x & 31, C = len / 16;
 #pragma unroll
     for (int k = 0; k < U; k++) {
-        const int i = lane + 32 * k;
-        if (i >= C) continue;
+        const unsigned i = lane + 32u * k;
+        if (i >= C) break;
+        int4 r[kTmaRows];
+#pragma unroll
+        for (int d = 0; d < kTmaRows; d++)
+            if (d < nd) r[d] = reinterpret_cast<const int4 *>(stage + (size_t)d * seg)[i];
         float acc[V];
 #pragma unroll
         for (int v = 0; v < V; v++) acc[v] = 0.0f;
-        for (int d = 0; d < u.nd; d++) {
-            const int4 r = reinterpret_cast<const int4 *>(stage + (size_t)d * seg)[i];
 #pragma unroll
-            for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r), v);
-        }
-        int4 res;
+        for (int d = 0; d < kTmaRows; d++)
+            if (d < nd)
 #pragma unroll
-        for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[v]);
-        reinterpret_cast<int4 *>(out + (size_t)u.t * out_row + u.off)[i] = res;
+                for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r[d]), v);
+        reinterpret_cast<int4 *>(dst)[i] = Val<DT>::pack(acc);
     }
 }
 
 /* The reduce loop of combine_kernel through bulk copies: units of tma_seg(D) bytes from the
  * same counter, tma_stages(D) of them in flight per warp. Needs tma_stages(D) >= 2,
- * 16-byte rows and kTmaSmem bytes of dynamic shared memory. */
+ * 16-byte rows and kTmaSmem bytes of dynamic shared memory.
+ * At few SMs the time is the instructions a unit costs (ncu at 16 SMs on one H100: issue
+ * slots 55% busy, ~780 warp instructions per 2 KB unit), so the loop keeps them few: the
+ * grab's units are walked without a division each, a token's map is read once for its
+ * units, the stage's unit is read from shared memory, and a stage is copied into again
+ * after a __syncwarp alone: every lane's reads of it have returned (their sums were
+ * stored), the consumer release of CUTLASS's TMA pipelines. */
 template <moea2a_datatype_t DT>
 __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *send_map, int D, int stride, size_t row,
                             size_t out_row, uint32_t S, unsigned long long units, unsigned take,
@@ -1141,67 +1148,82 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
 {
     extern __shared__ __align__(128) unsigned char dsm[];
     __shared__ uint64_t bars[kWarps][kTmaMaxStages];
+    __shared__ int4 units_at[kWarps][kTmaMaxStages]; /* stage s's unit: token, rows, offset, length */
     const m2a_kparams_t &p = f.p;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, me = p.me, NS = tma_stages(D);
-    const size_t seg = tma_seg(D), stage_bytes = (size_t)D * seg;
+    const unsigned seg = (unsigned)tma_seg(D), stage_bytes = (unsigned)D * seg;
     unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
     if (lane == 0)
         for (int s = 0; s < NS; s++) mbar_init(&bars[w][s], 1);
     fence_proxy_async(); /* the barriers' init and the signals' acquire before any bulk copy */
     __syncwarp();
-    /* the warp's units in order: grab g covers units [g * take, (g + 1) * take) */
-    unsigned long long g = __shfl_sync(0xffffffffu, taken, 0), u = g * take;
-    if (lane == 0 && g < grabs) taken = atomicAdd(next, 1ull);
-    auto next_unit = [&]() -> long long {
-        if (g >= grabs) return -1;
-        if (u >= (g + 1) * take || u >= units) {
-            g = __shfl_sync(0xffffffffu, taken, 0);
-            if (g >= grabs) return -1;
-            u = g * take;
-            if (lane == 0) taken = atomicAdd(next, 1ull);
-        }
-        return (long long)u++;
+    /* the warp's units in order: grab g covers units [g * take, (g + 1) * take); the
+     * next unit is (t, j), segment j of token t, and `left` more follow in the grab */
+    unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
+    long long left = 0;
+    int t = 0;
+    uint32_t j = 0;
+    auto open_grab = [&]() {
+        const unsigned long long u0 = g * take, end = u0 + take < units ? u0 + take : units;
+        left = (long long)(end - u0), t = (int)(u0 / S), j = (uint32_t)(u0 % S);
+        if (lane == 0) taken = atomicAdd(next, 1ull);
     };
-    TmaUnit inflight[kTmaMaxStages];
-    unsigned phase = 0; /* bit s: the parity stage s waits for next */
-    /* the next unit and its map entry (lane d: the token's d-th (rank, slot) code),
+    if (g < grabs) open_grab();
+    auto next_unit = [&]() -> bool {
+        if (left == 0) {
+            if (g >= grabs) return false;
+            g = __shfl_sync(0xffffffffu, taken, 0);
+            if (g >= grabs) return false;
+            open_grab();
+        }
+        left--;
+        return true;
+    };
+    /* the pending unit and its token's map entry (lane d: the d-th (rank, slot) code),
      * loaded ahead so that the load's latency passes while the warp waits */
-    long long pend = next_unit();
-    int32_t pend_slot = pend >= 0 && lane < D ? __ldcg(send_map + (size_t)(pend / S) * p.k + lane) : -1;
+    bool pend = next_unit();
+    int pend_t = t;
+    uint32_t pend_j = j;
+    int32_t pend_slot = pend && lane < D ? __ldcg(send_map + (size_t)pend_t * p.k + lane) : -1;
     /* issue: the pending unit's rows (ascending rank) into stage s, then the next one's map */
     auto issue = [&](int s) {
-        const long long unit = pend;
+        const int ut = pend_t;
+        const uint32_t uj = pend_j;
         const int32_t slot = pend_slot;
+        if (++j == S) j = 0, t++;
         pend = next_unit();
-        pend_slot = pend >= 0 && lane < D ? __ldcg(send_map + (size_t)(pend / S) * p.k + lane) : -1;
-        const int t = (int)(unit / S);
+        if (pend && t != pend_t) pend_slot = lane < D ? __ldcg(send_map + (size_t)t * p.k + lane) : -1;
+        pend_t = t, pend_j = j;
         const unsigned ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
-        const unsigned off = (unsigned)((unit % S) * seg);
+        const int nd = __popc(ok_rows);
+        const unsigned off = uj * seg;
         const unsigned len = (unsigned)(out_row - off < seg ? out_row - off : seg);
-        TmaUnit m = {t, __popc(ok_rows), off, len};
-        inflight[s] = m;
+        if (lane == 0) units_at[w][s] = make_int4(ut, nd, (int)off, (int)len);
         if (slot >= 0) { /* the d-th valid entry in rank order lands at row d of the stage */
             const int d = __popc(ok_rows & ((1u << lane) - 1));
             const unsigned char *src = f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off;
-            if (d == 0) mbar_expect(&bars[w][s], (unsigned)m.nd * len);
+            if (d == 0) mbar_expect(&bars[w][s], (unsigned)nd * len);
             __syncwarp(ok_rows);
             bulk_load(stages + (size_t)s * stage_bytes + (size_t)d * seg, src, len, &bars[w][s]);
-        } else if (m.nd == 0 && lane == 0) {
+        } else if (nd == 0 && lane == 0) {
             mbar_expect(&bars[w][s], 0); /* a token sent nowhere: zeros, nothing to load */
         }
     };
+    unsigned phase = 0; /* bit s: the parity stage s waits for next */
     int n_in = 0;
-    for (int s = 0; s < NS && pend >= 0; s++) {
+    for (int s = 0; s < NS && pend; s++) {
         issue(s);
         n_in++;
     }
+    __syncwarp(); /* lane 0's units_at before every lane reads them */
     for (int s = 0; n_in > 0; s = s + 1 == NS ? 0 : s + 1) {
+        const int4 u = units_at[w][s];
         mbar_wait(&bars[w][s], (phase >> s) & 1u);
         phase ^= 1u << s;
-        reduce_stage<DT>(stages + (size_t)s * stage_bytes, seg, inflight[s], out_row, out);
-        fence_proxy_async(); /* this lane's reads of the stage before the next copy into it */
-        __syncwarp();
-        if (pend < 0) n_in--;
+        reduce_stage<DT>(stages + (size_t)s * stage_bytes, seg, u.y, (unsigned)u.w,
+                         out + (size_t)u.x * out_row + (unsigned)u.z);
+        __syncwarp(); /* every lane's reads of stage s and of units_at[w][s] before they are written again */
+        if (!pend) n_in--;
         else issue(s);
     }
 }
