@@ -31,9 +31,10 @@
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
  *   2. (token, 2 KB segment) units split evenly over the warps (up to 16 per warp, in a
- *      kernel of its own), else (token, 1 KB segment) units taken from a counter: each
- *      token's rows, read over NVLink in ascending rank order and summed in fp32 from
- *      0.0f, rounded once: the host reference's arithmetic.
+ *      kernel of its own), else (token, segment) units taken from a counter, their rows
+ *      brought into shared memory by the SM's bulk copy engine (sm_90, up to 4 rows),
+ *      else read with 16-byte loads: each token's rows in ascending rank order, summed
+ *      in fp32 from 0.0f, rounded once: the host reference's arithmetic.
  *  variants: copy-engine mode runs the dispatch's send half QUIET, without payload
  *   arrays (steps 1-3 and 5's counts and headers, no rows, no signal); the host copies
  *   the rows, signal_kernel signals, and landing_reduce_kernel sums the combine's rows
@@ -938,6 +939,23 @@ template <> struct Val<MOEA2A_FLOAT16> {
     static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_FLOAT16>(v); }
 };
 
+/* acc[v] += value v of a 16-byte vector of DT (16 / size of them). bf16 words split by a
+ * shift and a mask (one instruction each, where the element-wise get takes two). */
+template <moea2a_datatype_t DT> __device__ __forceinline__ void add_vec(float *acc, const int4 &r)
+{
+    if constexpr (DT == MOEA2A_BFLOAT16) {
+        const uint32_t w[4] = {(uint32_t)r.x, (uint32_t)r.y, (uint32_t)r.z, (uint32_t)r.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc[2 * i] += __uint_as_float(w[i] << 16);
+            acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < 16 / Val<DT>::size; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r), v);
+    }
+}
+
 constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
 /* Up to kEvenUnitsPerWarp units of kSegEven bytes per warp: larger units, split evenly,
  * 4 vectors per lane of 2 rows at a time (bench/RESULTS.md, session 20: on one H200,
@@ -990,17 +1008,11 @@ __device__ void reduce_unit(const unsigned char *row_lo, const unsigned char *ro
 #pragma unroll
                 for (int d = 0; d < R; d++)
                     if (d0 + d < nd)
-#pragma unroll
-                        for (int v = 0; v < V; v++) acc[u][v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r[u][d]), v);
+                        add_vec<DT>(acc[u], r[u][d]);
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (lane + 32 * u >= C) continue;
-            int4 res;
-#pragma unroll
-            for (int v = 0; v < V; v++) Val<DT>::put(reinterpret_cast<unsigned char *>(&res), v, acc[u][v]);
-            reinterpret_cast<int4 *>(out + off)[lane + 32 * u] = res;
-        }
+        for (int u = 0; u < U; u++)
+            if (lane + 32 * u < C) reinterpret_cast<int4 *>(out + off)[lane + 32 * u] = Val<DT>::pack(acc[u]);
         return;
     }
     const int h0 = (int)(off / Val<DT>::size), h1 = (int)((off + len) / Val<DT>::size);
@@ -1039,12 +1051,14 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
  * most kTmaMaxStages, and loads the next unit's map while it waits for a stage.
  * What a unit costs apart from its bytes (the counter, the map, the barrier) decides
  * the time at few SMs, so units are as large as two stages allow. On 2 x H200 at 4096
- * tokens (2 rows per unit; 16 / 24 SMs): 3 stages of 2 KB 365 / 252 us; 2 of 1 KB
- * 465 / 319; 4 of 1 KB 474 / 325; 6 of 1 KB 516 / 355; 16-byte loads 513 / 359;
- * copying this rank's own row with the lanes (cp.async) instead of the bulk engine,
- * 4 of 1 KB, 525 / 360. */
+ * tokens (2 rows per unit; 16 / 24 SMs), before the loop lost half its instructions
+ * (session 22): 3 stages of 2 KB 365 / 252 us; 2 of 1 KB 465 / 319; 4 of 1 KB 474 / 325;
+ * 6 of 1 KB 516 / 355; 16-byte loads 513 / 359; copying this rank's own row with the
+ * lanes (cp.async) instead of the bulk engine, 4 of 1 KB, 525 / 360. On one H100 (1 row
+ * per unit, 16 / 24 / 32 / 48 SMs, after it): 2 KB units 174 / 123 / 97 / 72 us, 4 KB
+ * 157 / 104 / 86 / 64. */
 #ifndef M2A_TMA_SEG
-#define M2A_TMA_SEG 2048
+#define M2A_TMA_SEG 4096
 #endif
 #ifndef M2A_TMA_WARP_BYTES
 #define M2A_TMA_WARP_BYTES 12288
@@ -1070,13 +1084,16 @@ __host__ __device__ constexpr int tma_stages(int D)
                : kTmaMaxStages;
 }
 
-/* Launches of at most this many blocks reduce through bulk copies. On 2 x H200 at 4096
- * tokens (bf16, hidden 7168) the combine took 371 / 256 / 213 us at 16 / 24 / 32 SMs this
- * way against 513 / 359 / 284 us with loads. At 48 SMs bulk copies took 200 us against
- * 211, but the round trip gained nothing (the next dispatch waited the difference) and
- * 128 tokens lost 13%: loads stay there. */
+/* Launches of at most this many blocks reduce through bulk copies (where the even split
+ * does not apply): all of them. With the loop's instructions halved (session 22), one
+ * H100 at 4096 tokens takes 64 us this way at 48 SMs against 131 with loads; the loads
+ * way stays for rows the bulk copies cannot take (unaligned rows, more than kTmaRows
+ * ranks per token, GPUs before sm_90). Session 6's 2 x
+ * H200 measure, before the loop was halved: at 48 SMs bulk copies 200 us against 211
+ * with loads (then the bound was 32: the round trip gained nothing and 128 tokens lost
+ * 13%, a size the even split now takes). */
 #ifndef M2A_COMBINE_TMA_MAX_BLOCKS
-#define M2A_COMBINE_TMA_MAX_BLOCKS 32
+#define M2A_COMBINE_TMA_MAX_BLOCKS M2A_FAST_MAX_BLOCKS
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1125,8 +1142,7 @@ __device__ __forceinline__ void reduce_stage(const unsigned char *stage, unsigne
 #pragma unroll
         for (int d = 0; d < kTmaRows; d++)
             if (d < nd)
-#pragma unroll
-                for (int v = 0; v < V; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r[d]), v);
+                add_vec<DT>(acc, r[d]);
         reinterpret_cast<int4 *>(dst)[i] = Val<DT>::pack(acc);
     }
 }
