@@ -1119,31 +1119,44 @@ __device__ __forceinline__ void fence_proxy_async()
 #endif
 }
 
-/* Reduces a landed stage of nd rows (row d at stage + d x seg) into len bytes at dst:
+/* Reduces a landed stage of N rows (row d at stage + d x seg) into len bytes at dst:
  * rows summed in fp32 from 0 in stage order (ascending rank), rounded once. The rows
- * are loaded before any is added; nd is the warp's, so its branches are uniform. */
-template <moea2a_datatype_t DT>
-__device__ __forceinline__ void reduce_stage(const unsigned char *stage, unsigned seg, int nd, unsigned len,
-                                             unsigned char *dst)
+ * are loaded before any is added. N is a template argument so that a unit's loop has
+ * no branch or predicate per row (reduce_landed picks it from the unit). */
+template <moea2a_datatype_t DT, int N>
+__device__ __forceinline__ void reduce_rows(const unsigned char *stage, unsigned seg, unsigned len, unsigned char *dst)
 {
     constexpr int V = 16 / Val<DT>::size, U = (int)(kTmaSeg / 16 / 32); /* the largest unit */
     const unsigned lane = threadIdx.x & 31, C = len / 16;
+    const int4 *row = reinterpret_cast<const int4 *>(stage) + lane;
+    int4 *out = reinterpret_cast<int4 *>(dst) + lane;
+    const unsigned row_step = seg / 16;
 #pragma unroll
     for (int k = 0; k < U; k++) {
-        const unsigned i = lane + 32u * k;
-        if (i >= C) break;
-        int4 r[kTmaRows];
+        if (lane + 32u * k >= C) break;
+        int4 r[N > 0 ? N : 1];
 #pragma unroll
-        for (int d = 0; d < kTmaRows; d++)
-            if (d < nd) r[d] = reinterpret_cast<const int4 *>(stage + (size_t)d * seg)[i];
+        for (int d = 0; d < N; d++) r[d] = row[d * row_step + 32 * k];
         float acc[V];
 #pragma unroll
         for (int v = 0; v < V; v++) acc[v] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < kTmaRows; d++)
-            if (d < nd)
-                add_vec<DT>(acc, r[d]);
-        reinterpret_cast<int4 *>(dst)[i] = Val<DT>::pack(acc);
+        for (int d = 0; d < N; d++) add_vec<DT>(acc, r[d]);
+        out[32 * k] = Val<DT>::pack(acc);
+    }
+}
+
+template <moea2a_datatype_t DT>
+__device__ __forceinline__ void reduce_landed(const unsigned char *stage, unsigned seg, int nd, unsigned len,
+                                              unsigned char *dst)
+{
+    static_assert(kTmaRows == 4, "one case per row count");
+    switch (nd) {
+    case 0: reduce_rows<DT, 0>(stage, seg, len, dst); break;
+    case 1: reduce_rows<DT, 1>(stage, seg, len, dst); break;
+    case 2: reduce_rows<DT, 2>(stage, seg, len, dst); break;
+    case 3: reduce_rows<DT, 3>(stage, seg, len, dst); break;
+    default: reduce_rows<DT, 4>(stage, seg, len, dst); break;
     }
 }
 
@@ -1201,26 +1214,36 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     int pend_t = t;
     uint32_t pend_j = j;
     int32_t pend_slot = pend && lane < D ? __ldcg(send_map + (size_t)pend_t * p.k + lane) : -1;
+    /* the token of the last unit issued: its rows (lane d: the row of its d-th map entry,
+     * null past them), how many, and where this lane's row lands in a stage */
+    int cur_t = -1, nd = 0;
+    unsigned ok_rows = 0;
+    const unsigned char *src_row = nullptr;
+    unsigned char *land = nullptr;
     /* issue: the pending unit's rows (ascending rank) into stage s, then the next one's map */
     auto issue = [&](int s) {
         const int ut = pend_t;
         const uint32_t uj = pend_j;
-        const int32_t slot = pend_slot;
+        if (ut != cur_t) { /* a token's rows are found once for all its units */
+            const int32_t slot = pend_slot;
+            cur_t = ut;
+            ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
+            nd = __popc(ok_rows);
+            src_row = slot >= 0 ? f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row : nullptr;
+            /* the d-th valid entry in rank order lands at row d of the stage */
+            land = stages + (size_t)__popc(ok_rows & ((1u << lane) - 1)) * seg;
+        }
         if (++j == S) j = 0, t++;
         pend = next_unit();
         if (pend && t != pend_t) pend_slot = lane < D ? __ldcg(send_map + (size_t)t * p.k + lane) : -1;
         pend_t = t, pend_j = j;
-        const unsigned ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
-        const int nd = __popc(ok_rows);
         const unsigned off = uj * seg;
         const unsigned len = (unsigned)(out_row - off < seg ? out_row - off : seg);
         if (lane == 0) units_at[w][s] = make_int4(ut, nd, (int)off, (int)len);
-        if (slot >= 0) { /* the d-th valid entry in rank order lands at row d of the stage */
-            const int d = __popc(ok_rows & ((1u << lane) - 1));
-            const unsigned char *src = f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row + off;
-            if (d == 0) mbar_expect(&bars[w][s], (unsigned)nd * len);
+        if (src_row) {
+            if (land == stages) mbar_expect(&bars[w][s], (unsigned)nd * len); /* row 0's lane */
             __syncwarp(ok_rows);
-            bulk_load(stages + (size_t)s * stage_bytes + (size_t)d * seg, src, len, &bars[w][s]);
+            bulk_load(land + (size_t)s * stage_bytes, src_row + off, len, &bars[w][s]);
         } else if (nd == 0 && lane == 0) {
             mbar_expect(&bars[w][s], 0); /* a token sent nowhere: zeros, nothing to load */
         }
@@ -1236,8 +1259,8 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
         const int4 u = units_at[w][s];
         mbar_wait(&bars[w][s], (phase >> s) & 1u);
         phase ^= 1u << s;
-        reduce_stage<DT>(stages + (size_t)s * stage_bytes, seg, u.y, (unsigned)u.w,
-                         out + (size_t)u.x * out_row + (unsigned)u.z);
+        reduce_landed<DT>(stages + (size_t)s * stage_bytes, seg, u.y, (unsigned)u.w,
+                          out + (size_t)u.x * out_row + (unsigned)u.z);
         __syncwarp(); /* every lane's reads of stage s and of units_at[w][s] before they are written again */
         if (!pend) n_in--;
         else issue(s);
