@@ -1160,50 +1160,41 @@ __device__ __forceinline__ void reduce_landed(const unsigned char *stage, unsign
     }
 }
 
-/* The reduce loop of combine_kernel through bulk copies: units of tma_seg(D) bytes from the
- * same counter, tma_stages(D) of them in flight per warp. Needs tma_stages(D) >= 2,
- * 16-byte rows and kTmaSmem bytes of dynamic shared memory.
+/* Reduces tokens' rows through bulk copies: units of tma_seg(D) bytes of a token's output
+ * row, tma_stages(D) of them in flight per warp. grab(&u0, &end) gives the warp its next
+ * run of units [u0, end) (false: none left); rows(code) is the row of a send map code.
+ * Needs tma_stages(D) >= 2, 16-byte rows and kTmaSmem bytes of dynamic shared memory.
  * At few SMs the time is the instructions a unit costs (ncu at 16 SMs on one H100: issue
  * slots 55% busy, ~780 warp instructions per 2 KB unit), so the loop keeps them few: the
- * grab's units are walked without a division each, a token's map is read once for its
+ * grab's units are walked without a division each, a token's rows are found once for its
  * units, the stage's unit is read from shared memory, and a stage is copied into again
  * after a __syncwarp alone: every lane's reads of it have returned (their sums were
  * stored), the consumer release of CUTLASS's TMA pipelines. */
-template <moea2a_datatype_t DT>
-__device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *send_map, int D, int stride, size_t row,
-                            size_t out_row, uint32_t S, unsigned long long units, unsigned take,
-                            unsigned long long grabs, unsigned long long *next, unsigned long long taken,
+template <moea2a_datatype_t DT, typename Grab, typename Rows>
+__device__ void reduce_bulk(const int32_t *send_map, int k, int D, size_t out_row, uint32_t S, Grab grab, Rows rows,
                             unsigned char *out)
 {
     extern __shared__ __align__(128) unsigned char dsm[];
     __shared__ uint64_t bars[kWarps][kTmaMaxStages];
     __shared__ int4 units_at[kWarps][kTmaMaxStages]; /* stage s's unit: token, rows, offset, length */
-    const m2a_kparams_t &p = f.p;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, me = p.me, NS = tma_stages(D);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, NS = tma_stages(D);
     const unsigned seg = (unsigned)tma_seg(D), stage_bytes = (unsigned)D * seg;
     unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
     if (lane == 0)
         for (int s = 0; s < NS; s++) mbar_init(&bars[w][s], 1);
     fence_proxy_async(); /* the barriers' init and the signals' acquire before any bulk copy */
     __syncwarp();
-    /* the warp's units in order: grab g covers units [g * take, (g + 1) * take); the
-     * next unit is (t, j), segment j of token t, and `left` more follow in the grab */
-    unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
+    /* the next unit is (t, j), segment j of token t, and `left` more follow in the grab */
     long long left = 0;
     int t = 0;
     uint32_t j = 0;
-    auto open_grab = [&]() {
-        const unsigned long long u0 = g * take, end = u0 + take < units ? u0 + take : units;
-        left = (long long)(end - u0), t = (int)(u0 / S), j = (uint32_t)(u0 % S);
-        if (lane == 0) taken = atomicAdd(next, 1ull);
-    };
-    if (g < grabs) open_grab();
+    bool more = true;
     auto next_unit = [&]() -> bool {
         if (left == 0) {
-            if (g >= grabs) return false;
-            g = __shfl_sync(0xffffffffu, taken, 0);
-            if (g >= grabs) return false;
-            open_grab();
+            unsigned long long u0, end;
+            if (!more || !(more = grab(&u0, &end))) return false;
+            left = (long long)(end - u0), t = (int)(u0 / S), j = (uint32_t)(u0 % S);
+            if (left <= 0) return more = false;
         }
         left--;
         return true;
@@ -1213,7 +1204,7 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
     bool pend = next_unit();
     int pend_t = t;
     uint32_t pend_j = j;
-    int32_t pend_slot = pend && lane < D ? __ldcg(send_map + (size_t)pend_t * p.k + lane) : -1;
+    int32_t pend_slot = pend && lane < D ? __ldcg(send_map + (size_t)pend_t * k + lane) : -1;
     /* the token of the last unit issued: its rows (lane d: the row of its d-th map entry,
      * null past them), how many, and where this lane's row lands in a stage */
     int cur_t = -1, nd = 0;
@@ -1229,13 +1220,13 @@ __device__ void combine_tma(const m2a_fast_t &f, const Ctl &c, const int32_t *se
             cur_t = ut;
             ok_rows = __ballot_sync(0xffffffffu, slot >= 0);
             nd = __popc(ok_rows);
-            src_row = slot >= 0 ? f.peer[slot / p.cap] + f.combine + ((size_t)me * stride + slot % p.cap) * row : nullptr;
+            src_row = slot >= 0 ? rows(slot) : nullptr;
             /* the d-th valid entry in rank order lands at row d of the stage */
             land = stages + (size_t)__popc(ok_rows & ((1u << lane) - 1)) * seg;
         }
         if (++j == S) j = 0, t++;
         pend = next_unit();
-        if (pend && t != pend_t) pend_slot = lane < D ? __ldcg(send_map + (size_t)t * p.k + lane) : -1;
+        if (pend && t != pend_t) pend_slot = lane < D ? __ldcg(send_map + (size_t)t * k + lane) : -1;
         pend_t = t, pend_j = j;
         const unsigned off = uj * seg;
         const unsigned len = (unsigned)(out_row - off < seg ? out_row - off : seg);
@@ -1437,7 +1428,14 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const unsigned long long grabs = (units + take - 1) / take;
     unsigned long long taken = lane == 0 ? atomicAdd(next, 1ull) : 0;
     if constexpr (WAY == kTma) {
-        if (ok) combine_tma<DT>(f, c, send_map, D, stride, row, out_row, S, units, take, grabs, next, taken, out);
+        auto grab = [&](unsigned long long *u0, unsigned long long *end) -> bool {
+            const unsigned long long g = __shfl_sync(0xffffffffu, taken, 0);
+            if (g >= grabs) return false;
+            *u0 = g * take, *end = *u0 + take < units ? *u0 + take : units;
+            if (lane == 0) taken = atomicAdd(next, 1ull); /* the grab after this one */
+            return true;
+        };
+        if (ok) reduce_bulk<DT>(send_map, p.k, D, out_row, S, grab, PeerRow{f, stride, row}, out);
     } else {
         int t_prev = -1, nd = 0;
         const unsigned char *row_lo = nullptr, *row_hi = nullptr; /* row d in lane d (and d - 32) */
@@ -1461,10 +1459,11 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
 
 /* Copy-engine mode's sum (its own kernel: nothing waits, every row is in this GPU's
  * memory): each token's rows from this rank's combine buffer (its own slot there) or
- * from the landing area the copy engines filled ([index[rank]][cap][row]), summed by
- * reduce_unit (the load/store combine's arithmetic): the even reduce (reduce_even), or
- * 1 KB units split evenly where rows are not 16-byte aligned. */
-template <moea2a_datatype_t DT>
+ * from the landing area the copy engines filled ([index[rank]][cap][row]), summed with
+ * the load/store combine's arithmetic, its units split evenly over the warps: the even
+ * reduce (reduce_even) where it applies, else through bulk copies (BULK, reduce_bulk),
+ * or 1 KB units where rows are not 16-byte aligned. */
+template <moea2a_datatype_t DT, bool BULK>
 __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int n, int stride,
                                                               const unsigned char *__restrict__ landing,
                                                               const int32_t *__restrict__ index,
@@ -1481,6 +1480,20 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
         return rank == p.me ? ws + f.combine + ((size_t)p.me * stride + slot) * row
                             : landing + ((size_t)index[rank] * p.cap + slot) * row;
     };
+    const long long gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if constexpr (BULK) {
+        const uint32_t S = (uint32_t)((out_row + tma_seg(D) - 1) / tma_seg(D));
+        const long long units = (long long)n * S;
+        bool given = false; /* the warp's one run of units */
+        auto grab = [&](unsigned long long *u0, unsigned long long *end) -> bool {
+            if (given) return false;
+            given = true;
+            *u0 = (unsigned long long)warp_share(units, gw), *end = (unsigned long long)warp_share(units, gw + 1);
+            return true;
+        };
+        reduce_bulk<DT>(send_map, p.k, D, out_row, S, grab, at, out);
+        return;
+    }
     if (vec) {
         long long u0, u1;
         const MapCodes first = even_first(send_map, p.k, D, out_row, n, &u0, &u1);
@@ -1488,7 +1501,7 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
         return;
     }
     const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
-    const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const long long units = (long long)n * S;
     int t_prev = -1, nd = 0;
     const unsigned char *row_lo = nullptr, *row_hi = nullptr;
     for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
@@ -1577,9 +1590,9 @@ extern "C" int m2a_fast_load(void)
     e = load_combine<MOEA2A_FLOAT16>(e);
     e = load_combine<MOEA2A_BFLOAT16>(e);
     e = load(signal_kernel, e);
-    e = load(landing_reduce_kernel<MOEA2A_FLOAT32>, e);
-    e = load(landing_reduce_kernel<MOEA2A_FLOAT16>, e);
-    return load(landing_reduce_kernel<MOEA2A_BFLOAT16>, e);
+    e = load(landing_reduce_kernel<MOEA2A_FLOAT32, false>, load(landing_reduce_kernel<MOEA2A_FLOAT32, true>, e));
+    e = load(landing_reduce_kernel<MOEA2A_FLOAT16, false>, load(landing_reduce_kernel<MOEA2A_FLOAT16, true>, e));
+    return load(landing_reduce_kernel<MOEA2A_BFLOAT16, false>, load(landing_reduce_kernel<MOEA2A_BFLOAT16, true>, e));
 }
 
 extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)
@@ -1588,22 +1601,12 @@ extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)
     return (int)cudaGetLastError();
 }
 
-extern "C" int m2a_fast_landing_reduce(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
-                                       const int32_t *index, void *out, void *stream)
+/* Whether this device runs bulk copies (sm_90+), with the kernels that reduce through them
+ * allowed the dynamic shared memory they need: checked once per device. */
+template <typename K> static bool bulk_smem(K kernel)
 {
-    if (n <= 0 || f->hidden == 0) return 0;
-    cudaStream_t s = (cudaStream_t)stream;
-    unsigned char *o = static_cast<unsigned char *>(out);
-    switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: landing_reduce_kernel<MOEA2A_FLOAT32><<<blocks, T, 0, s>>>(*f, n, stride, landing, index, o); break;
-    case MOEA2A_FLOAT16: landing_reduce_kernel<MOEA2A_FLOAT16><<<blocks, T, 0, s>>>(*f, n, stride, landing, index, o); break;
-    default: landing_reduce_kernel<MOEA2A_BFLOAT16><<<blocks, T, 0, s>>>(*f, n, stride, landing, index, o); break;
-    }
-    return (int)cudaGetLastError();
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kTmaSmem) == cudaSuccess;
 }
-
-/* Whether this device runs bulk copies (sm_90+), with the combine kernels allowed the
- * dynamic shared memory they need: checked once per device. */
 static bool tma_capable()
 {
     static int cached[64];
@@ -1612,16 +1615,22 @@ static bool tma_capable()
     if (!cached[dev]) {
         int major = 0;
         bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT32, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)kTmaSmem) == cudaSuccess &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_FLOAT16, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)kTmaSmem) == cudaSuccess &&
-                  cudaFuncSetAttribute(combine_kernel<MOEA2A_BFLOAT16, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)kTmaSmem) == cudaSuccess;
+                  bulk_smem(combine_kernel<MOEA2A_FLOAT32, kTma>) && bulk_smem(combine_kernel<MOEA2A_FLOAT16, kTma>) &&
+                  bulk_smem(combine_kernel<MOEA2A_BFLOAT16, kTma>) && bulk_smem(landing_reduce_kernel<MOEA2A_FLOAT32, true>) &&
+                  bulk_smem(landing_reduce_kernel<MOEA2A_FLOAT16, true>) &&
+                  bulk_smem(landing_reduce_kernel<MOEA2A_BFLOAT16, true>);
         cudaGetLastError();
         cached[dev] = ok ? 1 : -1;
     }
     return cached[dev] > 0;
+}
+
+/* Whether a reduce of these rows may go through bulk copies: 16-byte rows (vec), a token
+ * on at most kTmaRows ranks, two stages per warp, an sm_90+ device. */
+static bool bulk_fits(const m2a_fast_t *f, bool vec)
+{
+    const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
+    return vec && D <= kTmaRows && tma_stages(D) >= 2 && tma_capable();
 }
 
 template <CombineWay WAY>
@@ -1642,15 +1651,41 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = static_cast<unsigned char *>(out);
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
-    const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
     const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
     if ((phases & M2A_FAST_RECV) && vec && even_units(out_row, n, blocks)) {
         launch_combine<kEven>(f, blocks, s, n, stride, expert_rows, o, status, phases);
-    } else if ((phases & M2A_FAST_RECV) && vec && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && tma_capable() &&
-               D <= kTmaRows && tma_stages(D) >= 2) {
+    } else if ((phases & M2A_FAST_RECV) && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && bulk_fits(f, vec)) {
         launch_combine<kTma>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     } else {
         launch_combine<kLoads>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     }
     return (int)cudaGetLastError();
 }
+
+extern "C" int m2a_fast_landing_reduce(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
+                                       const int32_t *index, void *out, void *stream)
+{
+    if (n <= 0 || f->hidden == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned char *o = static_cast<unsigned char *>(out);
+    const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
+    const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && ((uintptr_t)o | (uintptr_t)landing) % 16 == 0;
+    const bool bulk = !even_units(out_row, n, blocks) && bulk_fits(f, vec);
+    const size_t smem = bulk ? kTmaSmem : 0;
+    switch (f->combine_dtype) {
+    case MOEA2A_FLOAT32:
+        (bulk ? landing_reduce_kernel<MOEA2A_FLOAT32, true> : landing_reduce_kernel<MOEA2A_FLOAT32, false>)<<<blocks, T, smem, s>>>(
+            *f, n, stride, landing, index, o);
+        break;
+    case MOEA2A_FLOAT16:
+        (bulk ? landing_reduce_kernel<MOEA2A_FLOAT16, true> : landing_reduce_kernel<MOEA2A_FLOAT16, false>)<<<blocks, T, smem, s>>>(
+            *f, n, stride, landing, index, o);
+        break;
+    default:
+        (bulk ? landing_reduce_kernel<MOEA2A_BFLOAT16, true> : landing_reduce_kernel<MOEA2A_BFLOAT16, false>)<<<blocks, T, smem, s>>>(
+            *f, n, stride, landing, index, o);
+        break;
+    }
+    return (int)cudaGetLastError();
+}
+
