@@ -339,7 +339,9 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
  * without the fence 8 / 128 / 1024 tokens took 12.50 / 13.54 / 29.90 -> 11.84 / 13.26 / 29.46 us
  * on one H200. Session 14's prefetch of the few-token units into L1 went
  * in session 20: an acquire load (the gate's) invalidates L1 (CCTL.IVALL), and without
- * the prefetch 128 tokens took 0.5 us less on one H200. */
+ * the prefetch 128 tokens took 0.5 us less on one H200. The counter-fed dispatch asks for
+ * a warp's next unit while it copies the current one (session 22, one H100, 4096 tokens at
+ * 16 / 24 / 48 SMs: 170.8 / 126.5 / 80.9 -> 168.6 / 125.0 / 79.3 us). */
 #ifndef M2A_DISPATCH_PRE
 #define M2A_DISPATCH_PRE 1
 #endif
@@ -572,7 +574,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
     int ready = -1;  /* the last block whose send map this warp saw complete */
     int quantized = -1; /* kAlongside: the last chunk this warp saw quantized */
     /* the warp's next unit, asked for while it copies the current one: one round trip to
-     * the counter less per unit (at 4096 tokens on one H100, 16 / 24 SMs: see M2A_DISPATCH_NEXT_AHEAD) */
+     * the counter less per unit (M2A_DISPATCH_NEXT_AHEAD) */
     unsigned long long ahead = 0;
     if (M2A_DISPATCH_NEXT_AHEAD && lane == 0) ahead = atomicAdd(next, 1ull);
     for (;;) {
