@@ -50,22 +50,24 @@ static __device__ __forceinline__ uint32_t cvt_pair(float lo, float hi, moea2a_d
  * that holds one takes convert.h's way). */
 template <moea2a_datatype_t DT> static __device__ __forceinline__ int4 pack_vec(const float *v)
 {
-    if constexpr (DT == MOEA2A_FLOAT32)
+    if constexpr (DT == MOEA2A_FLOAT32) {
         return make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]), __float_as_int(v[3]));
-    bool nan = false;
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) nan |= !(v[i] == v[i] && v[i + 1] == v[i + 1]);
-    uint32_t w[4];
-    if (!nan) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) w[i] = cvt_pair(v[2 * i], v[2 * i + 1], DT);
     } else {
-        unsigned char b[16];
+        bool nan = false;
 #pragma unroll
-        for (int i = 0; i < 8; i++) Elem<DT>::store(b, (size_t)i, v[i]);
-        memcpy(w, b, 16);
+        for (int i = 0; i < 8; i += 2) nan |= !(v[i] == v[i] && v[i + 1] == v[i + 1]);
+        uint32_t w[4];
+        if (!nan) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = cvt_pair(v[2 * i], v[2 * i + 1], DT);
+        } else {
+            unsigned char b[16];
+#pragma unroll
+            for (int i = 0; i < 8; i++) Elem<DT>::store(b, (size_t)i, v[i]);
+            memcpy(w, b, 16);
+        }
+        return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
     }
-    return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
 }
 
 } // namespace m2a_elem

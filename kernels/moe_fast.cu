@@ -1098,10 +1098,9 @@ __host__ __device__ constexpr int tma_stages(int D)
  * does not apply): all of them. With the loop's instructions halved (session 22), one
  * H100 at 4096 tokens takes 64 us this way at 48 SMs against 131 with loads; the loads
  * way stays for rows the bulk copies cannot take (unaligned rows, more than kTmaRows
- * ranks per token, GPUs before sm_90). Session 6's 2 x
- * H200 measure, before the loop was halved: at 48 SMs bulk copies 200 us against 211
- * with loads (then the bound was 32: the round trip gained nothing and 128 tokens lost
- * 13%, a size the even split now takes). */
+ * ranks per token, GPUs before sm_90). On 2 x H200 before that change (session 6), at 48
+ * SMs bulk copies took 200 us against 211 with loads; the bound was then 32, since the
+ * round trip gained nothing and 128 tokens lost 13% (a size the even split now takes). */
 #ifndef M2A_COMBINE_TMA_MAX_BLOCKS
 #define M2A_COMBINE_TMA_MAX_BLOCKS M2A_FAST_MAX_BLOCKS
 #endif
@@ -1192,7 +1191,7 @@ __device__ void reduce_bulk(const int32_t *send_map, int k, int D, size_t out_ro
     unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
     if (lane == 0)
         for (int s = 0; s < NS; s++) mbar_init(&bars[w][s], 1);
-    fence_proxy_async(); /* the barriers' init and the signals' acquire before any bulk copy */
+    fence_proxy_async(); /* the barriers' init (and the combine's acquire of its peers' signals) before any bulk copy */
     __syncwarp();
     /* the next unit is (t, j), segment j of token t, and `left` more follow in the grab */
     long long left = 0;
