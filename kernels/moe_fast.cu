@@ -30,7 +30,7 @@
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;
- *   2. (token, 2 KB segment) units split evenly over the warps (up to 16 per warp, in a
+ *   2. (token, 2 KB segment) units split evenly over the warps (up to 8 per warp, in a
  *      kernel of its own), else (token, segment) units taken from a counter, their rows
  *      brought into shared memory by the SM's bulk copy engine (sm_90, up to 4 rows),
  *      else read with 16-byte loads: each token's rows in ascending rank order, summed
@@ -969,13 +969,16 @@ template <moea2a_datatype_t DT> __device__ __forceinline__ void add_vec(float *a
 constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
 /* Up to kEvenUnitsPerWarp units of kSegEven bytes per warp: larger units, split evenly,
  * 4 vectors per lane of 2 rows at a time (bench/RESULTS.md, session 20: on one H200,
- * 48 SMs, the counter's way took 16.4 / 23.0 / 42.0 us at 256 / 512 / 1024 tokens, this
- * one 11.4 / 15.2 / 27.8; 2048 and 4096 tokens too are faster this way there, 75 -> 47
- * and 142 -> 85 us, but there two GPUs are bound by the links, whose uneven service the
- * counter's balance was chosen for: the bound stays at 16 until it is measured there). */
+ * 48 SMs, the counter's 1 KB loads took 16.4 / 23.0 / 42.0 us at 256 / 512 / 1024 tokens,
+ * this one 11.4 / 15.2 / 27.8). Past the bound the bulk-copy way takes over, whose
+ * counter also balances the SMs that the links serve unevenly. Since that way's loop lost
+ * half its instructions (session 22, one H100, combine us at 256 / 512 / 1024 tokens),
+ * a bound of 8 beats 16 where more units per warp would follow: 48 SMs 10.2 / 13.5 /
+ * 21.3 against 10.1 / 12.9 / 24.2, 16 SMs 14.4 / 20.3 / 34.0 against 14.4 / 23.6 / 34.0;
+ * 4 and 2 lose at 256-512 tokens (48 SMs 512 tokens 14.6, 24 SMs 256 tokens 14.3). */
 constexpr size_t kSegEven = 2048;
 #ifndef M2A_COMBINE_EVEN_UNITS
-#define M2A_COMBINE_EVEN_UNITS 16
+#define M2A_COMBINE_EVEN_UNITS 8
 #endif
 constexpr int kEvenUnitsPerWarp = M2A_COMBINE_EVEN_UNITS;
 
