@@ -1486,7 +1486,7 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     const unsigned char *ws = f.peer[p.me];
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
     const size_t row = f.combine_row, out_row = f.hidden * Val<DT>::size;
-    const bool vec = out_row % 16 == 0 && row % 16 == 0 && ((uintptr_t)out | (uintptr_t)landing) % 16 == 0;
+    const bool vec = out_row % 16 == 0 && row % 16 == 0 && ((uintptr_t)out | (uintptr_t)landing) % 16 == 0; /* !BULK */
     auto at = [&](int32_t code) -> const unsigned char * {
         const int rank = code / p.cap, slot = code % p.cap;
         return rank == p.me ? ws + f.combine + ((size_t)p.me * stride + slot) * row
@@ -1504,23 +1504,21 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
             return true;
         };
         reduce_bulk<DT>(send_map, p.k, D, out_row, S, grab, at, out);
-        return;
-    }
-    if (vec) {
+    } else if (vec) {
         long long u0, u1;
         const MapCodes first = even_first(send_map, p.k, D, out_row, n, &u0, &u1);
         reduce_even<DT>(send_map, p.k, D, out_row, u0, u1, first, at, out);
-        return;
-    }
-    const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
-    const long long units = (long long)n * S;
-    int t_prev = -1, nd = 0;
-    const unsigned char *row_lo = nullptr, *row_hi = nullptr;
-    for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
-        const int t = (int)(u / S);
-        if (t != t_prev) code_rows(map_codes(send_map, p.k, t, D), at, &nd, &row_lo, &row_hi), t_prev = t;
-        const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
-        reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, false);
+    } else {
+        const uint32_t S = (uint32_t)((out_row + kSegC - 1) / kSegC);
+        const long long units = (long long)n * S;
+        int t_prev = -1, nd = 0;
+        const unsigned char *row_lo = nullptr, *row_hi = nullptr;
+        for (long long u = warp_share(units, gw); u < warp_share(units, gw + 1); u++) {
+            const int t = (int)(u / S);
+            if (t != t_prev) code_rows(map_codes(send_map, p.k, t, D), at, &nd, &row_lo, &row_hi), t_prev = t;
+            const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+            reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, false);
+        }
     }
 }
 
