@@ -128,7 +128,7 @@ static const moea2a_datatype_t comb_types[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, 
  * (MOEA2A_CE_LANES; batches of 4 MiB or more): every rank sends all its tokens,
  * bf16 rows of 6-8 KiB, fp32 combine rows of 14-16 KiB (8 segments of 2 KB). On the
  * load/store path they take the combine's reduce past its even split (moea2a_moe(3):
- * over 8 segments per warp, 900 tokens x 8 at 48 SMs) through bulk copies, at 16, 24
+ * over 8 segments per warp, 768 tokens x 8 at 48 SMs) through bulk copies, at 16, 24
  * and 48 SMs, where the random cases' few segments take the even split; in copy-engine
  * mode the sum takes bulk copies too. */
 static int large_case = 0;

@@ -24,8 +24,8 @@
 # (prepare.sh BASE=<rev>), the A/B block builds it too and runs the same benchmarks
 # with both builds, alternating, AB_ROUNDS times (default 3): AB_RANKS GPUs (default
 # 2), AB_TOKENS (default 128,4096), at the SM budgets AB_SMS when set (AB_ARGS: more
-# moea2a_perf options), and --op fp4 on one
-# GPU; AB=0 skips it. WIRE=0 skips quantize on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
+# moea2a_perf options), and --op fp4 on one GPU; AB=0 skips it. WIRE=0 skips quantize
+# on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
 # FP4RANKS; EXPERT_TOKENS, default 128,4096); BENCH=expert runs only that benchmark.
 # GEMM=0 skips the FP4 expert GEMM next to cuBLAS (1 GPU; GEMM_ARGS adds moea2a_perf
