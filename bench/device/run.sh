@@ -3,7 +3,8 @@
 # by bench/device/prepare.sh. Builds moea2a from the tarball against that machine's
 # CUDA, the NCCL inside its PyTorch install and its UCX (headers from the carried
 # .deb); runs `make check` (GPU tests included), the GPU test under compute-sanitizer
-# (memcheck, racecheck), and the benchmarks; every log lands in $OUT.
+# (memcheck, racecheck), and the benchmarks; every log lands in $OUT. After the build,
+# bench/device/convert_check.cu checks the combine's 16-bit rounding on every float.
 # Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
