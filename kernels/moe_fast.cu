@@ -929,25 +929,10 @@ __global__ void signal_kernel(m2a_fast_t f, uint32_t blocks)
 
 /* ---- combine ---------------------------------------------------------------------------- */
 
-template <moea2a_datatype_t DT> struct Val;
-template <> struct Val<MOEA2A_FLOAT32> {
-    static constexpr int size = 4;
-    static __device__ float get(const unsigned char *b, int i) { return reinterpret_cast<const float *>(b)[i]; }
-    static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<float *>(b)[i] = v; }
-    static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_FLOAT32>(v); }
-};
-template <> struct Val<MOEA2A_BFLOAT16> {
-    static constexpr int size = 2;
-    static __device__ float get(const unsigned char *b, int i) { return m2a_bf16_to_f32(reinterpret_cast<const uint16_t *>(b)[i]); }
-    static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<uint16_t *>(b)[i] = m2a_f32_to_bf16(v); }
-    static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_BFLOAT16>(v); }
-};
-template <> struct Val<MOEA2A_FLOAT16> {
-    static constexpr int size = 2;
-    static __device__ float get(const unsigned char *b, int i) { return m2a_f16_to_f32(reinterpret_cast<const uint16_t *>(b)[i]); }
-    static __device__ void put(unsigned char *b, int i, float v) { reinterpret_cast<uint16_t *>(b)[i] = m2a_f32_to_f16(v); }
-    static __device__ int4 pack(const float *v) { return m2a_elem::pack_vec<MOEA2A_FLOAT16>(v); }
-};
+/* A value of DT at a time (Elem), 16-byte vectors rounded by the pair instruction (pack_vec):
+ * elem.cuh, shared with the other kernels. */
+using m2a_elem::Elem;
+using m2a_elem::pack_vec;
 
 /* acc[v] += value v of a 16-byte vector of DT (16 / size of them). bf16 words split by a
  * shift and a mask (one instruction each, where the element-wise get takes two). */
@@ -962,7 +947,7 @@ template <moea2a_datatype_t DT> __device__ __forceinline__ void add_vec(float *a
         }
     } else {
 #pragma unroll
-        for (int v = 0; v < 16 / Val<DT>::size; v++) acc[v] += Val<DT>::get(reinterpret_cast<const unsigned char *>(&r), v);
+        for (int v = 0; v < (int)(16 / Elem<DT>::size); v++) acc[v] += Elem<DT>::load(reinterpret_cast<const unsigned char *>(&r), v);
     }
 }
 
@@ -1000,7 +985,7 @@ __device__ void reduce_unit(const unsigned char *row_lo, const unsigned char *ro
 {
     const int lane = threadIdx.x & 31;
     if (vec) {
-        constexpr int V = 16 / Val<DT>::size;
+        constexpr int V = (int)(16 / Elem<DT>::size);
         const int C = (int)(len / 16);
         int4 r[U][R];
         float acc[U][V];
@@ -1025,17 +1010,17 @@ __device__ void reduce_unit(const unsigned char *row_lo, const unsigned char *ro
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (lane + 32 * u < C) reinterpret_cast<int4 *>(out + off)[lane + 32 * u] = Val<DT>::pack(acc[u]);
+            if (lane + 32 * u < C) reinterpret_cast<int4 *>(out + off)[lane + 32 * u] = pack_vec<DT>(acc[u]);
         return;
     }
-    const int h0 = (int)(off / Val<DT>::size), h1 = (int)((off + len) / Val<DT>::size);
+    const int h0 = (int)(off / Elem<DT>::size), h1 = (int)((off + len) / Elem<DT>::size);
     for (int h = h0; h < h1; h += 32) { /* warp-uniform trips: every lane reaches the shuffles */
         float acc = 0.0f;
         for (int d = 0; d < nd; d++) {
             const unsigned char *src = row_of(row_lo, row_hi, d);
-            if (h + lane < h1) acc += Val<DT>::get(src, h + lane);
+            if (h + lane < h1) acc += Elem<DT>::load(src, h + lane);
         }
-        if (h + lane < h1) Val<DT>::put(out, h + lane, acc);
+        if (h + lane < h1) Elem<DT>::store(out, h + lane, acc);
     }
 }
 
@@ -1138,7 +1123,7 @@ __device__ __forceinline__ void fence_proxy_async()
 template <moea2a_datatype_t DT, int N>
 __device__ __forceinline__ void reduce_rows(const unsigned char *stage, unsigned seg, unsigned len, unsigned char *dst)
 {
-    constexpr int V = 16 / Val<DT>::size, U = (int)(kTmaSeg / 16 / 32); /* the largest unit */
+    constexpr int V = (int)(16 / Elem<DT>::size), U = (int)(kTmaSeg / 16 / 32); /* the largest unit */
     const unsigned lane = threadIdx.x & 31, C = len / 16;
     const int4 *row = reinterpret_cast<const int4 *>(stage) + lane;
     int4 *out = reinterpret_cast<int4 *>(dst) + lane;
@@ -1154,7 +1139,7 @@ __device__ __forceinline__ void reduce_rows(const unsigned char *stage, unsigned
         for (int v = 0; v < V; v++) acc[v] = 0.0f;
 #pragma unroll
         for (int d = 0; d < N; d++) add_vec<DT>(acc, r[d]);
-        out[32 * k] = Val<DT>::pack(acc);
+        out[32 * k] = pack_vec<DT>(acc);
     }
 }
 
@@ -1409,7 +1394,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     }
     const int D = p.k < ep ? p.k : ep, lane = tid & 31;
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
-    const size_t out_row = f.hidden * Val<DT>::size;
+    const size_t out_row = f.hidden * Elem<DT>::size;
     long long even_u0 = 0, even_u1 = 0;
     MapCodes even_codes = {-1, -1};
     if constexpr (WAY == kEven) even_codes = even_first(send_map, p.k, D, out_row, n, &even_u0, &even_u1);
@@ -1485,7 +1470,7 @@ __global__ void __launch_bounds__(T, 1) landing_reduce_kernel(m2a_fast_t f, int 
     const int D = p.k < p.ep ? p.k : p.ep;
     const unsigned char *ws = f.peer[p.me];
     const int32_t *send_map = reinterpret_cast<const int32_t *>(ws + f.send_map);
-    const size_t row = f.combine_row, out_row = f.hidden * Val<DT>::size;
+    const size_t row = f.combine_row, out_row = f.hidden * Elem<DT>::size;
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && ((uintptr_t)out | (uintptr_t)landing) % 16 == 0; /* !BULK */
     auto at = [&](int32_t code) -> const unsigned char * {
         const int rank = code / p.cap, slot = code % p.cap;
