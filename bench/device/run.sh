@@ -4,7 +4,8 @@
 # CUDA, the NCCL inside its PyTorch install and its UCX (headers from the carried
 # .deb); runs `make check` (GPU tests included), the GPU test under compute-sanitizer
 # (memcheck, racecheck), and the benchmarks; every log lands in $OUT. After the build,
-# bench/device/convert_check.cu checks the combine's 16-bit rounding on every float.
+# bench/device/convert_check.cu checks the combine's 16-bit rounding on every float,
+# bench/device/combine_check.cu its sums of 2-4 rows in every way, on one GPU.
 # Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
@@ -67,6 +68,9 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
   # the combine's 16-bit rounding: the pair instruction against convert.h on every float
   nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o convert_check bench/device/convert_check.cu \
       >>"$OUT/build.log" 2>&1 && timeout 60 ./convert_check || echo "convert_check: failed (rc $?)"
+  # the combine's sums of 2-4 rows (every way) with the peers' workspaces on this GPU
+  nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o combine_check bench/device/combine_check.cu \
+      >>"$OUT/build.log" 2>&1 && timeout 300 ./combine_check || echo "combine_check: failed (rc $?)"
   if [ -n "${FLOORS:-}" ]; then
     nvcc -O3 -arch=sm_"${ARCH:-90}" -o floors bench/device/floors.cu >>"$OUT/build.log" 2>&1 || echo "floors: build failed"
     for c in $FLOORS; do IFS=: read -r sm mib chunk iss <<<"$c"; timeout 60 ./floors "$sm" "$mib" "$chunk" "$iss"; done

@@ -1,0 +1,238 @@
+/* The load/store combine's sums of 2-4 rows on one GPU (developers' check;
+ * bench/device/run.sh builds and runs it). With one rank every token has one row, so the
+ * library's own tests reach the sums of several rows, and the bulk-copy way's stages of
+ * several rows, only on 2+ GPUs. Here the peers' workspaces are buffers on this GPU: each
+ * case fills ep of them as ep ranks' dispatches would have (send map, combine rows), sets
+ * the control words as if every peer had signalled, and runs the receive half of the real
+ * combine kernel (kernels/moe_fast.cu, included) in each of its three ways, then
+ * copy-engine mode's sum (rows from a landing area) both ways, against a host reference
+ * written here: each token's rows summed in fp32 from 0 in ascending rank order, rounded
+ * once by lib/convert.h. Bit for bit; exit status 1 on any difference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "moe_fast.cu"
+
+namespace {
+
+struct Case {
+    int ep, me, n, hidden, blocks;
+    moea2a_datatype_t dt;
+};
+
+uint64_t rng = 0x9e3779b97f4a7c15ull;
+uint32_t rnd()
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+/* A finite value of dt: random sign and mantissa, exponents over a range wide enough that
+ * the sums round, with a few subnormals. */
+void fill_value(unsigned char *p, moea2a_datatype_t dt)
+{
+    const uint32_t r = rnd(), sign = r >> 31;
+    const bool sub = r % 61 == 0;
+    if (dt == MOEA2A_FLOAT32) {
+        const uint32_t e = sub ? 0 : 127 - 20 + (r >> 8) % 40, v = sign << 31 | e << 23 | (rnd() & 0x7fffffu);
+        memcpy(p, &v, 4);
+    } else if (dt == MOEA2A_BFLOAT16) {
+        const uint16_t e = sub ? 0 : 127 - 20 + (r >> 8) % 40, v = (uint16_t)(sign << 15 | e << 7 | (rnd() & 0x7fu));
+        memcpy(p, &v, 2);
+    } else {
+        const uint16_t e = sub ? 0 : 15 - 8 + (r >> 8) % 14, v = (uint16_t)(sign << 15 | e << 10 | (rnd() & 0x3ffu));
+        memcpy(p, &v, 2);
+    }
+}
+
+float host_load(const unsigned char *p, moea2a_datatype_t dt)
+{
+    uint16_t h;
+    float f;
+    if (dt == MOEA2A_FLOAT32) return memcpy(&f, p, 4), f;
+    memcpy(&h, p, 2);
+    return dt == MOEA2A_BFLOAT16 ? m2a_bf16_to_f32(h) : m2a_f16_to_f32(h);
+}
+
+void host_store(unsigned char *p, float v, moea2a_datatype_t dt)
+{
+    if (dt == MOEA2A_FLOAT32) return (void)memcpy(p, &v, 4);
+    const uint16_t h = dt == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(v) : m2a_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+#define CK(x)                                                                                       \
+    do {                                                                                            \
+        cudaError_t e_ = (x);                                                                       \
+        if (e_ != cudaSuccess) {                                                                    \
+            printf("combine_check: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);    \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+/* One workspace's layout: the control regions, the counts, the send map, the combine rows. */
+struct Layout {
+    size_t sig, blocks, ctl, counts, send_map, combine, bytes;
+};
+Layout layout_of(int ep, int n, int k, int stride, size_t row)
+{
+    Layout l;
+    l.sig = 0;
+    l.blocks = 1024;
+    l.ctl = l.blocks + M2A_FAST_BLOCK_BYTES;
+    l.counts = l.ctl + M2A_FAST_CTL_BYTES;
+    l.send_map = l.counts + 4 * (size_t)M2A_FAST_MAX_PEERS;
+    l.combine = (l.send_map + 4 * (size_t)n * k + 255) / 256 * 256;
+    l.bytes = l.combine + (size_t)ep * stride * row;
+    return l;
+}
+
+/* Runs one case in every way; returns the ways that differed from the reference. */
+int run_case(const Case &c, m2a_fast_error_t *err, m2a_fast_error_t *host_err)
+{
+    const int k = 8, cap = c.n, stride = cap, D = k < c.ep ? k : c.ep;
+    const size_t esz = c.dt == MOEA2A_FLOAT32 ? 4 : 2, out_row = (size_t)c.hidden * esz, row = out_row;
+    const Layout l = layout_of(c.ep, c.n, k, stride, row);
+
+    /* routing: each token goes to a random set of ranks (none at times), a slot at each in
+     * token order, as the dispatch numbers them */
+    std::vector<int32_t> map((size_t)c.n * k, -1);
+    std::vector<int> used(c.ep, 0);
+    for (int t = 0; t < c.n; t++) {
+        const uint32_t set = rnd() % 7 == 0 ? 0 : rnd() & ((1u << c.ep) - 1);
+        int d = 0;
+        for (int r = 0; r < c.ep; r++)
+            if (set >> r & 1) map[(size_t)t * k + d++] = r * cap + used[r]++;
+    }
+    /* every rank's combine rows for this rank (its slot me there), and the reference */
+    std::vector<std::vector<unsigned char>> ws(c.ep, std::vector<unsigned char>(l.bytes, 0));
+    for (int r = 0; r < c.ep; r++)
+        for (size_t i = 0; i < (size_t)used[r] * row; i += esz)
+            fill_value(ws[r].data() + l.combine + (size_t)c.me * stride * row + i, c.dt);
+    std::vector<unsigned char> want((size_t)c.n * out_row);
+    for (int t = 0; t < c.n; t++)
+        for (int h = 0; h < c.hidden; h++) {
+            float acc = 0.0f;
+            for (int d = 0; d < D && map[(size_t)t * k + d] >= 0; d++) {
+                const int32_t code = map[(size_t)t * k + d];
+                acc += host_load(ws[code / cap].data() + l.combine + ((size_t)c.me * stride + code % cap) * row + h * esz, c.dt);
+            }
+            host_store(want.data() + (size_t)t * out_row + h * esz, acc, c.dt);
+        }
+    /* this rank's control words: epoch 1, every peer's combine signal (blocks of them) in */
+    unsigned char *me_ws = ws[c.me].data();
+    memcpy(me_ws + l.send_map, map.data(), map.size() * 4);
+    uint32_t *arrive = reinterpret_cast<uint32_t *>(me_ws + l.sig);
+    for (int r = 0; r < c.ep; r++) arrive[c.ep + r] = (uint32_t)c.blocks;
+    reinterpret_cast<uint32_t *>(me_ws + l.ctl)[1] = 1;
+
+    m2a_fast_t f;
+    memset(&f, 0, sizeof(f));
+    f.p.ep = c.ep, f.p.me = c.me, f.p.k = k, f.p.cap = cap, f.p.nodes = 1;
+    f.sig = l.sig, f.blocks = l.blocks, f.ctl = l.ctl, f.recv_counts = l.counts, f.send_map = l.send_map;
+    f.combine = l.combine, f.combine_row = row, f.combine_dtype = c.dt, f.hidden = (size_t)c.hidden;
+    f.timeout_ns = 2000000000ull, f.err = err, f.host_err = host_err;
+    std::vector<unsigned char *> dws(c.ep);
+    for (int r = 0; r < c.ep; r++) {
+        CK(cudaMalloc(&dws[r], l.bytes));
+        CK(cudaMemcpy(dws[r], ws[r].data(), l.bytes, cudaMemcpyHostToDevice));
+        f.peer[r] = dws[r];
+    }
+    /* copy-engine mode's landing area: the peers' rows for this rank, [index[r]][cap][row] */
+    std::vector<int32_t> index(c.ep, -1);
+    unsigned char *landing, *out;
+    int32_t *dindex;
+    CK(cudaMalloc(&landing, (size_t)c.ep * cap * row + 16));
+    CK(cudaMalloc(&dindex, 4 * (size_t)c.ep));
+    for (int r = 0, i = 0; r < c.ep; r++) {
+        if (r == c.me) continue;
+        index[r] = i;
+        CK(cudaMemcpy(landing + (size_t)i++ * cap * row, dws[r] + l.combine + (size_t)c.me * stride * row,
+                      (size_t)cap * row, cudaMemcpyDeviceToDevice));
+    }
+    CK(cudaMemcpy(dindex, index.data(), 4 * (size_t)c.ep, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&out, c.n * out_row + 16));
+
+    const bool vec = out_row % 16 == 0, bulk = bulk_fits(&f, vec);
+    const char *names[] = {"loads", "even", "bulk copies", "copy-engine sum, bulk copies", "copy-engine sum"};
+    int bad_ways = 0;
+    for (int way = 0; way < 5; way++) {
+        if (way == 1 && !vec) continue; /* 16-byte rows only */
+        if ((way == 2 || way == 3) && !bulk) continue;
+        CK(cudaMemset(out, 0xff, c.n * out_row));
+        CK(cudaMemset(err, 0, sizeof(*err)));
+        CK(cudaMemset(dws[c.me] + l.ctl + M2A_FAST_CTL_STATS + 4 * 8, 0, 4 * 8)); /* the units handed out */
+        if (way < 3) {
+            if (way == 0) launch_combine<kLoads>(&f, c.blocks, 0, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
+            if (way == 1) launch_combine<kEven>(&f, c.blocks, 0, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
+            if (way == 2) launch_combine<kTma>(&f, c.blocks, 0, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
+        } else {
+            const size_t smem = way == 3 ? kTmaSmem : 0;
+#define LANDING(DT)                                                                                              \
+    (way == 3 ? landing_reduce_kernel<DT, true> : landing_reduce_kernel<DT, false>)<<<c.blocks, T, smem>>>(f, c.n, stride, \
+                                                                                                  landing, dindex, out)
+            if (c.dt == MOEA2A_FLOAT32) LANDING(MOEA2A_FLOAT32);
+            else if (c.dt == MOEA2A_FLOAT16) LANDING(MOEA2A_FLOAT16);
+            else LANDING(MOEA2A_BFLOAT16);
+#undef LANDING
+        }
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        m2a_fast_error_t e;
+        CK(cudaMemcpy(&e, err, sizeof(e), cudaMemcpyDeviceToHost));
+        std::vector<unsigned char> got(c.n * out_row);
+        CK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
+        size_t wrong = 0, first = 0;
+        for (size_t i = 0; i < got.size(); i += esz)
+            if (memcmp(&got[i], &want[i], esz) && !wrong++) first = i / esz;
+        if (wrong || e.code) {
+            bad_ways++;
+            printf("combine_check: ep %d me %d n %d hidden %d %s blocks %d, %s: %zu wrong (first at token %zu value %zu), "
+                   "error record %d\n", c.ep, c.me, c.n, c.hidden, c.dt == MOEA2A_FLOAT32 ? "fp32" : c.dt == MOEA2A_FLOAT16 ? "fp16" : "bf16", c.blocks, names[way], wrong,
+                   first / c.hidden, first % c.hidden, e.code);
+        }
+    }
+    for (int r = 0; r < c.ep; r++) cudaFree(dws[r]);
+    cudaFree(landing), cudaFree(dindex), cudaFree(out);
+    return bad_ways;
+}
+
+} // namespace
+
+/* Argument "quick": a few cases (for compute-sanitizer). */
+int main(int argc, char **argv)
+{
+    const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    m2a_fast_error_t *err, *host_err;
+    if (cudaMalloc(&err, sizeof(*err)) != cudaSuccess) {
+        printf("combine_check: no CUDA device\n");
+        return 0;
+    }
+    CK(cudaHostAlloc(&host_err, sizeof(*host_err), cudaHostAllocMapped));
+    const moea2a_datatype_t dts[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
+    /* hidden: the DeepSeek-V3 row, one a vector past whole units, small rows, a row not
+     * of whole 16-byte vectors; tokens and blocks from one unit per warp to many grabs */
+    const int hiddens[] = {7168, 7176, 2048, 8, 7};
+    const int tokens[] = {1, 37, 301};
+    const int blocks[] = {1, 3, 16};
+    int cases = 0, bad = 0;
+    for (int ep = 2; ep <= 4; ep++)
+        for (int me : {0, ep - 1})
+            for (moea2a_datatype_t dt : dts)
+                for (int hidden : hiddens)
+                    for (int n : tokens)
+                        for (int g : blocks) {
+                            if (quick && (n != 37 || g != 3 || (hidden != 7176 && hidden != 7))) continue;
+                            bad += run_case(Case{ep, me, n, hidden, g, dt}, err, host_err) != 0;
+                            cases++;
+                        }
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    printf("combine_check: %d cases of 2-4 ranks (every way each: loads, even, bulk copies%s, copy-engine sum), "
+           "%d with a difference\n", cases, tma_capable() ? "" : " (not on this GPU)", bad);
+    return bad ? 1 : 0;
+}
