@@ -19,7 +19,7 @@
 namespace {
 
 struct Case {
-    int ep, me, n, hidden, blocks;
+    int ep, me, n, hidden;
     moea2a_datatype_t dt;
 };
 
@@ -90,128 +90,224 @@ Layout layout_of(int ep, int n, int k, int stride, size_t row)
     return l;
 }
 
-/* Runs one case in every way; returns the ways that differed from the reference. */
-int run_case(const Case &c, m2a_fast_error_t *err, m2a_fast_error_t *host_err)
+const char *dt_name(moea2a_datatype_t dt)
 {
-    const int k = 8, cap = c.n, stride = cap, D = k < c.ep ? k : c.ep;
-    const size_t esz = c.dt == MOEA2A_FLOAT32 ? 4 : 2, out_row = (size_t)c.hidden * esz, row = out_row;
-    const Layout l = layout_of(c.ep, c.n, k, stride, row);
+    return dt == MOEA2A_FLOAT32 ? "fp32" : dt == MOEA2A_FLOAT16 ? "fp16" : "bf16";
+}
 
-    /* routing: each token goes to a random set of ranks (none at times), a slot at each in
-     * token order, as the dispatch numbers them */
-    std::vector<int32_t> map((size_t)c.n * k, -1);
-    std::vector<int> used(c.ep, 0);
-    for (int t = 0; t < c.n; t++) {
-        const uint32_t set = rnd() % 7 == 0 ? 0 : rnd() & ((1u << c.ep) - 1);
-        int d = 0;
-        for (int r = 0; r < c.ep; r++)
-            if (set >> r & 1) map[(size_t)t * k + d++] = r * cap + used[r]++;
-    }
-    /* every rank's combine rows for this rank (its slot me there), and the reference */
-    std::vector<std::vector<unsigned char>> ws(c.ep, std::vector<unsigned char>(l.bytes, 0));
-    for (int r = 0; r < c.ep; r++)
-        for (size_t i = 0; i < (size_t)used[r] * row; i += esz)
-            fill_value(ws[r].data() + l.combine + (size_t)c.me * stride * row + i, c.dt);
-    std::vector<unsigned char> want((size_t)c.n * out_row);
-    for (int t = 0; t < c.n; t++)
-        for (int h = 0; h < c.hidden; h++) {
-            float acc = 0.0f;
-            for (int d = 0; d < D && map[(size_t)t * k + d] >= 0; d++) {
-                const int32_t code = map[(size_t)t * k + d];
-                acc += host_load(ws[code / cap].data() + l.combine + ((size_t)c.me * stride + code % cap) * row + h * esz, c.dt);
-            }
-            host_store(want.data() + (size_t)t * out_row + h * esz, acc, c.dt);
-        }
-    /* this rank's control words: epoch 1, every peer's combine signal (blocks of them) in */
-    unsigned char *me_ws = ws[c.me].data();
-    memcpy(me_ws + l.send_map, map.data(), map.size() * 4);
-    uint32_t *arrive = reinterpret_cast<uint32_t *>(me_ws + l.sig);
-    for (int r = 0; r < c.ep; r++) arrive[c.ep + r] = (uint32_t)c.blocks;
-    reinterpret_cast<uint32_t *>(me_ws + l.ctl)[1] = 1;
+enum Way { kWayLoads, kWayEven, kWayBulk, kWayCeBulk, kWayCe, kWays };
+const char *const way_names[kWays] = {"loads", "even", "bulk copies", "copy-engine sum, bulk copies", "copy-engine sum"};
 
+/* One rank's combine over ep workspaces on this GPU, its rows and their reference. */
+struct Combine {
+    Case c;
+    int k = 8, cap = 0, stride = 0, D = 0;
+    size_t esz = 0, out_row = 0, row = 0;
+    Layout l;
+    std::vector<unsigned char> want;
+    std::vector<int32_t> index;
     m2a_fast_t f;
-    memset(&f, 0, sizeof(f));
-    f.p.ep = c.ep, f.p.me = c.me, f.p.k = k, f.p.cap = cap, f.p.nodes = 1;
-    f.sig = l.sig, f.blocks = l.blocks, f.ctl = l.ctl, f.recv_counts = l.counts, f.send_map = l.send_map;
-    f.combine = l.combine, f.combine_row = row, f.combine_dtype = c.dt, f.hidden = (size_t)c.hidden;
-    f.timeout_ns = 2000000000ull, f.err = err, f.host_err = host_err;
-    std::vector<unsigned char *> dws(c.ep);
-    for (int r = 0; r < c.ep; r++) {
-        CK(cudaMalloc(&dws[r], l.bytes));
-        CK(cudaMemcpy(dws[r], ws[r].data(), l.bytes, cudaMemcpyHostToDevice));
-        f.peer[r] = dws[r];
-    }
-    /* copy-engine mode's landing area: the peers' rows for this rank, [index[r]][cap][row] */
-    std::vector<int32_t> index(c.ep, -1);
-    unsigned char *landing, *out;
-    int32_t *dindex;
-    CK(cudaMalloc(&landing, (size_t)c.ep * cap * row + 16));
-    CK(cudaMalloc(&dindex, 4 * (size_t)c.ep));
-    for (int r = 0, i = 0; r < c.ep; r++) {
-        if (r == c.me) continue;
-        index[r] = i;
-        CK(cudaMemcpy(landing + (size_t)i++ * cap * row, dws[r] + l.combine + (size_t)c.me * stride * row,
-                      (size_t)cap * row, cudaMemcpyDeviceToDevice));
-    }
-    CK(cudaMemcpy(dindex, index.data(), 4 * (size_t)c.ep, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&out, c.n * out_row + 16));
+    std::vector<unsigned char *> dws;
+    unsigned char *landing = nullptr, *out = nullptr;
+    int32_t *dindex = nullptr;
+    bool vec = false, bulk = false;
+    size_t rows = 0; /* rows summed, over all tokens */
 
-    const bool vec = out_row % 16 == 0, bulk = bulk_fits(&f, vec);
-    const char *names[] = {"loads", "even", "bulk copies", "copy-engine sum, bulk copies", "copy-engine sum"};
-    int bad_ways = 0;
-    for (int way = 0; way < 5; way++) {
-        if (way == 1 && !vec) continue; /* 16-byte rows only */
-        if ((way == 2 || way == 3) && !bulk) continue;
-        CK(cudaMemset(out, 0xff, c.n * out_row));
-        CK(cudaMemset(err, 0, sizeof(*err)));
-        CK(cudaMemset(dws[c.me] + l.ctl + M2A_FAST_CTL_STATS + 4 * 8, 0, 4 * 8)); /* the units handed out */
-        if (way < 3) {
-            if (way == 0) launch_combine<kLoads>(&f, c.blocks, 0, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
-            if (way == 1) launch_combine<kEven>(&f, c.blocks, 0, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
-            if (way == 2) launch_combine<kTma>(&f, c.blocks, 0, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
-        } else {
-            const size_t smem = way == 3 ? kTmaSmem : 0;
-#define LANDING(DT)                                                                                              \
-    (way == 3 ? landing_reduce_kernel<DT, true> : landing_reduce_kernel<DT, false>)<<<c.blocks, T, smem>>>(f, c.n, stride, \
-                                                                                                  landing, dindex, out)
+    /* topk: each token's ranks from 8 distinct experts of 256 (DeepSeek-V3's routing),
+     * else a random set of ranks (none at times) */
+    Combine(const Case &cs, bool topk, m2a_fast_error_t *err, m2a_fast_error_t *host_err) : c(cs)
+    {
+        cap = stride = c.n, D = k < c.ep ? k : c.ep;
+        esz = c.dt == MOEA2A_FLOAT32 ? 4 : 2, out_row = row = (size_t)c.hidden * esz;
+        l = layout_of(c.ep, c.n, k, stride, row);
+        /* routing, a slot at each rank in token order, as the dispatch numbers them */
+        std::vector<int32_t> map((size_t)c.n * k, -1);
+        std::vector<int> used(c.ep, 0);
+        for (int t = 0; t < c.n; t++) {
+            uint32_t set = 0;
+            if (topk) {
+                uint64_t chosen[4] = {0, 0, 0, 0};
+                for (int j = 0; j < 8;) {
+                    const uint32_t e = rnd() % 256;
+                    if (chosen[e / 64] >> (e % 64) & 1) continue;
+                    chosen[e / 64] |= 1ull << (e % 64), j++;
+                    set |= 1u << (e / (256 / c.ep));
+                }
+            } else {
+                set = rnd() % 7 == 0 ? 0 : rnd() & ((1u << c.ep) - 1);
+            }
+            int d = 0;
+            for (int r = 0; r < c.ep; r++)
+                if (set >> r & 1) map[(size_t)t * k + d++] = r * cap + used[r]++;
+        }
+        for (int r = 0; r < c.ep; r++) rows += (size_t)used[r];
+        /* every rank's combine rows for this rank (its slot me there), and the reference */
+        std::vector<std::vector<unsigned char>> ws(c.ep, std::vector<unsigned char>(l.bytes, 0));
+        for (int r = 0; r < c.ep; r++)
+            for (size_t i = 0; i < (size_t)used[r] * row; i += esz)
+                fill_value(ws[r].data() + l.combine + (size_t)c.me * stride * row + i, c.dt);
+        want.resize((size_t)c.n * out_row);
+        for (int t = 0; t < c.n; t++)
+            for (int h = 0; h < c.hidden; h++) {
+                float acc = 0.0f;
+                for (int d = 0; d < D && map[(size_t)t * k + d] >= 0; d++) {
+                    const int32_t code = map[(size_t)t * k + d];
+                    acc += host_load(ws[code / cap].data() + l.combine + ((size_t)c.me * stride + code % cap) * row + h * esz,
+                                     c.dt);
+                }
+                host_store(want.data() + (size_t)t * out_row + h * esz, acc, c.dt);
+            }
+        memcpy(ws[c.me].data() + l.send_map, map.data(), map.size() * 4);
+        reinterpret_cast<uint32_t *>(ws[c.me].data() + l.ctl)[1] = 1; /* the combine's epoch */
+
+        memset(&f, 0, sizeof(f));
+        f.p.ep = c.ep, f.p.me = c.me, f.p.k = k, f.p.cap = cap, f.p.nodes = 1;
+        f.sig = l.sig, f.blocks = l.blocks, f.ctl = l.ctl, f.recv_counts = l.counts, f.send_map = l.send_map;
+        f.combine = l.combine, f.combine_row = row, f.combine_dtype = c.dt, f.hidden = (size_t)c.hidden;
+        f.timeout_ns = 2000000000ull, f.err = err, f.host_err = host_err;
+        dws.resize(c.ep);
+        for (int r = 0; r < c.ep; r++) {
+            CK(cudaMalloc(&dws[r], l.bytes));
+            CK(cudaMemcpy(dws[r], ws[r].data(), l.bytes, cudaMemcpyHostToDevice));
+            f.peer[r] = dws[r];
+        }
+        /* copy-engine mode's landing area: the peers' rows for this rank, [index[r]][cap][row] */
+        index.assign(c.ep, -1);
+        CK(cudaMalloc(&landing, (size_t)c.ep * cap * row + 16));
+        CK(cudaMalloc(&dindex, 4 * (size_t)c.ep));
+        for (int r = 0, i = 0; r < c.ep; r++) {
+            if (r == c.me) continue;
+            index[r] = i;
+            CK(cudaMemcpy(landing + (size_t)i++ * cap * row, dws[r] + l.combine + (size_t)c.me * stride * row,
+                          (size_t)cap * row, cudaMemcpyDeviceToDevice));
+        }
+        CK(cudaMemcpy(dindex, index.data(), 4 * (size_t)c.ep, cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&out, c.n * out_row + 16));
+        vec = out_row % 16 == 0, bulk = bulk_fits(&f, vec);
+    }
+    ~Combine()
+    {
+        for (unsigned char *p : dws) cudaFree(p);
+        cudaFree(landing), cudaFree(dindex), cudaFree(out);
+    }
+    bool applies(int way) const
+    {
+        return !(way == kWayEven && !vec) && !((way == kWayBulk || way == kWayCeBulk) && !bulk);
+    }
+    /* The control words a launch on `blocks` SMs reads: every peer's combine signal for
+     * epoch 1 (blocks of them), the units handed out zeroed. */
+    void arm(int blocks, cudaStream_t s)
+    {
+        uint32_t sig[2 * M2A_FAST_MAX_PEERS];
+        for (int r = 0; r < c.ep; r++) sig[r] = 0, sig[c.ep + r] = (uint32_t)blocks;
+        const unsigned long long zero[4] = {0, 0, 0, 0};
+        CK(cudaMemcpyAsync(dws[c.me] + l.sig, sig, 8 * (size_t)c.ep, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyAsync(dws[c.me] + l.ctl + M2A_FAST_CTL_STATS + 4 * 8, zero, sizeof(zero), cudaMemcpyHostToDevice, s));
+    }
+    /* One launch of a way (the receive half alone: the peers signalled) on `blocks` SMs. */
+    void go(int way, int blocks, cudaStream_t s)
+    {
+        if (way == kWayLoads) launch_combine<kLoads>(&f, blocks, s, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
+        if (way == kWayEven) launch_combine<kEven>(&f, blocks, s, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
+        if (way == kWayBulk) launch_combine<kTma>(&f, blocks, s, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
+        if (way == kWayCeBulk || way == kWayCe) {
+            const size_t smem = way == kWayCeBulk ? kTmaSmem : 0;
+#define LANDING(DT)                                                                                                   \
+    (way == kWayCeBulk ? landing_reduce_kernel<DT, true> : landing_reduce_kernel<DT, false>)<<<blocks, T, smem, s>>>( \
+        f, c.n, stride, landing, dindex, out)
             if (c.dt == MOEA2A_FLOAT32) LANDING(MOEA2A_FLOAT32);
             else if (c.dt == MOEA2A_FLOAT16) LANDING(MOEA2A_FLOAT16);
             else LANDING(MOEA2A_BFLOAT16);
 #undef LANDING
         }
         CK(cudaGetLastError());
+    }
+    /* Values that differ from the reference after a way on `blocks` SMs (or its error). */
+    size_t check(int way, int blocks)
+    {
+        CK(cudaMemset(out, 0xff, c.n * out_row));
+        CK(cudaMemset(f.err, 0, sizeof(*f.err)));
+        arm(blocks, 0);
+        go(way, blocks, 0);
         CK(cudaDeviceSynchronize());
         m2a_fast_error_t e;
-        CK(cudaMemcpy(&e, err, sizeof(e), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&e, f.err, sizeof(e), cudaMemcpyDeviceToHost));
         std::vector<unsigned char> got(c.n * out_row);
         CK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost));
         size_t wrong = 0, first = 0;
         for (size_t i = 0; i < got.size(); i += esz)
             if (memcmp(&got[i], &want[i], esz) && !wrong++) first = i / esz;
-        if (wrong || e.code) {
-            bad_ways++;
+        if (wrong || e.code)
             printf("combine_check: ep %d me %d n %d hidden %d %s blocks %d, %s: %zu wrong (first at token %zu value %zu), "
-                   "error record %d\n", c.ep, c.me, c.n, c.hidden, c.dt == MOEA2A_FLOAT32 ? "fp32" : c.dt == MOEA2A_FLOAT16 ? "fp16" : "bf16", c.blocks, names[way], wrong,
+                   "error record %d\n", c.ep, c.me, c.n, c.hidden, dt_name(c.dt), blocks, way_names[way], wrong,
                    first / c.hidden, first % c.hidden, e.code);
-        }
+        return wrong + (e.code != 0);
     }
-    for (int r = 0; r < c.ep; r++) cudaFree(dws[r]);
-    cudaFree(landing), cudaFree(dindex), cudaFree(out);
-    return bad_ways;
-}
+    /* Mean us of one launch (events around it alone; its control words written before). */
+    double time(int way, int blocks, int iters)
+    {
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        double total = 0;
+        for (int i = -3; i < iters; i++) {
+            arm(blocks, 0);
+            CK(cudaEventRecord(e0, 0));
+            go(way, blocks, 0);
+            CK(cudaEventRecord(e1, 0));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 0) total += ms;
+        }
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+        return 1000.0 * total / iters;
+    }
+};
 
 } // namespace
 
-/* Argument "quick": a few cases (for compute-sanitizer). */
+/* No argument: every case checked. "quick": a few (for compute-sanitizer). "time EP N
+ * HIDDEN [SMS...]": DeepSeek-V3's routing (top-8 of 256) over EP ranks, N tokens of
+ * HIDDEN bf16 values, each way timed at each SM budget (default 16 24 32 48), after its
+ * check. */
 int main(int argc, char **argv)
 {
-    const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    const bool quick = argc > 1 && !strcmp(argv[1], "quick"), timing = argc > 4 && !strcmp(argv[1], "time");
     m2a_fast_error_t *err, *host_err;
     if (cudaMalloc(&err, sizeof(*err)) != cudaSuccess) {
         printf("combine_check: no CUDA device\n");
         return 0;
     }
     CK(cudaHostAlloc(&host_err, sizeof(*host_err), cudaHostAllocMapped));
+    if (timing) {
+        const int ep = atoi(argv[2]), n = atoi(argv[3]), hidden = atoi(argv[4]);
+        std::vector<int> sms;
+        for (int i = 5; i < argc; i++) sms.push_back(atoi(argv[i]));
+        if (sms.empty()) sms = {16, 24, 32, 48};
+        if (ep < 1 || ep > 8 || n < 1 || hidden < 1) return printf("combine_check: time EP(1-8) N HIDDEN [SMS...]\n"), 2;
+        Combine cb(Case{ep, 0, n, hidden, MOEA2A_BFLOAT16}, true, err, host_err);
+        printf("# combine, one GPU, the peers' rows in its memory: ep %d, %d tokens (%.2f rows each), hidden %d bf16; "
+               "us per launch\n", ep, n, (double)cb.rows / n, hidden);
+        printf("| SMs |");
+        for (int w = 0; w < kWays; w++) printf(" %s |", way_names[w]);
+        printf("\n|---|---|---|---|---|---|\n");
+        int bad = 0;
+        for (int g : sms) {
+            printf("| %d |", g);
+            for (int w = 0; w < kWays; w++) {
+                if (!cb.applies(w)) {
+                    printf(" - |");
+                    continue;
+                }
+                const size_t wrong = cb.check(w, g);
+                bad += wrong != 0;
+                printf(" %.1f%s |", cb.time(w, g, 20), wrong ? " (WRONG)" : "");
+            }
+            printf("\n");
+        }
+        return bad ? 1 : 0;
+    }
     const moea2a_datatype_t dts[] = {MOEA2A_BFLOAT16, MOEA2A_FLOAT16, MOEA2A_FLOAT32};
     /* hidden: the DeepSeek-V3 row, one a vector past whole units, small rows, a row not
      * of whole 16-byte vectors; tokens and blocks from one unit per warp to many grabs */
@@ -223,15 +319,17 @@ int main(int argc, char **argv)
         for (int me : {0, ep - 1})
             for (moea2a_datatype_t dt : dts)
                 for (int hidden : hiddens)
-                    for (int n : tokens)
+                    for (int n : tokens) {
+                        if (quick && (n != 37 || (hidden != 7176 && hidden != 7))) continue;
+                        Combine cb(Case{ep, me, n, hidden, dt}, false, err, host_err);
                         for (int g : blocks) {
-                            if (quick && (n != 37 || g != 3 || (hidden != 7176 && hidden != 7))) continue;
-                            bad += run_case(Case{ep, me, n, hidden, g, dt}, err, host_err) != 0;
+                            if (quick && g != 3) continue;
+                            int wrong_ways = 0;
+                            for (int w = 0; w < kWays; w++) wrong_ways += cb.applies(w) && cb.check(w, g) != 0;
+                            bad += wrong_ways != 0;
                             cases++;
                         }
-    int dev = 0, major = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+                    }
     printf("combine_check: %d cases of 2-4 ranks (every way each: loads, even, bulk copies%s, copy-engine sum), "
            "%d with a difference\n", cases, tma_capable() ? "" : " (not on this GPU)", bad);
     return bad ? 1 : 0;
