@@ -1054,24 +1054,29 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
  * 6 of 1 KB 516 / 355; 16-byte loads 513 / 359; copying this rank's own row with the
  * lanes (cp.async) instead of the bulk engine, 4 of 1 KB, 525 / 360. On one H100 (1 row
  * per unit, 16 / 24 / 32 / 48 SMs, after it): 2 KB units 174 / 123 / 97 / 72 us, 4 KB
- * 157 / 104 / 86 / 64. */
+ * 157 / 104 / 86 / 64. With 2 and 4 rows per unit (bench/device/combine_check.cu, the
+ * peers' rows in one H100's memory, 4096 tokens, 16 / 24 / 48 SMs), units in 512-byte
+ * steps rather than halvings and 14 KB per warp rather than 12: 2 rows (3 stages of 2 KB
+ * -> 2 of 3.5 KB) 144 / 104 / 70 -> 117 / 83 / 72 us; 4 rows (3 of 1 KB -> 2 of 1.5 KB)
+ * 246 / 175 / 108 -> 211 / 150 / 100. */
 #ifndef M2A_TMA_SEG
 #define M2A_TMA_SEG 4096
 #endif
 #ifndef M2A_TMA_WARP_BYTES
-#define M2A_TMA_WARP_BYTES 12288
+#define M2A_TMA_WARP_BYTES 14336
 #endif
 constexpr int kTmaRows = 4, kTmaMaxStages = 4;
 constexpr size_t kTmaSeg = M2A_TMA_SEG, kTmaWarpBytes = M2A_TMA_WARP_BYTES;
 constexpr size_t kTmaSmem = kWarps * kTmaWarpBytes; /* dynamic shared memory of a TMA launch */
-static_assert(kTmaSeg % 1024 == 0 && kTmaWarpBytes >= kTmaSeg, "TMA units are whole KB, a stage fits a warp");
+static_assert(kTmaSeg % 512 == 0 && kTmaSeg >= 1024 && kTmaWarpBytes >= 2 * 1024,
+              "units are whole vectors of a warp; two stages of a 1 KB row fit a warp");
 
-/* Bytes per unit for D rows: kTmaSeg, halved (down to 1 KB) until two stages fit. */
+/* Bytes per unit for D rows: the most 512-byte steps (whole vectors of every lane), up to
+ * kTmaSeg, of which two stages fit the warp's share. */
 __host__ __device__ constexpr size_t tma_seg(int D)
 {
-    size_t seg = kTmaSeg;
-    while (seg > 1024 && 2 * (size_t)D * seg > kTmaWarpBytes) seg /= 2;
-    return seg;
+    const size_t fit = kTmaWarpBytes / (2 * (size_t)D) / 512 * 512;
+    return fit < kTmaSeg ? (fit < 1024 ? 1024 : fit) : kTmaSeg;
 }
 
 /* Stages a warp keeps in flight for D rows per unit; below 2 the loads path is used. */
