@@ -1067,7 +1067,7 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
 #endif
 constexpr int kTmaRows = 4, kTmaMaxStages = 4;
 constexpr size_t kTmaSeg = M2A_TMA_SEG, kTmaWarpBytes = M2A_TMA_WARP_BYTES;
-constexpr size_t kTmaSmem = kWarps * kTmaWarpBytes; /* dynamic shared memory of a TMA launch */
+constexpr size_t kTmaSmem = kWarps * kTmaWarpBytes; /* the most dynamic shared memory a launch asks for */
 static_assert(kTmaSeg % 512 == 0 && kTmaSeg >= 1024 && kTmaWarpBytes >= 2 * 1024,
               "units are whole vectors of a warp; two stages of a 1 KB row fit a warp");
 
@@ -1086,6 +1086,12 @@ __host__ __device__ constexpr int tma_stages(int D)
                ? (int)(kTmaWarpBytes / ((size_t)D * tma_seg(D)))
                : kTmaMaxStages;
 }
+
+/* Shared memory a warp's stages take for D rows, and a launch's: only what the stages
+ * use, since the rest is L1 cache. One row per unit (4 KB, 3 stages) takes 12 KB: with
+ * all 14 KB asked for, one H100's combine at 4096 tokens (ep 1) was 2-3% slower. */
+__host__ __device__ constexpr size_t tma_warp_bytes(int D) { return (size_t)D * tma_seg(D) * (size_t)tma_stages(D); }
+__host__ __device__ constexpr size_t tma_smem(int D) { return (size_t)kWarps * tma_warp_bytes(D); }
 
 /* Launches of at most this many blocks reduce through bulk copies (where the even split
  * does not apply): all of them. With the loop's instructions halved (session 22), one
@@ -1165,7 +1171,7 @@ __device__ __forceinline__ void reduce_landed(const unsigned char *stage, unsign
 /* Reduces tokens' rows through bulk copies: units of tma_seg(D) bytes of a token's output
  * row, tma_stages(D) of them in flight per warp. grab(&u0, &end) gives the warp its next
  * run of units [u0, end) (false: none left); rows(code) is the row of a send map code.
- * Needs tma_stages(D) >= 2, 16-byte rows and kTmaSmem bytes of dynamic shared memory.
+ * Needs tma_stages(D) >= 2, 16-byte rows and tma_smem(D) bytes of dynamic shared memory.
  * At few SMs the time is the instructions a unit costs (ncu at 16 SMs on one H100: issue
  * slots 55% busy, ~780 warp instructions per 2 KB unit), so the loop keeps them few: the
  * grab's units are walked without a division each, a token's rows are found once for its
@@ -1181,7 +1187,7 @@ __device__ void reduce_bulk(const int32_t *send_map, int k, int D, size_t out_ro
     __shared__ int4 units_at[kWarps][kTmaMaxStages]; /* stage s's unit: token, rows, offset, length */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, NS = tma_stages(D);
     const unsigned seg = (unsigned)tma_seg(D), stage_bytes = (unsigned)D * seg;
-    unsigned char *stages = dsm + (size_t)w * kTmaWarpBytes;
+    unsigned char *stages = dsm + (size_t)w * tma_warp_bytes(D);
     if (lane == 0)
         for (int s = 0; s < NS; s++) mbar_init(&bars[w][s], 1);
     fence_proxy_async(); /* the barriers' init (and the combine's acquire of its peers' signals) before any bulk copy */
@@ -1627,9 +1633,10 @@ static bool tma_capable()
 
 /* Whether a reduce of these rows may go through bulk copies: 16-byte rows (vec), a token
  * on at most kTmaRows ranks, two stages per warp, an sm_90+ device. */
+static int rows_per_token(const m2a_fast_t *f) { return f->p.k < f->p.ep ? f->p.k : f->p.ep; }
 static bool bulk_fits(const m2a_fast_t *f, bool vec)
 {
-    const int D = f->p.k < f->p.ep ? f->p.k : f->p.ep;
+    const int D = rows_per_token(f);
     return vec && D <= kTmaRows && tma_stages(D) >= 2 && tma_capable();
 }
 
@@ -1637,7 +1644,7 @@ template <CombineWay WAY>
 static void launch_combine(const m2a_fast_t *f, int blocks, cudaStream_t s, int n, int stride,
                            const unsigned char *expert_rows, unsigned char *o, int status, int phases)
 {
-    const size_t smem = WAY == kTma ? kTmaSmem : 0;
+    const size_t smem = WAY == kTma ? tma_smem(rows_per_token(f)) : 0;
     switch (f->combine_dtype) {
     case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
     case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
@@ -1671,7 +1678,7 @@ extern "C" int m2a_fast_landing_reduce(const m2a_fast_t *f, int blocks, int n, i
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
     const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && ((uintptr_t)o | (uintptr_t)landing) % 16 == 0;
     const bool bulk = !even_units(out_row, n, blocks) && bulk_fits(f, vec);
-    const size_t smem = bulk ? kTmaSmem : 0;
+    const size_t smem = bulk ? tma_smem(rows_per_token(f)) : 0;
     switch (f->combine_dtype) {
     case MOEA2A_FLOAT32:
         (bulk ? landing_reduce_kernel<MOEA2A_FLOAT32, true> : landing_reduce_kernel<MOEA2A_FLOAT32, false>)<<<blocks, T, smem, s>>>(

@@ -211,7 +211,7 @@ struct Combine {
         if (way == kWayEven) launch_combine<kEven>(&f, blocks, s, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
         if (way == kWayBulk) launch_combine<kTma>(&f, blocks, s, c.n, stride, nullptr, out, 0, M2A_FAST_RECV);
         if (way == kWayCeBulk || way == kWayCe) {
-            const size_t smem = way == kWayCeBulk ? kTmaSmem : 0;
+            const size_t smem = way == kWayCeBulk ? tma_smem(D) : 0;
 #define LANDING(DT)                                                                                                   \
     (way == kWayCeBulk ? landing_reduce_kernel<DT, true> : landing_reduce_kernel<DT, false>)<<<blocks, T, smem, s>>>( \
         f, c.n, stride, landing, dindex, out)
