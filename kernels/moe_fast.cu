@@ -1089,7 +1089,8 @@ __host__ __device__ constexpr int tma_stages(int D)
 
 /* Shared memory a warp's stages take for D rows, and a launch's: only what the stages
  * use, since the rest is L1 cache. One row per unit (4 KB, 3 stages) takes 12 KB: with
- * all 14 KB asked for, one H100's combine at 4096 tokens (ep 1) was 2-3% slower. */
+ * all 14 KB asked for, one H100's combine at 4096 tokens (ep 1) was 2-3% slower than
+ * with the earlier units; with 12 KB, 1.5-2% (bench/RESULTS.md, session 23). */
 __host__ __device__ constexpr size_t tma_warp_bytes(int D) { return (size_t)D * tma_seg(D) * (size_t)tma_stages(D); }
 __host__ __device__ constexpr size_t tma_smem(int D) { return (size_t)kWarps * tma_warp_bytes(D); }
 
@@ -1631,9 +1632,11 @@ static bool tma_capable()
     return cached[dev] > 0;
 }
 
+/* D: the rows a token's sum may have, one per rank it reaches. */
+static int rows_per_token(const m2a_fast_t *f) { return f->p.k < f->p.ep ? f->p.k : f->p.ep; }
+
 /* Whether a reduce of these rows may go through bulk copies: 16-byte rows (vec), a token
  * on at most kTmaRows ranks, two stages per warp, an sm_90+ device. */
-static int rows_per_token(const m2a_fast_t *f) { return f->p.k < f->p.ep ? f->p.k : f->p.ep; }
 static bool bulk_fits(const m2a_fast_t *f, bool vec)
 {
     const int D = rows_per_token(f);
