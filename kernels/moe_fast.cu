@@ -1062,6 +1062,10 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
 #ifndef M2A_TMA_SEG
 #define M2A_TMA_SEG 4096
 #endif
+/* 16 warps of 14 KB (two rows per unit) and the kernels' static shared memory (2.7 KB)
+ * take all but 384 bytes of the 227 KB a block may have on sm_90: a launch that needed
+ * more would leave tma_capable() false and every combine to the loads way, which
+ * bench/device/combine_check.cu reports as a failure on sm_90 and later. */
 #ifndef M2A_TMA_WARP_BYTES
 #define M2A_TMA_WARP_BYTES 14336
 #endif
