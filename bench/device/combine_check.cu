@@ -131,7 +131,7 @@ struct Combine {
                     const uint32_t e = rnd() % 256;
                     if (chosen[e / 64] >> (e % 64) & 1) continue;
                     chosen[e / 64] |= 1ull << (e % 64), j++;
-                    set |= 1u << (e / (256 / c.ep));
+                    set |= 1u << (e * (uint32_t)c.ep / 256); /* experts split evenly over the ranks */
                 }
             } else {
                 set = rnd() % 7 == 0 ? 0 : rnd() & ((1u << c.ep) - 1);
