@@ -152,6 +152,7 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .fp8_quantize_ready = m2a_cuda_fp8_quantize_ready,
     .quantize_alongside_load = m2a_cuda_fp8_quantize_ready_load,
     .fast_load = m2a_fast_load,
+    .fast_bulk = m2a_fast_bulk,
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,
     .event_create = event_create,

@@ -1064,8 +1064,8 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
 #endif
 /* 16 warps of 14 KB (two rows per unit) and the kernels' static shared memory (2.7 KB)
  * take all but 384 bytes of the 227 KB a block may have on sm_90: a launch that needed
- * more would leave tma_capable() false and every combine to the loads way, which
- * bench/device/combine_check.cu reports as a failure on sm_90 and later. */
+ * more would be refused it (M2A_FAST_BULK_SMEM) and every combine would take the loads
+ * way: moea2a_moe_create warns, and bench/device/combine_check.cu fails. */
 #ifndef M2A_TMA_WARP_BYTES
 #define M2A_TMA_WARP_BYTES 14336
 #endif
@@ -1613,38 +1613,51 @@ extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)
 }
 
 /* Whether this device runs bulk copies (sm_90+), with the kernels that reduce through them
- * allowed the dynamic shared memory they need: checked once per device. */
+ * allowed the dynamic shared memory they need: checked once per device. M2A_FAST_BULK_OK,
+ * M2A_FAST_BULK_ARCH or M2A_FAST_BULK_SMEM. */
 template <typename K> static bool bulk_smem(K kernel)
 {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kTmaSmem) == cudaSuccess;
 }
-static bool tma_capable()
+static int device_bulk()
 {
-    static int cached[64];
+    static int cached[64]; /* the answer + 1 */
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return M2A_FAST_BULK_ARCH;
     if (!cached[dev]) {
         int major = 0;
-        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-                  bulk_smem(combine_kernel<MOEA2A_FLOAT32, kTma>) && bulk_smem(combine_kernel<MOEA2A_FLOAT16, kTma>) &&
-                  bulk_smem(combine_kernel<MOEA2A_BFLOAT16, kTma>) && bulk_smem(landing_reduce_kernel<MOEA2A_FLOAT32, true>) &&
-                  bulk_smem(landing_reduce_kernel<MOEA2A_FLOAT16, true>) &&
-                  bulk_smem(landing_reduce_kernel<MOEA2A_BFLOAT16, true>);
+        int why = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9
+                      ? M2A_FAST_BULK_OK
+                      : M2A_FAST_BULK_ARCH;
+        if (why == M2A_FAST_BULK_OK &&
+            !(bulk_smem(combine_kernel<MOEA2A_FLOAT32, kTma>) && bulk_smem(combine_kernel<MOEA2A_FLOAT16, kTma>) &&
+              bulk_smem(combine_kernel<MOEA2A_BFLOAT16, kTma>) && bulk_smem(landing_reduce_kernel<MOEA2A_FLOAT32, true>) &&
+              bulk_smem(landing_reduce_kernel<MOEA2A_FLOAT16, true>) &&
+              bulk_smem(landing_reduce_kernel<MOEA2A_BFLOAT16, true>)))
+            why = M2A_FAST_BULK_SMEM;
         cudaGetLastError();
-        cached[dev] = ok ? 1 : -1;
+        cached[dev] = why + 1;
     }
-    return cached[dev] > 0;
+    return cached[dev] - 1;
 }
 
 /* D: the rows a token's sum may have, one per rank it reaches. */
 static int rows_per_token(const m2a_fast_t *f) { return f->p.k < f->p.ep ? f->p.k : f->p.ep; }
 
+extern "C" int m2a_fast_bulk(const m2a_fast_t *f, size_t *unit, int *stages, size_t *smem)
+{
+    const int D = rows_per_token(f);
+    *unit = tma_seg(D), *stages = tma_stages(D), *smem = kTmaSmem;
+    return D > kTmaRows || tma_stages(D) < 2 ? M2A_FAST_BULK_ROWS : device_bulk();
+}
+
 /* Whether a reduce of these rows may go through bulk copies: 16-byte rows (vec), a token
  * on at most kTmaRows ranks, two stages per warp, an sm_90+ device. */
 static bool bulk_fits(const m2a_fast_t *f, bool vec)
 {
-    const int D = rows_per_token(f);
-    return vec && D <= kTmaRows && tma_stages(D) >= 2 && tma_capable();
+    size_t unit, smem;
+    int stages;
+    return vec && m2a_fast_bulk(f, &unit, &stages, &smem) == M2A_FAST_BULK_OK;
 }
 
 template <CombineWay WAY>

@@ -116,6 +116,17 @@ int m2a_fast_load(void);
  * landing[index[rank]][cap][combine row]) in the load/store combine's arithmetic. */
 int m2a_fast_landing_reduce(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *landing,
                             const int32_t *index, void *out, void *stream);
+/* Whether the combine (and copy-engine mode's sum) can reduce through bulk copies where
+ * the even split does not apply, given 16-byte rows: M2A_FAST_BULK_OK, or why not. With
+ * *unit the bytes of a token's row per unit, *stages the units in flight per warp and
+ * *smem the most dynamic shared memory a block asks for. */
+enum {
+    M2A_FAST_BULK_OK = 0,
+    M2A_FAST_BULK_ROWS, /* a token may reach more ranks than a stage holds rows */
+    M2A_FAST_BULK_ARCH, /* the GPU is before sm_90 */
+    M2A_FAST_BULK_SMEM  /* the GPU refused the kernels that shared memory */
+};
+int m2a_fast_bulk(const m2a_fast_t *f, size_t *unit, int *stages, size_t *smem);
 #ifdef M2A_FAST_PROFILE
 void m2a_fast_profile_report(int rank); /* prints the phase means to stderr, then resets */
 #endif

@@ -23,8 +23,9 @@
 #include "wire_kernels.h"
 
 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM; 4: copy-engine mode;
- * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin) */
-#define MOEA2A_CUDA_ABI_VERSION 6
+ * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin);
+ * 7: fast_bulk */
+#define MOEA2A_CUDA_ABI_VERSION 7
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -120,5 +121,8 @@ typedef struct moea2a_cuda_v1 {
     void (*event_destroy)(void *event);
     int (*event_record)(void *event, void *stream);
     int (*stream_wait_event)(void *stream, void *event);
+    /* how the load/store combine reduces past the even split (m2a_fast_bulk: not a
+     * cudaError_t but M2A_FAST_BULK_OK or why not) */
+    int (*fast_bulk)(const m2a_fast_t *f, size_t *unit, int *stages, size_t *smem);
 } moea2a_cuda_v1_t;
 #endif

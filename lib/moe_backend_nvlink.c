@@ -89,6 +89,33 @@ static void fast_params(moea2a_moe_t moe)
     }
 }
 
+/* Says how the combine (copy-engine mode's sum too) reduces past the even split: bulk
+ * copies, or 16-byte loads and why, with a warning where an sm_90+ GPU refused the bulk
+ * copies their shared memory (that combine is several times slower at few SMs). */
+static void log_combine_way(moea2a_moe_t moe)
+{
+    const fast_state_t *st = moe->state;
+    const int ep = moe->comm->nranks, k = moe->cfg.top_k, rows = k < ep ? k : ep;
+    size_t unit = 0, smem = 0;
+    int stages = 0;
+    switch (OPS->fast_bulk(&st->f, &unit, &stages, &smem)) {
+    case M2A_FAST_BULK_OK:
+        M2A_INFO(M2A_SUBSYS_MOE,
+                 "combine: past the even split, bulk copies into shared memory (up to %d rows per token, %zu bytes of "
+                 "each per unit, %d units in flight per warp)", rows, unit, stages);
+        break;
+    case M2A_FAST_BULK_ROWS:
+        M2A_INFO(M2A_SUBSYS_MOE, "combine: 16-byte loads (a token may reach %d ranks, more than a bulk-copy stage holds)",
+                 rows);
+        break;
+    case M2A_FAST_BULK_ARCH: M2A_INFO(M2A_SUBSYS_MOE, "combine: 16-byte loads (bulk copies need sm_90 or later)"); break;
+    default:
+        M2A_WARN(M2A_SUBSYS_MOE,
+                 "combine: 16-byte loads: the GPU refused the bulk-copy kernels %zu bytes of shared memory per block, so "
+                 "the combine past the even split is slower at few SMs", smem);
+    }
+}
+
 /* Collective: the workspace as symmetric memory, the SM budget, the error record;
  * MOEA2A_ERR_UNAVAILABLE on every rank when some rank does not reach every other by
  * load/store. */
@@ -442,7 +469,7 @@ static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
     moea2a_result_t r = m2a_moe_agree(moe->comm, m2a_moe_cuda_begin(moe), NULL);
     if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
-    if (r == MOEA2A_SUCCESS) fast_params(moe);
+    if (r == MOEA2A_SUCCESS) fast_params(moe), log_combine_way(moe);
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
         fast_state_t *st = moe->state;
         if (r == MOEA2A_SUCCESS) r = m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce);

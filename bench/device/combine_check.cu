@@ -330,11 +330,9 @@ int main(int argc, char **argv)
                             cases++;
                         }
                     }
-    int dev = 0, major = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const bool lost_bulk = major >= 9 && !tma_capable(); /* the kernels outgrew the shared memory a block may have */
+    const int bulk = device_bulk(); /* SMEM: the kernels outgrew the shared memory a block may have */
     printf("combine_check: %d cases of 2-4 ranks (every way each: loads, even, bulk copies%s, copy-engine sum), "
-           "%d with a difference\n", cases, tma_capable() ? "" : lost_bulk ? " (REFUSED on this sm_90+ GPU)" : " (not on this GPU)", bad);
-    return bad || lost_bulk ? 1 : 0;
+           "%d with a difference\n", cases,
+           bulk == M2A_FAST_BULK_OK ? "" : bulk == M2A_FAST_BULK_SMEM ? " (REFUSED on this sm_90+ GPU)" : " (not on this GPU)", bad);
+    return bad || bulk == M2A_FAST_BULK_SMEM ? 1 : 0;
 }
