@@ -101,8 +101,8 @@ static void log_combine_way(moea2a_moe_t moe)
     switch (OPS->fast_bulk(&st->f, &unit, &stages, &smem)) {
     case M2A_FAST_BULK_OK:
         M2A_INFO(M2A_SUBSYS_MOE,
-                 "combine: past the even split, bulk copies into shared memory (up to %d rows per token, %zu bytes of "
-                 "each per unit, %d units in flight per warp)", rows, unit, stages);
+                 "combine: past the even split, bulk copies into shared memory (units of %zu bytes from each rank a "
+                 "token reaches, at most %d; %d units in flight per warp)", unit, rows, stages);
         break;
     case M2A_FAST_BULK_ROWS:
         M2A_INFO(M2A_SUBSYS_MOE, "combine: 16-byte loads (a token may reach %d ranks, more than a bulk-copy stage holds)",
