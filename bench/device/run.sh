@@ -11,8 +11,8 @@
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
 # 32 48") the load/store path at those SM budgets in one run (moea2a_perf --sms; SPLIT=1
 # adds --split: the split halves and their overlap with a GEMM), GENERIC=1 the generic path next to it,
-# SANITIZE_TESTS the tests run under compute-sanitizer (with SANITIZE_TOOLS, default
-# "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
+# SANITIZE_TESTS the tests run under compute-sanitizer, then combine_check quick (with
+# SANITIZE_TOOLS, default "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
 # with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B; at
@@ -113,6 +113,11 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
         echo "== compute-sanitizer $tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$t.log" | sort | uniq -c | tr '\n' ' ')"
         grep -E '^(ok|not ok)' "$OUT/sanitizer-$tool-$t.log"
       done
+      if [ -x ./combine_check ]; then # the combine's sums of 2-4 rows, every way, a few cases
+        timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 ./combine_check quick \
+            >"$OUT/sanitizer-$tool-combine_check.log" 2>&1
+        echo "== compute-sanitizer $tool combine_check quick rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-combine_check.log" | tr '\n' ' ')"
+      fi
     done
   fi
   if [ "${PROFILE:-0}" = 1 ]; then
