@@ -1644,21 +1644,24 @@ static int device_bulk()
 /* D: the rows a token's sum may have, one per rank it reaches. */
 static int rows_per_token(const m2a_fast_t *f) { return f->p.k < f->p.ep ? f->p.k : f->p.ep; }
 
+/* Whether a reduce of D rows per token may go through bulk copies, given 16-byte rows
+ * (M2A_FAST_BULK_OK), or why not: a token on more than kTmaRows ranks (or under two
+ * stages per warp), or the device (device_bulk). */
+static int bulk_why(const m2a_fast_t *f)
+{
+    const int D = rows_per_token(f);
+    return D > kTmaRows || tma_stages(D) < 2 ? M2A_FAST_BULK_ROWS : device_bulk();
+}
+
 extern "C" int m2a_fast_bulk(const m2a_fast_t *f, size_t *unit, int *stages, size_t *smem)
 {
     const int D = rows_per_token(f);
     *unit = tma_seg(D), *stages = tma_stages(D), *smem = kTmaSmem;
-    return D > kTmaRows || tma_stages(D) < 2 ? M2A_FAST_BULK_ROWS : device_bulk();
+    return bulk_why(f);
 }
 
-/* Whether a reduce of these rows may go through bulk copies: 16-byte rows (vec), a token
- * on at most kTmaRows ranks, two stages per warp, an sm_90+ device. */
-static bool bulk_fits(const m2a_fast_t *f, bool vec)
-{
-    size_t unit, smem;
-    int stages;
-    return vec && m2a_fast_bulk(f, &unit, &stages, &smem) == M2A_FAST_BULK_OK;
-}
+/* Whether a reduce of these rows (vec: 16-byte ones) goes through bulk copies. */
+static bool bulk_fits(const m2a_fast_t *f, bool vec) { return vec && bulk_why(f) == M2A_FAST_BULK_OK; }
 
 template <CombineWay WAY>
 static void launch_combine(const m2a_fast_t *f, int blocks, cudaStream_t s, int n, int stride,
