@@ -105,7 +105,6 @@ struct Combine {
     size_t esz = 0, out_row = 0, row = 0;
     Layout l;
     std::vector<unsigned char> want;
-    std::vector<int32_t> index;
     m2a_fast_t f;
     std::vector<unsigned char *> dws;
     unsigned char *landing = nullptr, *out = nullptr;
@@ -172,7 +171,7 @@ struct Combine {
             f.peer[r] = dws[r];
         }
         /* copy-engine mode's landing area: the peers' rows for this rank, [index[r]][cap][row] */
-        index.assign(c.ep, -1);
+        std::vector<int32_t> index(c.ep, -1);
         CK(cudaMalloc(&landing, (size_t)c.ep * cap * row + 16));
         CK(cudaMalloc(&dindex, 4 * (size_t)c.ep));
         for (int r = 0, i = 0; r < c.ep; r++) {
