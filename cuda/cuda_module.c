@@ -11,6 +11,7 @@
 
 _Static_assert(M2A_CUDA_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady moved");
 _Static_assert(M2A_CUDA_NOT_SUPPORTED == (int)cudaErrorNotSupported, "cudaErrorNotSupported moved");
+_Static_assert(M2A_CUDA_IPC_HANDLE_BYTES == sizeof(cudaIpcMemHandle_t), "cudaIpcMemHandle_t changed size");
 _Static_assert(M2A_CUDA_H2D == (int)cudaMemcpyHostToDevice && M2A_CUDA_D2H == (int)cudaMemcpyDeviceToHost,
                "cudaMemcpyKind moved");
 
@@ -98,6 +99,35 @@ static int stream_wait_event(void *stream, void *event)
 {
     return (int)cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
 }
+static int device_uuid(int device, unsigned char *uuid)
+{
+    struct cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    if (e == cudaSuccess) memcpy(uuid, &p.uuid, 16);
+    return (int)e;
+}
+static int ipc_export(void *ptr, void *handle) { return (int)cudaIpcGetMemHandle((cudaIpcMemHandle_t *)handle, ptr); }
+static int ipc_import(const void *handle, void **ptr)
+{
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof(h));
+    return (int)cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
+}
+static int ipc_close(void *ptr) { return (int)cudaIpcCloseMemHandle(ptr); }
+static int peer_access(int peer)
+{
+    int self, ok = 0;
+    cudaError_t e = cudaGetDevice(&self);
+    if (e == cudaSuccess && self == peer) return 0;
+    if (e == cudaSuccess) e = cudaDeviceCanAccessPeer(&ok, self, peer);
+    if (e == cudaSuccess && !ok) return (int)cudaErrorPeerAccessUnsupported;
+    if (e == cudaSuccess) e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) { /* another context of this process enabled it */
+        (void)cudaGetLastError();
+        e = cudaSuccess;
+    }
+    return (int)e;
+}
 
 #ifdef M2A_FAST_PROFILE
 #define PROFILE_REPORT m2a_fast_profile_report
@@ -159,4 +189,9 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .event_destroy = event_destroy,
     .event_record = event_record,
     .stream_wait_event = stream_wait_event,
+    .device_uuid = device_uuid,
+    .ipc_export = ipc_export,
+    .ipc_import = ipc_import,
+    .ipc_close = ipc_close,
+    .peer_access = peer_access,
 };

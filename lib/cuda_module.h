@@ -24,8 +24,8 @@
 
 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM; 4: copy-engine mode;
  * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin);
- * 7: fast_bulk */
-#define MOEA2A_CUDA_ABI_VERSION 7
+ * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL) */
+#define MOEA2A_CUDA_ABI_VERSION 8
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -34,6 +34,8 @@
 #define M2A_CUDA_NOT_SUPPORTED 801 /* cudaErrorNotSupported: a kernel's shape limit */
 /* cudaMemcpyKind values for copy / copy_async. */
 enum { M2A_CUDA_H2D = 1, M2A_CUDA_D2H = 2 };
+/* the size of a cudaIpcMemHandle_t (the module checks) */
+#define M2A_CUDA_IPC_HANDLE_BYTES 64
 
 typedef struct moea2a_cuda_v1 {
     const char *name; /* "cuda" */
@@ -124,5 +126,16 @@ typedef struct moea2a_cuda_v1 {
     /* how the load/store combine reduces past the even split (m2a_fast_bulk: not a
      * cudaError_t but M2A_FAST_BULK_OK or why not) */
     int (*fast_bulk)(const m2a_fast_t *f, size_t *unit, int *stages, size_t *smem);
+    /* Symmetric memory by CUDA IPC (lib/moe_symmetric_ipc.c). device_uuid: the GPU's
+     * identity across processes (16 bytes). ipc_export: the handle (M2A_CUDA_IPC_HANDLE_BYTES)
+     * of a cudaMalloc'ed allocation; ipc_import maps another process's into this one
+     * (peer access enabled where the GPUs differ), ipc_close unmaps it. peer_access:
+     * this process's current GPU loads from and stores to `peer`'s memory (enables it;
+     * cudaErrorPeerAccessUnsupported where it cannot). */
+    int (*device_uuid)(int device, unsigned char *uuid);
+    int (*ipc_export)(void *ptr, void *handle);
+    int (*ipc_import)(const void *handle, void **ptr);
+    int (*ipc_close)(void *ptr);
+    int (*peer_access)(int peer);
 } moea2a_cuda_v1_t;
 #endif

@@ -59,10 +59,6 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
     moea2a_memory_t mem = p->cfg.memory;
     int cuda_transport = m2a_transport_for(comm, MOEA2A_MEM_CUDA) != NULL;
     if (mem == MOEA2A_MEMORY_AUTO) mem = cuda_transport ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
-    if (mem == MOEA2A_MEMORY_CUDA && !cuda_transport)
-        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                         "moea2a_moe: CUDA memory needs a transport that moves it (nccl, with a GPU); this "
-                         "communicator has none (moea2a_info -T lists the transports)");
     if (!m2a_transport_for(comm, MOEA2A_MEM_HOST))
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_moe: the MoE headers need a host-memory transport (ucx)");
     p->cuda = mem == MOEA2A_MEMORY_CUDA;
@@ -89,6 +85,13 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->l);
         r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda);
     }
+    /* Without a transport that moves CUDA memory only the load/store path serves a CUDA
+     * context (its symmetric memory may come from CUDA IPC). */
+    if (r == MOEA2A_SUCCESS && p->cuda && !cuda_transport && !p->lsa)
+        r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                      "moea2a_moe: CUDA memory needs a transport that moves it (nccl, with a GPU), or every rank on "
+                      "one node reaching every other by load/store (the load/store path); this communicator has "
+                      "neither (moea2a_info -T lists the transports)");
     free(gpu);
     if (r != MOEA2A_SUCCESS) free(p->stage_index), p->stage_index = NULL;
     return r;
@@ -213,6 +216,9 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     m2a_moe_set_route(moe);
     moe->backend = p->backend;
     moea2a_result_t r = moe->backend->alloc(moe);
+    if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink && !m2a_transport_for(comm, MOEA2A_MEM_CUDA))
+        return m2a_error(comm, r, "moea2a_moe_create: the load/store path is unavailable (%s), and no transport moves CUDA "
+                         "memory for the generic path (nccl)", moea2a_last_error(comm));
     if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink) {
         M2A_INFO(M2A_SUBSYS_MOE, "load/store path unavailable (%s); the generic NCCL path stages every peer, "
                  "so this context is larger than moea2a_moe_workspace_size predicted", moea2a_last_error(comm));

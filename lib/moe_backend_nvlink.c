@@ -17,6 +17,7 @@
 #include "moe_copy_engine.h"
 #include "moe_cuda.h"
 #include "moe_fast.h"
+#include "moe_symmetric.h"
 #include "params.h"
 
 /* signals peers write, block scratch, counters (the formula: A(16 ep) + A(1024) + A(384)),
@@ -40,9 +41,8 @@ _Static_assert((int)M2A_FAST_SEND == (int)M2A_MOE_SEND && (int)M2A_FAST_RECV == 
 typedef struct {
     m2a_fast_t f;
     int blocks;
-    m2a_transport_t *t;
-    void *handle; /* the transport's window */
-    size_t bytes; /* allocated */
+    m2a_symm_t symm; /* the workspace */
+    size_t bytes;    /* allocated */
     moea2a_result_t poisoned;
     m2a_ce_t *ce; /* copy-engine mode, else NULL */
     /* quantize on dispatch alongside the dispatch kernel (FP8 payloads; NULL: never):
@@ -129,24 +129,12 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
         free(st), free(peers);
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     }
-    st->t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
-    moea2a_result_t r = st->t && st->t->ops->mem_register && ep <= M2A_FAST_MAX_PEERS
-                            ? MOEA2A_SUCCESS
-                            : m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "the CUDA transport has no symmetric memory");
-    /* 0. every rank reaches every other by load/store as the transport sees it (NCCL
-     * with its network transport on one host does not): agreed before anything
-     * collective touches the device API */
-    int reach = 1;
-    if (r == MOEA2A_SUCCESS && st->t->ops->lsa_reachable)
-        r = (moea2a_result_t)st->t->ops->lsa_reachable(st->t->tc, &reach);
-    r = m2a_moe_agree(comm, r, &reach);
-    if (r == MOEA2A_SUCCESS && !reach)
-        r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                      "some rank does not reach every other by load/store (the %s transport's load/store team is "
-                      "smaller than the communicator)", st->t->name);
-    /* 1. local: symmetric workspace (granularity-sized), SM budget */
+    moea2a_result_t r = ep <= M2A_FAST_MAX_PEERS ? MOEA2A_SUCCESS
+                                                 : m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                                                             "the load/store kernels serve at most %d ranks",
+                                                             M2A_FAST_MAX_PEERS);
+    /* 1. local: the device, the kernels, the SM budget */
     st->bytes = (moe->l.workspace + 4095) / 4096 * 4096;
-    void *ws = NULL;
     int blocks = moe->cfg.num_sms, sms = 0;
     if (r == MOEA2A_SUCCESS && comm->cuda_device >= 0 && OPS->set_device(comm->cuda_device) != 0)
         r = m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a_moe_create: cudaSetDevice(%d) failed", comm->cuda_device);
@@ -156,14 +144,14 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
         int e = OPS->fast_load();
         if (e) r = cuda_fail(comm, e, "loading the load/store kernels");
     }
-    if (r == MOEA2A_SUCCESS && OPS->sm_count(moe->device, &sms) == 0 &&
-        sms < blocks)
+    if (r == MOEA2A_SUCCESS && OPS->sm_count(moe->device, &sms) == 0 && sms < blocks)
         blocks = sms; /* every block must be resident: they wait for each other's peers */
-    if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_alloc(st->t->tc, st->bytes, &ws);
-    r = m2a_moe_agree(comm, r, &blocks);
-    /* 2. collective: the window and every rank's address of it */
-    if (r == MOEA2A_SUCCESS) r = (moea2a_result_t)st->t->ops->mem_register(st->t->tc, ws, st->bytes, (void **)peers, &st->handle);
-    r = m2a_moe_agree(comm, r, NULL);
+    /* 2. collective: the workspace, every rank's address of it */
+    r = m2a_symm_open(comm, r, st->bytes, (void **)peers, &st->symm);
+    /* ranks that share a GPU share its SMs: all their blocks must be resident at once */
+    if (r == MOEA2A_SUCCESS && st->symm.gpu_ranks > 1 && blocks > sms / st->symm.gpu_ranks)
+        blocks = sms / st->symm.gpu_ranks > 0 ? sms / st->symm.gpu_ranks : 1;
+    void *ws = st->symm.ptr;
     if (r == MOEA2A_SUCCESS && OPS->malloc((void **)&st->f.err, sizeof(m2a_fast_error_t)) != 0)
         r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: cudaMalloc of the error record failed");
     if (r == MOEA2A_SUCCESS) {
@@ -176,11 +164,12 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
         if (e != 0) r = cuda_fail(comm, e, "workspace set-up");
     }
     /* 3. collective again: a peer's first kernel writes into this workspace, so none
-     * may run before every rank's is zeroed (a late zeroing erased a peer's signal) */
-    r = m2a_moe_agree(comm, r, NULL);
+     * may run before every rank's is zeroed (a late zeroing erased a peer's signal);
+     * and every rank's kernels take the same number of blocks */
+    r = m2a_moe_agree(comm, r, &blocks);
     if (r != MOEA2A_SUCCESS) {
-        if (st->handle) st->t->ops->mem_deregister(st->t->tc, st->handle);
-        if (ws) st->t->ops->mem_free(st->t->tc, ws);
+        (void)OPS->device_synchronize();
+        m2a_symm_close(comm, &st->symm);
         if (st->f.err) OPS->free(st->f.err);
         free(st), free(peers);
         return r;
@@ -190,7 +179,8 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     moe->state = st;
     for (int q = 0; q < ep; q++) st->f.peer[q] = peers[q];
     free(peers);
-    M2A_INFO(M2A_SUBSYS_MOE, "MoE context on the load/store path: %d ranks over NVLink, %d SMs per kernel", ep, blocks);
+    M2A_INFO(M2A_SUBSYS_MOE, "MoE context on the load/store path: %d ranks over NVLink (%s), %d SMs per kernel", ep,
+             st->symm.way->name, blocks);
     return MOEA2A_SUCCESS;
 }
 
@@ -200,12 +190,10 @@ static void fast_release(moea2a_moe_t moe)
     if (!st) return;
     moea2a_comm_t comm = moe->comm;
     /* Peers may still read this workspace: every rank's kernels end first (they are
-     * bounded), then all meet, then the window goes (collective). */
+     * bounded), then all meet, then the workspace goes. */
     (void)OPS->device_synchronize();
     if (OPS->fast_profile_report) OPS->fast_profile_report(moe->comm->rank);
-    int healthy = !comm->broken && m2a_bootstrap_barrier(comm, comm->bs) == MOEA2A_SUCCESS;
-    if (healthy) st->t->ops->mem_deregister(st->t->tc, st->handle);
-    st->t->ops->mem_free(st->t->tc, moe->ws);
+    m2a_symm_close(comm, &st->symm);
     moe->ws = NULL;
     OPS->free(st->f.err);
     m2a_ce_destroy(st->ce);

@@ -355,19 +355,20 @@ size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t
 int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
                          int allow_lsa, int *nvlink_peers, int *lsa)
 {
-    int direct = 0, same_node = 1;
+    int direct = 0, shared = 0, same_node = 1;
     for (int p = 0; p < ep; p++) {
         if (p == rank) continue;
         same_node &= node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0;
-        direct += cuda && node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0 && topo->has_nvlink_info &&
-                  topo->nvlink[gpu[rank]][gpu[p]];
+        int local = cuda && node[p] == node[rank] && gpu[p] >= 0 && gpu[rank] >= 0;
+        shared += local && gpu[p] == gpu[rank]; /* ranks sharing a GPU reach each other */
+        direct += local && gpu[p] != gpu[rank] && topo->has_nvlink_info && topo->nvlink[gpu[rank]][gpu[p]];
     }
     *nvlink_peers = direct;
     /* The load/store path serves every peer directly, so it needs them all on this
-     * node, joined by NVLink (assumed when hwloc does not report NVLink at all:
-     * moea2a_moe_create confirms with the transport). Otherwise the host transport
-     * or NCCL send/receive move packed rows: every peer is staged. */
-    *lsa = cuda && allow_lsa && ep <= M2A_LSA_MAX_RANKS && same_node && (!topo->has_nvlink_info || direct == ep - 1);
+     * node, on this GPU or joined to it by NVLink (assumed when hwloc does not report
+     * NVLink at all: moea2a_moe_create confirms when it maps their memory). Otherwise
+     * the host transport or NCCL send/receive move packed rows: every peer is staged. */
+    *lsa = cuda && allow_lsa && ep <= M2A_LSA_MAX_RANKS && same_node && (!topo->has_nvlink_info || direct + shared == ep - 1);
     return *lsa ? 0 : ep - 1;
 }
 

@@ -23,9 +23,15 @@ static const moea2a_param_t params[] = {
      "Seconds any wait for a peer (rendezvous, collective, device-side wait) may last before "
      "MOEA2A_ERR_TIMEOUT names the missing peers."},
     {"MOEA2A_NVLINK", "int", "1",
-     "1: CUDA MoE contexts whose ranks all share a node and reach each other by load/store (NVLink) "
-     "dispatch and combine with fused kernels over NCCL symmetric memory; 0: always the generic "
-     "NCCL send/receive path."},
+     "1: CUDA MoE contexts whose ranks all share a node and reach each other by load/store (NVLink, or "
+     "one GPU) dispatch and combine with fused kernels over symmetric memory (MOEA2A_SYMMETRIC_MEMORY); "
+     "0: always the generic NCCL send/receive path."},
+    {"MOEA2A_SYMMETRIC_MEMORY", "enum", "auto",
+     "Where the load/store path's workspace comes from: transport (the CUDA transport's symmetric memory: "
+     "ncclMemAlloc and an NCCL window, where NCCL's load/store team holds every rank), cuda_ipc (cudaMalloc "
+     "and CUDA IPC handles exchanged by moea2a: one host, no NCCL needed, and ranks may share a GPU, in one "
+     "process or several) or auto (default: transport where it serves every rank, else cuda_ipc). Read at "
+     "create; the same on every rank."},
     {"MOEA2A_NODE_SIZE", "int", "0",
      "0: a node is a host. N: the ranks of each host form nodes of N consecutive ranks (emulated nodes, "
      "for tests and benchmarks of multi-node behaviour on one machine); 0..ranks, the same on every rank."},

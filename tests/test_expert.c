@@ -379,6 +379,10 @@ done:
     return fails;
 }
 
+/* Set before the ranks fork: more ranks than GPUs, sharing them over CUDA IPC without
+ * NCCL (the load/store path only). */
+static int share_gpus;
+
 static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
     const memory_path_t path = *(const memory_path_t *)arg;
@@ -388,6 +392,7 @@ static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     if (path != ON_HOST && (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(me % ndev) != cudaSuccess))
         return 1;
 #endif
+    if (share_gpus) without_nccl();
     if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
     int fails = 0;
     for (uint64_t seed = 1; seed <= 24 && fails < 5; seed++) {
@@ -564,14 +569,18 @@ int main(void)
 #endif
     for (int i = 0; i < 2; i++) {
         for (int ep = 1; ep <= 4; ep *= 2) {
-            if (ep > ndev) {
+            /* the load/store path with fewer GPUs than ranks: ranks share them */
+            share_gpus = ep > ndev && ndev > 0 && paths[i] == ON_NVLINK && have_ucx();
+            if (ep > ndev && !share_gpus) {
                 tap_skip(ndev ? "not enough GPUs" : "no CUDA device",
                          "expert-major layout on CUDA memory, %s path, %d rank(s)", names[i], ep);
                 continue;
             }
             local_ranks_run(ep, random_rank, (void *)&paths[i], WATCHDOG, &res);
-            tap_ok(res.failed == 0, "expert-major layout on CUDA memory, %s path, %d rank(s): the oracle's bits "
-                                    "(24 random configurations%s)", names[i], ep, i == 0 ? ", graphs among them" : "");
+            tap_ok(res.failed == 0, "expert-major layout on CUDA memory, %s path, %d rank(s)%s: the oracle's bits "
+                                    "(24 random configurations%s)", names[i], ep,
+                   share_gpus ? " sharing GPUs over CUDA IPC" : "", i == 0 ? ", graphs among them" : "");
+            share_gpus = 0;
         }
         if (ndev < 1) {
             tap_skip("no CUDA device", "CAPACITY on CUDA memory, %s path", names[i]);

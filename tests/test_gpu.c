@@ -417,7 +417,9 @@ typedef struct {
     int node_size; /* MOEA2A_NODE_SIZE for this run (emulated nodes; 0: hosts) */
     int copy_engine;
     int large; /* large_case */
+    int ipc;   /* no NCCL: UCX for the host side, CUDA IPC for the symmetric memory */
 } moe_arg_t;
+
 
 static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
@@ -431,6 +433,10 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * itself by load/store), unset either */
     expect_nvlink = !a->nvlink ? 0 : want && *want == '1' ? 1 : want && *want == '0' && n > 1 ? 0 : -1;
     copy_engine = a->copy_engine, large_case = a->large;
+    if (a->ipc) { /* the load/store path is the only one without NCCL */
+        without_nccl();
+        expect_nvlink = 1;
+    }
     if (a->node_size) { /* ranks on several (emulated) nodes: the generic path, node-grouped combine */
         char v[16];
         snprintf(v, sizeof(v), "%d", a->node_size);
@@ -445,9 +451,11 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         return 1;
     }
     for (int i = 0; i < a->cases && fails < 5; i++) fails += compare_case(comm, rank, n, a->seed + (uint64_t)i);
-    /* host pointers to a CUDA context are refused on every rank */
+    /* host pointers to a CUDA context are refused on every rank (without NCCL a CUDA
+     * context needs the load/store path, hence a combine) */
     moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
     m.num_experts = 8, m.top_k = 2, m.max_tokens_per_rank = 4, m.memory = MOEA2A_MEMORY_CUDA;
+    m.hidden = a->ipc ? 8 : 0;
     moea2a_moe_t moe;
     if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
         int32_t ids[8] = {0};
@@ -631,6 +639,7 @@ static int fp8_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 typedef struct {
     int ndev, nvlink;
     volatile double *kill_time; /* shared with the parent (MAP_SHARED) */
+    int ipc;                    /* as moe_arg_t.ipc */
 } kill_arg_t;
 
 static void *kill_later(void *arg)
@@ -652,6 +661,7 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     int fails = 0;
     if (use_device(rank, a->ndev)) return 1;
     setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
+    if (a->ipc) without_nccl();
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.timeout_s = 3.0, cfg.cuda_device = rank % a->ndev;
     moea2a_comm_t comm;
@@ -699,6 +709,91 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     moea2a_comm_destroy(comm);
     RANK_EXPECT(fails, rank, now_s() - t0 < 10.0, "destroy after the failure took %.1f s", now_s() - t0);
     return fails;
+}
+
+/* MOEA2A_SYMMETRIC_MEMORY without NCCL: a value that names no way and the transport's
+ * way (there is none) fail create on every rank with the reason; cuda_ipc serves. */
+static int symmetric_choice_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    int ndev = *(int *)arg, fails = 0;
+    if (use_device(rank, ndev)) return 1;
+    without_nccl();
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % ndev;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = 8, m.top_k = 2, m.max_tokens_per_rank = 16, m.hidden = 64, m.memory = MOEA2A_MEMORY_CUDA;
+    static const struct {
+        const char *value;
+        moea2a_result_t want;
+        const char *says;
+    } runs[] = {{"nvshmem", MOEA2A_ERR_INVALID_ARGUMENT, "expected auto, transport or cuda_ipc"},
+                {"transport", MOEA2A_ERR_UNAVAILABLE, "transport: no CUDA transport"},
+                {"cuda_ipc", MOEA2A_SUCCESS, ""},
+                {"auto", MOEA2A_SUCCESS, ""}};
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        setenv("MOEA2A_SYMMETRIC_MEMORY", runs[i].value, 1);
+        moea2a_moe_t moe = NULL;
+        moea2a_result_t r = moea2a_moe_create(&moe, comm, &m);
+        RANK_EXPECT(fails, rank, r == runs[i].want && (!*runs[i].says || strstr(moea2a_last_error(comm), runs[i].says)),
+                    "MOEA2A_SYMMETRIC_MEMORY=%s: %s (%s), expected %s", runs[i].value, moea2a_strerror(r),
+                    r ? moea2a_last_error(comm) : "", moea2a_strerror(runs[i].want));
+        if (moe) moea2a_moe_destroy(moe);
+    }
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+/* The load/store path without NCCL: UCX for the host side, CUDA IPC for the symmetric
+ * memory, 2 and 4 ranks; where the machine has fewer GPUs than ranks, ranks share them
+ * (on one GPU this is what tests the kernels' exchange between ranks: each process
+ * in its turn on the GPU, so slowly). */
+static void ipc_tests(int ndev, int quick)
+{
+    static const char *const what[] = {"load/store path", "load/store path, large configs", "copy-engine mode",
+                                       "a peer killed in a dispatch/combine loop"};
+    if (have_ucx()) {
+        local_ranks_result_t res;
+        local_ranks_run(2, symmetric_choice_rank, &ndev, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "without NCCL, MOEA2A_SYMMETRIC_MEMORY: an unknown way is MOEA2A_ERR_INVALID_ARGUMENT "
+               "and the transport's MOEA2A_ERR_UNAVAILABLE on every rank, saying why; cuda_ipc and auto serve");
+    } else {
+        tap_skip("no ucx transport", "without NCCL, MOEA2A_SYMMETRIC_MEMORY");
+    }
+    int sizes[2] = {2, quick ? 2 : 4};
+    for (int i = 0; i < (quick ? 1 : 2); i++) {
+        int n = sizes[i];
+        if (!have_ucx()) {
+            for (int w = 0; w < 4; w++) tap_skip("no ucx transport", "CUDA IPC, %d ranks: %s", n, what[w]);
+            continue;
+        }
+        local_ranks_result_t res;
+        moe_arg_t a = {ndev, quick ? 3 : 10, 4242u * (uint64_t)n, 1, 0, 0, 0, 1};
+        local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: %d random configs equal the host "
+               "reference bit for bit", n, ndev < n ? ndev : n, what[0], a.cases);
+        moe_arg_t big = {ndev, 1, 4343u * (uint64_t)n, 1, 0, 0, 1, 1};
+        local_ranks_run(n, moe_rank, &big, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: 1,800-2,200 tokens at 16 / 24 / 48 "
+               "SMs equal the host reference bit for bit", n, ndev < n ? ndev : n, what[1]);
+        moe_arg_t ce = {ndev, quick ? 2 : 6, 4444u * (uint64_t)n, 1, 0, 1, 0, 1};
+        local_ranks_run(n, moe_rank, &ce, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: %d random configs equal the host "
+               "reference bit for bit", n, ndev < n ? ndev : n, what[2], ce.cases);
+        volatile double *kill_time = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (n != 2 || quick || kill_time == MAP_FAILED) {
+            tap_skip(n != 2 ? "2 ranks only" : "quick mode", "CUDA IPC, %d ranks: %s", n, what[3]);
+            continue;
+        }
+        *kill_time = 0;
+        kill_arg_t ka = {ndev, 1, kill_time, 1};
+        local_ranks_run(2, killed_peer_rank, &ka, 120.0, &res);
+        tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
+               "CUDA IPC without NCCL, 2 ranks on %d GPU(s), %s: the survivor fails in time and destroys cleanly "
+               "(exits %d, %d)", ndev < 2 ? 1 : 2, what[3], res.exit_codes[0], res.exit_codes[1]);
+        munmap((void *)kill_time, sizeof(double));
+    }
 }
 
 int main(void)
@@ -763,6 +858,7 @@ int main(void)
         }
     }
     local_ranks_result_t res;
+    ipc_tests(ndev, quick);
     local_ranks_run(1, fp4_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "NVFP4 quantize, dequantize, global scale and scale layouts: device equals host bit for bit");
     local_ranks_run(1, fp8_rank, &ndev, WATCHDOG, &res);

@@ -1,4 +1,4 @@
-/* The load/store (NVLink) path on 2 to 4 GPUs, against an oracle that each rank
+/* The load/store (NVLink) path on 2 to 4 GPUs (or 2 ranks on one), against an oracle that each rank
  * computes from every rank's inputs (all derived from the seed, the rank and the
  * iteration, so any rank can regenerate any other's):
  *  - a CUDA graph of dispatch + combine, captured once and replayed with new inputs;
@@ -7,7 +7,8 @@
  *    fifth of them in copy-engine mode (MOEA2A_MOE_COPY_ENGINE);
  *  - a peer that never dispatches: the kernel ends with MOEA2A_ERR_TIMEOUT naming it,
  *    nothing hangs; mismatched strides and a peer's failed checks are reported.
- * SKIP without 2 GPUs or where the load/store path is not available. */
+ * With one GPU, 2 ranks share it over CUDA IPC (no NCCL; fewer soak iterations).
+ * SKIP without a GPU, or where the load/store path is not available. */
 #include "config.h"
 
 #include <stdio.h>
@@ -28,10 +29,15 @@
 #define TOPK 4
 #define CAP 64
 
+/* One GPU: 2 ranks share it, over CUDA IPC without NCCL (NCCL refuses two ranks on
+ * one GPU), each process in its turn on the GPU. Set before the ranks fork. */
+static int shared_gpu;
+
+/* Ranks sharing a GPU take turns on it, a few milliseconds each: fewer iterations. */
 static int soak_iters(void)
 {
     const char *s = getenv("TEST_NVLINK_ITERS");
-    return s && *s ? atoi(s) : 10000;
+    return s && *s ? atoi(s) : shared_gpu ? 1000 : 10000;
 }
 
 static uint16_t bf16_of(int v) /* small integers and their sums are exact in bf16 */
@@ -199,6 +205,7 @@ static int nvlink_or_skip(int rank, const moea2a_dispatch_result_t *d)
 /* A rank's GPU and communicator, with MOEA2A_TIMEOUT_S = timeout. */
 static int start_rank(int rank, int n_ranks, moea2a_unique_id_t id, int ndev, const char *timeout, moea2a_comm_t *comm)
 {
+    if (shared_gpu) without_nccl();
     cudaSetDevice(rank % ndev);
     setenv("MOEA2A_TIMEOUT_S", timeout, 1);
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
@@ -389,13 +396,16 @@ static int fault_rank(int rank, int n_ranks, moea2a_unique_id_t id, void *arg)
 int main(void)
 {
     int ndev = gpu_count();
-    if (ndev < 2) {
-        tap_skip("fewer than 2 CUDA devices", "load/store path: soak and CUDA graph");
-        tap_skip("fewer than 2 CUDA devices", "copy-engine mode: soak");
-        tap_skip("fewer than 2 CUDA devices", "load/store path: failures");
+    shared_gpu = ndev == 1 && have_ucx();
+    if (ndev < 2 && !shared_gpu) {
+        const char *why = ndev ? "one CUDA device and no ucx transport to share it without NCCL" : "no CUDA device";
+        tap_skip(why, "load/store path: soak and CUDA graph");
+        tap_skip(why, "copy-engine mode: soak");
+        tap_skip(why, "load/store path: failures");
         return tap_done();
     }
     int n = ndev >= 4 ? 4 : 2;
+    const char *gpus = shared_gpu ? "2 ranks sharing one GPU over CUDA IPC" : ndev >= 4 ? "4 GPUs" : "2 GPUs";
     local_ranks_result_t res;
     soak_arg_t sa = {ndev, 0};
     local_ranks_run(n, soak_rank, &sa, WATCHDOG, &res);
@@ -405,19 +415,19 @@ int main(void)
         tap_skip("no load/store path between these GPUs", "load/store path: failures");
         return tap_done();
     }
-    tap_ok(res.failed == 0, "load/store path, %d GPUs: %d iterations of random routing checked each time; a CUDA "
-           "graph of dispatch + combine replayed 5 times", n, soak_iters());
+    tap_ok(res.failed == 0, "load/store path, %s: %d iterations of random routing checked each time; a CUDA "
+           "graph of dispatch + combine replayed 5 times", gpus, soak_iters());
     sa.copy_engine = 1;
     local_ranks_run(n, soak_rank, &sa, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "copy-engine mode, %d GPUs: %d iterations of random routing checked each time", n,
+    tap_ok(res.failed == 0, "copy-engine mode, %s: %d iterations of random routing checked each time", gpus,
            soak_iters() / 5);
     if (getenv("TEST_GPU_QUICK")) { /* under compute-sanitizer: its 3 s timeouts do not hold */
         tap_skip("timing-based, not under compute-sanitizer", "load/store path: failures");
         return tap_done();
     }
     local_ranks_run(2, fault_rank, &ndev, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "load/store path: a missing peer ends in MOEA2A_ERR_TIMEOUT (no hang); different strides "
-           "and a peer's failed checks are reported on the device");
+    tap_ok(res.failed == 0, "load/store path, %s: a missing peer ends in MOEA2A_ERR_TIMEOUT (no hang); different "
+           "strides and a peer's failed checks are reported on the device", shared_gpu ? "2 ranks sharing one GPU" : "2 GPUs");
     return tap_done();
 }
 #else
