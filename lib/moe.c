@@ -86,8 +86,8 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda);
     }
     /* Without a transport that moves CUDA memory only the load/store path serves a CUDA
-     * context (its symmetric memory may come from CUDA IPC). */
-    if (r == MOEA2A_SUCCESS && p->cuda && !cuda_transport && !p->lsa)
+     * context (its symmetric memory may come from CUDA IPC), on a GPU the topology shows. */
+    if (r == MOEA2A_SUCCESS && p->cuda && !cuda_transport && (!p->lsa || p->place.gpu < 0))
         r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                       "moea2a_moe: CUDA memory needs a transport that moves it (nccl, with a GPU), or every rank on "
                       "one node reaching every other by load/store (the load/store path); this communicator has "

@@ -53,19 +53,22 @@ static inline int rt_owner(int e, int ep)
     return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / q;
 }
 
-/* Dispatch + combine of a random batch (0..cap tokens, invalid ids included) for
- * iteration it; adds the values that differ from the reference to *mismatches. */
-static inline moea2a_result_t rt_step(rt_state_t *s, long it, long *mismatches)
+/* A random batch (0..cap tokens, invalid ids included) for iteration it into s->ids
+ * and s->x; returns its token count. */
+static inline int rt_inputs(rt_state_t *s, long it)
 {
     int nt = (int)(rt_next(&s->seed) % (RT_CAP + 1));
     for (int i = 0; i < nt * RT_K; i++) s->ids[i] = (int)(rt_next(&s->seed) % (RT_E + 2)) - 1; /* -1, E invalid */
     for (int t = 0; t < nt; t++)
         for (int h = 0; h < RT_H; h++) s->x[t * RT_H + h] = rt_bf16((t + h + (int)it) % 9 + 1);
-    const void *pl[1] = {s->x};
-    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    moea2a_result_t r = moea2a_dispatch(s->moe, nt, s->ids, NULL, pl, 0, &res, NULL);
-    if (r == MOEA2A_SUCCESS) r = moea2a_combine(s->moe, res.payloads[0], s->out, NULL); /* experts return what came */
-    for (int t = 0; r == MOEA2A_SUCCESS && t < nt; t++) {
+    return nt;
+}
+
+/* The values of s->out that differ from the reference for the batch of rt_inputs. */
+static inline long rt_mismatches(const rt_state_t *s, long it, int nt)
+{
+    long wrong = 0;
+    for (int t = 0; t < nt; t++) {
         int seen[RT_MAX_RANKS] = {0}, copies = 0;
         for (int j = 0; j < RT_K; j++) {
             int e = s->ids[t * RT_K + j];
@@ -74,9 +77,21 @@ static inline moea2a_result_t rt_step(rt_state_t *s, long it, long *mismatches)
             copies += !seen[o];
             seen[o] = 1;
         }
-        for (int h = 0; h < RT_H; h++)
-            *mismatches += s->out[t * RT_H + h] != rt_bf16(copies * ((t + h + (int)it) % 9 + 1));
+        for (int h = 0; h < RT_H; h++) wrong += s->out[t * RT_H + h] != rt_bf16(copies * ((t + h + (int)it) % 9 + 1));
     }
+    return wrong;
+}
+
+/* Dispatch + combine of a random batch in host memory for iteration it; adds the
+ * values that differ from the reference to *mismatches. */
+static inline moea2a_result_t rt_step(rt_state_t *s, long it, long *mismatches)
+{
+    int nt = rt_inputs(s, it);
+    const void *pl[1] = {s->x};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t r = moea2a_dispatch(s->moe, nt, s->ids, NULL, pl, 0, &res, NULL);
+    if (r == MOEA2A_SUCCESS) r = moea2a_combine(s->moe, res.payloads[0], s->out, NULL); /* experts return what came */
+    if (r == MOEA2A_SUCCESS) *mismatches += rt_mismatches(s, it, nt);
     return r;
 }
 #endif

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "gpu_util.h"
+#include "moe_roundtrip.h"
 #include "local_ranks.h"
 #include "moea2a.h"
 #include "tap.h"
@@ -745,6 +746,85 @@ static int symmetric_choice_rank(int rank, int n, moea2a_unique_id_t id, void *a
     return fails;
 }
 
+/* One rank of several threads in one process (thread_ranks): CUDA memory, no NCCL, so
+ * the load/store path over CUDA IPC reaches the other threads' ranks directly. */
+typedef struct {
+    moea2a_unique_id_t id;
+    int rank, n, ndev, took_nvlink;
+    long wrong;
+    moea2a_result_t r;
+    char why[256];
+} thread_rank_t;
+
+static void *thread_rank(void *arg)
+{
+    thread_rank_t *t = arg;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = t->rank % t->ndev, cfg.transport = "ucx";
+    moea2a_comm_t comm = NULL;
+    rt_state_t *s = calloc(1, sizeof(*s));
+    moea2a_moe_config_t mc = rt_config();
+    mc.memory = MOEA2A_MEMORY_CUDA;
+    void *dids = NULL, *dx = NULL, *dout = NULL;
+    cudaStream_t st = NULL;
+    cudaSetDevice(t->rank % t->ndev);
+    t->r = s ? moea2a_comm_init_rank(&comm, t->n, t->id, t->rank, &cfg) : MOEA2A_ERR_NO_MEMORY;
+    if (t->r == MOEA2A_SUCCESS) {
+        s->ep = t->n, s->seed = 0x5eed + (uint64_t)t->rank;
+        t->r = moea2a_moe_create(&s->moe, comm, &mc);
+    }
+    if (t->r == MOEA2A_SUCCESS && (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) ||
+                                   cudaMalloc(&dids, sizeof(s->ids)) || cudaMalloc(&dx, sizeof(s->x)) ||
+                                   cudaMalloc(&dout, sizeof(s->out))))
+        t->r = MOEA2A_ERR_CUDA;
+    for (long it = 0; it < 300 && t->r == MOEA2A_SUCCESS; it++) {
+        int nt = rt_inputs(s, it);
+        cudaMemcpy(dids, s->ids, sizeof(int32_t) * (size_t)(nt * RT_K), cudaMemcpyHostToDevice);
+        cudaMemcpy(dx, s->x, sizeof(uint16_t) * (size_t)(nt * RT_H), cudaMemcpyHostToDevice);
+        const void *pl[1] = {dx};
+        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        t->r = moea2a_dispatch(s->moe, nt, dids, NULL, pl, 0, &res, st);
+        if (t->r == MOEA2A_SUCCESS) t->r = moea2a_combine(s->moe, res.payloads[0], dout, st);
+        if (t->r == MOEA2A_SUCCESS) t->r = cudaStreamSynchronize(st) ? MOEA2A_ERR_CUDA : moea2a_moe_status(s->moe);
+        if (t->r == MOEA2A_SUCCESS && cudaMemcpy(s->out, dout, sizeof(uint16_t) * (size_t)(nt * RT_H), cudaMemcpyDeviceToHost))
+            t->r = MOEA2A_ERR_CUDA;
+        if (t->r == MOEA2A_SUCCESS) t->wrong += rt_mismatches(s, it, nt);
+        t->took_nvlink = res.nvlink;
+    }
+    if (t->r != MOEA2A_SUCCESS) snprintf(t->why, sizeof(t->why), "%s", moea2a_last_error(comm));
+    if (s && s->moe) moea2a_moe_destroy(s->moe);
+    if (comm) moea2a_comm_destroy(comm);
+    cudaFree(dids), cudaFree(dx), cudaFree(dout);
+    if (st) cudaStreamDestroy(st);
+    free(s);
+    return NULL;
+}
+
+/* Ranks as threads of this process (a launched rank of its own, so that the test
+ * process itself never touches CUDA), all on GPU 0 where there is one GPU: their
+ * kernels run at once, each on its share of the SMs. */
+static int thread_ranks(int rank, int n_procs, moea2a_unique_id_t unused, void *arg)
+{
+    (void)rank, (void)n_procs, (void)unused;
+    const int n = 2, ndev = *(int *)arg;
+    thread_rank_t t[2];
+    pthread_t th[2];
+    memset(t, 0, sizeof(t));
+    if (moea2a_get_unique_id(&t[0].id)) return 1;
+    for (int i = 0; i < n; i++) {
+        t[i].id = t[0].id, t[i].rank = i, t[i].n = n, t[i].ndev = ndev;
+        pthread_create(&th[i], NULL, thread_rank, &t[i]);
+    }
+    int fails = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        RANK_EXPECT(fails, i, t[i].r == MOEA2A_SUCCESS && t[i].wrong == 0 && t[i].took_nvlink,
+                    "thread rank: %s (%s), %ld values wrong, load/store path %d", moea2a_strerror(t[i].r), t[i].why,
+                    t[i].wrong, t[i].took_nvlink);
+    }
+    return fails;
+}
+
 /* The load/store path without NCCL: UCX for the host side, CUDA IPC for the symmetric
  * memory, 2 and 4 ranks; where the machine has fewer GPUs than ranks, ranks share them
  * (on one GPU this is what tests the kernels' exchange between ranks: each process
@@ -758,8 +838,12 @@ static void ipc_tests(int ndev, int quick)
         local_ranks_run(2, symmetric_choice_rank, &ndev, WATCHDOG, &res);
         tap_ok(res.failed == 0, "without NCCL, MOEA2A_SYMMETRIC_MEMORY: an unknown way is MOEA2A_ERR_INVALID_ARGUMENT "
                "and the transport's MOEA2A_ERR_UNAVAILABLE on every rank, saying why; cuda_ipc and auto serve");
+        local_ranks_run(1, thread_ranks, &ndev, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA IPC without NCCL, 2 ranks as threads of one process on %d GPU(s): 300 round trips "
+               "each, checked", ndev < 2 ? 1 : 2);
     } else {
         tap_skip("no ucx transport", "without NCCL, MOEA2A_SYMMETRIC_MEMORY");
+        tap_skip("no ucx transport", "CUDA IPC, 2 ranks as threads of one process");
     }
     int sizes[2] = {2, quick ? 2 : 4};
     for (int i = 0; i < (quick ? 1 : 2); i++) {
