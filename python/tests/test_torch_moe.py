@@ -5,7 +5,10 @@ checked against the reference of test_numpy (contiguous placement, ascending sou
 tokens, the sum over the ranks a token went to); the same three captured in one CUDA
 graph and replayed with new tokens. One rank in this process; with 2 or more GPUs also
 that many spawned ranks, one GPU each, their communicator from a unique id or from a
-torch.distributed NCCL group (Comm.from_torch)."""
+torch.distributed NCCL group (Comm.from_torch); and 2 spawned ranks sharing GPU 0
+without NCCL (CUDA IPC)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -66,12 +69,17 @@ def xs(rank, seed):
     return ((np.arange(n)[:, None] * 3 + rank * 5 + np.arange(H)[None, :] + seed) % 16 - 8).astype(np.float32)
 
 
-def rank_main(rank, ep, uid, port=None, copy_engine=False):
+def rank_main(rank, ep, uid, port=None, copy_engine=False, share=False):
     """One rank: its communicator from uid, or (with a port) from a torch.distributed
     NCCL group of ep ranks through Comm.from_torch; copy_engine: the rows moved by the
-    GPU's copy engines (MOEA2A_MOE_COPY_ENGINE)."""
-    torch.cuda.set_device(rank)
-    if port is not None:
+    GPU's copy engines (MOEA2A_MOE_COPY_ENGINE); share: every rank on GPU 0, without
+    NCCL (ucx for the host side, the load/store path's memory by CUDA IPC)."""
+    device = 0 if share else rank
+    torch.cuda.set_device(device)
+    if share:
+        os.environ["MOEA2A_SYMMETRIC_MEMORY"] = "cuda_ipc"
+        comm = moea2a.Comm(ep, rank, uid, cuda_device=device, transport="ucx")
+    elif port is not None:
         import torch.distributed as dist
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ep,
                                 device_id=torch.device("cuda", rank))
@@ -130,6 +138,24 @@ def test_ranks_on_gpus(how):
     ep = min(torch.cuda.device_count(), 4)
     port = free_port() if how == "torch_group" else None
     assert moea2a.run_local(ep, rank_main, port, timeout=180, start="spawn") == [None] * ep
+
+
+def ucx_transport():
+    """Whether this build has a ucx transport (ranks sharing a GPU run without NCCL,
+    which refuses two ranks on one GPU)."""
+    try:
+        with moea2a.Comm(1, 0, moea2a.unique_id(), transport="ucx"):
+            return True
+    except moea2a.Error:
+        return False
+
+
+@pytest.mark.skipif(not ucx_transport(), reason="no ucx transport")
+@pytest.mark.parametrize("copy_engine", [False, True])
+def test_ranks_sharing_a_gpu(copy_engine):
+    """2 spawned ranks on GPU 0, the load/store path over CUDA IPC (each process in its
+    turn on the GPU: slow, but every exchange between ranks runs)."""
+    assert moea2a.run_local(2, rank_main, None, copy_engine, True, timeout=180, start="spawn") == [None, None]
 
 
 def test_comm_from_torch_group():
