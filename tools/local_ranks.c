@@ -1,3 +1,4 @@
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,5 +104,49 @@ int local_ranks_run(int nranks, local_rank_fn fn, void *arg, double watchdog_s, 
     free(pids);
     kill(maker, SIGKILL);
     waitpid(maker, NULL, 0);
+    return res->failed;
+}
+
+typedef struct {
+    local_rank_fn fn;
+    void *arg;
+    moea2a_unique_id_t id;
+    int rank, nranks, rc;
+} thread_rank_t;
+
+static void *run_thread(void *p)
+{
+    thread_rank_t *t = p;
+    t->rc = t->fn(t->rank, t->nranks, t->id, t->arg);
+    return NULL;
+}
+
+int local_ranks_run_threads(int nranks, local_rank_fn fn, void *arg, local_ranks_result_t *res)
+{
+    memset(res, 0, sizeof(*res));
+    thread_rank_t *t = calloc((size_t)nranks, sizeof(*t));
+    pthread_t *th = calloc((size_t)nranks, sizeof(*th));
+    moea2a_unique_id_t id;
+    if (!t || !th || moea2a_get_unique_id(&id) != MOEA2A_SUCCESS) {
+        if (t && th) fprintf(stderr, "moea2a_get_unique_id: %s\n", moea2a_last_error(NULL));
+        free(t), free(th);
+        return res->failed = nranks;
+    }
+    int started = 0;
+    for (; started < nranks; started++) {
+        t[started] = (thread_rank_t){fn, arg, id, started, nranks, 0};
+        if (pthread_create(&th[started], NULL, run_thread, &t[started])) break;
+    }
+    for (int r = 0; r < started; r++) {
+        pthread_join(th[r], NULL);
+        if (r < 64) res->exit_codes[r] = t[r].rc;
+        res->failed += t[r].rc != 0;
+    }
+    /* a rank that never started leaves the others waiting until their timeout */
+    for (int r = started; r < nranks; r++) {
+        if (r < 64) res->exit_codes[r] = 1;
+        res->failed++;
+    }
+    free(t), free(th);
     return res->failed;
 }

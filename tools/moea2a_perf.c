@@ -136,6 +136,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: moea2a_perf [options]\n"
             "  -n, --ranks N        fork N local ranks (default: from the launcher's environment, else 2)\n"
+            "  -T, --threads        the N local ranks as threads of one process: ranks that share a GPU\n"
+            "                       (N above the GPU count) run at once; without NCCL, which refuses\n"
+            "                       that: MOEA2A_TRANSPORT=ucx (the load/store path over CUDA IPC)\n"
             "  -m, --mem M          host (default) or cuda\n"
             "  -i, --iters I        timed iterations per size (default 20)\n"
             "  -w, --warmup W       untimed iterations per size (default 5)\n"
@@ -183,7 +186,7 @@ int main(int argc, char **argv)
 {
     perf_opts_t o = {OP_ALLTOALLV, 1024, 16 << 20, 2, 20, 5, 1, MOEA2A_INT32, "host",
                      {128, 1024, 4096}, 3, 7168, 8, 256, 0, 0, 0.0, 16384};
-    int nranks = 0, dtype_set = 0, tokens_set = 0, experts_set = 0;
+    int nranks = 0, dtype_set = 0, tokens_set = 0, experts_set = 0, threads = 0;
     static const struct option opts[] = {
         {"ranks", required_argument, 0, 'n'},      {"op", required_argument, 0, 'o'},
         {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
@@ -198,11 +201,12 @@ int main(int argc, char **argv)
         {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
         {"wire", required_argument, 0, 'q'},       {"layout", required_argument, 0, 'L'},
         {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
-        {0, 0, 0, 0}};
+        {"threads", no_argument, 0, 'T'},          {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:T", opts, NULL)) != -1) {
         switch (c) {
         case 'n': nranks = atoi(optarg); break;
+        case 'T': threads = 1; break;
         case 'o':
             if (!strcmp(optarg, "alltoallv")) o.op = OP_ALLTOALLV;
             else if (!strcmp(optarg, "allgather")) o.op = OP_ALLGATHER;
@@ -306,7 +310,8 @@ int main(int argc, char **argv)
         return 2;
     }
     local_ranks_result_t res;
-    local_ranks_run(nranks, perf_rank, &o, 3600.0, &res);
+    if (threads) local_ranks_run_threads(nranks, perf_rank, &o, &res);
+    else local_ranks_run(nranks, perf_rank, &o, 3600.0, &res);
     int worst = 0;
     for (int r = 0; r < nranks; r++) worst = res.exit_codes[r] > worst ? res.exit_codes[r] : worst;
     return res.hung ? 1 : worst;

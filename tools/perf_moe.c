@@ -393,7 +393,9 @@ typedef struct {
     long wrong;
 } row_t;
 
-static const char *row_tag = ""; /* "rank-": the rank-major rows printed next to --layout expert's */
+/* "rank-": the rank-major rows printed next to --layout expert's (a thread's own: with
+ * --threads every rank sets it) */
+static __thread const char *row_tag = "";
 
 /* --layout expert: what the expert-major run of a size measured, for the line that sets
  * it against the rank-major run of the same size (issue's bound: rank-major time + 1.25 x
