@@ -169,7 +169,7 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     r = m2a_moe_agree(comm, r, &blocks);
     if (r != MOEA2A_SUCCESS) {
         (void)OPS->device_synchronize();
-        m2a_symm_close(comm, &st->symm);
+        m2a_symm_close(comm, &st->symm, r != MOEA2A_ERR_TIMEOUT && r != MOEA2A_ERR_PEER_FAILED);
         if (st->f.err) OPS->free(st->f.err);
         free(st), free(peers);
         return r;
@@ -193,7 +193,7 @@ static void fast_release(moea2a_moe_t moe)
      * bounded), then all meet, then the workspace goes. */
     (void)OPS->device_synchronize();
     if (OPS->fast_profile_report) OPS->fast_profile_report(moe->comm->rank);
-    m2a_symm_close(comm, &st->symm);
+    m2a_symm_close(comm, &st->symm, 1);
     moe->ws = NULL;
     OPS->free(st->f.err);
     m2a_ce_destroy(st->ce);

@@ -6,9 +6,9 @@
  *   cuda_ipc   cudaMalloc, with CUDA IPC handles exchanged over the bootstrap: every
  *              rank on one host, GPUs that reach each other (or the same GPU, shared
  *              by ranks in one process or several) (moe_symmetric_ipc.c)
- * MOEA2A_SYMMETRIC_MEMORY picks one; auto takes the transport's where it serves every
- * rank, else CUDA IPC. A new way is a new file and a line in the table
- * (moe_symmetric.c). */
+ * MOEA2A_SYMMETRIC_MEMORY picks one; auto takes the transport's where there is a CUDA
+ * transport with symmetric memory, else CUDA IPC. A new way is a new file and a line
+ * in the table (moe_symmetric.c). */
 #ifndef M2A_MOE_SYMMETRIC_H
 #define M2A_MOE_SYMMETRIC_H
 #include <stddef.h>
@@ -48,6 +48,7 @@ extern const m2a_symm_way_t m2a_symm_transport, m2a_symm_cuda_ipc;
  * MOEA2A_ERR_UNAVAILABLE says no way serves this communicator). The current CUDA
  * device must be the communicator's. */
 moea2a_result_t m2a_symm_open(moea2a_comm_t comm, moea2a_result_t status, size_t bytes, void **peers, m2a_symm_t *s);
-/* Collective where the communicator is healthy: every rank's kernels must have ended. */
-void m2a_symm_close(moea2a_comm_t comm, m2a_symm_t *s);
+/* Collective where the communicator is healthy and peers_alive (0: a peer is known
+ * dead or out of step, so nobody waits for it): every rank's kernels must have ended. */
+void m2a_symm_close(moea2a_comm_t comm, m2a_symm_t *s, int peers_alive);
 #endif

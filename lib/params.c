@@ -30,7 +30,8 @@ static const moea2a_param_t params[] = {
      "Where the load/store path's workspace comes from: transport (the CUDA transport's symmetric memory: "
      "ncclMemAlloc and an NCCL window, where NCCL's load/store team holds every rank), cuda_ipc (cudaMalloc "
      "and CUDA IPC handles exchanged by moea2a: one host, no NCCL needed, and ranks may share a GPU, in one "
-     "process or several) or auto (default: transport where it serves every rank, else cuda_ipc). Read at "
+     "process or several) or auto (default: transport where a CUDA transport with symmetric memory is loaded, "
+     "and where NCCL's team is smaller than the communicator the generic path; else cuda_ipc). Read at "
      "create; the same on every rank."},
     {"MOEA2A_NODE_SIZE", "int", "0",
      "0: a node is a host. N: the ranks of each host form nodes of N consecutive ranks (emulated nodes, "
