@@ -128,6 +128,16 @@ static int peer_access(int peer)
     }
     return (int)e;
 }
+static int load_kernels(void)
+{
+    int e = m2a_fast_load();
+    if (!e) e = m2a_cuda_moe_load();
+    if (!e) e = m2a_cuda_fp8_load();
+    if (!e) e = m2a_cuda_fp4_load();
+    if (!e) e = m2a_cuda_wire_load();
+    if (!e) e = m2a_cuda_expert_load();
+    return e;
+}
 
 #ifdef M2A_FAST_PROFILE
 #define PROFILE_REPORT m2a_fast_profile_report
@@ -180,8 +190,7 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .fast_signal = m2a_fast_signal,
     .fast_landing_reduce = m2a_fast_landing_reduce,
     .fp8_quantize_ready = m2a_cuda_fp8_quantize_ready,
-    .quantize_alongside_load = m2a_cuda_fp8_quantize_ready_load,
-    .fast_load = m2a_fast_load,
+    .load_kernels = load_kernels,
     .fast_bulk = m2a_fast_bulk,
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,

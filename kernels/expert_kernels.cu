@@ -14,6 +14,7 @@
 
 #include "elem.cuh"
 #include "expert_kernels.h"
+#include "load.cuh"
 
 namespace {
 
@@ -324,4 +325,12 @@ extern "C" int m2a_cuda_expert_fold(const m2a_kexpert_t *x, int stride, moea2a_d
     default: launch_fold<MOEA2A_BFLOAT16>(x, stride, hidden, weighted, rows, combine, vec, s); break;
     }
     return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_expert_load(void)
+{
+    int e = m2a_load_kernel(copy, m2a_load_kernel(fill, m2a_load_kernel(count, 0)));
+    e = m2a_load_kernel(fold<MOEA2A_BFLOAT16, true>, m2a_load_kernel(fold<MOEA2A_BFLOAT16, false>, e));
+    e = m2a_load_kernel(fold<MOEA2A_FLOAT16, true>, m2a_load_kernel(fold<MOEA2A_FLOAT16, false>, e));
+    return m2a_load_kernel(fold<MOEA2A_FLOAT32, true>, m2a_load_kernel(fold<MOEA2A_FLOAT32, false>, e));
 }

@@ -57,6 +57,8 @@ int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *stream);
 int m2a_cuda_expert_fold(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden, int weighted,
                          const unsigned char *rows, unsigned char *combine, void *stream);
 
+/* Loads this file's kernels now (kernels/load.cuh says why). */
+int m2a_cuda_expert_load(void);
 #ifdef __cplusplus
 }
 #endif

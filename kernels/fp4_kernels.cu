@@ -9,6 +9,7 @@
 
 #include "fp4_kernels.h"
 #include "fp4_math.h"
+#include "load.cuh"
 
 namespace {
 
@@ -389,4 +390,12 @@ extern "C" int m2a_cuda_fp4_sf_convert(const void *src, int src_layout, void *ds
                                                                  static_cast<unsigned char *>(dst), dst_layout, m, kb_n,
                                                                  counts, stride, bytes);
     return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_fp4_load(void)
+{
+    int e = M2A_LOAD_FLOATS(quantize_blocks, 0);
+    e = M2A_LOAD_FLOATS(dequantize_halves, e);
+    e = M2A_LOAD_FLOATS(amax_bits, e);
+    return m2a_load_kernel(global_from_amax, m2a_load_kernel(sf_convert, e));
 }

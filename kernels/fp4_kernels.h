@@ -18,6 +18,8 @@ int m2a_cuda_fp4_dequantize(const void *q, const void *sf, int layout, const flo
 /* counts == NULL: plain conversion of m rows; else m = ep x stride receive rows. */
 int m2a_cuda_fp4_sf_convert(const void *src, int src_layout, void *dst, int dst_layout, size_t m, size_t k,
                             const int32_t *counts, int stride, void *stream);
+/* Loads this file's kernels now (kernels/load.cuh says why). */
+int m2a_cuda_fp4_load(void);
 #ifdef __cplusplus
 }
 #endif

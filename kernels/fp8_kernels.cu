@@ -10,6 +10,7 @@
 
 #include "fp8_device.cuh"
 #include "fp8_kernels.h"
+#include "load.cuh"
 
 namespace {
 
@@ -203,13 +204,13 @@ extern "C" int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtyp
                                (cudaStream_t)stream);
 }
 
-extern "C" int m2a_cuda_fp8_quantize_ready_load(void)
+extern "C" int m2a_cuda_fp8_load(void)
 {
-    cudaFuncAttributes a;
-    int e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_BFLOAT16, true>);
-    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT16, true>);
-    if (!e) e = (int)cudaFuncGetAttributes(&a, quantize<MOEA2A_FLOAT32, true>);
-    return e;
+    int e = 0;
+    e = m2a_load_kernel(quantize<MOEA2A_BFLOAT16, false>, e), e = m2a_load_kernel(quantize<MOEA2A_BFLOAT16, true>, e);
+    e = m2a_load_kernel(quantize<MOEA2A_FLOAT16, false>, e), e = m2a_load_kernel(quantize<MOEA2A_FLOAT16, true>, e);
+    e = m2a_load_kernel(quantize<MOEA2A_FLOAT32, false>, e), e = m2a_load_kernel(quantize<MOEA2A_FLOAT32, true>, e);
+    return M2A_LOAD_FLOATS(dequantize, e);
 }
 
 extern "C" int m2a_cuda_fp8_dequantize(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k,

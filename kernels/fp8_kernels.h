@@ -18,10 +18,8 @@ int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size
  * ready[chunk] = rows x k / 16. The bits of m2a_cuda_fp8_quantize. */
 int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
                                 int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, void *stream);
-/* Loads those kernels now (CUDA's lazy loading would load one at its first launch,
- * which waits for the device's running kernels: a dispatch already spinning on the
- * counters never ends). */
-int m2a_cuda_fp8_quantize_ready_load(void);
+/* Loads this file's kernels now (kernels/load.cuh says why). */
+int m2a_cuda_fp8_load(void);
 int m2a_cuda_fp8_dequantize(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k, void *out,
                             moea2a_datatype_t otype, void *stream);
 #ifdef __cplusplus

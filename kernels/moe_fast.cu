@@ -50,6 +50,7 @@
 #include "convert.h"
 #include "elem.cuh"
 #include "fp8_device.cuh"
+#include "load.cuh"
 #include "mbarrier.cuh"
 #include "moe_fast.h"
 #include "wire_device.cuh"
@@ -1579,11 +1580,7 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
 }
 
 /* Every kernel of this file, loaded now (cudaFuncGetAttributes loads a function). */
-template <typename K> static int load(K kernel, int e)
-{
-    cudaFuncAttributes a;
-    return e ? e : (int)cudaFuncGetAttributes(&a, kernel);
-}
+template <typename K> static int load(K kernel, int e) { return m2a_load_kernel(kernel, e); }
 
 template <moea2a_datatype_t DT> static int load_combine(int e)
 {

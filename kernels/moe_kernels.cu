@@ -5,6 +5,7 @@
 
 #include "elem.cuh"
 #include "moe_kernels.h"
+#include "load.cuh"
 
 namespace {
 
@@ -296,4 +297,11 @@ extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *se
     default: combine<MOEA2A_BFLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, self_rows, landing, o); break;
     }
     return (int)cudaGetLastError();
+}
+
+extern "C" int m2a_cuda_moe_load(void)
+{
+    int e = m2a_load_kernel(route_dests, 0);
+    e = m2a_load_kernel(route_slots, m2a_load_kernel(pack, m2a_load_kernel(sanitize, e)));
+    return M2A_LOAD_FLOATS(combine_vec, M2A_LOAD_FLOATS(combine, e));
 }

@@ -53,6 +53,8 @@ int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_co
 int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                      const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
 
+/* Loads this file's kernels now (kernels/load.cuh says why). */
+int m2a_cuda_moe_load(void);
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
 
 #include "wire_device.cuh"
 #include "wire_kernels.h"
+#include "load.cuh"
 
 namespace {
 
@@ -55,3 +56,5 @@ extern "C" int m2a_cuda_wire_fill(float *dst, size_t n, void *stream)
     if (n > 1) fill<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, n);
     return (int)cudaGetLastError();
 }
+
+extern "C" int m2a_cuda_wire_load(void) { return m2a_load_kernel(fill, m2a_load_kernel(finish, 0)); }

@@ -24,7 +24,8 @@
 
 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM; 4: copy-engine mode;
  * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin);
- * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL) */
+ * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL),
+ * load_kernels for fast_load and quantize_alongside_load */
 #define MOEA2A_CUDA_ABI_VERSION 8
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
@@ -112,11 +113,10 @@ typedef struct moea2a_cuda_v1 {
      * back with events (capturable) */
     int (*fp8_quantize_ready)(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
                               int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, void *stream);
-    /* the quantization's kernels loaded before first use: with CUDA's lazy loading a
-     * kernel loads at its first launch, after the device's running kernels end, and the
-     * dispatch spins until the quantization runs */
-    int (*quantize_alongside_load)(void);
-    int (*fast_load)(void); /* the load/store kernels, the same way (m2a_fast_load) */
+    /* Every kernel the MoE calls launch, loaded now rather than at its first launch:
+     * with CUDA's lazy loading a first launch waits for every kernel running in the
+     * context, and these wait for each other (kernels/load.cuh). */
+    int (*load_kernels)(void);
     int (*stream_create)(void **stream); /* non-blocking: no implicit order with the legacy stream */
     void (*stream_destroy)(void *stream);
     int (*event_create)(void **event); /* no timing */

@@ -138,12 +138,6 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     int blocks = moe->cfg.num_sms, sms = 0;
     if (r == MOEA2A_SUCCESS && comm->cuda_device >= 0 && OPS->set_device(comm->cuda_device) != 0)
         r = m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a_moe_create: cudaSetDevice(%d) failed", comm->cuda_device);
-    /* loaded now: loaded at a first launch, a kernel would wait for the device's running
-     * ones, which may be this context's or another's waiting for peers */
-    if (r == MOEA2A_SUCCESS) {
-        int e = OPS->fast_load();
-        if (e) r = cuda_fail(comm, e, "loading the load/store kernels");
-    }
     if (r == MOEA2A_SUCCESS && OPS->sm_count(moe->device, &sms) == 0 && sms < blocks)
         blocks = sms; /* every block must be resident: they wait for each other's peers */
     /* 2. collective: the workspace, every rank's address of it */
@@ -287,7 +281,7 @@ static void quant_stream_open(moea2a_moe_t moe)
     if (!fp8 || other || st->in_copy || m2a_param_int(moe->comm, "MOEA2A_QUANT_OVERLAP", &on) != MOEA2A_SUCCESS)
         return;
     if (on == 0 || (on < 0 && moe->comm->nranks < 2)) return;
-    if (OPS->quantize_alongside_load() || OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) ||
+    if (OPS->stream_create(&st->qstream) || OPS->event_create(&st->fork) ||
         OPS->event_create(&st->join)) {
         M2A_INFO(M2A_SUBSYS_MOE, "quantize on dispatch: no stream of its own (%s); it runs before the dispatch",
                  OPS->error_string(OPS->clear_error()));

@@ -89,6 +89,10 @@ moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe)
     M2A_TRY(m2a_cuda_require(comm, "moea2a_moe_create", &ops));
     M2A_TRY(set_device(comm));
     CU(comm, ops->get_device(&moe->device));
+    /* loaded now: loaded at a first launch, a kernel would wait for the context's running
+     * ones, which may be waiting for this rank (a peer sharing the GPU, a quantization
+     * alongside the dispatch) */
+    CU(comm, ops->load_kernels());
     /* mapped: the load/store kernels write their error record there */
     CU(comm, ops->host_alloc_mapped((void **)&moe->pinned, moe->l.pinned));
     return MOEA2A_SUCCESS;

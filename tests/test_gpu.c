@@ -747,7 +747,11 @@ static int symmetric_choice_rank(int rank, int n, moea2a_unique_id_t id, void *a
 }
 
 /* One rank of several threads in one process (thread_ranks): CUDA memory, no NCCL, so
- * the load/store path over CUDA IPC reaches the other threads' ranks directly. */
+ * the load/store path over CUDA IPC reaches the other threads' ranks directly. Besides
+ * the checked payload, two more go quantized to FP8 and NVFP4, quantized before the
+ * dispatch (MOEA2A_QUANT_OVERLAP=0): the ranks share one CUDA context, where a kernel's
+ * first launch would wait for the peers' kernels that wait for this rank (their bits
+ * are test_wire's business; here every call must complete). */
 typedef struct {
     moea2a_unique_id_t id;
     int rank, n, ndev, took_nvlink;
@@ -764,8 +768,10 @@ static void *thread_rank(void *arg)
     moea2a_comm_t comm = NULL;
     rt_state_t *s = calloc(1, sizeof(*s));
     moea2a_moe_config_t mc = rt_config();
-    mc.memory = MOEA2A_MEMORY_CUDA;
-    void *dids = NULL, *dx = NULL, *dout = NULL;
+    mc.memory = MOEA2A_MEMORY_CUDA, mc.num_payloads = 3;
+    mc.payloads[1] = mc.payloads[2] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 128};
+    mc.wire[1].format = MOEA2A_WIRE_FP8, mc.wire[2].format = MOEA2A_WIRE_NVFP4;
+    void *dids = NULL, *dx = NULL, *dout = NULL, *dq = NULL;
     cudaStream_t st = NULL;
     cudaSetDevice(t->rank % t->ndev);
     t->r = s ? moea2a_comm_init_rank(&comm, t->n, t->id, t->rank, &cfg) : MOEA2A_ERR_NO_MEMORY;
@@ -775,13 +781,14 @@ static void *thread_rank(void *arg)
     }
     if (t->r == MOEA2A_SUCCESS && (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) ||
                                    cudaMalloc(&dids, sizeof(s->ids)) || cudaMalloc(&dx, sizeof(s->x)) ||
-                                   cudaMalloc(&dout, sizeof(s->out))))
+                                   cudaMalloc(&dout, sizeof(s->out)) || cudaMalloc(&dq, RT_CAP * 128 * 2) ||
+                                   cudaMemset(dq, 0, RT_CAP * 128 * 2)))
         t->r = MOEA2A_ERR_CUDA;
     for (long it = 0; it < 300 && t->r == MOEA2A_SUCCESS; it++) {
         int nt = rt_inputs(s, it);
         cudaMemcpy(dids, s->ids, sizeof(int32_t) * (size_t)(nt * RT_K), cudaMemcpyHostToDevice);
         cudaMemcpy(dx, s->x, sizeof(uint16_t) * (size_t)(nt * RT_H), cudaMemcpyHostToDevice);
-        const void *pl[1] = {dx};
+        const void *pl[3] = {dx, dq, dq};
         moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
         t->r = moea2a_dispatch(s->moe, nt, dids, NULL, pl, 0, &res, st);
         if (t->r == MOEA2A_SUCCESS) t->r = moea2a_combine(s->moe, res.payloads[0], dout, st);
@@ -794,7 +801,7 @@ static void *thread_rank(void *arg)
     if (t->r != MOEA2A_SUCCESS) snprintf(t->why, sizeof(t->why), "%s", moea2a_last_error(comm));
     if (s && s->moe) moea2a_moe_destroy(s->moe);
     if (comm) moea2a_comm_destroy(comm);
-    cudaFree(dids), cudaFree(dx), cudaFree(dout);
+    cudaFree(dids), cudaFree(dx), cudaFree(dout), cudaFree(dq);
     if (st) cudaStreamDestroy(st);
     free(s);
     return NULL;
@@ -811,6 +818,8 @@ static int thread_ranks(int rank, int n_procs, moea2a_unique_id_t unused, void *
     pthread_t th[2];
     memset(t, 0, sizeof(t));
     if (moea2a_get_unique_id(&t[0].id)) return 1;
+    setenv("MOEA2A_QUANT_OVERLAP", "0", 1);
+    setenv("MOEA2A_TIMEOUT_S", "20", 1); /* a rank stuck on its peers fails in 20 s, not 300 */
     for (int i = 0; i < n; i++) {
         t[i].id = t[0].id, t[i].rank = i, t[i].n = n, t[i].ndev = ndev;
         pthread_create(&th[i], NULL, thread_rank, &t[i]);
@@ -840,7 +849,7 @@ static void ipc_tests(int ndev, int quick)
                "and the transport's MOEA2A_ERR_UNAVAILABLE on every rank, saying why; cuda_ipc and auto serve");
         local_ranks_run(1, thread_ranks, &ndev, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, 2 ranks as threads of one process on %d GPU(s): 300 round trips "
-               "each, checked", ndev < 2 ? 1 : 2);
+               "each, checked, with FP8 and NVFP4 payloads quantized before each dispatch", ndev < 2 ? 1 : 2);
     } else {
         tap_skip("no ucx transport", "without NCCL, MOEA2A_SYMMETRIC_MEMORY");
         tap_skip("no ucx transport", "CUDA IPC, 2 ranks as threads of one process");
