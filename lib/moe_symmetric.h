@@ -27,7 +27,7 @@ typedef struct {
 struct m2a_symm_way {
     const char *name;
     /* Local: 1 when this way can serve the communicator as far as this rank sees (the
-     * caller agrees on it across ranks); 0 with the reason in why. */
+     * caller agrees on it across ranks); 0 with the reason in why, untouched otherwise. */
     int (*usable)(moea2a_comm_t comm, char *why, size_t len);
     /* Collective: bytes on every rank; fills s->ptr, s->state, s->gpu_ranks and
      * peers[r], the address at which this GPU reaches rank r's allocation. Every rank
@@ -43,10 +43,11 @@ struct m2a_symm_way {
 
 extern const m2a_symm_way_t m2a_symm_transport, m2a_symm_cuda_ipc;
 
-/* Collective: the workspace of bytes as symmetric memory, the way agreed by every rank
- * (status: this rank's result so far; a failure anywhere fails every rank, and
- * MOEA2A_ERR_UNAVAILABLE says no way serves this communicator). The current CUDA
- * device must be the communicator's. */
+/* Collective: the workspace of bytes as symmetric memory, by the way every rank chose
+ * (status: this rank's result so far; a failure anywhere fails every rank:
+ * MOEA2A_ERR_UNAVAILABLE where the way cannot serve every rank, MOEA2A_ERR_MISMATCH
+ * where the ranks chose different ways). The current CUDA device must be the
+ * communicator's. */
 moea2a_result_t m2a_symm_open(moea2a_comm_t comm, moea2a_result_t status, size_t bytes, void **peers, m2a_symm_t *s);
 /* Collective where the communicator is healthy and peers_alive (0: a peer is known
  * dead or out of step, so nobody waits for it): every rank's kernels must have ended. */

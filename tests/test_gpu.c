@@ -752,19 +752,13 @@ static int symmetric_choice_rank(int rank, int n, moea2a_unique_id_t id, void *a
  * dispatch (MOEA2A_QUANT_OVERLAP=0): the ranks share one CUDA context, where a kernel's
  * first launch would wait for the peers' kernels that wait for this rank (their bits
  * are test_wire's business; here every call must complete). */
-typedef struct {
-    moea2a_unique_id_t id;
-    int rank, n, ndev, took_nvlink;
-    long wrong;
-    moea2a_result_t r;
-    char why[256];
-} thread_rank_t;
-
-static void *thread_rank(void *arg)
+static int thread_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
-    thread_rank_t *t = arg;
+    const int ndev = *(int *)arg;
+    int fails = 0, took_nvlink = 0;
+    long wrong = 0;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    cfg.cuda_device = t->rank % t->ndev, cfg.transport = "ucx";
+    cfg.cuda_device = rank % ndev, cfg.transport = "ucx";
     moea2a_comm_t comm = NULL;
     rt_state_t *s = calloc(1, sizeof(*s));
     moea2a_moe_config_t mc = rt_config();
@@ -773,65 +767,52 @@ static void *thread_rank(void *arg)
     mc.wire[1].format = MOEA2A_WIRE_FP8, mc.wire[2].format = MOEA2A_WIRE_NVFP4;
     void *dids = NULL, *dx = NULL, *dout = NULL, *dq = NULL;
     cudaStream_t st = NULL;
-    cudaSetDevice(t->rank % t->ndev);
-    t->r = s ? moea2a_comm_init_rank(&comm, t->n, t->id, t->rank, &cfg) : MOEA2A_ERR_NO_MEMORY;
-    if (t->r == MOEA2A_SUCCESS) {
-        s->ep = t->n, s->seed = 0x5eed + (uint64_t)t->rank;
-        t->r = moea2a_moe_create(&s->moe, comm, &mc);
+    cudaSetDevice(rank % ndev);
+    moea2a_result_t r = s ? moea2a_comm_init_rank(&comm, n, id, rank, &cfg) : MOEA2A_ERR_NO_MEMORY;
+    if (r == MOEA2A_SUCCESS) {
+        s->ep = n, s->seed = 0x5eed + (uint64_t)rank;
+        r = moea2a_moe_create(&s->moe, comm, &mc);
     }
-    if (t->r == MOEA2A_SUCCESS && (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) ||
-                                   cudaMalloc(&dids, sizeof(s->ids)) || cudaMalloc(&dx, sizeof(s->x)) ||
-                                   cudaMalloc(&dout, sizeof(s->out)) || cudaMalloc(&dq, RT_CAP * 128 * 2) ||
-                                   cudaMemset(dq, 0, RT_CAP * 128 * 2)))
-        t->r = MOEA2A_ERR_CUDA;
-    for (long it = 0; it < 300 && t->r == MOEA2A_SUCCESS; it++) {
+    if (r == MOEA2A_SUCCESS && (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) ||
+                                cudaMalloc(&dids, sizeof(s->ids)) || cudaMalloc(&dx, sizeof(s->x)) ||
+                                cudaMalloc(&dout, sizeof(s->out)) || cudaMalloc(&dq, RT_CAP * 128 * 2) ||
+                                cudaMemset(dq, 0, RT_CAP * 128 * 2)))
+        r = MOEA2A_ERR_CUDA;
+    for (long it = 0; it < 300 && r == MOEA2A_SUCCESS; it++) {
         int nt = rt_inputs(s, it);
         cudaMemcpy(dids, s->ids, sizeof(int32_t) * (size_t)(nt * RT_K), cudaMemcpyHostToDevice);
         cudaMemcpy(dx, s->x, sizeof(uint16_t) * (size_t)(nt * RT_H), cudaMemcpyHostToDevice);
         const void *pl[3] = {dx, dq, dq};
         moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-        t->r = moea2a_dispatch(s->moe, nt, dids, NULL, pl, 0, &res, st);
-        if (t->r == MOEA2A_SUCCESS) t->r = moea2a_combine(s->moe, res.payloads[0], dout, st);
-        if (t->r == MOEA2A_SUCCESS) t->r = cudaStreamSynchronize(st) ? MOEA2A_ERR_CUDA : moea2a_moe_status(s->moe);
-        if (t->r == MOEA2A_SUCCESS && cudaMemcpy(s->out, dout, sizeof(uint16_t) * (size_t)(nt * RT_H), cudaMemcpyDeviceToHost))
-            t->r = MOEA2A_ERR_CUDA;
-        if (t->r == MOEA2A_SUCCESS) t->wrong += rt_mismatches(s, it, nt);
-        t->took_nvlink = res.nvlink;
+        r = moea2a_dispatch(s->moe, nt, dids, NULL, pl, 0, &res, st);
+        if (r == MOEA2A_SUCCESS) r = moea2a_combine(s->moe, res.payloads[0], dout, st);
+        if (r == MOEA2A_SUCCESS) r = cudaStreamSynchronize(st) ? MOEA2A_ERR_CUDA : moea2a_moe_status(s->moe);
+        if (r == MOEA2A_SUCCESS && cudaMemcpy(s->out, dout, sizeof(uint16_t) * (size_t)(nt * RT_H), cudaMemcpyDeviceToHost))
+            r = MOEA2A_ERR_CUDA;
+        if (r == MOEA2A_SUCCESS) wrong += rt_mismatches(s, it, nt);
+        took_nvlink = res.nvlink;
     }
-    if (t->r != MOEA2A_SUCCESS) snprintf(t->why, sizeof(t->why), "%s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && wrong == 0 && took_nvlink,
+                "thread rank: %s (%s), %ld values wrong, load/store path %d", moea2a_strerror(r),
+                r ? moea2a_last_error(comm) : "", wrong, took_nvlink);
     if (s && s->moe) moea2a_moe_destroy(s->moe);
     if (comm) moea2a_comm_destroy(comm);
     cudaFree(dids), cudaFree(dx), cudaFree(dout), cudaFree(dq);
     if (st) cudaStreamDestroy(st);
     free(s);
-    return NULL;
+    return fails;
 }
 
-/* Ranks as threads of this process (a launched rank of its own, so that the test
- * process itself never touches CUDA), all on GPU 0 where there is one GPU: their
- * kernels run at once, each on its share of the SMs. */
+/* 2 ranks as threads of a launched rank (so that the test process itself never touches
+ * CUDA), all on GPU 0 where there is one GPU: their kernels run at once, each on its
+ * share of the SMs. */
 static int thread_ranks(int rank, int n_procs, moea2a_unique_id_t unused, void *arg)
 {
     (void)rank, (void)n_procs, (void)unused;
-    const int n = 2, ndev = *(int *)arg;
-    thread_rank_t t[2];
-    pthread_t th[2];
-    memset(t, 0, sizeof(t));
-    if (moea2a_get_unique_id(&t[0].id)) return 1;
     setenv("MOEA2A_QUANT_OVERLAP", "0", 1);
     setenv("MOEA2A_TIMEOUT_S", "20", 1); /* a rank stuck on its peers fails in 20 s, not 300 */
-    for (int i = 0; i < n; i++) {
-        t[i].id = t[0].id, t[i].rank = i, t[i].n = n, t[i].ndev = ndev;
-        pthread_create(&th[i], NULL, thread_rank, &t[i]);
-    }
-    int fails = 0;
-    for (int i = 0; i < n; i++) {
-        pthread_join(th[i], NULL);
-        RANK_EXPECT(fails, i, t[i].r == MOEA2A_SUCCESS && t[i].wrong == 0 && t[i].took_nvlink,
-                    "thread rank: %s (%s), %ld values wrong, load/store path %d", moea2a_strerror(t[i].r), t[i].why,
-                    t[i].wrong, t[i].took_nvlink);
-    }
-    return fails;
+    local_ranks_result_t res;
+    return local_ranks_run_threads(2, thread_rank, arg, &res);
 }
 
 /* The load/store path without NCCL: UCX for the host side, CUDA IPC for the symmetric
@@ -874,9 +855,11 @@ static void ipc_tests(int ndev, int quick)
         local_ranks_run(n, moe_rank, &ce, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: %d random configs equal the host "
                "reference bit for bit", n, ndev < n ? ndev : n, what[2], ce.cases);
-        volatile double *kill_time = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (n != 2 || quick || kill_time == MAP_FAILED) {
-            tap_skip(n != 2 ? "2 ranks only" : "quick mode", "CUDA IPC, %d ranks: %s", n, what[3]);
+        volatile double *kill_time = n == 2 && !quick ? mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE,
+                                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+        if (kill_time == MAP_FAILED) {
+            tap_skip(n != 2 ? "2 ranks only" : quick ? "quick mode" : "no shared memory", "CUDA IPC, %d ranks: %s", n,
+                     what[3]);
             continue;
         }
         *kill_time = 0;

@@ -13,7 +13,9 @@
 #include "bootstrap.h"
 #include "cuda_loader.h"
 #include "error.h"
+#include "local_ranks.h"
 #include "log.h"
+#include "moe_symmetric.h"
 #include "moea2a.h"
 #include "params.h"
 #include "socket.h"
@@ -289,6 +291,48 @@ static void test_cuda_module(void)
 #endif
 }
 
+/* MOEA2A_SYMMETRIC_MEMORY's choice, agreed by every rank before any memory is touched
+ * (no GPU needed: every case here fails before a way opens): per rank its value, the
+ * result every rank must get, and what the message must say. */
+typedef struct {
+    const char *value[2];
+    moea2a_result_t want;
+    const char *says[2];
+} symm_case_t;
+
+static int symm_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    const symm_case_t *c = arg;
+    setenv("MOEA2A_TRANSPORT", "ucx", 1); /* no NCCL: auto means cuda_ipc */
+    setenv("MOEA2A_SYMMETRIC_MEMORY", c->value[rank], 1);
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return printf("# rank %d: %s\n", rank, moea2a_last_error(NULL)), 1;
+    void *peers[2] = {NULL, NULL};
+    m2a_symm_t s;
+    moea2a_result_t r = m2a_symm_open(comm, MOEA2A_SUCCESS, 4096, peers, &s);
+    int ok = r == c->want && strstr(moea2a_last_error(comm), c->says[rank]) && !s.way && !s.ptr && !peers[0];
+    if (!ok) printf("# rank %d: %s: %s\n", rank, moea2a_strerror(r), moea2a_last_error(comm));
+    moea2a_comm_destroy(comm);
+    return !ok;
+}
+
+static void test_symmetric_choice(void)
+{
+    static const symm_case_t cases[] = {
+        {{"nvshmem", "nvshmem"}, MOEA2A_ERR_INVALID_ARGUMENT, {"expected auto, transport or cuda_ipc", "expected auto"}},
+        {{"transport", "transport"}, MOEA2A_ERR_UNAVAILABLE, {"by transport: no CUDA transport", "by transport: no CUDA"}},
+        {{"cuda_ipc", "nvshmem"}, MOEA2A_ERR_INVALID_ARGUMENT, {"failed on rank 1", "expected auto"}},
+        {{"auto", "transport"}, MOEA2A_ERR_UNAVAILABLE, {"by cuda_ipc: not on every rank", "by transport: no CUDA"}},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        local_ranks_result_t res;
+        fails += local_ranks_run(2, symm_rank, (void *)&cases[i], 60.0, &res) != 0;
+    }
+    tap_ok(fails == 0, "MOEA2A_SYMMETRIC_MEMORY: an unknown way is MOEA2A_ERR_INVALID_ARGUMENT, a way some rank cannot "
+                       "use MOEA2A_ERR_UNAVAILABLE, on every rank with the reason; nothing allocated");
+}
+
 int main(void)
 {
     test_logging();
@@ -300,5 +344,6 @@ int main(void)
     test_auth();
     test_bootstrap_ring();
     test_cuda_module();
+    test_symmetric_choice();
     return tap_done();
 }
