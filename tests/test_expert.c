@@ -24,6 +24,7 @@
 #include "local_ranks.h"
 #include "mix.h"
 #include "moea2a.h"
+#include "no_nccl.h"
 #include "tap.h"
 #ifdef MOEA2A_HAVE_CUDA
 #include "gpu_util.h"

@@ -18,6 +18,7 @@
 
 #include "local_ranks.h"
 #include "moea2a.h"
+#include "no_nccl.h"
 #include "tap.h"
 
 #if defined(MOEA2A_HAVE_CUDA) && defined(MOEA2A_HAVE_NCCL)
