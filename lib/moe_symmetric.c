@@ -28,6 +28,7 @@ static moea2a_result_t chosen(moea2a_comm_t comm, int *way)
     }
     for (*way = 0; *way < NWAYS; ++*way)
         if (!strcmp(v, ways[*way]->name)) return MOEA2A_SUCCESS;
+    *way = 0; /* a way still, though no rank goes on to use it */
     return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_SYMMETRIC_MEMORY=%s: expected auto, %s or %s", v,
                      ways[WAY_TRANSPORT]->name, ways[WAY_CUDA_IPC]->name);
 }
