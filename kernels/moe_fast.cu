@@ -1579,28 +1579,26 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
     return (int)cudaGetLastError();
 }
 
-/* Every kernel of this file, loaded now (cudaFuncGetAttributes loads a function). */
-template <typename K> static int load(K kernel, int e) { return m2a_load_kernel(kernel, e); }
-
+/* Every kernel of this file, loaded now (kernels/load.cuh). */
 template <moea2a_datatype_t DT> static int load_combine(int e)
 {
-    return load(combine_kernel<DT, kTma>, load(combine_kernel<DT, kEven>, load(combine_kernel<DT, kLoads>, e)));
+    return m2a_load_kernel(combine_kernel<DT, kTma>, m2a_load_kernel(combine_kernel<DT, kEven>, m2a_load_kernel(combine_kernel<DT, kLoads>, e)));
 }
 
 extern "C" int m2a_fast_load(void)
 {
-    int e = load(dispatch_kernel<true>, 0);
-    e = load(dispatch_kernel<false>, e);
-    e = load(dispatch_kernel<false, kAlongside>, e);
-    e = load(dispatch_kernel<true, kInCopy>, e);
-    e = load(dispatch_kernel<false, kInCopy>, e);
+    int e = m2a_load_kernel(dispatch_kernel<true>, 0);
+    e = m2a_load_kernel(dispatch_kernel<false>, e);
+    e = m2a_load_kernel(dispatch_kernel<false, kAlongside>, e);
+    e = m2a_load_kernel(dispatch_kernel<true, kInCopy>, e);
+    e = m2a_load_kernel(dispatch_kernel<false, kInCopy>, e);
     e = load_combine<MOEA2A_FLOAT32>(e);
     e = load_combine<MOEA2A_FLOAT16>(e);
     e = load_combine<MOEA2A_BFLOAT16>(e);
-    e = load(signal_kernel, e);
-    e = load(landing_reduce_kernel<MOEA2A_FLOAT32, false>, load(landing_reduce_kernel<MOEA2A_FLOAT32, true>, e));
-    e = load(landing_reduce_kernel<MOEA2A_FLOAT16, false>, load(landing_reduce_kernel<MOEA2A_FLOAT16, true>, e));
-    return load(landing_reduce_kernel<MOEA2A_BFLOAT16, false>, load(landing_reduce_kernel<MOEA2A_BFLOAT16, true>, e));
+    e = m2a_load_kernel(signal_kernel, e);
+    e = m2a_load_kernel(landing_reduce_kernel<MOEA2A_FLOAT32, false>, m2a_load_kernel(landing_reduce_kernel<MOEA2A_FLOAT32, true>, e));
+    e = m2a_load_kernel(landing_reduce_kernel<MOEA2A_FLOAT16, false>, m2a_load_kernel(landing_reduce_kernel<MOEA2A_FLOAT16, true>, e));
+    return m2a_load_kernel(landing_reduce_kernel<MOEA2A_BFLOAT16, false>, m2a_load_kernel(landing_reduce_kernel<MOEA2A_BFLOAT16, true>, e));
 }
 
 extern "C" int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream)

@@ -22,8 +22,7 @@ static moea2a_result_t chosen(moea2a_comm_t comm, int *way)
 {
     const char *v = m2a_param_str("MOEA2A_SYMMETRIC_MEMORY");
     if (!*v || !strcmp(v, "auto")) {
-        m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
-        *way = t && t->ops->mem_register ? WAY_TRANSPORT : WAY_CUDA_IPC;
+        *way = m2a_symm_cuda_transport(comm) ? WAY_TRANSPORT : WAY_CUDA_IPC;
         return MOEA2A_SUCCESS;
     }
     for (*way = 0; *way < NWAYS; ++*way)

@@ -13,6 +13,7 @@
 #define M2A_MOE_SYMMETRIC_H
 #include <stddef.h>
 
+#include "comm.h"
 #include "moea2a.h"
 
 typedef struct m2a_symm_way m2a_symm_way_t;
@@ -42,6 +43,10 @@ struct m2a_symm_way {
 };
 
 extern const m2a_symm_way_t m2a_symm_transport, m2a_symm_cuda_ipc;
+
+/* The communicator's CUDA transport where it has symmetric memory (NCCL), else NULL:
+ * the transport way's, and what auto looks for. */
+m2a_transport_t *m2a_symm_cuda_transport(moea2a_comm_t comm);
 
 /* Collective: the workspace of bytes as symmetric memory, by the way every rank chose
  * (status: this rank's result so far; a failure anywhere fails every rank:

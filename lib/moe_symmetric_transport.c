@@ -8,7 +8,7 @@
 #include "moe_core.h"
 #include "moe_symmetric.h"
 
-static m2a_transport_t *cuda_transport(moea2a_comm_t comm)
+m2a_transport_t *m2a_symm_cuda_transport(moea2a_comm_t comm)
 {
     m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
     return t && t->ops->mem_register ? t : NULL;
@@ -16,7 +16,7 @@ static m2a_transport_t *cuda_transport(moea2a_comm_t comm)
 
 static int usable(moea2a_comm_t comm, char *why, size_t len)
 {
-    m2a_transport_t *t = cuda_transport(comm);
+    m2a_transport_t *t = m2a_symm_cuda_transport(comm);
     if (!t) return snprintf(why, len, "no CUDA transport with symmetric memory (nccl)"), 0;
     /* asked before anything collective touches its device API: NCCL on its network
      * transport within one host has a smaller team */
@@ -29,7 +29,7 @@ static int usable(moea2a_comm_t comm, char *why, size_t len)
 
 static moea2a_result_t open_window(moea2a_comm_t comm, size_t bytes, void **peers, m2a_symm_t *s)
 {
-    m2a_transport_t *t = cuda_transport(comm);
+    m2a_transport_t *t = m2a_symm_cuda_transport(comm);
     void *ptr = NULL, *window = NULL;
     moea2a_result_t r = (moea2a_result_t)t->ops->mem_alloc(t->tc, bytes, &ptr);
     r = m2a_moe_agree(comm, r, NULL); /* registration is collective: all allocated, or none goes on */
@@ -47,7 +47,7 @@ static moea2a_result_t open_window(moea2a_comm_t comm, size_t bytes, void **peer
 
 static void release(moea2a_comm_t comm, m2a_symm_t *s, int healthy)
 {
-    m2a_transport_t *t = cuda_transport(comm);
+    m2a_transport_t *t = m2a_symm_cuda_transport(comm);
     if (healthy) t->ops->mem_deregister(t->tc, s->state); /* collective */
     t->ops->mem_free(t->tc, s->ptr);
 }
