@@ -87,7 +87,9 @@ __device__ __forceinline__ unsigned long long now_ns()
 
 /* ---- optional phase profile (developers: build with -DM2A_FAST_PROFILE) ------------
  * Thread 0 of every block adds the time from its block's start to each phase mark;
- * the last block of a launch adds the launch's span (first start to last end).
+ * the last block of a launch adds the launch's span (first start to last end). The
+ * first kLaunches launches of each kind are recorded (moea2a_perf: keep --iters small).
+ * Ranks that share a process share the record: profile ranks as processes.
  * m2a_fast_profile_report() prints the means and starts over. */
 #ifdef M2A_FAST_PROFILE
 constexpr int kMarks = 8, kLaunches = 512;
@@ -98,19 +100,24 @@ __device__ unsigned int g_launch[2], g_blocks[2], g_done[2];
 #define PROF_START(k)                                                                          \
     unsigned long long prof_t0 = 0, *prof_r = nullptr;                                         \
     if (threadIdx.x == 0) {                                                                    \
-        prof_t0 = now_ns(), prof_r = g_rec[k][*(volatile unsigned int *)&g_launch[k] % kLaunches]; \
-        if (atomicCAS(&prof_r[0], 0ull, prof_t0)) atomicMin(&prof_r[0], prof_t0);             \
-        g_blocks[k] = gridDim.x;                                                               \
+        const unsigned int l_ = *(volatile unsigned int *)&g_launch[k];                        \
+        if (l_ < kLaunches) { /* the first kLaunches launches only: a slot is never reused */  \
+            prof_t0 = now_ns(), prof_r = g_rec[k][l_];                                         \
+            if (atomicCAS(&prof_r[0], 0ull, prof_t0)) atomicMin(&prof_r[0], prof_t0);         \
+            g_blocks[k] = gridDim.x;                                                           \
+        }                                                                                      \
     }
 #define PROF_MARK(k, i)                                                                           \
-    if (threadIdx.x == 0) {                                                                       \
+    if (threadIdx.x == 0 && prof_r) {                                                             \
         unsigned long long d_ = now_ns() - prof_t0;                                               \
         atomicAdd(&prof_r[2 + (i)], d_), atomicMax(&prof_r[2 + kMarks + (i)], d_);                \
     }
 #define PROF_END(k, i)                                                                             \
     PROF_MARK(k, i);                                                                               \
-    if (threadIdx.x == 0 && atomicAdd(&g_done[k], 1u) == gridDim.x - 1)                             \
-        prof_r[1] = now_ns(), g_done[k] = 0, g_launch[k]++;
+    if (threadIdx.x == 0 && atomicAdd(&g_done[k], 1u) == gridDim.x - 1) {                          \
+        if (prof_r) prof_r[1] = now_ns();                                                          \
+        g_done[k] = 0, g_launch[k]++;                                                              \
+    }
 #else
 #define PROF_START(k)
 #define PROF_MARK(k, i)
@@ -224,22 +231,34 @@ struct Owners {
     __device__ __forceinline__ int operator()(int32_t e) const { return smem ? smem[e] : table[e]; }
 };
 
+/* The ids j0..j0+7 of a token's row (the invalid id past k). */
+struct IdBatch {
+    int32_t v[8];
+};
+__device__ __forceinline__ IdBatch load_ids(const m2a_kparams_t &p, const int32_t *row, int j0)
+{
+    IdBatch e;
+#pragma unroll
+    for (int j = 0; j < 8; j++) e.v[j] = j0 + j < p.k ? row[j0 + j] : p.invalid_id;
+    return e;
+}
+
 /* Bit r set: the token goes to rank r. Counts invalid and merged entries. The ids of a
  * batch are all loaded before any owner, and the owners before any is used: two
  * round trips to memory per 8 entries instead of two per entry (at 8 tokens on one
- * H200 the count took 3.5 us of an 11 us dispatch). */
+ * H200 the count took 3.5 us of an 11 us dispatch). head: the first batch, where the
+ * caller loaded it already (have_head). */
 __device__ unsigned long long token_mask(const m2a_kparams_t &p, const Owners &owner, const int32_t *ids, int t,
-                                         int *inv, int *merged)
+                                         int *inv, int *merged, IdBatch head = {}, bool have_head = false)
 {
     constexpr int B = 8;
     unsigned long long mask = 0;
     const int32_t *row = ids + (size_t)t * p.k;
     for (int j0 = 0; j0 < p.k; j0 += B) {
-        int32_t e[B], o[B];
+        const IdBatch e = j0 == 0 && have_head ? head : load_ids(p, row, j0);
+        int32_t o[B];
 #pragma unroll
-        for (int j = 0; j < B; j++) e[j] = j0 + j < p.k ? row[j0 + j] : p.invalid_id;
-#pragma unroll
-        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e[j]) ? owner(e[j]) : -1;
+        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e.v[j]) ? owner(e.v[j]) : -1;
 #pragma unroll
         for (int j = 0; j < B; j++) {
             if (j0 + j >= p.k) continue;
@@ -725,6 +744,26 @@ __device__ __noinline__ void finish_fp8(uint32_t *rows, uint32_t *mn, size_t wor
     if (mn) m2a_wire_mn(rows, mn, words, ep, stride, [&](int src) { return ok ? recv_count[src] : 0; }, first, step);
 }
 
+/* The tokens a dispatch block routes, [lo, hi), and those it owns (send map, ids,
+ * stats), [own_lo, own_hi); step 1 counts [0, top). Few tokens: the blocks split the
+ * n x S units evenly over every warp of the grid, and route the tokens of their units. */
+struct BlockRange {
+    int lo, hi, own_lo, own_hi, top;
+};
+template <bool SMALL> __device__ __forceinline__ BlockRange block_range(int n, uint32_t S, int b, int G)
+{
+    BlockRange r;
+    if (SMALL) { /* the shares of this block's first warp and of the next block's */
+        const long long u0 = warp_share((long long)n * S, (long long)b * kWarps), u1 = warp_share((long long)n * S, (long long)(b + 1) * kWarps);
+        r.lo = (int)(u0 / S), r.hi = u1 > u0 ? (int)((u1 - 1) / S) + 1 : r.lo;
+        r.own_lo = (int)((u0 + S - 1) / S), r.own_hi = (int)((u1 + S - 1) / S);
+    } else {
+        r.lo = r.own_lo = (int)((long long)n * b / G), r.hi = r.own_hi = (int)((long long)n * (b + 1) / G);
+    }
+    r.top = M2A_DISPATCH_PRE && SMALL && r.hi - r.lo <= T ? r.hi : r.lo;
+    return r;
+}
+
 /* Two ways to the same slots and the same bytes (a rank picks by its own n; the
  * receiving side cannot tell them apart). Both begin alike: every block counts the
  * tokens before its own range itself (replicated, no wait on other blocks).
@@ -754,26 +793,27 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     const Owners owner = {send && p.num_experts <= kOwnerSmem ? s.owner : nullptr, p.owner};
     if (owner.smem)
         for (int i = tid; i < p.num_experts; i += T) s.owner[i] = (unsigned char)p.owner[i];
+    if (status || !send) n = 0;
+    const uint32_t per_token = segments_per_token<Q, SMALL>(p), S = per_token ? per_token : 1;
+    /* few tokens: the first ids this thread counts in step 1, loaded before the barrier
+     * (the range needs no epoch), so that their round trip overlaps the epoch's and the
+     * table's (the many-token and in-copy kernels leave it: their registers are spoken for) */
+    constexpr bool kHead = SMALL && Q != kInCopy;
+    IdBatch head = {};
+    if constexpr (kHead) {
+        if (warp * 32 + lane < block_range<SMALL>(n, S, b, G).top) head = load_ids(p, ids + (size_t)(warp * 32 + lane) * p.k, 0);
+    }
     __syncthreads();
     const uint32_t e = s.epoch;
     PROF_START(0);
     if (send) {
         if (b == 0 && tid == 0) c.next_unit[(e + 1) & 1] = 0; /* before this block's signal, which every block waits for */
-        if (status) n = 0;
         const bool small = SMALL; /* n <= kSmallPerBlock * G, decided at launch (two kernels, each
                                    * compiled for its own way, leave the other's code out) */
         const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
         int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
-        const uint32_t per_token = segments_per_token<Q, SMALL>(p), S = per_token ? per_token : 1;
-        int lo, hi, own_lo, own_hi; /* tokens this block routes; those it owns (map, ids, stats) */
-        long long bu0 = 0, bu1 = 0;  /* small: this block's units */
-        if (small) { /* the shares of this block's first warp and of the next block's */
-            bu0 = warp_share((long long)n * S, (long long)b * kWarps), bu1 = warp_share((long long)n * S, (long long)(b + 1) * kWarps);
-            lo = (int)(bu0 / S), hi = bu1 > bu0 ? (int)((bu1 - 1) / S) + 1 : lo;
-            own_lo = (int)((bu0 + S - 1) / S), own_hi = (int)((bu1 + S - 1) / S);
-        } else {
-            lo = own_lo = (int)((long long)n * b / G), hi = own_hi = (int)((long long)n * (b + 1) / G);
-        }
+        const BlockRange range = block_range<SMALL>(n, S, b, G);
+        const int lo = range.lo, hi = range.hi, own_lo = range.own_lo, own_hi = range.own_hi, top = range.top;
         const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
         const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
         /* few tokens: step 2 (the gate) by the last warp, which has no tokens to count
@@ -790,14 +830,13 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * in the same pass (their masks kept for the routing, their invalid and merged
          * entries counted), so that their ids are not read a second time after it. */
         int inv = 0, merged = 0;
-        const int top = M2A_DISPATCH_PRE && small && hi - lo <= T ? hi : lo;
         {
             int cnt_lo = 0, cnt_hi = 0;
             for (int t0 = warp * 32; t0 < top; t0 += T) {
                 const int t = t0 + lane;
                 const bool mine = t >= lo && t < top, owned = mine && t >= own_lo && t < own_hi;
                 int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
-                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm) : 0;
+                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm, head, kHead && t0 == warp * 32) : 0;
                 if (owned) inv += ti, merged += tm;
                 if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
                 for (int r = 0; r < ep; r++) {
