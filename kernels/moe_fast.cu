@@ -193,13 +193,22 @@ __device__ __forceinline__ bool failed(const m2a_fast_t &f)
     return *reinterpret_cast<volatile int32_t *>(&f.err->code) != 0;
 }
 
-/* Waits until *p >= target (wrap-safe), bounded by the timeout; gives up at once
- * when another thread already recorded an error. */
+/* Developers' switch for A/B runs: a wait polls its word this many times between
+ * looks at the error record and the clock. Each look is a round trip to memory after
+ * the poll's (the acquire orders it), so looking at every poll doubled the time from
+ * a peer's release to its being seen. */
+#ifndef M2A_WAIT_LOOK_EVERY
+#define M2A_WAIT_LOOK_EVERY 16
+#endif
+
+/* Waits until *p >= target (wrap-safe), bounded by the timeout; gives up soon (within
+ * M2A_WAIT_LOOK_EVERY polls) when another thread recorded an error. */
 __device__ bool wait_for(const m2a_fast_t &f, const uint32_t *p, uint32_t target, int peer, int what)
 {
     if ((int32_t)(load_acquire(p) - target) >= 0) return true;
     const unsigned long long start = now_ns();
-    while ((int32_t)(load_acquire(p) - target) < 0) {
+    for (unsigned i = 1; (int32_t)(load_acquire(p) - target) < 0; i++) {
+        if (i % M2A_WAIT_LOOK_EVERY) continue;
         if (failed(f)) return false;
         if (now_ns() - start > f.timeout_ns) return fail(f, kErrTimeout, peer, what);
         __nanosleep(64);
