@@ -66,16 +66,24 @@ constexpr int kErrTimeout = MOEA2A_ERR_TIMEOUT, kErrMismatch = MOEA2A_ERR_MISMAT
 
 /* ---- memory order helpers -------------------------------------------------------- */
 
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t *p)
+/* The scope of the signals. A rank alone (ep 1) signals only itself: its own GPU
+ * writes and reads every word, the GPU's scope orders them, and a system-scope release
+ * waits for more (one H100, ep 1: graph round trip at 8 / 128 tokens 13.3 / 15.8 ->
+ * 12.4 / 14.9 us; bench/RESULTS.md, session 25). With peers every signal keeps the
+ * system's: giving only a rank's own slot the GPU's measured mixed with two ranks on
+ * one GPU (back to back 0.3 us faster, each call alone 2 us slower), unexplained. */
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t *p, bool local)
 {
     uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    if (local) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    else asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void add_release(uint32_t *p, uint32_t v)
+__device__ __forceinline__ void add_release(uint32_t *p, uint32_t v, bool local)
 {
-    asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+    if (local) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+    else asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ unsigned long long now_ns()
@@ -205,9 +213,10 @@ __device__ __forceinline__ bool failed(const m2a_fast_t &f)
  * M2A_WAIT_LOOK_EVERY polls) when another thread recorded an error. */
 __device__ bool wait_for(const m2a_fast_t &f, const uint32_t *p, uint32_t target, int peer, int what)
 {
-    if ((int32_t)(load_acquire(p) - target) >= 0) return true;
+    const bool alone = f.p.ep == 1;
+    if ((int32_t)(load_acquire(p, alone) - target) >= 0) return true;
     const unsigned long long start = now_ns();
-    for (unsigned i = 1; (int32_t)(load_acquire(p) - target) < 0; i++) {
+    for (unsigned i = 1; (int32_t)(load_acquire(p, alone) - target) < 0; i++) {
         if (i % M2A_WAIT_LOOK_EVERY) continue;
         if (failed(f)) return false;
         if (now_ns() - start > f.timeout_ns) return fail(f, kErrTimeout, peer, what);
@@ -911,7 +920,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * cooperative groups' grid sync: bar.sync, then one thread's fence and atomic;
          * red.release is that fence and atomic) */
         if (tid < ep && ok && !(phases & M2A_FAST_QUIET)) /* a failed block stays silent */
-            add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1);
+            add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1, ep == 1);
         PROF_MARK(0, 4);
     }
     if (!(phases & M2A_FAST_RECV)) {
@@ -973,7 +982,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
  * block of a send half adds, all at once. */
 __global__ void signal_kernel(m2a_fast_t f, uint32_t blocks)
 {
-    if ((int)threadIdx.x < f.p.ep) add_release(&ctl_of(f, f.peer[threadIdx.x]).arrive[f.p.me], blocks);
+    if ((int)threadIdx.x < f.p.ep) add_release(&ctl_of(f, f.peer[threadIdx.x]).arrive[f.p.me], blocks, f.p.ep == 1);
 }
 
 /* ---- combine ---------------------------------------------------------------------------- */
@@ -1451,7 +1460,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
         const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
         if (status) pc.hdr[2 * me + 1] = status;
-        add_release(&pc.carrive[me], whole && tid != me ? (uint32_t)G : 1u);
+        add_release(&pc.carrive[me], whole && tid != me ? (uint32_t)G : 1u, ep == 1);
     }
     if (!(phases & M2A_FAST_RECV)) {
         send_done(c.done_c, c.epoch_c, e);
