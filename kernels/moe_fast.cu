@@ -811,26 +811,33 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     const Owners owner = {send && p.num_experts <= kOwnerSmem ? s.owner : nullptr, p.owner};
     if (owner.smem)
         for (int i = tid; i < p.num_experts; i += T) s.owner[i] = (unsigned char)p.owner[i];
-    if (status || !send) n = 0;
-    const uint32_t per_token = segments_per_token<Q, SMALL>(p), S = per_token ? per_token : 1;
     /* few tokens: the first ids this thread counts in step 1, loaded before the barrier
      * (the range needs no epoch), so that their round trip overlaps the epoch's and the
-     * table's (the many-token and in-copy kernels leave it: their registers are spoken for) */
+     * table's. The many-token and in-copy kernels work out their range after it, as
+     * before: their registers are spoken for. */
     constexpr bool kHead = SMALL && Q != kInCopy;
+    uint32_t per_token = 0, S = 1;
+    BlockRange range = {};
     IdBatch head = {};
+    const auto ranges = [&] {
+        if (status || !send) n = 0;
+        per_token = segments_per_token<Q, SMALL>(p), S = per_token ? per_token : 1;
+        range = block_range<SMALL>(n, S, b, G);
+    };
     if constexpr (kHead) {
-        if (warp * 32 + lane < block_range<SMALL>(n, S, b, G).top) head = load_ids(p, ids + (size_t)(warp * 32 + lane) * p.k, 0);
+        ranges();
+        if (warp * 32 + lane < range.top) head = load_ids(p, ids + (size_t)(warp * 32 + lane) * p.k, 0);
     }
     __syncthreads();
     const uint32_t e = s.epoch;
     PROF_START(0);
     if (send) {
         if (b == 0 && tid == 0) c.next_unit[(e + 1) & 1] = 0; /* before this block's signal, which every block waits for */
+        if constexpr (!kHead) ranges();
         const bool small = SMALL; /* n <= kSmallPerBlock * G, decided at launch (two kernels, each
                                    * compiled for its own way, leave the other's code out) */
         const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
         int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
-        const BlockRange range = block_range<SMALL>(n, S, b, G);
         const int lo = range.lo, hi = range.hi, own_lo = range.own_lo, own_hi = range.own_hi, top = range.top;
         const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
         const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
