@@ -384,17 +384,25 @@ done:
  * NCCL (the load/store path only). */
 static int share_gpus;
 
-static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+/* A rank's communicator, on GPU me % (GPUs) for the CUDA paths; 0 on success. */
+static int rank_comm(int me, int ep, moea2a_unique_id_t id, memory_path_t path, moea2a_comm_t *comm)
 {
-    const memory_path_t path = *(const memory_path_t *)arg;
-    moea2a_comm_t comm;
 #ifdef MOEA2A_HAVE_CUDA
     int ndev = 0;
     if (path != ON_HOST && (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(me % ndev) != cudaSuccess))
         return 1;
+#else
+    (void)path;
 #endif
+    return moea2a_comm_init_rank(comm, ep, id, me, NULL) != MOEA2A_SUCCESS;
+}
+
+static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    const memory_path_t path = *(const memory_path_t *)arg;
+    moea2a_comm_t comm;
     if (share_gpus) without_nccl();
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    if (rank_comm(me, ep, id, path, &comm)) return 1;
     int fails = 0;
     for (uint64_t seed = 1; seed <= 24 && fails < 5; seed++) {
         uint64_t s = seed * 7 + (uint64_t)ep;
@@ -421,12 +429,7 @@ static int capacity_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
     const memory_path_t path = *(const memory_path_t *)arg;
     moea2a_comm_t comm;
-#ifdef MOEA2A_HAVE_CUDA
-    int ndev = 0;
-    if (path != ON_HOST && (cudaGetDeviceCount(&ndev) != cudaSuccess || cudaSetDevice(me % ndev) != cudaSuccess))
-        return 1;
-#endif
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    if (rank_comm(me, ep, id, path, &comm)) return 1;
     int fails = 0;
     cfg_t c = {ep, 2 * ep, 2, 8, 4, 0, 0, 0, 0, 0, 8, MOEA2A_BFLOAT16, 8, 5, path, 0, 0, 6};
     moea2a_moe_config_t mc = config_of(&c);
