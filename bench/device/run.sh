@@ -108,6 +108,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
       # moea2a's kernels only: NCCL's own kernels and its start-up probes of kernel
       # images for other GPUs are NCCL's business (and reported as hazards/errors).
       for t in ${SANITIZE_TESTS:-test_gpu test_nvlink}; do
+        [ -e tests/$t ] || make -j16 tests/$t >>"$OUT/build.log" 2>&1 # CHECK=0 built no tests
         TEST_GPU_QUICK=1 TEST_NVLINK_ITERS=20 timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --target-processes all \
             --error-exitcode 9 --kernel-name-exclude kns=nccl --report-api-errors no ./tests/$t >"$OUT/sanitizer-$tool-$t.log" 2>&1
         echo "== compute-sanitizer $tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$t.log" | sort | uniq -c | tr '\n' ' ')"
