@@ -260,7 +260,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
         if (moe) moea2a_moe_destroy(moe);
         /* Config and memory failures were agreed on by every rank, which stay in step;
          * only a failed exchange (timeout, dead peer) leaves the communicator broken. */
-        return r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED ? m2a_comm_fail(comm, r) : r;
+        return m2a_peer_lost(r) ? m2a_comm_fail(comm, r) : r;
     }
     M2A_INFO(M2A_SUBSYS_MOE, "MoE context (%s backend): ep %d, %d experts, top-%d, cap %d, workspace %zu B, staging %zu B "
              "(%d peers) on NUMA %d",

@@ -163,7 +163,7 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
     r = m2a_moe_agree(comm, r, &blocks);
     if (r != MOEA2A_SUCCESS) {
         (void)OPS->device_synchronize();
-        m2a_symm_close(comm, &st->symm, r != MOEA2A_ERR_TIMEOUT && r != MOEA2A_ERR_PEER_FAILED);
+        m2a_symm_close(comm, &st->symm, !m2a_peer_lost(r));
         if (st->f.err) OPS->free(st->f.err);
         free(st), free(peers);
         return r;

@@ -144,7 +144,7 @@ static moea2a_result_t open_ipc(moea2a_comm_t comm, size_t bytes, void **peers, 
     if (exchanged) r = m2a_moe_agree(comm, r, NULL);
     if (r != MOEA2A_SUCCESS) { /* as at destroy: nobody frees what a peer still maps */
         unmap(comm, s);
-        if (exchanged && r != MOEA2A_ERR_TIMEOUT && r != MOEA2A_ERR_PEER_FAILED)
+        if (exchanged && !m2a_peer_lost(r))
             (void)m2a_bootstrap_barrier(comm, comm->bs);
         release(comm, s, 0);
     }
