@@ -209,14 +209,21 @@ __device__ __forceinline__ bool failed(const m2a_fast_t &f)
 #define M2A_WAIT_LOOK_EVERY 16
 #endif
 
+/* A rank alone: every signal word is its own GPU's (see load_acquire). */
+__device__ __forceinline__ bool alone(const m2a_fast_t &f) { return f.p.ep == 1; }
+
+/* Adds v to a signal word (a peer's, or this rank's own), releasing what this thread
+ * wrote before it, and its block's writes before their barrier. */
+__device__ __forceinline__ void signal_add(const m2a_fast_t &f, uint32_t *p, uint32_t v) { add_release(p, v, alone(f)); }
+
 /* Waits until *p >= target (wrap-safe), bounded by the timeout; gives up soon (within
  * M2A_WAIT_LOOK_EVERY polls) when another thread recorded an error. */
 __device__ bool wait_for(const m2a_fast_t &f, const uint32_t *p, uint32_t target, int peer, int what)
 {
-    const bool alone = f.p.ep == 1;
-    if ((int32_t)(load_acquire(p, alone) - target) >= 0) return true;
+    const bool local = alone(f);
+    if ((int32_t)(load_acquire(p, local) - target) >= 0) return true;
     const unsigned long long start = now_ns();
-    for (unsigned i = 1; (int32_t)(load_acquire(p, alone) - target) < 0; i++) {
+    for (unsigned i = 1; (int32_t)(load_acquire(p, local) - target) < 0; i++) {
         if (i % M2A_WAIT_LOOK_EVERY) continue;
         if (failed(f)) return false;
         if (now_ns() - start > f.timeout_ns) return fail(f, kErrTimeout, peer, what);
@@ -927,7 +934,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * cooperative groups' grid sync: bar.sync, then one thread's fence and atomic;
          * red.release is that fence and atomic) */
         if (tid < ep && ok && !(phases & M2A_FAST_QUIET)) /* a failed block stays silent */
-            add_release(&ctl_of(f, f.peer[tid]).arrive[me], 1, ep == 1);
+            signal_add(f, &ctl_of(f, f.peer[tid]).arrive[me], 1);
         PROF_MARK(0, 4);
     }
     if (!(phases & M2A_FAST_RECV)) {
@@ -989,7 +996,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
  * block of a send half adds, all at once. */
 __global__ void signal_kernel(m2a_fast_t f, uint32_t blocks)
 {
-    if ((int)threadIdx.x < f.p.ep) add_release(&ctl_of(f, f.peer[threadIdx.x]).arrive[f.p.me], blocks, f.p.ep == 1);
+    if ((int)threadIdx.x < f.p.ep) signal_add(f, &ctl_of(f, f.peer[threadIdx.x]).arrive[f.p.me], blocks);
 }
 
 /* ---- combine ---------------------------------------------------------------------------- */
@@ -1467,7 +1474,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
         const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
         if (status) pc.hdr[2 * me + 1] = status;
-        add_release(&pc.carrive[me], whole && tid != me ? (uint32_t)G : 1u, ep == 1);
+        signal_add(f, &pc.carrive[me], whole && tid != me ? (uint32_t)G : 1u);
     }
     if (!(phases & M2A_FAST_RECV)) {
         send_done(c.done_c, c.epoch_c, e);
