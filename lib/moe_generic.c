@@ -14,13 +14,24 @@ static moea2a_result_t judge_headers(moea2a_moe_t moe, moea2a_result_t mine, con
     if (mine != MOEA2A_SUCCESS) return mine;
     for (int q = 0; q < comm->nranks; q++) {
         if (in[q].status == MOEA2A_SUCCESS) continue;
-        if (in[q].status == MOEA2A_ERR_CAPACITY)
+        if (in[q].status == MOEA2A_ERR_CAPACITY) {
+            /* the checks of check_dispatch_args, in its order, told from the header */
+            int n = in[q].num_tokens, r = in[q].runtime_max, cap = moe->cfg.max_tokens_per_rank;
+            if (r > cap || n > cap) {
+                const char *what = r > cap ? "runtime_max_tokens_per_rank" : "num_tokens";
+                int v = r > cap ? r : n;
+                return m2a_error(comm, MOEA2A_ERR_CAPACITY,
+                                 "moea2a_dispatch failed on rank %d: its %s=%d exceeds max_tokens_per_rank=%d: raise "
+                                 "max_tokens_per_rank to at least %d at moea2a_moe_create",
+                                 q, what, v, cap, v);
+            }
             return m2a_error(comm, MOEA2A_ERR_CAPACITY,
-                             "moea2a_dispatch failed on rank %d: num_tokens=%d or runtime_max_tokens_per_rank=%d "
-                             "exceeds max_tokens_per_rank=%d; raise max_tokens_per_rank to at least %d",
-                             q, in[q].num_tokens, in[q].runtime_max, moe->cfg.max_tokens_per_rank,
-                             in[q].num_tokens > in[q].runtime_max ? in[q].num_tokens : in[q].runtime_max);
-        return m2a_error(comm, (moea2a_result_t)in[q].status, "moea2a_dispatch failed on rank %d: %s", q,
+                             "moea2a_dispatch failed on rank %d: its num_tokens=%d exceeds the "
+                             "runtime_max_tokens_per_rank=%d it passed",
+                             q, n, r);
+        }
+        return m2a_error(comm, (moea2a_result_t)in[q].status,
+                         "moea2a_dispatch failed on rank %d: %s (that rank's moea2a_last_error says why)", q,
                          moea2a_strerror((moea2a_result_t)in[q].status));
     }
     for (int q = 0; q < comm->nranks; q++) {
@@ -175,11 +186,14 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
     if (!st) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     int32_t me = mine;
     moea2a_result_t r = moea2a_allgather(&me, st, 1, MOEA2A_INT32, comm, NULL);
-    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++)
-        if (st[q] != MOEA2A_SUCCESS)
-            r = mine != MOEA2A_SUCCESS ? mine
-                                       : m2a_error(comm, (moea2a_result_t)st[q], "moea2a_combine failed on rank %d: %s", q,
-                                                   moea2a_strerror((moea2a_result_t)st[q]));
+    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) {
+        if (st[q] == MOEA2A_SUCCESS) continue;
+        r = mine != MOEA2A_SUCCESS ? mine
+                                   : m2a_error(comm, (moea2a_result_t)st[q],
+                                               "moea2a_combine failed on rank %d: %s (that rank's moea2a_last_error "
+                                               "says why)",
+                                               q, moea2a_strerror((moea2a_result_t)st[q]));
+    }
     free(st);
     if (r != MOEA2A_SUCCESS) return r;
 
