@@ -251,7 +251,7 @@ typedef struct {
     moea2a_payload_desc_t payloads[MOEA2A_MOE_MAX_PAYLOADS];
     moea2a_datatype_t combine_dtype; /* MOEA2A_BFLOAT16, MOEA2A_FLOAT16 or MOEA2A_FLOAT32 */
     size_t hidden;        /* elements per combine row; 0: no combine buffer */
-    int32_t invalid_expert_id; /* written to unused id slots; default -1 (E is common too) */
+    int32_t invalid_expert_id; /* written to unused id slots; default -1 (E is common too); never 0..E-1 */
     moea2a_placement_t placement;
     const int32_t *expert_to_rank; /* [E], for MOEA2A_PLACEMENT_MAP (copied at create) */
     unsigned int flags;   /* MOEA2A_MOE_* */

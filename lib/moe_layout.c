@@ -154,6 +154,11 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
     const moea2a_moe_config_t *c = out;
     M2A_CHECK_ARG(comm, c->num_experts >= 1, "%s: num_experts=%d must be >= 1", fn, c->num_experts);
     M2A_CHECK_ARG(comm, c->top_k >= 1 && c->top_k <= 1024, "%s: top_k=%d must be in 1..1024", fn, c->top_k);
+    /* padding slots carry it: an expert's own id there would read as that expert's rows */
+    M2A_CHECK_ARG(comm, c->invalid_expert_id < 0 || c->invalid_expert_id >= c->num_experts,
+                  "%s: invalid_expert_id=%d is a valid expert id (0..%d): padding slots would read as that "
+                  "expert's rows; use -1 or num_experts",
+                  fn, c->invalid_expert_id, c->num_experts - 1);
     M2A_CHECK_ARG(comm, c->max_tokens_per_rank >= 1, "%s: max_tokens_per_rank=%d must be >= 1", fn,
                   c->max_tokens_per_rank);
     M2A_CHECK_ARG(comm, (long long)ep * c->max_tokens_per_rank < (1LL << 31),

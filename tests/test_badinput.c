@@ -165,7 +165,7 @@ static int one_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     EXPECT(moea2a_moe_create(&moe, NULL, &mc), MOEA2A_ERR_INVALID_ARGUMENT);
     EXPECT(moea2a_moe_create(&moe, comm, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
     int32_t map[8] = {0, 0, 0, 0, 0, 0, 0, 5};
-    for (int v = 0; v < 11; v++) {
+    for (int v = 0; v < 13; v++) {
         mc = moe_config();
         switch (v) {
         case 0: mc.num_experts = 0; break;
@@ -178,6 +178,8 @@ static int one_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         case 7: mc.flags = 1u << 20; break;
         case 8: mc.num_sms = 300; break;
         case 9: mc.memory = (moea2a_memory_t)7; break;
+        case 10: mc.invalid_expert_id = 0; break; /* an expert's id */
+        case 11: mc.invalid_expert_id = 7; break;
         default: mc.max_tokens_per_rank = 1 << 30, mc.hidden = 1 << 30, mc.combine_dtype = MOEA2A_FLOAT32; break;
         }
         EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_ERR_INVALID_ARGUMENT);
@@ -199,6 +201,12 @@ static int one_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
                moea2a_last_error(comm));
         fails++;
     }
+    /* ids outside the experts are fine as the invalid id (-1 and E are the usual ones) */
+    mc = moe_config();
+    mc.invalid_expert_id = 8;
+    EXPECT(moea2a_moe_workspace_size(comm, &mc, &ws), MOEA2A_SUCCESS);
+    mc.invalid_expert_id = -7;
+    EXPECT(moea2a_moe_workspace_size(comm, &mc, &ws), MOEA2A_SUCCESS);
     /* a valid create after all that */
     mc = moe_config();
     EXPECT(moea2a_moe_create(&moe, comm, &mc), MOEA2A_SUCCESS);
