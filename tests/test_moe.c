@@ -546,7 +546,7 @@ static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     moea2a_comm_t comm;
     int fails = 0;
     /* Host transport only, so that "CUDA memory without a CUDA transport" holds on GPU
-     * machines too. */
+     * machines too (with MOEA2A_MOE_NO_NVLINK: see there). */
     moea2a_config_t cc = MOEA2A_CONFIG_INITIALIZER;
     cc.transport = "ucx";
     if (moea2a_comm_init_rank(&comm, ep, id, me, &cc)) return 1;
@@ -630,10 +630,13 @@ static int rules_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     r = moea2a_moe_create(&moe, comm, &huge);
     RANK_EXPECT(fails, me, r == MOEA2A_ERR_NO_MEMORY && strstr(moea2a_last_error(comm), "max_tokens_per_rank <="),
                 "memory fail-fast: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
-    /* CUDA memory without a CUDA transport */
+    /* CUDA memory without a CUDA transport, on the generic path (the load/store path
+     * needs none where ranks map each other's memory over CUDA IPC: test_gpu) */
     moea2a_moe_config_t gpu = small_config(10, 3, 16);
-    gpu.memory = MOEA2A_MEMORY_CUDA;
-    RANK_EXPECT(fails, me, moea2a_moe_create(&moe, comm, &gpu) == MOEA2A_ERR_UNAVAILABLE, "CUDA MoE without CUDA transport");
+    gpu.memory = MOEA2A_MEMORY_CUDA, gpu.flags |= MOEA2A_MOE_NO_NVLINK;
+    r = moea2a_moe_create(&moe, comm, &gpu);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE, "CUDA MoE without CUDA transport: %s: %s", moea2a_strerror(r),
+                moea2a_last_error(comm));
     RANK_EXPECT(fails, me, moea2a_moe_create(NULL, comm, &mc) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL moe");
     RANK_EXPECT(fails, me, moea2a_dispatch(NULL, 0, NULL, NULL, NULL, 0, &res, NULL) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL moe");
 
