@@ -250,6 +250,9 @@ static void bad_keys(const char *keyfile)
 int main(void)
 {
     setenv("MOEA2A_TIMEOUT_S", "20", 1);
+    /* the rendezvous is under test, not the transports: on a GPU machine NCCL's setup
+     * made a 4-rank init take 5.6 s, varying by over 1 s from one init to the next */
+    setenv("MOEA2A_TRANSPORT", "ucx", 1);
     srand((unsigned)getpid());
     char keyfile[] = "/tmp/moea2a-key-XXXXXX";
     int kfd = mkstemp(keyfile);
@@ -266,7 +269,11 @@ int main(void)
     int failed = run_ranks(4, junk_fd_limit, NULL, &m);
     tap_ok(failed == 0, "a root out of file descriptors (%zd idle connections, limit 64) sheds them and admits 4 ranks",
            m.answered);
-    tap_ok(base >= 0 && attacked >= 0 && attacked - base < 1.0,
-           "%d idle and %d garbage connections delay a 4-rank init by %.3f s (< 1 s)", IDLE, GARBAGE, attacked - base);
+    /* A root that served connections one at a time would wait out each idle one's
+     * handshake allowance (5 s) before the ranks behind it: half of one is the bound. */
+    tap_ok(base >= 0 && attacked >= 0 && attacked - base < 2.5,
+           "%d idle and %d garbage connections delay a 4-rank init by %.3f s (< 2.5 s, half of one idle connection's "
+           "handshake allowance)",
+           IDLE, GARBAGE, attacked - base);
     return tap_done();
 }
