@@ -34,7 +34,8 @@
 # options; GEMM_MMA=1 repeats it on mma.sync); BENCH=gemm runs only that one. CE=0 skips copy-engine mode next to the fused
 # kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
 # default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
-# that one.
+# that one. PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
+# default FP4RANKS, at PY_TOKENS, and its --overhead); BENCH=python runs only that one.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -181,6 +182,15 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
         grep -E "path|num_sms|dispatch|combine|roundtrip|host|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
     done
   }
+  python_block() { # the Python package over this build: the bench next to torch all_to_all_single, its overhead
+    local py="env MOEA2A_LIBRARY=$B/lib/.libs/libmoea2a.so.1 MOEA2A_INCLUDE=$B/include PYTHONPATH=$B/python python3"
+    echo "== python -m moea2a.bench, ${PY_RANKS:-${FP4RANKS:-4}} GPUs, next to torch.distributed all_to_all_single"
+    timeout 300 $py -m moea2a.bench --ranks "${PY_RANKS:-${FP4RANKS:-4}}" --tokens "${PY_TOKENS:-128,1024,4096}"
+    echo "rc=$?"
+    echo "== python -m moea2a.bench --overhead --mem cuda (the Python layer's cost per call)"
+    timeout 200 $py -m moea2a.bench --overhead --mem cuda; echo "rc=$?"
+  }
+  if [ "${BENCH:-1}" = python ]; then python_block; exit 0; fi
   if [ "${BENCH:-1}" = ce ]; then ce_block; exit 0; fi
   if [ "${BENCH:-1}" = expert ]; then expert_block; exit 0; fi # that block only
   if [ "${BENCH:-1}" = gemm ]; then gemm_block; exit 0; fi
@@ -211,6 +221,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
   [ "${EXPERT:-1}" != 0 ] && expert_block
   [ "${GEMM:-1}" != 0 ] && gemm_block
   [ "${CE:-1}" != 0 ] && ce_block
+  [ "${PY:-1}" != 0 ] && python_block
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
     timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${TOKENS:-128,1024,4096}" \
