@@ -83,18 +83,21 @@ def _dtype(name):
 
 def _ptr(obj, what):
     """The address of a NumPy array (C-contiguous) or of anything with data_ptr()
-    (a torch.Tensor); None for None."""
+    (a torch.Tensor); None for None. Every dispatch and combine calls it: each step
+    is one lookup (issue 20's bound on the Python layer's cost per call)."""
     if obj is None:
         return None
+    data_ptr = getattr(obj, "data_ptr", None)
+    if data_ptr is not None:  # a torch.Tensor
+        is_contiguous = getattr(obj, "is_contiguous", None)
+        if is_contiguous is not None and not is_contiguous():
+            raise InvalidArgument(1, f"{what} must be contiguous")
+        return data_ptr()
     flags = getattr(obj, "flags", None)
-    if flags is not None and flags.c_contiguous and not hasattr(obj, "data_ptr"):  # NumPy: the common case
+    if flags is not None and flags.c_contiguous:  # NumPy
         if flags.writeable and obj.nbytes:  # the buffer protocol: cheaper than .ctypes (an object per read)
             return ctypes.addressof(ctypes.c_char.from_buffer(obj))
         return obj.__array_interface__["data"][0]
-    if hasattr(obj, "data_ptr"):
-        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
-            raise InvalidArgument(1, f"{what} must be contiguous")
-        return obj.data_ptr()
     if hasattr(obj, "__array_interface__"):
         if not obj.flags["C_CONTIGUOUS"]:
             raise InvalidArgument(1, f"{what} must be C-contiguous")
@@ -458,7 +461,12 @@ class MoE(_Handle):
         _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
         self._pays = (ctypes.c_void_p * max(1, len(plist)))()
         self._views = {}  # workspace views by (address, shape, dtype): the workspace never moves
+        # one result, filled by every dispatch (a result is valid until the next one);
+        # the library keeps its size and version, so they are set once
         self._result = C.DispatchResult()
+        self._result.size, self._result.version = ctypes.sizeof(self._result), _VERSION_CODE
+        self._result_ref = ctypes.byref(self._result)
+        self._dispatch_result = DispatchResult(self, self._result)
         self._last_n = 0
 
     def _view_of(self, ptr, shape, np_dtype):
@@ -487,20 +495,21 @@ class MoE(_Handle):
 
     def dispatch(self, x, topk_ids, topk_weights=None, runtime_max_tokens_per_rank=0, stream=None):
         """x: [num_tokens, row] of payload 0 (or a list, one per payload), topk_ids
-        [num_tokens, top_k] int32. Returns a DispatchResult (views, no copies)."""
-        xs = x if isinstance(x, (list, tuple)) else [x]
+        [num_tokens, top_k] int32. Returns the context's DispatchResult (views, no copies;
+        the same object from every dispatch, describing the last one until the next)."""
+        xs = x if isinstance(x, (list, tuple)) else (x,)
         if len(xs) != len(self.payload_dtypes):
             raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
-        n = len(topk_ids) if topk_ids is not None else 0
+        ids = _ptr(topk_ids, "topk_ids")  # first: it refuses what is not an array
+        # shape[0], not len(): len() of a torch tensor costs a microsecond
+        n = topk_ids.shape[0] if topk_ids is not None else 0
         for i, a in enumerate(xs):
             self._pays[i] = _ptr(a, "a payload")
-        r = self._result  # filled whole by every dispatch; a result is valid until the next one
-        r.size, r.version = ctypes.sizeof(r), _VERSION_CODE
-        _check(_lib.moea2a_dispatch(self.handle, n, _ptr(topk_ids, "topk_ids"), _ptr(topk_weights, "topk_weights"),
-                                    self._pays, int(runtime_max_tokens_per_rank), ctypes.byref(r), _stream(stream)),
+        _check(_lib.moea2a_dispatch(self.handle, n, ids, _ptr(topk_weights, "topk_weights"),
+                                    self._pays, int(runtime_max_tokens_per_rank), self._result_ref, _stream(stream)),
                self.comm)
         self._last_n = n
-        return DispatchResult(self, r)
+        return self._dispatch_result
 
     def combine(self, expert_out=None, out=None, stream=None):
         """expert_out [ep, stride, hidden] of the combine dtype ([expert_rows, hidden] in
