@@ -319,6 +319,15 @@ static int in_context_memory(const moea2a_moe_t moe, const void *ptr)
     return m2a_memtype(ptr) == (moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST);
 }
 
+/* Whether ptr may be read as elements of dtype: a GPU faults on an element at an
+ * address that is not a multiple of its size (and C may not read one there). */
+static int elem_aligned(const void *ptr, moea2a_datatype_t dtype)
+{
+    size_t es = 1;
+    (void)moea2a_datatype_size(dtype, &es);
+    return (uintptr_t)ptr % es == 0;
+}
+
 static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int n, const int32_t *ids,
                                            const float *weights, const void *const *payloads, int runtime_max)
 {
@@ -336,13 +345,18 @@ static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int
     M2A_CHECK_ARG(comm, ids, "%s: topk_ids is NULL with num_tokens=%d", fn, n);
     M2A_CHECK_ARG(comm, weights || !(c->flags & MOEA2A_MOE_CARRY_WEIGHTS),
                   "%s: topk_weights is NULL but the context carries weights", fn);
+    M2A_CHECK_ARG(comm, elem_aligned(ids, MOEA2A_INT32) && elem_aligned(weights, MOEA2A_FLOAT32),
+                  "%s: topk_ids and topk_weights must be 4-byte aligned (int32 and float elements)", fn);
     M2A_CHECK_ARG(comm, payloads || c->num_payloads == 0, "%s: payloads is NULL with %d payloads configured", fn,
                   c->num_payloads);
     for (int i = 0; i < c->num_payloads; i++) {
         M2A_CHECK_ARG(comm, payloads[i], "%s: payloads[%d] is NULL", fn, i);
-        /* the quantize kernels read whole 16-byte vectors */
-        M2A_CHECK_ARG(comm, !moe->cuda || c->wire[i].format == MOEA2A_WIRE_AS_IS || (uintptr_t)payloads[i] % 16 == 0,
-                      "%s: payloads[%d] (quantized on dispatch, CUDA memory) must be 16-byte aligned", fn, i);
+        /* rows sent as they are move as bytes; quantizing reads elements, and the
+         * quantize kernels whole 16-byte vectors */
+        if (c->wire[i].format == MOEA2A_WIRE_AS_IS) continue;
+        M2A_CHECK_ARG(comm, moe->cuda ? (uintptr_t)payloads[i] % 16 == 0 : elem_aligned(payloads[i], c->payloads[i].dtype),
+                      "%s: payloads[%d] (quantized on dispatch) must be %s-aligned", fn, i,
+                      moe->cuda ? "16-byte" : "element");
     }
     const void *ptrs[2] = {ids, weights};
     for (int i = 0; i < 2 + c->num_payloads; i++) {
@@ -449,6 +463,9 @@ static moea2a_result_t check_combine_in(moea2a_moe_t moe, const char *fn, const 
     if (expert_out && !in_context_memory(moe, expert_out))
         return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
                          "%s: expert_out must be in %s memory, like the context", fn, moe->cuda ? "CUDA" : "host");
+    if (!elem_aligned(expert_out, moe->cfg.combine_dtype))
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: expert_out must be aligned to its elements (%s)",
+                         fn, moea2a_datatype_name(moe->cfg.combine_dtype));
     return MOEA2A_SUCCESS;
 }
 
@@ -459,6 +476,9 @@ static moea2a_result_t check_combine_out(moea2a_moe_t moe, const char *fn, const
     if (out && !in_context_memory(moe, out))
         return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: out must be in %s memory, like the context", fn,
                          moe->cuda ? "CUDA" : "host");
+    if (!elem_aligned(out, moe->cfg.combine_dtype))
+        return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: out must be aligned to its elements (%s)", fn,
+                         moea2a_datatype_name(moe->cfg.combine_dtype));
     return MOEA2A_SUCCESS;
 }
 

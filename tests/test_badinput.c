@@ -231,6 +231,19 @@ static int one_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     EXPECT(moea2a_dispatch(moe, 4, ids, NULL, NULL, 0, &res, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
     EXPECT(moea2a_dispatch(moe, 4, ids, NULL, pl, 0, NULL, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
     EXPECT(moea2a_dispatch(NULL, 4, ids, NULL, pl, 0, &res, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
+    /* int32 ids off their 4-byte grid (an odd address) would be misread, or fault a GPU */
+    int32_t ids_buf[2 * 8 + 1];
+    int32_t *odd_ids = (int32_t *)(void *)((unsigned char *)ids_buf + 1);
+    memcpy(odd_ids, ids, sizeof(ids));
+    EXPECT(moea2a_dispatch(moe, 4, odd_ids, NULL, pl, 0, &res, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
+    /* bf16 payload rows sent as they are move as bytes: an odd address is fine */
+    unsigned char x_buf[sizeof(x) + 1];
+    memcpy(x_buf + 1, x, sizeof(x));
+    const void *odd_pl[1] = {x_buf + 1};
+    EXPECT(moea2a_dispatch(moe, 4, ids, NULL, odd_pl, 0, &res, NULL), MOEA2A_SUCCESS);
+    EXPECT(moea2a_combine(moe, NULL, (unsigned char *)y + 1, NULL), MOEA2A_ERR_INVALID_ARGUMENT); /* bf16 out */
+    EXPECT(moea2a_combine(moe, (const unsigned char *)x_buf + 1, y, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
+    EXPECT(moea2a_combine(moe, NULL, y, NULL), MOEA2A_SUCCESS);
     /* rejected dispatches consumed nothing: a valid one works, a second is STATE */
     EXPECT(moea2a_dispatch(moe, 4, ids, NULL, pl, 0, &res, NULL), MOEA2A_SUCCESS);
     EXPECT(moea2a_dispatch(moe, 4, ids, NULL, pl, 0, &res, NULL), MOEA2A_ERR_STATE);
