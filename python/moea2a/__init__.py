@@ -75,6 +75,32 @@ _NP_DTYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64
              "bf16": "uint16", "fp32": "float32", "fp8_e4m3": "uint8", "nvfp4": "uint8"}
 
 
+# What an array handed to dispatch or combine may hold for each moea2a dtype: NumPy's
+# and torch's dtype names (bf16: torch.bfloat16, or its bit patterns as 16-bit ints).
+_ACCEPTS = {"int8": {"int8", "uint8"}, "uint8": {"int8", "uint8"}, "int32": {"int32"}, "int64": {"int64"},
+            "fp16": {"float16"}, "bf16": {"bfloat16", "uint16", "int16"}, "fp32": {"float32"},
+            "fp8_e4m3": {"uint8", "int8", "float8_e4m3fn"}, "nvfp4": {"uint8", "int8"}}
+_ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8, "fp16": 2, "bf16": 2, "fp32": 4, "fp8_e4m3": 1, "nvfp4": 1}
+_DTYPE_NAMES = {}  # a NumPy or torch dtype object -> its name without "torch."
+_INT32, _FLOAT32 = {"int32"}, {"float32"}
+
+
+def _check_rows(a, what, n, row_bytes, accepts, at_least=False):
+    """The C calls read n rows of row_bytes bytes at a's address: refuse an array of
+    another dtype or size (read as other values, or past its end) with InvalidArgument.
+    at_least: a may be longer (a buffer of more rows)."""
+    dt = a.dtype
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt).replace("torch.", "")
+    if name not in accepts:
+        raise InvalidArgument(1, f"{what} is {name}: it must be {' or '.join(sorted(accepts))}")
+    want, have = n * row_bytes, a.nbytes
+    if have != want and not (at_least and have > want):
+        raise InvalidArgument(1, f"{what} has {have} bytes: {n} rows of {row_bytes} bytes are "
+                                 f"{'at least ' if at_least else ''}{want}")
+
+
 def _dtype(name):
     if name not in C.DTYPES:
         raise InvalidArgument(1, f"unknown dtype {name!r}; one of {', '.join(C.DTYPES)}")
@@ -449,6 +475,7 @@ class MoE(_Handle):
         wire = kw.get("wire")
         self.wires = list(wire) if isinstance(wire, (list, tuple)) else [wire] + [None] * (len(plist) - 1)
         self.hidden, self.top_k, self.combine_dtype = int(hidden), top_k, kw.get("combine_dtype", "bf16")
+        self._expert_major = kw.get("layout", "rank") == "expert"
         # where the buffers live: as asked, or for memory="auto" as the library decides
         # (CUDA when the communicator moves CUDA memory), which the sizes tell
         self.memory_kind = {C.MEMORY_HOST: "host", C.MEMORY_CUDA: "cuda"}.get(c.memory)
@@ -459,7 +486,12 @@ class MoE(_Handle):
             self.memory_kind = "cuda" if s.device_bytes else "host"
         self._h = ctypes.c_void_p()
         _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
+        # what each input row must be: (bytes, dtypes accepted) of payload i, ids, weights
+        self._payload_rows = [(int(el) * _ITEMSIZE[dt], _ACCEPTS[dt]) for dt, el in plist]
+        self._ids_row = 4 * int(top_k)
+        self._out_row = (self.hidden * _ITEMSIZE[self.combine_dtype], _ACCEPTS[self.combine_dtype])
         self._pays = (ctypes.c_void_p * max(1, len(plist)))()
+        self._host_word = ctypes.c_uint64()  # what a combine refused here passes (see combine)
         self._views = {}  # workspace views by (address, shape, dtype): the workspace never moves
         # one result, filled by every dispatch (a result is valid until the next one);
         # the library keeps its size and version, so they are set once
@@ -495,27 +527,62 @@ class MoE(_Handle):
 
     def dispatch(self, x, topk_ids, topk_weights=None, runtime_max_tokens_per_rank=0, stream=None):
         """x: [num_tokens, row] of payload 0 (or a list, one per payload), topk_ids
-        [num_tokens, top_k] int32. Returns the context's DispatchResult (views, no copies;
-        the same object from every dispatch, describing the last one until the next)."""
-        xs = x if isinstance(x, (list, tuple)) else (x,)
-        if len(xs) != len(self.payload_dtypes):
-            raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
-        ids = _ptr(topk_ids, "topk_ids")  # first: it refuses what is not an array
-        # shape[0], not len(): len() of a torch tensor costs a microsecond
-        n = topk_ids.shape[0] if topk_ids is not None else 0
-        for i, a in enumerate(xs):
-            self._pays[i] = _ptr(a, "a payload")
-        _check(_lib.moea2a_dispatch(self.handle, n, ids, _ptr(topk_weights, "topk_weights"),
-                                    self._pays, int(runtime_max_tokens_per_rank), self._result_ref, _stream(stream)),
+        [num_tokens, top_k] int32, topk_weights [num_tokens, top_k] float32. Returns the
+        context's DispatchResult (views, no copies; the same object from every dispatch,
+        describing the last one until the next). Arrays of another dtype or size raise
+        InvalidArgument on this rank, and every other rank's dispatch fails with it."""
+        try:
+            n, ids, weights = self._dispatch_inputs(x, topk_ids, topk_weights)
+        except InvalidArgument:
+            # Refused here, the C call still takes place, with a token count it refuses:
+            # the ranks fail together (moea2a_moe(3)) instead of the others waiting for
+            # this one until the timeout.
+            _lib.moea2a_dispatch(self.handle, -1, None, None, None, 0, self._result_ref, _stream(stream))
+            raise
+        _check(_lib.moea2a_dispatch(self.handle, n, ids, weights, self._pays, int(runtime_max_tokens_per_rank),
+                                    self._result_ref, _stream(stream)),
                self.comm)
         self._last_n = n
         return self._dispatch_result
+
+    def _dispatch_inputs(self, x, topk_ids, topk_weights):
+        """The token count and the addresses the C call takes (payloads into self._pays),
+        once every array is what the context reads: its dtype and n rows of its row."""
+        xs = x if isinstance(x, (list, tuple)) else (x,)
+        if len(xs) != len(self.payload_dtypes):
+            raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
+        ids, weights, n = _ptr(topk_ids, "topk_ids"), _ptr(topk_weights, "topk_weights"), 0
+        if topk_ids is not None:
+            n = topk_ids.shape[0]  # not len(): len() of a torch tensor costs a microsecond
+            _check_rows(topk_ids, "topk_ids", n, self._ids_row, _INT32)
+        if topk_weights is not None:
+            _check_rows(topk_weights, "topk_weights", n, self._ids_row, _FLOAT32)
+        for i, a in enumerate(xs):
+            self._pays[i] = _ptr(a, f"payload {i}")
+            if a is not None:
+                _check_rows(a, f"payload {i}", n, *self._payload_rows[i])
+        return n, ids, weights
 
     def combine(self, expert_out=None, out=None, stream=None):
         """expert_out [ep, stride, hidden] of the combine dtype ([expert_rows, hidden] in
         the expert-major layout; None: the combine buffer); out [num_tokens, hidden] of
         the last dispatch (allocated when None: NumPy on host memory, a torch tensor on
-        CUDA memory)."""
+        CUDA memory). Arrays of another dtype or size raise InvalidArgument on this rank,
+        and every other rank's combine fails with it."""
+        try:
+            rows, out, out_ptr = self._combine_inputs(expert_out, out)
+        except InvalidArgument:
+            # refused here, the C call takes an expert_out it refuses on every memory (on
+            # CUDA memory host memory, on host memory an address off the elements' grid):
+            # every rank fails, as in dispatch
+            _lib.moea2a_combine(self.handle, ctypes.addressof(self._host_word) + 1, None, _stream(stream))
+            raise
+        _check(_lib.moea2a_combine(self.handle, rows, out_ptr, _stream(stream)), self.comm)
+        return out
+
+    def _combine_inputs(self, expert_out, out):
+        """The addresses the C call takes, out allocated when None, once each array is
+        what the context reads or writes."""
         if out is None:
             if self.memory_kind == "cuda":  # a torch tensor on the current device (graph capture: its pool)
                 import torch
@@ -523,9 +590,14 @@ class MoE(_Handle):
                                   device="cuda")
             else:
                 out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
-        _check(_lib.moea2a_combine(self.handle, _ptr(expert_out, "expert_out"), _ptr(out, "out"), _stream(stream)),
-               self.comm)
-        return out
+        else:
+            _check_rows(out, "out", self._last_n, *self._out_row)
+        rows = _ptr(expert_out, "expert_out")
+        if expert_out is not None:  # the rows the last dispatch delivered, or more
+            r = self._result
+            need = r.expert_rows if self._expert_major else r.ep * r.stride
+            _check_rows(expert_out, "expert_out", max(need, 0), *self._out_row, at_least=True)
+        return rows, out, _ptr(out, "out")
 
     def close(self):
         self._release()

@@ -160,6 +160,61 @@ def test_config_errors_on_a_communicator():
     assert all(v is None for v in results.values()), results
 
 
+def bad_arrays_main(rank, ep, uid):
+    """Arrays the context would misread (another dtype, too few bytes), on rank 1 only:
+    InvalidArgument on every rank, naming the array on rank 1; the context goes on."""
+    with moea2a.Comm(ep, rank, uid) as comm:
+        with moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="fp32", combine_dtype="fp32", memory="host",
+                        weights=True) as moe:
+            ids = np.array([[0, 5, 9], [15, 1, -1]], dtype=np.int32)
+            x, w = np.ones((2, H), np.float32), np.ones((2, K), np.float32)
+            bad = {"topk_ids": (x, ids.astype(np.int64), w), "topk_weights": (x, ids, w[:1]),
+                   "payload 0": (x.astype(np.float64), ids, w)}
+            seen = []
+            for what, args in bad.items():
+                good = (x, ids, w)
+                try:
+                    moe.dispatch(*(args if rank == 1 else good))
+                    return f"dispatch with a bad {what} on rank 1 passed"
+                except moea2a.InvalidArgument as e:
+                    if rank == 1 and what not in e.detail:
+                        return f"the message does not name {what}: {e.detail}"
+                    seen.append(what)
+            res = moe.dispatch(x, ids, w)  # the context took none of those
+            out = np.zeros((2, H), np.float32)
+            buf = moe.combine_buffer()
+            for src in range(ep):
+                for i in range(res.recv_counts[src]):
+                    buf[src * res.stride + i] = res.payloads[0][src, i]
+            for bad_out in (np.zeros((2, H), np.float16), np.zeros((1, H), np.float32)):
+                try:
+                    moe.combine(None, bad_out if rank == 1 else out)
+                    return "combine with a bad out on rank 1 passed"
+                except moea2a.InvalidArgument as e:
+                    if rank == 1 and "out" not in e.detail:
+                        return f"the message does not name out: {e.detail}"
+            moe.combine(None, out)  # the dispatch still waits for its combine: it goes through
+            want = np.array([len(dests(r, ep)) for r in ids], np.float32)[:, None] * x
+            if not np.array_equal(out, want):
+                return f"combine after the refusals: {out[:, 0]} != {want[:, 0]}"
+            # rank 1 idle, its expert rows of the wrong dtype: the combine fails on both too
+            res = moe.dispatch(x, ids, w) if rank == 0 else moe.dispatch(None, None)
+            rows = np.zeros((res.ep * res.stride, H), np.float32)
+            try:
+                moe.combine(rows.astype(np.float64) if rank == 1 else rows, out if rank == 0 else None)
+                return "combine with a bad expert_out on idle rank 1 passed"
+            except moea2a.InvalidArgument as e:
+                if rank == 1 and "expert_out" not in e.detail:
+                    return f"the message does not name expert_out: {e.detail}"
+            moe.combine(rows, out if rank == 0 else None)
+            return None if len(seen) == 3 else seen
+
+
+def test_bad_arrays_fail_every_rank_and_the_context_goes_on():
+    results = run_ranks(2, bad_arrays_main)
+    assert all(v is None for v in results.values()), results
+
+
 def test_fp8_roundtrip_is_close():
     x = np.linspace(-3, 3, 2 * 256, dtype=np.float32).reshape(2, 256)
     q, s = moea2a.fp8_quantize(x, "fp32", layout="mn", ue8m0=True)
