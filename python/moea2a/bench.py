@@ -7,9 +7,12 @@ the differences are the overhead per call.
     python -m moea2a.bench --overhead [--tokens 8] [--hidden 64] [--iters 20000]
                                       [--mem host|cuda]
 
---mem cuda needs PyTorch with a GPU: the rows are torch CUDA tensors and the calls go on
-the current stream, waited for once after the loop; the loop is then as fast as the GPU
-runs the calls, so Python's cost shows only where it exceeds the GPU's time per call.
+What is timed is the host's time per round trip: the fastest of many samples of 100
+round trips (noise from other processes only lengthens a sample). --mem cuda needs
+PyTorch with a GPU: the rows are torch CUDA tensors and the calls go on the current
+stream; each sample starts with the GPU idle and is too short to fill its queue of
+launches, so the GPU's time per call never holds the host back (over a long loop it
+would: the loop would run as fast as the GPU, and hide the host's cost).
 
     python -m moea2a.bench [--ranks N] [--tokens 128,1024,4096] [--hidden 7168]
                            [--experts 256] [--topk 8] [--iters 20] [--warmup 5]
@@ -36,17 +39,23 @@ import moea2a
 from moea2a import _capi as C
 
 
-def _time(fn, iters, sync=None):
+def _host_time(fn, iters, sync=None, sample=100):
+    """The host's time per call of fn (us): the fastest of iters / sample samples of
+    sample calls, each begun with the GPU idle (sync) so that its queue of launches
+    never fills and holds the host back."""
     for _ in range(min(iters, 200)):  # warm-up
         fn()
+    best = float("inf")
+    for _ in range(max(1, iters // sample)):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(sample):
+            fn()
+        best = min(best, time.perf_counter() - t0)
     if sync:
         sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    if sync:
-        sync()
-    return (time.perf_counter() - t0) / iters * 1e6
+    return best / sample * 1e6
 
 
 def overhead(tokens, hidden, iters, mem):
@@ -95,10 +104,10 @@ def overhead(tokens, hidden, iters, mem):
     py_combine()  # checks once that both work (errors raise here)
     # a dispatch must be combined before the next: time round trips, each half from
     # Python or from the bare C call, and take the differences
-    t_cc = _time(lambda: (c_dispatch(), c_combine()), iters, sync)
-    t_pc = _time(lambda: (py_dispatch(), c_combine()), iters, sync)
-    t_cp = _time(lambda: (c_dispatch(), py_combine()), iters, sync)
-    t_pp = _time(lambda: (py_dispatch(), py_combine()), iters, sync)
+    t_cc = _host_time(lambda: (c_dispatch(), c_combine()), iters, sync)
+    t_pc = _host_time(lambda: (py_dispatch(), c_combine()), iters, sync)
+    t_cp = _host_time(lambda: (c_dispatch(), py_combine()), iters, sync)
+    t_pp = _host_time(lambda: (py_dispatch(), py_combine()), iters, sync)
     print(f"# moea2a.bench --overhead: 1 rank, {mem} memory, {tokens} tokens x {hidden} bf16, top-{K} of {E}, "
           f"{iters} round trips each; Python {sys.version.split()[0]}")
     print(f"# {'round trip':<28} {'us':>8}")
