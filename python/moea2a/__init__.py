@@ -85,10 +85,14 @@ _DTYPE_NAMES = {}  # a NumPy or torch dtype object -> its name without "torch."
 _INT32, _FLOAT32 = {"int32"}, {"float32"}
 
 
-def _check_rows(a, what, n, row_bytes, accepts, at_least=False):
-    """The C calls read n rows of row_bytes bytes at a's address: refuse an array of
-    another dtype or size (read as other values, or past its end) with InvalidArgument.
-    at_least: a may be longer (a buffer of more rows)."""
+def _rows_ptr(a, what, n, row_bytes, accepts, at_least=False):
+    """a's address (_ptr) once a holds what the C call reads or writes there: n rows of
+    row_bytes bytes, of one of the dtypes accepts. Anything else is InvalidArgument:
+    another dtype would be read as other values, fewer bytes past a's end. at_least:
+    a may hold more rows (a buffer). None for None."""
+    addr = _ptr(a, what)
+    if addr is None:
+        return None
     dt = a.dtype
     name = _DTYPE_NAMES.get(dt)
     if name is None:
@@ -99,6 +103,7 @@ def _check_rows(a, what, n, row_bytes, accepts, at_least=False):
     if have != want and not (at_least and have > want):
         raise InvalidArgument(1, f"{what} has {have} bytes: {n} rows of {row_bytes} bytes are "
                                  f"{'at least ' if at_least else ''}{want}")
+    return addr
 
 
 def _dtype(name):
@@ -531,37 +536,30 @@ class MoE(_Handle):
         context's DispatchResult (views, no copies; the same object from every dispatch,
         describing the last one until the next). Arrays of another dtype or size raise
         InvalidArgument on this rank, and every other rank's dispatch fails with it."""
-        try:
-            n, ids, weights = self._dispatch_inputs(x, topk_ids, topk_weights)
+        h = self._h or self.handle  # (the property raises for a closed context)
+        sp = stream if stream is None or isinstance(stream, int) else _stream(stream)
+        try:  # each step below costs the caller: issue 20 bounds the layer at 5 us per call
+            xs = x if isinstance(x, (list, tuple)) else (x,)
+            if len(xs) != len(self.payload_dtypes):
+                raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
+            shape = None if topk_ids is None else getattr(topk_ids, "shape", None)
+            n = shape[0] if shape else 0  # not len(): 1 us on a torch tensor (_rows_ptr checks the rest)
+            ids = _rows_ptr(topk_ids, "topk_ids", n, self._ids_row, _INT32)
+            weights = _rows_ptr(topk_weights, "topk_weights", n, self._ids_row, _FLOAT32)
+            for i, a in enumerate(xs):
+                self._pays[i] = _rows_ptr(a, f"payload {i}", n, *self._payload_rows[i])
         except InvalidArgument:
             # Refused here, the C call still takes place, with a token count it refuses:
             # the ranks fail together (moea2a_moe(3)) instead of the others waiting for
             # this one until the timeout.
-            _lib.moea2a_dispatch(self.handle, -1, None, None, None, 0, self._result_ref, _stream(stream))
+            _lib.moea2a_dispatch(h, -1, None, None, None, 0, self._result_ref, sp)
             raise
-        _check(_lib.moea2a_dispatch(self.handle, n, ids, weights, self._pays, int(runtime_max_tokens_per_rank),
-                                    self._result_ref, _stream(stream)),
-               self.comm)
+        rc = _lib.moea2a_dispatch(h, n, ids, weights, self._pays, int(runtime_max_tokens_per_rank), self._result_ref,
+                                  sp)
+        if rc:
+            _check(rc, self.comm)
         self._last_n = n
         return self._dispatch_result
-
-    def _dispatch_inputs(self, x, topk_ids, topk_weights):
-        """The token count and the addresses the C call takes (payloads into self._pays),
-        once every array is what the context reads: its dtype and n rows of its row."""
-        xs = x if isinstance(x, (list, tuple)) else (x,)
-        if len(xs) != len(self.payload_dtypes):
-            raise InvalidArgument(1, f"{len(self.payload_dtypes)} payload(s) configured, {len(xs)} given")
-        ids, weights, n = _ptr(topk_ids, "topk_ids"), _ptr(topk_weights, "topk_weights"), 0
-        if topk_ids is not None:
-            n = topk_ids.shape[0]  # not len(): len() of a torch tensor costs a microsecond
-            _check_rows(topk_ids, "topk_ids", n, self._ids_row, _INT32)
-        if topk_weights is not None:
-            _check_rows(topk_weights, "topk_weights", n, self._ids_row, _FLOAT32)
-        for i, a in enumerate(xs):
-            self._pays[i] = _ptr(a, f"payload {i}")
-            if a is not None:
-                _check_rows(a, f"payload {i}", n, *self._payload_rows[i])
-        return n, ids, weights
 
     def combine(self, expert_out=None, out=None, stream=None):
         """expert_out [ep, stride, hidden] of the combine dtype ([expert_rows, hidden] in
@@ -569,20 +567,8 @@ class MoE(_Handle):
         the last dispatch (allocated when None: NumPy on host memory, a torch tensor on
         CUDA memory). Arrays of another dtype or size raise InvalidArgument on this rank,
         and every other rank's combine fails with it."""
-        try:
-            rows, out, out_ptr = self._combine_inputs(expert_out, out)
-        except InvalidArgument:
-            # refused here, the C call takes an expert_out it refuses on every memory (on
-            # CUDA memory host memory, on host memory an address off the elements' grid):
-            # every rank fails, as in dispatch
-            _lib.moea2a_combine(self.handle, ctypes.addressof(self._host_word) + 1, None, _stream(stream))
-            raise
-        _check(_lib.moea2a_combine(self.handle, rows, out_ptr, _stream(stream)), self.comm)
-        return out
-
-    def _combine_inputs(self, expert_out, out):
-        """The addresses the C call takes, out allocated when None, once each array is
-        what the context reads or writes."""
+        h = self._h or self.handle
+        sp = stream if stream is None or isinstance(stream, int) else _stream(stream)
         if out is None:
             if self.memory_kind == "cuda":  # a torch tensor on the current device (graph capture: its pool)
                 import torch
@@ -590,14 +576,23 @@ class MoE(_Handle):
                                   device="cuda")
             else:
                 out = _np().empty((self._last_n, self.hidden), dtype=_NP_DTYPE[self.combine_dtype])
-        else:
-            _check_rows(out, "out", self._last_n, *self._out_row)
-        rows = _ptr(expert_out, "expert_out")
-        if expert_out is not None:  # the rows the last dispatch delivered, or more
-            r = self._result
-            need = r.expert_rows if self._expert_major else r.ep * r.stride
-            _check_rows(expert_out, "expert_out", max(need, 0), *self._out_row, at_least=True)
-        return rows, out, _ptr(out, "out")
+        try:
+            out_ptr = _rows_ptr(out, "out", self._last_n, *self._out_row)
+            rows = None
+            if expert_out is not None:  # the rows the last dispatch delivered, or more
+                r = self._result
+                need = r.expert_rows if self._expert_major else r.ep * r.stride
+                rows = _rows_ptr(expert_out, "expert_out", max(need, 0), *self._out_row, at_least=True)
+        except InvalidArgument:
+            # refused here, the C call takes an expert_out it refuses on every memory (on
+            # CUDA memory host memory, on host memory an address off the elements' grid):
+            # every rank fails, as in dispatch
+            _lib.moea2a_combine(h, ctypes.addressof(self._host_word) + 1, None, sp)
+            raise
+        rc = _lib.moea2a_combine(h, rows, out_ptr, sp)
+        if rc:
+            _check(rc, self.comm)
+        return out
 
     def close(self):
         self._release()
