@@ -215,6 +215,51 @@ def test_bad_arrays_fail_every_rank_and_the_context_goes_on():
     assert all(v is None for v in results.values()), results
 
 
+class TorchLike:
+    """What the package reads of a torch.Tensor (data_ptr, is_contiguous, dtype named
+    "torch.<name>", nbytes, shape), over a NumPy array: the torch path on host memory,
+    where PyTorch is not installed."""
+
+    class DType:
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return "torch." + self.name
+
+    def __init__(self, a, name):
+        self.a, self.dtype = a, TorchLike.DType(name)
+        self.shape, self.nbytes = a.shape, a.nbytes
+
+    def data_ptr(self):
+        return self.a.__array_interface__["data"][0]
+
+    def is_contiguous(self):
+        return self.a.flags.c_contiguous
+
+
+def test_torch_like_arrays_are_checked_by_dtype_name_and_bytes():
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            with moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="bf16", combine_dtype="bf16", memory="host") as moe:
+                ids = np.array([[0, 5, 9], [15, 1, -1]], dtype=np.int32)
+                x = np.arange(2 * H, dtype=np.uint16).reshape(2, H)
+                for bad_ids in (TorchLike(ids.astype(np.int64), "int64"), TorchLike(ids[:, :2].copy(), "int32")):
+                    try:
+                        moe.dispatch(TorchLike(x, "bfloat16"), bad_ids)
+                        return "a torch-like int64 or short topk_ids passed"
+                    except moea2a.InvalidArgument:
+                        pass
+                res = moe.dispatch(TorchLike(x, "bfloat16"), TorchLike(ids, "int32"))
+                if not np.array_equal(res.payloads[0][0, :2], x):
+                    return "the rows of torch-like bf16 arrays did not arrive"
+                out = np.zeros((2, H), np.uint16)
+                moe.combine(None, TorchLike(out, "bfloat16"))
+                return None
+    results = run_ranks(1, main)
+    assert all(v is None for v in results.values()), results
+
+
 def test_fp8_roundtrip_is_close():
     x = np.linspace(-3, 3, 2 * 256, dtype=np.float32).reshape(2, 256)
     q, s = moea2a.fp8_quantize(x, "fp32", layout="mn", ue8m0=True)
