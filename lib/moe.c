@@ -354,8 +354,8 @@ static moea2a_result_t check_dispatch_args(moea2a_moe_t moe, const char *fn, int
         /* rows sent as they are move as bytes; quantizing reads elements, and the
          * quantize kernels whole 16-byte vectors */
         if (c->wire[i].format == MOEA2A_WIRE_AS_IS) continue;
-        M2A_CHECK_ARG(comm, moe->cuda ? (uintptr_t)payloads[i] % 16 == 0 : elem_aligned(payloads[i], c->payloads[i].dtype),
-                      "%s: payloads[%d] (quantized on dispatch) must be %s-aligned", fn, i,
+        const int aligned = moe->cuda ? (uintptr_t)payloads[i] % 16 == 0 : elem_aligned(payloads[i], c->payloads[i].dtype);
+        M2A_CHECK_ARG(comm, aligned, "%s: payloads[%d] (quantized on dispatch) must be %s-aligned", fn, i,
                       moe->cuda ? "16-byte" : "element");
     }
     const void *ptrs[2] = {ids, weights};

@@ -537,7 +537,7 @@ class MoE(_Handle):
         describing the last one until the next). Arrays of another dtype or size raise
         InvalidArgument on this rank, and every other rank's dispatch fails with it."""
         h = self._h or self.handle  # (the property raises for a closed context)
-        sp = stream if stream is None or isinstance(stream, int) else _stream(stream)
+        sp = _stream(stream)
         try:  # each step below costs the caller: issue 20 bounds the layer at 5 us per call
             xs = x if isinstance(x, (list, tuple)) else (x,)
             if len(xs) != len(self.payload_dtypes):
@@ -552,7 +552,7 @@ class MoE(_Handle):
             # Refused here, the C call still takes place, with a token count it refuses:
             # the ranks fail together (moea2a_moe(3)) instead of the others waiting for
             # this one until the timeout.
-            _lib.moea2a_dispatch(h, -1, None, None, None, 0, self._result_ref, sp)
+            _out_of_order(_lib.moea2a_dispatch(h, -1, None, None, None, 0, self._result_ref, sp), self.comm)
             raise
         rc = _lib.moea2a_dispatch(h, n, ids, weights, self._pays, int(runtime_max_tokens_per_rank), self._result_ref,
                                   sp)
@@ -568,7 +568,7 @@ class MoE(_Handle):
         CUDA memory). Arrays of another dtype or size raise InvalidArgument on this rank,
         and every other rank's combine fails with it."""
         h = self._h or self.handle
-        sp = stream if stream is None or isinstance(stream, int) else _stream(stream)
+        sp = _stream(stream)
         if out is None:
             if self.memory_kind == "cuda":  # a torch tensor on the current device (graph capture: its pool)
                 import torch
@@ -587,7 +587,7 @@ class MoE(_Handle):
             # refused here, the C call takes an expert_out it refuses on every memory (on
             # CUDA memory host memory, on host memory an address off the elements' grid):
             # every rank fails, as in dispatch
-            _lib.moea2a_combine(h, ctypes.addressof(self._host_word) + 1, None, sp)
+            _out_of_order(_lib.moea2a_combine(h, ctypes.addressof(self._host_word) + 1, None, sp), self.comm)
             raise
         rc = _lib.moea2a_combine(h, rows, out_ptr, sp)
         if rc:
@@ -596,6 +596,13 @@ class MoE(_Handle):
 
     def close(self):
         self._release()
+
+
+def _out_of_order(rc, comm):
+    """After a call refused here: the library's StateError where the call came out of
+    order (a combine before its dispatch), which is the error to report first."""
+    if _ERRORS.get(rc) is StateError:
+        _check(rc, comm)
 
 
 def _stream(stream):

@@ -215,6 +215,22 @@ def test_bad_arrays_fail_every_rank_and_the_context_goes_on():
     assert all(v is None for v in results.values()), results
 
 
+def test_out_of_order_comes_before_bad_arrays():
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            with moea2a.MoE(comm, E, K, CAP, hidden=H, dtype="fp32", combine_dtype="fp32", memory="host") as moe:
+                ids, x = np.array([[0, 1, 2]], np.int32), np.ones((1, H), np.float32)
+                with pytest.raises(moea2a.StateError):  # no dispatch yet, and an out of 3 rows
+                    moe.combine(None, np.zeros((3, H), np.float32))
+                moe.dispatch(x, ids)
+                with pytest.raises(moea2a.StateError):  # not combined yet, and int64 ids
+                    moe.dispatch(x, ids.astype(np.int64))
+                moe.combine()
+                return None
+    results = run_ranks(1, main)
+    assert all(v is None for v in results.values()), results
+
+
 class TorchLike:
     """What the package reads of a torch.Tensor (data_ptr, is_contiguous, dtype named
     "torch.<name>", nbytes, shape), over a NumPy array: the torch path on host memory,
