@@ -493,6 +493,7 @@ class MoE(_Handle):
         _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
         # what each input row must be: (bytes, dtypes accepted) of payload i, ids, weights
         self._payload_rows = [(int(el) * _ITEMSIZE[dt], _ACCEPTS[dt]) for dt, el in plist]
+        self._payload_names = [f"payload {i}" for i in range(len(plist))]
         self._ids_row = 4 * int(top_k)
         self._out_row = (self.hidden * _ITEMSIZE[self.combine_dtype], _ACCEPTS[self.combine_dtype])
         self._pays = (ctypes.c_void_p * max(1, len(plist)))()
@@ -547,7 +548,7 @@ class MoE(_Handle):
             ids = _rows_ptr(topk_ids, "topk_ids", n, self._ids_row, _INT32)
             weights = _rows_ptr(topk_weights, "topk_weights", n, self._ids_row, _FLOAT32)
             for i, a in enumerate(xs):
-                self._pays[i] = _rows_ptr(a, f"payload {i}", n, *self._payload_rows[i])
+                self._pays[i] = _rows_ptr(a, self._payload_names[i], n, *self._payload_rows[i])
         except InvalidArgument:
             # Refused here, the C call still takes place, with a token count it refuses:
             # the ranks fail together (moea2a_moe(3)) instead of the others waiting for
