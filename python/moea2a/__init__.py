@@ -80,7 +80,6 @@ _NP_DTYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64
 _ACCEPTS = {"int8": {"int8", "uint8"}, "uint8": {"int8", "uint8"}, "int32": {"int32"}, "int64": {"int64"},
             "fp16": {"float16"}, "bf16": {"bfloat16", "uint16", "int16"}, "fp32": {"float32"},
             "fp8_e4m3": {"uint8", "int8", "float8_e4m3fn"}, "nvfp4": {"uint8", "int8"}}
-_ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8, "fp16": 2, "bf16": 2, "fp32": 4, "fp8_e4m3": 1, "nvfp4": 1}
 _DTYPE_NAMES = {}  # a NumPy or torch dtype object -> its name without "torch."
 _INT32, _FLOAT32 = {"int32"}, {"float32"}
 
@@ -104,6 +103,14 @@ def _rows_ptr(a, what, n, row_bytes, accepts, at_least=False):
         raise InvalidArgument(1, f"{what} has {have} bytes: {n} rows of {row_bytes} bytes are "
                                  f"{'at least ' if at_least else ''}{want}")
     return addr
+
+
+def _itemsize(name):
+    """Bytes per element of a moea2a dtype, as the library counts them (nvfp4: 1, a
+    packed pair)."""
+    size = ctypes.c_size_t()
+    _check(_lib.moea2a_datatype_size(_dtype(name), ctypes.byref(size)))
+    return size.value
 
 
 def _dtype(name):
@@ -492,10 +499,10 @@ class MoE(_Handle):
         self._h = ctypes.c_void_p()
         _check(_lib.moea2a_moe_create(ctypes.byref(self._h), comm.handle, ctypes.byref(c)), comm.handle)
         # what each input row must be: (bytes, dtypes accepted) of payload i, ids, weights
-        self._payload_rows = [(int(el) * _ITEMSIZE[dt], _ACCEPTS[dt]) for dt, el in plist]
+        self._payload_rows = [(int(el) * _itemsize(dt), _ACCEPTS[dt]) for dt, el in plist]
         self._payload_names = [f"payload {i}" for i in range(len(plist))]
         self._ids_row = 4 * int(top_k)
-        self._out_row = (self.hidden * _ITEMSIZE[self.combine_dtype], _ACCEPTS[self.combine_dtype])
+        self._out_row = (self.hidden * _itemsize(self.combine_dtype), _ACCEPTS[self.combine_dtype])
         self._pays = (ctypes.c_void_p * max(1, len(plist)))()
         self._host_word = ctypes.c_uint64()  # what a combine refused here passes (see combine)
         self._views = {}  # workspace views by (address, shape, dtype): the workspace never moves
