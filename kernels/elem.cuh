@@ -1,6 +1,6 @@
 /* One combine element of each combine dtype, as the kernels load, store and round it
- * (lib/convert.h's conversions: the host reference's bits), and 16 bytes of them at
- * once. Shared by the kernels that sum combine rows (moe_kernels.cu, expert_kernels.cu,
+ * (lib/convert.h's conversions: the host reference's bits; every NaN stored is the
+ * canonical one, m2a_canonical), and 16 bytes of them at once. Shared by the kernels that sum combine rows (moe_kernels.cu, expert_kernels.cu,
  * moe_fast.cu). */
 #ifndef M2A_ELEM_CUH
 #define M2A_ELEM_CUH
@@ -16,19 +16,19 @@ namespace m2a_elem {
 template <moea2a_datatype_t DT> struct Elem;
 template <> struct Elem<MOEA2A_FLOAT32> {
     static __device__ float load(const unsigned char *r, size_t h) { return reinterpret_cast<const float *>(r)[h]; }
-    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<float *>(r)[h] = v; }
+    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<float *>(r)[h] = m2a_canonical(v); }
     static __device__ float round(float v) { return v; }
     static constexpr size_t size = 4;
 };
 template <> struct Elem<MOEA2A_BFLOAT16> {
     static __device__ float load(const unsigned char *r, size_t h) { return m2a_bf16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
-    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_bf16(v); }
+    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_bf16(m2a_canonical(v)); }
     static __device__ float round(float v) { return m2a_bf16_to_f32(m2a_f32_to_bf16(v)); }
     static constexpr size_t size = 2;
 };
 template <> struct Elem<MOEA2A_FLOAT16> {
     static __device__ float load(const unsigned char *r, size_t h) { return m2a_f16_to_f32(reinterpret_cast<const uint16_t *>(r)[h]); }
-    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_f16(v); }
+    static __device__ void store(unsigned char *r, size_t h, float v) { reinterpret_cast<uint16_t *>(r)[h] = m2a_f32_to_f16(m2a_canonical(v)); }
     static __device__ float round(float v) { return m2a_f16_to_f32(m2a_f32_to_f16(v)); }
     static constexpr size_t size = 2;
 };
@@ -47,11 +47,12 @@ static __device__ __forceinline__ uint32_t cvt_pair(float lo, float hi, moea2a_d
 
 /* Sums rounded into one 16-byte vector of DT (16 / size of them): the same bits as
  * Elem<DT>::store of each, with the pair instruction where no value is NaN (a vector
- * that holds one takes convert.h's way). */
+ * that holds one takes Elem's way, which writes the canonical NaN). */
 template <moea2a_datatype_t DT> static __device__ __forceinline__ int4 pack_vec(const float *v)
 {
     if constexpr (DT == MOEA2A_FLOAT32) {
-        return make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]), __float_as_int(v[3]));
+        return make_int4(__float_as_int(m2a_canonical(v[0])), __float_as_int(m2a_canonical(v[1])),
+                         __float_as_int(m2a_canonical(v[2])), __float_as_int(m2a_canonical(v[3])));
     } else {
         bool nan = false;
 #pragma unroll

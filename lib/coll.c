@@ -9,6 +9,7 @@
 #include "checked.h"
 #include "clock.h"
 #include "comm.h"
+#include "cuda_loader.h"
 #include "log.h"
 
 struct moea2a_request {
@@ -154,6 +155,27 @@ static moea2a_result_t check_vector(moea2a_comm_t comm, const char *fn, const ch
     return MOEA2A_SUCCESS;
 }
 
+/* A rank's block to itself, copied here rather than through the transport: no round
+ * trip through the network stack, and a single-rank communicator needs none at all.
+ * Host memory: memmove (the blocks may overlap). CUDA memory: a copy on the stream, in
+ * order with the transport's work there. */
+static moea2a_result_t self_copy(moea2a_comm_t comm, const char *fn, const void *sendbuf, size_t soff, void *recvbuf,
+                                 size_t roff, size_t bytes, unsigned mem, void *stream)
+{
+    if (bytes == 0) return MOEA2A_SUCCESS;
+    const unsigned char *src = (const unsigned char *)sendbuf + soff;
+    unsigned char *dst = (unsigned char *)recvbuf + roff;
+    if (mem != MOEA2A_MEM_CUDA) {
+        memmove(dst, src, bytes);
+        return MOEA2A_SUCCESS;
+    }
+    const moea2a_cuda_v1_t *ops;
+    M2A_TRY(m2a_cuda_require(comm, fn, &ops));
+    int e = ops->copy_async(dst, src, bytes, M2A_CUDA_D2D, stream);
+    if (e) return m2a_error(comm, MOEA2A_ERR_CUDA, "%s: copying this rank's own block: %s", fn, ops->error_string(e));
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
                                   void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls,
                                   moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream,
@@ -187,17 +209,29 @@ moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts
                 return started(req, m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
                                               "%s: %s[%d]=%lld elements of %zu bytes overflow a size", fn, names[a], i,
                                               (long long)v[a][i], es), request);
-    /* No object extends past PTRDIFF_MAX bytes or past the end of the address space. */
+    /* No buffer reaches past the addresses a process can use. */
     for (int i = 0; i < n; i++) {
         size_t send_end, recv_end;
         if (!m2a_add_ok(b[n + i], b[i], &send_end) || !m2a_add_ok(b[3 * n + i], b[2 * n + i], &recv_end) ||
-            send_end > PTRDIFF_MAX || recv_end > PTRDIFF_MAX || (uintptr_t)sendbuf > UINTPTR_MAX - send_end ||
-            (uintptr_t)recvbuf > UINTPTR_MAX - recv_end)
+            !m2a_range_ok(sendbuf, send_end) || !m2a_range_ok(recvbuf, recv_end))
             return started(req, m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
-                                          "%s: displacement + count for rank %d lies past any possible buffer", fn, i),
-                           request);
+                                          "%s: %s for rank %d (displacement %lld + count %lld elements of %zu bytes) "
+                                          "reaches past the highest address a process can use", fn,
+                                          m2a_range_ok(sendbuf, send_end) ? "the receive block" : "the send block", i,
+                                          (long long)(m2a_range_ok(sendbuf, send_end) ? rdispls[i] : sdispls[i]),
+                                          (long long)(m2a_range_ok(sendbuf, send_end) ? recvcounts[i] : sendcounts[i]),
+                                          es), request);
     }
-    int rc = t->ops->alltoallv(t->tc, sendbuf, b, b + n, recvbuf, b + 2 * n, b + 3 * n, mem, stream, &req->op);
+    int me = comm->rank;
+    if (b[me] != b[2 * n + me])
+        return started(req, m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                                      "%s: rank %d sends itself sendcounts[%d]=%lld elements but expects "
+                                      "recvcounts[%d]=%lld", fn, me, me, (long long)sendcounts[me], me,
+                                      (long long)recvcounts[me]), request);
+    int rc = self_copy(comm, fn, sendbuf, b[n + me], recvbuf, b[3 * n + me], b[me], mem, stream);
+    b[me] = b[2 * n + me] = 0; /* the transport moves the peers' blocks only */
+    if (rc == MOEA2A_SUCCESS && n > 1)
+        rc = t->ops->alltoallv(t->tc, sendbuf, b, b + n, recvbuf, b + 2 * n, b + 3 * n, mem, stream, &req->op);
     return started(req, rc, request);
 }
 

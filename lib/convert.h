@@ -1,5 +1,6 @@
 /* Exact conversions between fp32 and the 16-bit float formats, round to nearest even,
- * NaN kept NaN. The host reference kernels and the tests use these; the CUDA kernels
+ * NaN kept NaN (sign and payload kept as far as the format holds them), and the
+ * canonical NaN of combine outputs. The host reference kernels and the tests use these; the CUDA kernels
  * must produce the same bits. */
 #ifndef M2A_CONVERT_H
 #define M2A_CONVERT_H
@@ -15,6 +16,17 @@
 
 M2A_HD uint32_t m2a_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 M2A_HD float m2a_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* The one NaN a combine writes, whatever NaN its arithmetic made: fp32 0x7fc00000
+ * (positive, quiet, no payload), which the conversions below turn into bf16 0x7fc0 and
+ * fp16 0x7e00. Arithmetic NaNs differ between machines (x86 makes 0xffc00000, a GPU
+ * 0x7fffffff) and an input NaN's payload survives an add on one and not the other, so
+ * a computed output is only the same everywhere once its NaNs are this one. */
+#define M2A_CANONICAL_NAN_BITS 0x7fc00000u
+M2A_HD float m2a_canonical(float f)
+{
+    return (m2a_f32_bits(f) & 0x7fffffffu) > 0x7f800000u ? m2a_bits_f32(M2A_CANONICAL_NAN_BITS) : f;
+}
 
 M2A_HD float m2a_bf16_to_f32(uint16_t h) { return m2a_bits_f32((uint32_t)h << 16); }
 

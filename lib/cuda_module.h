@@ -34,7 +34,7 @@
 #define M2A_CUDA_NOT_READY 600     /* cudaErrorNotReady: stream_query, work pending */
 #define M2A_CUDA_NOT_SUPPORTED 801 /* cudaErrorNotSupported: a kernel's shape limit */
 /* cudaMemcpyKind values for copy / copy_async. */
-enum { M2A_CUDA_H2D = 1, M2A_CUDA_D2H = 2 };
+enum { M2A_CUDA_H2D = 1, M2A_CUDA_D2H = 2, M2A_CUDA_D2D = 3 };
 /* the size of a cudaIpcMemHandle_t (the module checks) */
 #define M2A_CUDA_IPC_HANDLE_BYTES 64
 

@@ -17,6 +17,7 @@
 #include "moe_core.h"
 #include "moe_cuda.h"
 #include "moe_expert.h"
+#include "moe_symmetric.h"
 
 /* ---- planning: config, placement, layout ------------------------------------ */
 
@@ -24,6 +25,7 @@ typedef struct {
     moea2a_moe_config_t cfg;
     const m2a_moe_backend_t *backend;
     int cuda, staged, nvlink, lsa, rpn;
+    char no_lsa[240]; /* why the topology's load/store path has no symmetric memory, or "" */
     int *stage_index;
     m2a_topo_t topo;
     m2a_topo_place_t place;
@@ -40,15 +42,18 @@ static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const
 }
 
 /* Copy-engine mode is a mode of the load/store path: a context on another path
- * refuses it (sizing too: it sizes what create would allocate). */
+ * refuses it (sizing too: it sizes what create would allocate). no_lsa: why the
+ * symmetric memory is missing where the topology offered the path, or "". */
 static moea2a_result_t copy_engine_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c,
-                                            const m2a_moe_backend_t *b, int cuda)
+                                            const m2a_moe_backend_t *b, int cuda, const char *no_lsa)
 {
     if (!(c->flags & MOEA2A_MOE_COPY_ENGINE) || b == &m2a_moe_backend_nvlink) return MOEA2A_SUCCESS;
     return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                      "moea2a_moe: MOEA2A_MOE_COPY_ENGINE needs the load/store path: CUDA memory, a combine (hidden > "
-                     "0) and every rank reaching every other by NVLink; this context %s",
-                     !cuda ? "is in host memory" : c->hidden == 0 ? "has hidden = 0" : "has ranks that do not");
+                     "0), every rank reaching every other by NVLink and symmetric memory on every rank; this context "
+                     "%s",
+                     !cuda ? "is in host memory" : c->hidden == 0 ? "has hidden = 0" : *no_lsa ? no_lsa
+                     : "has ranks that do not (another node, no NVLink between their GPUs, or MOEA2A_NVLINK=0)");
 }
 
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
@@ -76,6 +81,10 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         for (int q = 0; q < ep; q++) gpu[q] = m2a_topo_place(&p->topo, m->host_local[q], m->host_size[q], p->cuda).gpu;
         p->staged = m2a_moe_staged_peers(ep, comm->rank, m->node, gpu, &p->topo, p->cuda, m2a_moe_lsa_allowed(&p->cfg),
                                          &p->nvlink, &p->lsa);
+        /* The load/store path also needs symmetric memory (moe_symmetric.h): where the
+         * chosen way cannot serve every rank, no mode takes the path, and the sizes are
+         * the generic path's. */
+        if (p->lsa && !m2a_symm_usable(comm, p->no_lsa, sizeof(p->no_lsa))) p->lsa = 0, p->staged = ep - 1;
         /* Every peer gets a staging slot, in rank order (used only by the paths that
          * stage, and ready for the generic path should the load/store one fall back);
          * this rank has none. */
@@ -83,7 +92,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         p->place = m2a_topo_place(&p->topo, m->host_local[comm->rank], p->rpn, p->cuda);
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->l);
-        r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda);
+        r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
     }
     /* Without a transport that moves CUDA memory only the load/store path serves a CUDA
      * context (its symmetric memory may come from CUDA IPC), on a GPU the topology shows. */
@@ -142,7 +151,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
                                                        m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
         m2a_moe_layout_t l;
         layout_for(&cfg, layout->ep, staged, m2a_moe_backend_pick(cuda, lsa), &l);
-        if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, m2a_moe_backend_pick(cuda, lsa), cuda);
+        if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, m2a_moe_backend_pick(cuda, lsa), cuda, "");
         if (r == MOEA2A_SUCCESS)
             r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
                                    m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);
@@ -216,6 +225,9 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     m2a_moe_set_route(moe);
     moe->backend = p->backend;
     moea2a_result_t r = moe->backend->alloc(moe);
+    if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink && (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE))
+        return m2a_error(comm, r, "moea2a_moe_create: MOEA2A_MOE_COPY_ENGINE needs the load/store path, which is "
+                         "unavailable (%s)", moea2a_last_error(comm));
     if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink && !m2a_transport_for(comm, MOEA2A_MEM_CUDA))
         return m2a_error(comm, r, "moea2a_moe_create: the load/store path is unavailable (%s), and no transport moves CUDA "
                          "memory for the generic path (nccl)", moea2a_last_error(comm));
@@ -250,7 +262,9 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
         moe->l = p->l;
         moe->numa = p->place.numa;
         r = alloc(moe, p);
-        moe->cfg.expert_to_rank = NULL; /* the owner table keeps the map */
+        /* The caller's map was copied: the context's copy is its owner table, which
+         * every later use of the config (the expert-major bound among them) reads. */
+        moe->cfg.expert_to_rank = moe->cfg.placement == MOEA2A_PLACEMENT_MAP ? moe->h_owner : NULL;
     }
     /* The allocation may fail on one rank only: agree once more. */
     r = m2a_moe_agree(comm, r, NULL);

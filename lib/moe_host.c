@@ -146,15 +146,17 @@ static void accumulate(moea2a_datatype_t dt, const unsigned char *row, size_t hi
     }
 }
 
+/* A combine output row: acc rounded to dt, every NaN the canonical one (convert.h). */
 static void store_row(moea2a_datatype_t dt, const float *acc, size_t hidden, unsigned char *out)
 {
     for (size_t h = 0; h < hidden; h++) {
+        const float a = m2a_canonical(acc[h]);
         uint16_t v;
         if (dt == MOEA2A_FLOAT32) {
-            memcpy(out + 4 * h, &acc[h], 4);
+            memcpy(out + 4 * h, &a, 4);
             continue;
         }
-        v = dt == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(acc[h]) : m2a_f32_to_f16(acc[h]);
+        v = dt == MOEA2A_BFLOAT16 ? m2a_f32_to_bf16(a) : m2a_f32_to_f16(a);
         memcpy(out + 2 * h, &v, 2);
     }
 }

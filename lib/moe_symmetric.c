@@ -14,22 +14,37 @@
 enum { WAY_TRANSPORT, WAY_CUDA_IPC, NWAYS };
 static const m2a_symm_way_t *const ways[NWAYS] = {&m2a_symm_transport, &m2a_symm_cuda_ipc};
 
-/* The way MOEA2A_SYMMETRIC_MEMORY names. auto: the CUDA transport's wherever there is
- * one with symmetric memory, and its answer stands (NCCL's smaller load/store team may
- * be a caller's NCCL_P2P_DISABLE on a machine whose peer access is broken: not a reason
- * to map peers another way); CUDA IPC where there is none. */
-static moea2a_result_t chosen(moea2a_comm_t comm, int *way)
+/* The way MOEA2A_SYMMETRIC_MEMORY names, or -1 for a name no way has. auto: the CUDA
+ * transport's wherever there is one with symmetric memory, and its answer stands
+ * (NCCL's smaller load/store team may be a caller's NCCL_P2P_DISABLE on a machine whose
+ * peer access is broken: not a reason to map peers another way); CUDA IPC where there
+ * is none. */
+static int way_named(moea2a_comm_t comm)
 {
     const char *v = m2a_param_str("MOEA2A_SYMMETRIC_MEMORY");
-    if (!*v || !strcmp(v, "auto")) {
-        *way = m2a_symm_cuda_transport(comm) ? WAY_TRANSPORT : WAY_CUDA_IPC;
-        return MOEA2A_SUCCESS;
-    }
-    for (*way = 0; *way < NWAYS; ++*way)
-        if (!strcmp(v, ways[*way]->name)) return MOEA2A_SUCCESS;
+    if (!*v || !strcmp(v, "auto")) return m2a_symm_cuda_transport(comm) ? WAY_TRANSPORT : WAY_CUDA_IPC;
+    for (int way = 0; way < NWAYS; way++)
+        if (!strcmp(v, ways[way]->name)) return way;
+    return -1;
+}
+
+static moea2a_result_t chosen(moea2a_comm_t comm, int *way)
+{
+    if ((*way = way_named(comm)) >= 0) return MOEA2A_SUCCESS;
     *way = 0; /* a way still, though no rank goes on to use it */
-    return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_SYMMETRIC_MEMORY=%s: expected auto, %s or %s", v,
-                     ways[WAY_TRANSPORT]->name, ways[WAY_CUDA_IPC]->name);
+    return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_SYMMETRIC_MEMORY=%s: expected auto, %s or %s",
+                     m2a_param_str("MOEA2A_SYMMETRIC_MEMORY"), ways[WAY_TRANSPORT]->name, ways[WAY_CUDA_IPC]->name);
+}
+
+int m2a_symm_usable(moea2a_comm_t comm, char *why, size_t len)
+{
+    const int way = way_named(comm);
+    if (way < 0) return 1; /* create names the value */
+    if (ways[way]->usable(comm, why, len)) return 1;
+    char reason[200];
+    snprintf(reason, sizeof(reason), "%s", why);
+    snprintf(why, len, "no symmetric memory by %s: %s", ways[way]->name, reason);
+    return 0;
 }
 
 moea2a_result_t m2a_symm_open(moea2a_comm_t comm, moea2a_result_t status, size_t bytes, void **peers, m2a_symm_t *s)

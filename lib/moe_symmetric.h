@@ -48,6 +48,11 @@ extern const m2a_symm_way_t m2a_symm_transport, m2a_symm_cuda_ipc;
  * the transport way's, and what auto looks for. */
 m2a_transport_t *m2a_symm_cuda_transport(moea2a_comm_t comm);
 
+/* Local: 1 when the way MOEA2A_SYMMETRIC_MEMORY chooses can serve the communicator as
+ * far as this rank sees; 0 with the reason in why. Planning asks this before it picks
+ * the load/store path, so that sizing, create and every mode follow one rule. */
+int m2a_symm_usable(moea2a_comm_t comm, char *why, size_t len);
+
 /* Collective: the workspace of bytes as symmetric memory, by the way every rank chose
  * (status: this rank's result so far; a failure anywhere fails every rank:
  * MOEA2A_ERR_UNAVAILABLE where the way cannot serve every rank, MOEA2A_ERR_MISMATCH

@@ -1,6 +1,7 @@
 /* Generic collectives across 1, 2, 3, 4 and 8 processes on host memory: alltoallv
  * with random counts (zeros included) in several datatypes, allgather, bcast from
  * every root, barrier, the non-blocking forms in flight together, and bad input. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,6 +149,28 @@ static int check_bad_input(moea2a_comm_t comm, int rank, int n)
     RANK_EXPECT(fails, rank, moea2a_iallgather(NULL, x, 1, MOEA2A_INT32, comm, NULL, &req) == MOEA2A_ERR_INVALID_ARGUMENT &&
                     req == NULL,
                 "failed start leaves a NULL request");
+    /* Ranges no process can address: refused before any copy or transport reads them
+     * (a count of INT64_MAX bytes to itself once reached the transport) */
+    int64_t sc[8] = {0}, rc[8] = {0};
+    static const int64_t huge[3] = {INT64_MAX, (int64_t)1 << 56, ((int64_t)1 << 56) - 4};
+    for (int i = 0; i < 3; i++) {
+        sc[rank] = rc[rank] = huge[i];
+        moea2a_result_t r = moea2a_alltoallv(x, sc, d, x, rc, d, MOEA2A_INT8, comm, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "highest address"),
+                    "a block of %lld bytes to itself: %s: %s", (long long)huge[i], moea2a_strerror(r),
+                    moea2a_last_error(comm));
+    }
+    sc[rank] = 2, rc[rank] = 3;
+    RANK_EXPECT(fails, rank, moea2a_alltoallv(x, sc, d, x, rc, d, MOEA2A_INT32, comm, NULL) == MOEA2A_ERR_INVALID_ARGUMENT &&
+                    strstr(moea2a_last_error(comm), "sends itself"),
+                "a rank that sends itself 2 elements and expects 3: %s", moea2a_last_error(comm));
+    /* its own block overlapping the receive block: copied as memmove copies */
+    int32_t v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t sd[8] = {0}, rd[8] = {0};
+    sc[rank] = rc[rank] = 6, rd[rank] = 2;
+    RANK_EXPECT(fails, rank, moea2a_alltoallv(v, sc, sd, v, rc, rd, MOEA2A_INT32, comm, NULL) == MOEA2A_SUCCESS &&
+                    v[0] == 1 && v[1] == 2 && v[2] == 1 && v[7] == 6,
+                "an overlapping block to itself: %s", moea2a_last_error(comm));
     /* Rejected calls must not have consumed a collective: the next one still matches. */
     RANK_EXPECT(fails, rank, moea2a_barrier(comm) == MOEA2A_SUCCESS, "barrier after rejected calls: %s", moea2a_last_error(comm));
     return fails;

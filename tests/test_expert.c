@@ -7,6 +7,7 @@
  * the ranks' rows added in ascending rank order). Random configurations (1-4 ranks,
  * tokens naming several experts of one rank, repeated and invalid ids, idle ranks,
  * alignments 1, 8, 64, 128, weights on and off, zero padding, bf16 and fp32 combine,
+ * contiguous placement and an explicit expert -> rank map,
  * the split halves of dispatch and combine, the context's expert buffer or the
  * caller's); a bound on expert
  * rows that one rank exceeds (MOEA2A_ERR_CAPACITY on every rank, the next call fine);
@@ -47,6 +48,8 @@ typedef struct {
      * captured into graphs and replayed; payload 0's elements */
     memory_path_t path;
     int host_counts, graph, elems;
+    int placed; /* MOEA2A_PLACEMENT_MAP with map_of's placement, else contiguous */
+    int32_t map[64];
 } cfg_t;
 
 static int urand(uint64_t *s, int lo, int hi) { return lo + (int)((*s = mix(*s)) % (uint64_t)(hi - lo + 1)); }
@@ -72,8 +75,12 @@ static float weight_of(const cfg_t *c, int q, int t, int j)
 }
 static uint16_t pay_of(int q, int t, int h) { return (uint16_t)(q * 1000 + t * 10 + h); }
 
+/* An explicit placement: experts dealt out of order, some ranks with none. */
+static int32_t map_of(const cfg_t *c, int e) { return (int32_t)(((uint64_t)e * 5 + c->seed) % 7 % (uint64_t)c->ep); }
+
 static int owner_of(const cfg_t *c, int e)
 {
+    if (c->placed) return c->map[e];
     int per = c->E / c->ep, rem = c->E % c->ep; /* contiguous placement */
     int big = rem * (per + 1);
     return e < big ? e / (per + 1) : rem + (e - big) / per;
@@ -141,6 +148,7 @@ static moea2a_moe_config_t config_of(const cfg_t *c)
               (c->zero ? MOEA2A_MOE_ZERO_PADDING : 0) | (c->path == ON_NCCL ? MOEA2A_MOE_NO_NVLINK : 0) |
               (c->host_counts ? MOEA2A_MOE_HOST_EXPERT_COUNTS : 0);
     m.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, m.expert_alignment = c->align, m.max_expert_rows = c->max_rows;
+    if (c->placed) m.placement = MOEA2A_PLACEMENT_MAP, m.expert_to_rank = c->map;
     return m;
 }
 
@@ -252,15 +260,15 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
     if (rc != MOEA2A_SUCCESS) goto done;
 
     /* the oracle: this rank's local experts, their rows in (source rank, token) order */
-    int el = 0, lo = -1;
+    int el = 0, local[64];
     for (int e = 0; e < c->E; e++)
-        if (owner_of(c, e) == me) el++, lo = lo < 0 ? e : lo;
+        if (owner_of(c, e) == me) local[el++] = e;
     int64_t want_rows = 0;
     rows = malloc(sizeof(row_t) * (size_t)(ep * c->cap * k + 1));
     cnt = calloc((size_t)el + 1, sizeof(int));
     int nrows = 0;
     for (int j = 0; j < el; j++) {
-        int32_t e = lo + j;
+        int32_t e = local[j];
         for (int q = 0; q < ep; q++)
             for (int t = 0; t < tokens_of(c, q); t++)
                 for (int s = 0; s < k; s++)
@@ -297,7 +305,7 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
         int64_t off = 0;
         for (int j = 0; j < el; j++) {
             RANK_EXPECT(fails, me, g.counts[j] == cnt[j] && g.offsets[j] == off,
-                        "expert %d: count %d offset %d, expected %d and %lld", lo + j, g.counts[j], g.offsets[j], cnt[j],
+                        "expert %d: count %d offset %d, expected %d and %lld", local[j], g.counts[j], g.offsets[j], cnt[j],
                         (long long)off);
             for (int i = 0; i < cnt[j]; i++, at++) {
                 const row_t *x = &rows[at];
@@ -416,6 +424,8 @@ static int random_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         c.graph = path == ON_NVLINK && seed % 3 == 2;
         if (seed > 20) /* larger: several parts of the slots on the device, 16-byte rows */
             c.cap = 4200 + urand(&s, 0, 900), c.E = 8 * ep + urand(&s, 0, 8), c.k = 8, c.elems = MAX_ELEMS;
+        c.placed = seed % 4 == 3; /* an explicit expert -> rank map */
+        for (int e = 0; c.placed && e < c.E; e++) c.map[e] = map_of(&c, e);
         fails += run_case(comm, &c, me);
     }
     moea2a_comm_destroy(comm);

@@ -73,7 +73,8 @@ static int coll_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     }
     int64_t sc[8], sd[8], rc[8], rd[8], st = 0, rt = 0;
     for (int p = 0; p < n; p++) {
-        sc[p] = (rank * 7 + p * 3) % 5 * 1000, rc[p] = (p * 7 + rank * 3) % 5 * 1000;
+        /* every rank's block to itself is not empty: it is copied locally on the stream */
+        sc[p] = ((rank * 7 + p * 3) % 5 + (p == rank)) * 1000, rc[p] = ((p * 7 + rank * 3) % 5 + (p == rank)) * 1000;
         sd[p] = st, rd[p] = rt, st += sc[p], rt += rc[p];
     }
     int32_t *hs = malloc(sizeof(int32_t) * (size_t)(st + 1)), *hr;
@@ -191,12 +192,25 @@ static void free_case(moe_case_t *c)
     for (int i = 0; i < 3; i++) free(c->pay[i]);
 }
 
-/* Rows of random finite values in the combine dtype, for every slot of [ep][stride]. */
-static void fill_rows(unsigned char *rows, size_t count, moea2a_datatype_t dt, uint64_t seed)
+/* Rows of random finite values in the combine dtype, for every slot of [ep][stride];
+ * with specials, one value in 8 is instead one that two of overflow (2^emax: 2^127,
+ * or 2^15 in fp16, either sign), an infinity or a NaN of either sign with a payload,
+ * so that combines make NaNs (moea2a_moe(3): written as the one canonical NaN). */
+static void fill_rows(unsigned char *rows, size_t count, moea2a_datatype_t dt, uint64_t seed, int specials)
 {
+    const int f32 = dt == MOEA2A_FLOAT32, f16 = dt == MOEA2A_FLOAT16;
+    const uint32_t sign = f32 ? 0x80000000u : 0x8000u, inf = f32 ? 0x7f800000u : f16 ? 0x7c00u : 0x7f80u;
+    const uint32_t big = f32 ? 0x7f000000u : f16 ? 0x7800u : 0x7f00u;
     for (size_t i = 0; i < count; i++) {
         uint64_t v = mix(seed + i);
-        if (dt == MOEA2A_FLOAT32) {
+        if (specials && v % 8 == 0) {
+            const uint32_t kind = (uint32_t)(v >> 8) % 3, neg = (v >> 16) & 1 ? sign : 0;
+            const uint32_t payload = (uint32_t)(v >> 20) & (f32 ? 0x3fffffu : f16 ? 0x1ffu : 0x3fu);
+            const uint32_t b = neg | (kind == 0 ? big : kind == 1 ? inf : inf | (inf >> 1 & ~inf) | payload);
+            memcpy(rows + (f32 ? 4 : 2) * i, &b, f32 ? 4 : 2); /* little-endian: the low bytes */
+            continue;
+        }
+        if (f32) {
             float f = (float)((int64_t)(v % 2000001) - 1000000) / 1237.0f;
             memcpy(rows + 4 * i, &f, 4);
         } else { /* a finite 16-bit pattern: exponent below all ones */
@@ -364,7 +378,7 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
         moea2a_datatype_size(c.cfg.combine_dtype, &es);
         size_t rowb = es * c.cfg.hidden, total = slots * c.cfg.hidden;
         unsigned char *rows = malloc(rowb * slots + 1), *hout = malloc(rowb * (size_t)c.n + 1), *dout;
-        fill_rows(rows, total, c.cfg.combine_dtype, seed * 31 + (uint64_t)rank);
+        fill_rows(rows, total, c.cfg.combine_dtype, seed * 31 + (uint64_t)rank, seed % 5 == 0);
         void *dbuf, *cbuf;
         moea2a_moe_combine_buffer(dm, &cbuf);
         unsigned char *recv0 = np ? (unsigned char *)dres.payloads[0] : (unsigned char *)dres.topk_ids;

@@ -491,6 +491,80 @@ static int node_order_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* Combine outputs a NaN as the one canonical NaN (fp32 0x7fc00000, bf16 0x7fc0, fp16
+ * 0x7e00) whatever made it: rank 3 sends one token to ranks 0..3 (expert e on rank e),
+ * whose rows hold the values of a case below, in each combine dtype. */
+enum { NAN_OVERFLOW, NAN_INFINITIES, NAN_PAYLOAD, NAN_CASES };
+static const char *const nan_case_name[NAN_CASES] = {"rows +B +B -B -B, B + B past the dtype's largest",
+                                                     "rows +inf -inf 1 1", "rows NaN(-, payload) 1 1 1"};
+
+/* Bits of the value rank `rank` returns in case cs and dtype dt (2 or 4 bytes). */
+static uint32_t nan_row_bits(int cs, moea2a_datatype_t dt, int rank)
+{
+    const int f16 = dt == MOEA2A_FLOAT16, f32 = dt == MOEA2A_FLOAT32;
+    const uint32_t one = f32 ? 0x3f800000u : f16 ? 0x3c00u : 0x3f80u;
+    const uint32_t big = f32 ? 0x7f000000u : f16 ? 0x7800u : 0x7f00u; /* 2^127, 2^15 */
+    const uint32_t inf = f32 ? 0x7f800000u : f16 ? 0x7c00u : 0x7f80u, sign = f32 ? 0x80000000u : 0x8000u;
+    const uint32_t nan = f32 ? 0xffc00123u : f16 ? 0xfe01u : 0xffc1u; /* negative, with a payload */
+    switch (cs) {
+    case NAN_OVERFLOW: return rank < 2 ? big : big | sign;
+    case NAN_INFINITIES: return rank == 0 ? inf : rank == 1 ? inf | sign : one;
+    default: return rank == 0 ? nan : one;
+    }
+}
+
+/* What out must hold: NaN everywhere but the overflow case on one node, where the fp32
+ * sum from 0 in rank order is (2B + -B) + -B: inf for fp32 and bf16 (2^128 overflows
+ * fp32), 0 for fp16 (2^16 does not). */
+static uint32_t nan_want(int cs, moea2a_datatype_t dt, int grouped)
+{
+    const int f16 = dt == MOEA2A_FLOAT16, f32 = dt == MOEA2A_FLOAT32;
+    if (cs == NAN_OVERFLOW && !grouped) return f16 ? 0u : f32 ? 0x7f800000u : 0x7f80u;
+    return f32 ? 0x7fc00000u : f16 ? 0x7e00u : 0x7fc0u;
+}
+
+static int canonical_nan_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    const int grouped = *(const int *)arg;
+    if (grouped) setenv("MOEA2A_NODE_SIZE", "2", 1);
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    int fails = 0;
+    for (int d = 0; d < 3; d++)
+        for (int cs = 0; cs < NAN_CASES; cs++) {
+            const moea2a_datatype_t dt = comb_types[d];
+            const size_t es = dsize(dt);
+            moea2a_moe_config_t mc = small_config(4, 4, 2); /* expert e lives on rank e */
+            mc.combine_dtype = dt;
+            moea2a_moe_t moe;
+            if (moea2a_moe_create(&moe, comm, &mc)) return fails + 1;
+            int32_t ids[4] = {0, 1, 2, 3};
+            uint16_t pay[8] = {0};
+            unsigned char out[8 * 4] = {0};
+            const void *pays[1] = {pay};
+            moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+            moea2a_result_t r = moea2a_dispatch(moe, me == 3 ? 1 : 0, ids, NULL, pays, 0, &res, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(comm));
+            unsigned char *rows;
+            moea2a_moe_combine_buffer(moe, (void **)&rows);
+            const uint32_t v = nan_row_bits(cs, dt, me);
+            for (int i = 0; r == MOEA2A_SUCCESS && i < res.recv_counts[3]; i++)
+                for (size_t h = 0; h < 8; h++)
+                    memcpy(rows + (((size_t)3 * (size_t)res.stride + (size_t)i) * 8 + h) * es, &v, es);
+            r = moea2a_combine(moe, NULL, out, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+            const uint32_t want = nan_want(cs, dt, grouped);
+            uint32_t got = want;
+            size_t h = 0;
+            for (; me == 3 && h < 8 && got == want; h++) memcpy(&got, out + h * es, es);
+            RANK_EXPECT(fails, me, got == want, "%s, %s%s: out[%zu] = 0x%x, want 0x%x", moea2a_datatype_name(dt),
+                        nan_case_name[cs], grouped ? ", nodes {0,1} {2,3}" : "", h - 1, got, want);
+            moea2a_moe_destroy(moe);
+        }
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 /* The split halves' order rules, and that they give the one-call form's bits
  * (out2: that form's result for the same dispatch and rows). */
 static int split_order(moea2a_comm_t comm, int me, int ep, moea2a_moe_t moe, const int32_t *ids,
@@ -695,6 +769,13 @@ int main(void)
         tap_ok(res.failed == 0, "combine order %s: bf16 rows 1, 2^-8, 2^-8 from ranks 0, 1, 2 sum to %s", grouped
                ? "across 2 emulated nodes (node partials rounded to bf16, then added)" : "on one node (fp32, rounded once)",
                grouped ? "1" : "1 + 2^-7");
+    }
+    for (int grouped = 0; grouped < 2; grouped++) {
+        local_ranks_result_t res;
+        local_ranks_run(4, canonical_nan_rank, &grouped, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "combine writes every NaN it makes as the canonical NaN (fp32 0x7fc00000, bf16 0x7fc0, "
+               "fp16 0x7e00): overflowing sums, +inf + -inf, a NaN row with sign and payload; %s",
+               grouped ? "across 2 emulated nodes" : "on one node");
     }
     static const int rule_sizes[] = {1, 2, 4};
     for (size_t i = 0; i < sizeof(rule_sizes) / sizeof(rule_sizes[0]); i++) {

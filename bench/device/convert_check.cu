@@ -2,7 +2,8 @@
  * bench/device/run.sh builds and runs it): kernels/elem.cuh's pair instruction
  * (cvt_pair) against lib/convert.h's rounding, the host reference's, on all 2^32
  * bit patterns but NaN, and pack_vec (the kernels' vector rounding, NaN included:
- * vectors of 8 consecutive patterns) against convert.h value by value. Prints the
+ * vectors of 8 consecutive patterns) against Elem's store value by value (convert.h
+ * after the canonical NaN). Prints the
  * mismatches of each; exit status 1 if any. */
 #include <cuda_runtime.h>
 #include <stdio.h>

@@ -119,6 +119,14 @@ def _dtype(name):
     return C.DTYPES[name]
 
 
+def _combine_dtype(dtype, combine_dtype):
+    """The combine rows' dtype: combine_dtype where given, else the payload's dtype where
+    a combine can sum it (fp16, bf16, fp32), else bf16."""
+    if combine_dtype is not None:
+        return combine_dtype
+    return dtype if dtype in ("fp16", "bf16", "fp32") else "bf16"
+
+
 def _ptr(obj, what):
     """The address of a NumPy array (C-contiguous) or of anything with data_ptr()
     (a torch.Tensor); None for None. Every dispatch and combine calls it: each step
@@ -297,7 +305,7 @@ _MEMORY = {"auto": C.MEMORY_AUTO, "host": C.MEMORY_HOST, "cuda": C.MEMORY_CUDA}
 
 
 def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16", payloads=None,
-                combine_dtype="bf16", weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
+                combine_dtype=None, weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
                 expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
                 expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False,
                 host_expert_counts=False, copy_engine=False):
@@ -314,7 +322,8 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
         if wires[i] not in _WIRES:
             raise InvalidArgument(1, f"unknown wire {wires[i]!r}; one of {', '.join(str(w) for w in _WIRES)}")
         c.wire[i].format, c.wire[i].scale_layout, c.wire[i].flags = _WIRES[wires[i]]
-    c.combine_dtype, c.hidden, c.invalid_expert_id = _dtype(combine_dtype), int(hidden), invalid_expert_id
+    c.combine_dtype = _dtype(_combine_dtype(dtype, combine_dtype))
+    c.hidden, c.invalid_expert_id = int(hidden), invalid_expert_id
     c.flags = ((0 if sanitize else C.MOE_NO_SANITIZE) | (C.MOE_REWRITE_NONLOCAL if rewrite_nonlocal else 0) |
                (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK) |
                (C.MOE_WEIGHTED_COMBINE if weighted_combine else 0) | (C.MOE_ZERO_PADDING if zero_padding else 0) |
@@ -467,7 +476,8 @@ class DispatchResult:
 
 class MoE(_Handle):
     """An MoE dispatch/combine context (moea2a_moe_create; collective). hidden and dtype
-    describe the payload and the combine rows; payloads=[(dtype, elems), ...] several
+    describe the payload and the combine rows: the combine dtype is dtype where that is
+    fp16, bf16 or fp32, else bf16, unless combine_dtype names it; payloads=[(dtype, elems), ...] several
     payloads; wire="fp8" | "fp8-mn" | "fp8-ue8m0" | "fp8-ue8m0-mn" | "nvfp4" |
     "nvfp4-128x4" | "nvfp4-8x4" quantizes payload 0 on dispatch (or a list, one entry
     per payload); weights=True carries router weights; memory "auto", "host", "cuda";
@@ -486,7 +496,8 @@ class MoE(_Handle):
         self.payload_dtypes = [p[0] for p in plist]
         wire = kw.get("wire")
         self.wires = list(wire) if isinstance(wire, (list, tuple)) else [wire] + [None] * (len(plist) - 1)
-        self.hidden, self.top_k, self.combine_dtype = int(hidden), top_k, kw.get("combine_dtype", "bf16")
+        self.hidden, self.top_k = int(hidden), top_k
+        self.combine_dtype = _combine_dtype(dtype, kw.get("combine_dtype"))
         self._expert_major = kw.get("layout", "rank") == "expert"
         # where the buffers live: as asked, or for memory="auto" as the library decides
         # (CUDA when the communicator moves CUDA memory), which the sizes tell

@@ -328,3 +328,36 @@ def test_the_overhead_bench_runs():
 
     rows = bench.overhead(tokens=4, hidden=16, iters=50, mem="host")
     assert [name for name, _ in rows] == ["dispatch", "combine"]
+
+
+def combine_dtype_main(rank, ep, uid, dtype, combine_dtype, want):
+    """The combine rows follow dtype (fp16, bf16, fp32; bf16 for other payloads) unless
+    combine_dtype names them; float32 rows in an fp32 context come back exact."""
+    comm = moea2a.Comm(ep, rank, uid)
+    kw = {} if combine_dtype is None else {"combine_dtype": combine_dtype}
+    elems = H if dtype != "nvfp4" else H // 2
+    with moea2a.MoE(comm, E, K, CAP, hidden=elems, dtype=dtype, memory="host", **kw) as moe:
+        assert moe.combine_dtype == want, (moe.combine_dtype, want)
+        buf = moe.combine_buffer()
+        assert buf.dtype == np.dtype({"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}[want]), buf.dtype
+        if dtype == "fp32" and combine_dtype is None:
+            ids, x = tokens(rank, 3)
+            x = x + np.float32(0.125)  # not exact in bf16 at these magnitudes
+            res = moe.dispatch(x, ids)
+            for src in range(ep):
+                for i in range(res.recv_counts[src]):
+                    buf[src * res.stride + i] = res.payloads[0][src, i]
+            out = moe.combine()
+            assert out.dtype == np.float32
+            for t in range(len(ids)):
+                want_row = len(dests(ids[t], ep)) * x[t]
+                assert np.array_equal(out[t], want_row.astype(np.float32)), (t, out[t][:4], want_row[:4])
+    comm.destroy()
+
+
+@pytest.mark.parametrize("dtype,combine_dtype,want", [("fp32", None, "fp32"), ("fp16", None, "fp16"),
+                                                      ("bf16", None, "bf16"), ("int32", None, "bf16"),
+                                                      ("fp32", "bf16", "bf16")])
+def test_combine_dtype_follows_dtype(dtype, combine_dtype, want):
+    results = run_ranks(2, combine_dtype_main, dtype, combine_dtype, want)
+    assert all(v is None for v in results.values()), results
