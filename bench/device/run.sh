@@ -6,7 +6,8 @@
 # (memcheck, racecheck), and the benchmarks; every log lands in $OUT. After the build,
 # bench/device/convert_check.cu checks the combine's 16-bit rounding on every float,
 # bench/device/combine_check.cu its sums of 2-4 rows in every way, on one GPU.
-# Variables: ARCH (default 90), CHECK=0 skips make check, SANITIZE=0 skips
+# Variables: ARCH (default 90), REUSE=1 keeps the build an earlier call on the same warm
+# machine left, KCHECK=0 skips convert_check and combine_check, CHECK=0 skips make check, SANITIZE=0 skips
 # compute-sanitizer, CHECK_TESTS limits make check to those tests, RANKS (default "2 4"),
 # TOKENS (default 128,1024,4096), ITERS, BENCH=0 skips the benchmarks, SMS_CURVE ("16 24
 # 32 48") the load/store path at those SM budgets in one run (moea2a_perf --sms; SPLIT=1
@@ -41,7 +42,10 @@ K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 D=/tmp/moea2a-deps; B=/tmp/moea2a-build
-rm -rf "$D" "$B"; mkdir -p "$D/nccl/lib" "$B"
+# REUSE=1 keeps the build a previous call left on this (warm) machine: later calls of a
+# sequence skip the configure and compile steps
+reuse=0; [ "${REUSE:-0}" = 1 ] && [ -f "$B/config.status" ] && reuse=1
+rm -rf "$D"; [ "$reuse" = 1 ] || rm -rf "$B"; mkdir -p "$D/nccl/lib" "$B"
 W=$(python3 -c 'import importlib.util as u; print(list(u.find_spec("nvidia.nccl").submodule_search_locations)[0])' 2>/dev/null)
 [ -n "$W" ] || { echo "no NCCL in the PyTorch install" | tee "$OUT/summary.log"; exit 1; }
 ln -s "$W/include" "$D/nccl/include"
@@ -54,24 +58,26 @@ done
 CB=$(python3 -c 'import importlib.util as u; print(list(u.find_spec("nvidia.cublas").submodule_search_locations)[0])' 2>/dev/null)
 export LD_LIBRARY_PATH="$D/nccl/lib:/usr/local/cuda/lib64${CB:+:$CB/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/usr/local/cuda/bin:$PATH"
-tar -C "$B" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
+[ "$reuse" = 1 ] || tar -C "$B" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
 cd "$B"
 export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$B/cuda/.libs"
 {
   echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
   nvidia-smi topo -m 2>/dev/null | head -8
   prof=""; [ "${PROFILE:-0}" = 1 ] && prof=-DM2A_FAST_PROFILE
-  CPPFLAGS="$prof" NVCCFLAGS="$prof" ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" \
+  [ "$reuse" = 1 ] || CPPFLAGS="$prof" NVCCFLAGS="$prof" ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" \
       >"$OUT/build.log" 2>&1 || { echo "configure failed"; tail -20 "$OUT/build.log"; exit 1; }
   tail -12 "$OUT/build.log"
   make -j16 >>"$OUT/build.log" 2>&1 || { echo "make failed"; grep -m8 -iE 'error' "$OUT/build.log"; exit 1; }
   echo "== built"
-  # the combine's 16-bit rounding: the pair instruction against convert.h on every float
-  nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o convert_check bench/device/convert_check.cu \
-      >>"$OUT/build.log" 2>&1 && timeout 60 ./convert_check || echo "convert_check: failed (rc $?)"
-  # the combine's sums of 2-4 rows (every way) with the peers' workspaces on this GPU
-  nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o combine_check bench/device/combine_check.cu \
-      >>"$OUT/build.log" 2>&1 && timeout 300 ./combine_check || echo "combine_check: failed (rc $?)"
+  if [ "${KCHECK:-1}" != 0 ]; then
+    # the combine's 16-bit rounding: the pair instruction against convert.h on every float
+    nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o convert_check bench/device/convert_check.cu \
+        >>"$OUT/build.log" 2>&1 && timeout 60 ./convert_check || echo "convert_check: failed (rc $?)"
+    # the combine's sums of 2-4 rows (every way) with the peers' workspaces on this GPU
+    nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o combine_check bench/device/combine_check.cu \
+        >>"$OUT/build.log" 2>&1 && timeout 300 ./combine_check || echo "combine_check: failed (rc $?)"
+  fi
   if [ -n "${FLOORS:-}" ]; then
     nvcc -O3 -arch=sm_"${ARCH:-90}" -o floors bench/device/floors.cu >>"$OUT/build.log" 2>&1 || echo "floors: build failed"
     for c in $FLOORS; do IFS=: read -r sm mib chunk iss <<<"$c"; timeout 60 ./floors "$sm" "$mib" "$chunk" "$iss"; done
