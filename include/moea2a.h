@@ -589,6 +589,9 @@ typedef struct {
 
 /* The table of every environment variable moea2a reads (static storage). */
 MOEA2A_API moea2a_result_t moea2a_get_params(const moea2a_param_t **params, int *count);
+/* Whether value (NULL or "": unset) is one the variable name may take: its type, range
+ * or words. MOEA2A_ERR_INVALID_ARGUMENT with the reason in why (len bytes) otherwise. */
+MOEA2A_API moea2a_result_t moea2a_param_check(const char *name, const char *value, char *why, size_t len);
 
 #ifdef __cplusplus
 }

@@ -19,11 +19,15 @@ typedef struct {
     uint8_t mac[M2A_MAC_BYTES];
 } ring_hello_t;
 
-/* precedes every block of a bootstrap collective, to catch size or order mismatches */
+/* Precedes every block of a bootstrap collective, to catch size or order mismatches.
+ * A header with a nonzero status is an abort notice instead, and no block follows: a
+ * rank that lost a peer tells the next rank which rank failed and how, so the news
+ * goes round the ring with the blocks that cannot come, and every rank names the rank
+ * that failed at once rather than the neighbour that gave up. */
 typedef struct {
     uint32_t seq;
-    uint32_t pad;
-    uint64_t len;
+    int32_t status; /* 0: a block of len bytes follows; else a moea2a_result_t */
+    uint64_t len;   /* the block's bytes; in a notice, failed rank << 32 | rank that saw it */
 } block_hdr_t;
 
 /* ---- joining --------------------------------------------------------------------- */
@@ -40,19 +44,37 @@ static moea2a_result_t sock_error(moea2a_comm_t comm, m2a_sock_status_t st, cons
     }
 }
 
+/* How long a rank tries to reach the rendezvous before it says it is still waiting:
+ * ranks start in any order, so waiting is right, but a wrong address should not look
+ * like a hang for MOEA2A_TIMEOUT_S. */
+#define JOIN_NOTICE_S 10.0
+
 static moea2a_result_t join_root(moea2a_comm_t comm, m2a_bootstrap_t *bs, const m2a_id_t *id, double deadline)
 {
-    char a[64], why[256];
+    char a[80], why[256];
     m2a_sock_format_addr(&id->root, a, sizeof(a));
+    const int env = (id->flags & M2A_ID_FROM_ENV) != 0;
     m2a_hello_t h = {.magic = M2A_ID_MAGIC, .tag = id->tag, .rank = bs->rank, .nranks = bs->nranks};
     h.self = bs->peers[bs->rank];
     M2A_TRY(m2a_random(h.challenge, sizeof(h.challenge)));
     m2a_handshake_t hs = {id->key, id->tag, "join", sizeof(h)};
     m2a_sock_status_t st;
-    int fd = m2a_handshake_connect(&id->root, &hs, &h, deadline, &st, why, sizeof(why));
+    const double start = m2a_now();
+    int fd;
+    for (;;) { /* in steps of JOIN_NOTICE_S, saying so after each */
+        const double step = m2a_now() + JOIN_NOTICE_S < deadline ? m2a_now() + JOIN_NOTICE_S : deadline;
+        fd = m2a_handshake_connect(&id->root, &hs, &h, step, &st, why, sizeof(why));
+        if (fd >= 0 || st != M2A_SOCK_TIMEOUT || m2a_now() >= deadline) break;
+        M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: no rendezvous at %s after %.0f s (%s); still trying for %.0f s "
+                 "(MOEA2A_TIMEOUT_S)%s", bs->rank, a, m2a_now() - start, why, deadline - m2a_now(),
+                 env ? ": is rank 0 running, and is MOEA2A_ROOT_ADDR its node's address?" : "");
+    }
     if (fd < 0)
         return m2a_error(comm, st == M2A_SOCK_TIMEOUT ? MOEA2A_ERR_TIMEOUT : MOEA2A_ERR_INVALID_ARGUMENT,
-                         "rendezvous at %s: %s; is the unique id stale, or did the process that made it exit?", a, why);
+                         "rendezvous at %s: %s; %s", a, why,
+                         env ? "is rank 0 running (it serves the rendezvous), is MOEA2A_ROOT_ADDR the address of its "
+                               "node, and do all ranks have the same MOEA2A_ROOT_ADDR and key?"
+                             : "is the unique id stale, or did the process that made it exit?");
     m2a_reply_t rep;
     uint8_t mac[M2A_MAC_BYTES];
     moea2a_result_t r = MOEA2A_SUCCESS;
@@ -145,10 +167,10 @@ moea2a_result_t m2a_bootstrap_join(moea2a_comm_t comm, const m2a_id_t *id, int r
     /* Our ring listener goes on the same network as the root. */
     m2a_peer_info_t *self = &bs->peers[rank];
     char why[128];
-    if (id->root.sin_addr.s_addr == htonl(INADDR_LOOPBACK)) {
+    if (m2a_sock_is_loopback(&id->root)) {
         self->addr = id->root;
-        self->addr.sin_port = 0;
-    } else if (m2a_sock_pick_addr(&self->addr, why, sizeof(why))) {
+        m2a_sock_set_port(&self->addr, 0);
+    } else if (m2a_sock_pick_addr(&self->addr, id->root.sa.sa_family, why, sizeof(why))) {
         m2a_bootstrap_close(bs);
         return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "bootstrap: %s", why);
     }
@@ -171,25 +193,70 @@ moea2a_result_t m2a_bootstrap_join(moea2a_comm_t comm, const m2a_id_t *id, int r
 
 /* ---- ring collectives ------------------------------------------------------------ */
 
+/* What a failed socket says of its peer: a code, and words for the code. */
+static moea2a_result_t lost(m2a_sock_status_t st)
+{
+    return st == M2A_SOCK_TIMEOUT ? MOEA2A_ERR_TIMEOUT : st == M2A_SOCK_CLOSED ? MOEA2A_ERR_PEER_FAILED
+                                                                               : MOEA2A_ERR_SYSTEM;
+}
+
+static const char *what_failed(moea2a_result_t code)
+{
+    return code == MOEA2A_ERR_TIMEOUT ? "did not answer in time (MOEA2A_TIMEOUT_S)"
+           : code == MOEA2A_ERR_PEER_FAILED ? "closed its connection (process exited?)"
+                                            : "failed";
+}
+
+/* After this rank failed in a collective: finish the step's message it was sending
+ * (header hdr, hs bytes of it sent, then the block, bs bytes sent: both valid, and the
+ * next rank is reading them), then tell the next rank that `failed` failed. Best
+ * effort within a second: the next rank may be gone too. */
+static void notify_next(m2a_bootstrap_t *bs, const block_hdr_t *hdr, size_t hs, const void *block, size_t bs_sent,
+                        moea2a_result_t code, int failed)
+{
+    const double deadline = m2a_now() + 1.0;
+    int which;
+    size_t got = 0;
+    if (bs->next_fd < 0 || failed == (bs->rank + 1) % bs->nranks) return;
+    if (m2a_sock_sendrecv_from(bs->next_fd, hdr, sizeof(*hdr), &hs, -1, NULL, 0, &got, deadline, &which) ||
+        m2a_sock_sendrecv_from(bs->next_fd, block, (size_t)hdr->len, &bs_sent, -1, NULL, 0, &got, deadline, &which))
+        return;
+    block_hdr_t notice = {bs->seq, (int32_t)code, (uint64_t)(uint32_t)failed << 32 | (uint32_t)bs->rank};
+    (void)m2a_sock_send(bs->next_fd, &notice, sizeof(notice), deadline);
+}
+
 moea2a_result_t m2a_bootstrap_allgather(moea2a_comm_t comm, m2a_bootstrap_t *bs, void *data, size_t size)
 {
     int n = bs->nranks, next = (bs->rank + 1) % n, prev = (bs->rank + n - 1) % n;
     double deadline = m2a_now() + bs->timeout_s;
+    const block_hdr_t out = {bs->seq, 0, size};
     for (int s = 0; s < n - 1; s++) {
         int sblk = (bs->rank - s + n) % n, rblk = (bs->rank - s - 1 + n) % n;
-        block_hdr_t out = {bs->seq, 0, size}, in;
+        const char *sbuf = (const char *)data + (size_t)sblk * size;
+        block_hdr_t in;
+        size_t hs = 0, hg = 0, ds = 0, dg = 0;
         int which;
-        m2a_sock_status_t st = m2a_sock_sendrecv(bs->next_fd, &out, sizeof(out), bs->prev_fd, &in,
-                                                 sizeof(in), deadline, &which);
+        m2a_sock_status_t st = m2a_sock_sendrecv_from(bs->next_fd, &out, sizeof(out), &hs, bs->prev_fd, &in,
+                                                      sizeof(in), &hg, deadline, &which);
+        if (st == M2A_SOCK_OK && in.status != 0) { /* a notice: prev lost a rank */
+            int failed = (int)(in.len >> 32), saw = (int)(uint32_t)in.len;
+            notify_next(bs, &out, hs, sbuf, 0, (moea2a_result_t)in.status, failed);
+            return m2a_error(comm, (moea2a_result_t)in.status, "bootstrap allgather: rank %d %s (seen by rank %d)",
+                             failed, what_failed((moea2a_result_t)in.status), saw);
+        }
         if (st == M2A_SOCK_OK && (in.seq != bs->seq || in.len != size))
             return m2a_error(comm, MOEA2A_ERR_MISMATCH,
                              "bootstrap allgather: rank %d sent %llu bytes for call %u, this rank expected %zu "
                              "for call %u (ranks called collectives in a different order?)",
                              prev, (unsigned long long)in.len, in.seq, size, bs->seq);
         if (st == M2A_SOCK_OK)
-            st = m2a_sock_sendrecv(bs->next_fd, (char *)data + (size_t)sblk * size, size, bs->prev_fd,
-                                   (char *)data + (size_t)rblk * size, size, deadline, &which);
-        if (st != M2A_SOCK_OK) return sock_error(comm, st, "bootstrap allgather", which ? prev : next);
+            st = m2a_sock_sendrecv_from(bs->next_fd, sbuf, size, &ds, bs->prev_fd, (char *)data + (size_t)rblk * size,
+                                        size, &dg, deadline, &which);
+        if (st != M2A_SOCK_OK) {
+            const int peer = which ? prev : next;
+            notify_next(bs, &out, hs, sbuf, ds, lost(st), peer);
+            return sock_error(comm, st, "bootstrap allgather", peer);
+        }
     }
     bs->seq++;
     return MOEA2A_SUCCESS;

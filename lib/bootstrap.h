@@ -3,25 +3,27 @@
  * init, by transports to exchange addresses, and by MoE argument checks. */
 #ifndef M2A_BOOTSTRAP_H
 #define M2A_BOOTSTRAP_H
-#include <netinet/in.h>
 #include <stdint.h>
 
 #include "auth.h"
 #include "moea2a.h"
+#include "socket.h"
 
 #define M2A_ID_MAGIC 0x6d6f65613261ULL /* "moea2a" */
 #define M2A_HOST_LEN 64
+#define M2A_ID_FROM_ENV 1u
 
 /* What a moea2a_unique_id_t holds. */
 typedef struct {
     uint64_t magic;
     uint64_t tag; /* random per id (public): names the rendezvous, so a stale id is told apart */
-    struct sockaddr_in root;
+    uint32_t flags; /* M2A_ID_FROM_ENV: made by moea2a_comm_init_env, not by moea2a_get_unique_id */
+    m2a_sockaddr_t root;
     uint8_t key[M2A_KEY_BYTES]; /* secret: proves a rank holds the id; never sent */
 } m2a_id_t;
 
 typedef struct {
-    struct sockaddr_in addr;
+    m2a_sockaddr_t addr;
     char host[M2A_HOST_LEN];
 } m2a_peer_info_t;
 
@@ -37,8 +39,9 @@ typedef struct m2a_bootstrap {
 
 /* rendezvous.c: starts the rendezvous service of id (a detached thread) listening
  * on id->root (port 0 picks one, written back). It admits ranks that prove they hold
- * id->key, and ends once every rank joined, or at the timeout. */
-moea2a_result_t m2a_bootstrap_serve(m2a_id_t *id, double timeout_s);
+ * id->key, and ends once every rank joined, or at the timeout. *in_use (may be NULL):
+ * 1 when it failed because something already listens at that address. */
+moea2a_result_t m2a_bootstrap_serve(m2a_id_t *id, double timeout_s, int *in_use);
 
 /* The rendezvous messages, shared by the service and the joining ranks. */
 typedef struct { /* rank -> root, after the root's challenge */

@@ -8,6 +8,7 @@
 
 #include "checked.h"
 #include "clock.h"
+#include "coll.h"
 #include "comm.h"
 #include "cuda_loader.h"
 #include "log.h"
@@ -176,12 +177,10 @@ static moea2a_result_t self_copy(moea2a_comm_t comm, const char *fn, const void 
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
-                                  void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls,
-                                  moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream,
-                                  moea2a_request_t *request)
+moea2a_result_t m2a_ialltoallv(const char *fn, const void *sendbuf, const int64_t *sendcounts,
+                               const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls,
+                               moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream, moea2a_request_t *request)
 {
-    static const char fn[] = "moea2a_alltoallv";
     size_t es;
     M2A_TRY(begin(comm, fn, request, dtype, &es));
     int n = comm->nranks;
@@ -235,10 +234,9 @@ moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts
     return started(req, rc, request);
 }
 
-moea2a_result_t moea2a_iallgather(const void *sendbuf, void *recvbuf, size_t count, moea2a_datatype_t dtype,
-                                  moea2a_comm_t comm, void *stream, moea2a_request_t *request)
+moea2a_result_t m2a_iallgather(const char *fn, const void *sendbuf, void *recvbuf, size_t count,
+                               moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream, moea2a_request_t *request)
 {
-    static const char fn[] = "moea2a_allgather";
     size_t es;
     M2A_TRY(begin(comm, fn, request, dtype, &es));
     M2A_CHECK_ARG(comm, (sendbuf && recvbuf) || count == 0, "%s: sendbuf or recvbuf is NULL", fn);
@@ -249,6 +247,21 @@ moea2a_result_t moea2a_iallgather(const void *sendbuf, void *recvbuf, size_t cou
     M2A_TRY(routed_request(comm, fn, bufs, 2, &req, &mem));
     m2a_transport_t *t = req->t;
     return started(req, t->ops->allgather(t->tc, sendbuf, recvbuf, count * es, mem, stream, &req->op), request);
+}
+
+moea2a_result_t moea2a_ialltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
+                                  void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls,
+                                  moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream,
+                                  moea2a_request_t *request)
+{
+    return m2a_ialltoallv("moea2a_alltoallv", sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm,
+                          stream, request);
+}
+
+moea2a_result_t moea2a_iallgather(const void *sendbuf, void *recvbuf, size_t count, moea2a_datatype_t dtype,
+                                  moea2a_comm_t comm, void *stream, moea2a_request_t *request)
+{
+    return m2a_iallgather("moea2a_allgather", sendbuf, recvbuf, count, dtype, comm, stream, request);
 }
 
 /* A broadcast whose ranks name different roots would have two roots that only send
@@ -306,21 +319,35 @@ moea2a_result_t moea2a_ibarrier(moea2a_comm_t comm, moea2a_request_t *request)
 
 /* The blocking forms: start, then wait. */
 
+moea2a_result_t m2a_alltoallv(const char *fn, const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
+                              void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls, moea2a_datatype_t dtype,
+                              moea2a_comm_t comm, void *stream)
+{
+    moea2a_request_t req;
+    M2A_TRY(m2a_ialltoallv(fn, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm, stream, &req));
+    return req ? moea2a_wait(&req) : MOEA2A_SUCCESS;
+}
+
 moea2a_result_t moea2a_alltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
                                  void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls,
                                  moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream)
 {
+    return m2a_alltoallv("moea2a_alltoallv", sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm,
+                         stream);
+}
+
+moea2a_result_t m2a_allgather(const char *fn, const void *sendbuf, void *recvbuf, size_t count,
+                              moea2a_datatype_t dtype, moea2a_comm_t comm, void *stream)
+{
     moea2a_request_t req;
-    M2A_TRY(moea2a_ialltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm, stream, &req));
+    M2A_TRY(m2a_iallgather(fn, sendbuf, recvbuf, count, dtype, comm, stream, &req));
     return req ? moea2a_wait(&req) : MOEA2A_SUCCESS;
 }
 
 moea2a_result_t moea2a_allgather(const void *sendbuf, void *recvbuf, size_t count, moea2a_datatype_t dtype,
                                  moea2a_comm_t comm, void *stream)
 {
-    moea2a_request_t req;
-    M2A_TRY(moea2a_iallgather(sendbuf, recvbuf, count, dtype, comm, stream, &req));
-    return req ? moea2a_wait(&req) : MOEA2A_SUCCESS;
+    return m2a_allgather("moea2a_allgather", sendbuf, recvbuf, count, dtype, comm, stream);
 }
 
 moea2a_result_t moea2a_bcast(void *buf, size_t count, moea2a_datatype_t dtype, int root, moea2a_comm_t comm,

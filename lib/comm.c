@@ -53,14 +53,14 @@ moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
     if (!uid) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: id is NULL");
     double timeout;
     M2A_TRY(default_timeout(&timeout));
-    struct sockaddr_in addr;
+    m2a_sockaddr_t addr;
     char why[128];
-    if (m2a_sock_pick_addr(&addr, why, sizeof(why)))
+    if (m2a_sock_pick_addr(&addr, AF_INET, why, sizeof(why)))
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: %s", why);
     m2a_id_t id = {.magic = M2A_ID_MAGIC, .root = addr};
     M2A_TRY(m2a_random(&id.tag, sizeof(id.tag)));
     M2A_TRY(m2a_random(id.key, sizeof(id.key)));
-    M2A_TRY(m2a_bootstrap_serve(&id, timeout));
+    M2A_TRY(m2a_bootstrap_serve(&id, timeout, NULL));
     memset(uid, 0, sizeof(*uid));
     memcpy(uid->internal, &id, sizeof(id));
     memset(id.key, 0, sizeof(id.key));
@@ -192,10 +192,12 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
                          "runs rank 0, and a free port)");
     }
     /* The tag only names the rendezvous; what admits a rank is the key, which comes
-     * from the launcher (MOEA2A_KEY, MOEA2A_KEY_FILE) and never from public values. */
-    m2a_id_t id = {.magic = M2A_ID_MAGIC};
+     * from the launcher (MOEA2A_KEY, MOEA2A_KEY_FILE) and never from public values.
+     * Neither depends on nranks: a rank that disagrees on it reaches the rendezvous,
+     * which tells every rank (MOEA2A_ERR_MISMATCH), as it does for moea2a_comm_init_rank. */
+    m2a_id_t id = {.magic = M2A_ID_MAGIC, .flags = M2A_ID_FROM_ENV};
     char tag_text[600];
-    snprintf(tag_text, sizeof(tag_text), "%s|%s|%ld", root_text, jid, nranks);
+    snprintf(tag_text, sizeof(tag_text), "%s|%s", root_text, jid);
     id.tag = fnv1a(tag_text);
     int have_key;
     M2A_TRY(m2a_env_key(id.key, &have_key));
@@ -206,12 +208,27 @@ moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t 
                      "can reach %s can join as a rank; set MOEA2A_KEY or MOEA2A_KEY_FILE on every rank", root_text);
         m2a_sha256(tag_text, strlen(tag_text), id.key);
     }
-    if (m2a_sock_parse_addr(root_text, &id.root) || id.root.sin_port == 0)
+    char why[400];
+    if (m2a_sock_parse_addr(root_text, &id.root, why, sizeof(why)))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_init_env: MOEA2A_ROOT_ADDR: %s", why);
+    if (m2a_sock_port(&id.root) == 0)
         return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
-                         "moea2a_comm_init_env: MOEA2A_ROOT_ADDR='%s' is not host:port", root_text);
+                         "moea2a_comm_init_env: MOEA2A_ROOT_ADDR='%s' has no port (host:port, or [IPv6]:port)",
+                         root_text);
     moea2a_config_t cfg;
     M2A_TRY(read_config(config, &cfg));
-    if (rank == 0) M2A_TRY(m2a_bootstrap_serve(&id, cfg.timeout_s));
+    if (rank == 0) {
+        int in_use = 0;
+        moea2a_result_t served = m2a_bootstrap_serve(&id, cfg.timeout_s, &in_use);
+        /* Someone listens there already: perhaps another process started as rank 0 of
+         * this job. Joining its rendezvous as rank 0 makes it tell every rank so
+         * (MOEA2A_ERR_MISMATCH); anything else there fails the handshake. */
+        if (served != MOEA2A_SUCCESS && in_use)
+            M2A_WARN(M2A_SUBSYS_INIT, "moea2a_comm_init_env: %s is in use; joining what listens there as rank 0",
+                     root_text);
+        else if (served != MOEA2A_SUCCESS)
+            return served;
+    }
     M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
              root_text);
     moea2a_result_t r = comm_init(comm, (int)nranks, &id, (int)rank, config, NULL);

@@ -170,7 +170,7 @@ int m2a_handshake_serve(int listen_fd, const m2a_handshake_t *hs, double deadlin
     "timed out; every answer to its challenge was refused (the key differs: MOEA2A_KEY or MOEA2A_KEY_FILE not " \
     "the same on every rank, or a stale id?)"
 
-int m2a_handshake_connect(const struct sockaddr_in *addr, const m2a_handshake_t *hs, void *msg, double deadline,
+int m2a_handshake_connect(const m2a_sockaddr_t *addr, const m2a_handshake_t *hs, void *msg, double deadline,
                           m2a_sock_status_t *st, char *why, size_t whylen)
 {
     size_t body = hs->msg_len - M2A_MAC_BYTES;

@@ -35,7 +35,7 @@ int m2a_handshake_serve(int listen_fd, const m2a_handshake_t *hs, double deadlin
  * filled in here). Retries, until deadline, a server that is not up yet or that shed
  * the connection before its challenge. Returns the socket, or -1 with *st set and a
  * reason in why (a challenge of another id: *st = M2A_SOCK_ERROR). */
-int m2a_handshake_connect(const struct sockaddr_in *addr, const m2a_handshake_t *hs, void *msg, double deadline,
+int m2a_handshake_connect(const m2a_sockaddr_t *addr, const m2a_handshake_t *hs, void *msg, double deadline,
                           m2a_sock_status_t *st, char *why, size_t whylen);
 
 /* MAC of parts under hs's key and label, as both sides compute it. */

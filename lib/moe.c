@@ -100,7 +100,8 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                       "moea2a_moe: CUDA memory needs a transport that moves it (nccl, with a GPU), or every rank on "
                       "one node reaching every other by load/store (the load/store path); this communicator has "
-                      "neither (moea2a_info -T lists the transports)");
+                      "neither (moea2a_info -T lists the transports)%s%s", *p->no_lsa ? "; load/store path: " : "",
+                      p->no_lsa);
     free(gpu);
     if (r != MOEA2A_SUCCESS) free(p->stage_index), p->stage_index = NULL;
     return r;

@@ -38,6 +38,31 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     return d;
 }
 
+#define REASON_BYTES 240 /* of a failed rank's message, carried to its peers */
+
+moea2a_result_t m2a_moe_tell_failures(moea2a_comm_t comm, const char *fn, moea2a_result_t mine, const int32_t *status,
+                                      size_t step)
+{
+    const int n = comm->nranks;
+    char(*why)[REASON_BYTES] = calloc((size_t)n, REASON_BYTES);
+    if (!why) return mine != MOEA2A_SUCCESS ? mine : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    if (mine != MOEA2A_SUCCESS) {
+        const char *m = moea2a_last_error(comm);
+        const size_t fl = strlen(fn);
+        if (!strncmp(m, fn, fl) && !strncmp(m + fl, ": ", 2)) m += fl + 2; /* the peer's message names fn itself */
+        snprintf(why[comm->rank], REASON_BYTES, "%s", m);
+    }
+    moea2a_result_t g = m2a_bootstrap_allgather(comm, comm->bs, why, REASON_BYTES), r = mine;
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
+        if (status[(size_t)q * step] == MOEA2A_SUCCESS) continue;
+        why[q][REASON_BYTES - 1] = 0;
+        r = m2a_error(comm, (moea2a_result_t)status[(size_t)q * step], "%s failed on rank %d: %s", fn, q,
+                      g == MOEA2A_SUCCESS && why[q][0] ? why[q] : moea2a_strerror((moea2a_result_t)status[(size_t)q * step]));
+    }
+    free(why);
+    return r;
+}
+
 moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg)
 {
     int n = comm->nranks;
@@ -45,13 +70,15 @@ moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, c
     if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     all[comm->rank] = digest_of(cfg, mine);
     moea2a_result_t r = m2a_bootstrap_allgather(comm, comm->bs, all, sizeof(*all));
+    int failed = 0;
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) failed |= all[q].status != MOEA2A_SUCCESS;
+    if (r == MOEA2A_SUCCESS && failed) {
+        r = m2a_moe_tell_failures(comm, "moea2a_moe_create", mine, &all[0].status, sizeof(*all) / sizeof(int32_t));
+        free(all);
+        return r;
+    }
     for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
-        if (all[q].status != MOEA2A_SUCCESS) {
-            r = mine != MOEA2A_SUCCESS ? mine
-                                       : m2a_error(comm, (moea2a_result_t)all[q].status,
-                                                   "moea2a_moe_create failed on rank %d (%s); see its moea2a_last_error",
-                                                   q, moea2a_strerror((moea2a_result_t)all[q].status));
-        } else if (mine == MOEA2A_SUCCESS && memcmp(all[q].wire, all[comm->rank].wire, sizeof(all[q].wire))) {
+        if (mine == MOEA2A_SUCCESS && memcmp(all[q].wire, all[comm->rank].wire, sizeof(all[q].wire))) {
             int i = 0;
             while (all[q].wire[i] == all[comm->rank].wire[i]) i++;
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
@@ -82,12 +109,12 @@ moea2a_result_t m2a_moe_agree(moea2a_comm_t comm, moea2a_result_t mine, int *val
     all[2 * comm->rank] = mine, all[2 * comm->rank + 1] = value_min ? *value_min : 0;
     moea2a_result_t g = m2a_bootstrap_allgather(comm, comm->bs, all, 2 * sizeof(int32_t)), r = mine;
     if (g != MOEA2A_SUCCESS && r == MOEA2A_SUCCESS) r = g;
+    int failed = 0;
     for (int q = 0; g == MOEA2A_SUCCESS && q < n; q++) {
-        if (r == MOEA2A_SUCCESS && all[2 * q] != MOEA2A_SUCCESS)
-            r = m2a_error(comm, (moea2a_result_t)all[2 * q], "moea2a_moe_create failed on rank %d (%s)", q,
-                          moea2a_strerror((moea2a_result_t)all[2 * q]));
+        failed |= all[2 * q] != MOEA2A_SUCCESS;
         if (value_min && all[2 * q + 1] < *value_min) *value_min = all[2 * q + 1];
     }
+    if (g == MOEA2A_SUCCESS && failed) r = m2a_moe_tell_failures(comm, "moea2a_moe_create", mine, all, 2);
     free(all);
     return r;
 }

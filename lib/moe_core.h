@@ -12,6 +12,13 @@ moea2a_result_t m2a_moe_agree(moea2a_comm_t comm, moea2a_result_t mine, int *val
  * MOEA2A_ERR_MISMATCH naming the first rank that differs. */
 moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg);
 
+/* Collective, for ranks that all saw (status[q * step], every rank's code) that some
+ * rank's call failed: each failed rank's own message goes to every rank (over the
+ * bootstrap: only failures pay for it). Returns mine where this rank failed, else the
+ * first failed rank's code, with "fn failed on rank q: its message". */
+moea2a_result_t m2a_moe_tell_failures(moea2a_comm_t comm, const char *fn, moea2a_result_t mine, const int32_t *status,
+                                      size_t step);
+
 /* owner[e]: the rank that holds expert e (the map, or contiguous placement). */
 void m2a_moe_owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner);
 /* moe->route from the config and moe->h_owner. */

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll.h"
 #include "log.h"
 #include "moe_core.h"
 #include "moe_generic.h"
@@ -11,29 +12,12 @@
 static moea2a_result_t judge_headers(moea2a_moe_t moe, moea2a_result_t mine, const m2a_moe_header_t *in, int rt)
 {
     moea2a_comm_t comm = moe->comm;
-    if (mine != MOEA2A_SUCCESS) return mine;
-    for (int q = 0; q < comm->nranks; q++) {
-        if (in[q].status == MOEA2A_SUCCESS) continue;
-        if (in[q].status == MOEA2A_ERR_CAPACITY) {
-            /* the checks of check_dispatch_args, in its order, told from the header */
-            int n = in[q].num_tokens, r = in[q].runtime_max, cap = moe->cfg.max_tokens_per_rank;
-            if (r > cap || n > cap) {
-                const char *what = r > cap ? "runtime_max_tokens_per_rank" : "num_tokens";
-                int v = r > cap ? r : n;
-                return m2a_error(comm, MOEA2A_ERR_CAPACITY,
-                                 "moea2a_dispatch failed on rank %d: its %s=%d exceeds max_tokens_per_rank=%d: raise "
-                                 "max_tokens_per_rank to at least %d at moea2a_moe_create",
-                                 q, what, v, cap, v);
-            }
-            return m2a_error(comm, MOEA2A_ERR_CAPACITY,
-                             "moea2a_dispatch failed on rank %d: its num_tokens=%d exceeds the "
-                             "runtime_max_tokens_per_rank=%d it passed",
-                             q, n, r);
-        }
-        return m2a_error(comm, (moea2a_result_t)in[q].status,
-                         "moea2a_dispatch failed on rank %d: %s (that rank's moea2a_last_error says why)", q,
-                         moea2a_strerror((moea2a_result_t)in[q].status));
-    }
+    int failed = mine != MOEA2A_SUCCESS;
+    for (int q = 0; q < comm->nranks; q++) failed |= in[q].status != MOEA2A_SUCCESS;
+    /* every rank saw the same statuses: all of them learn the failed ranks' reasons */
+    if (failed)
+        return m2a_moe_tell_failures(comm, "moea2a_dispatch", mine, &in[0].status,
+                                     sizeof(m2a_moe_header_t) / sizeof(int32_t));
     for (int q = 0; q < comm->nranks; q++) {
         if (in[q].runtime_max != rt)
             return m2a_error(comm, MOEA2A_ERR_MISMATCH,
@@ -93,8 +77,8 @@ static moea2a_result_t exchange_arrays(moea2a_moe_t moe, int stride, void *strea
         exchange_t x = {v + 4 * n * a, v + 4 * n * a + n, v + 4 * n * a + 2 * n, v + 4 * n * a + 3 * n};
         exchange_plan(moe, &x, moe->h_send_counts, moe->h_recv_counts, ar->width, cap * l->record, cap * ar->rec,
                       (size_t)stride * ar->width, 0);
-        r = moea2a_ialltoallv(moe->stage ? moe->stage + l->stage_send : NULL, x.sc, x.sd, moe->ws + ar->ws, x.rc, x.rd,
-                              MOEA2A_UINT8, moe->comm, stream, &req[a]);
+        r = m2a_ialltoallv("moea2a_dispatch", moe->stage ? moe->stage + l->stage_send : NULL, x.sc, x.sd,
+                           moe->ws + ar->ws, x.rc, x.rd, MOEA2A_UINT8, moe->comm, stream, &req[a]);
     }
     moea2a_result_t g = m2a_transport_group(moe->comm, mem, 0);
     if (r == MOEA2A_SUCCESS) r = g;
@@ -130,7 +114,8 @@ static moea2a_result_t dispatch_send(moea2a_moe_t moe, const m2a_generic_steps_t
     int64_t hc[512], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
     if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
     for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
-    moea2a_result_t r = moea2a_alltoallv(hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32, comm, NULL);
+    moea2a_result_t r = m2a_alltoallv("moea2a_dispatch (headers)", hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32,
+                                      comm, NULL);
     if (hcv != hc) free(hcv);
     if (r != MOEA2A_SUCCESS) return r;
     M2A_TRY(judge_headers(moe, mine, hr, rt));
@@ -185,15 +170,10 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
     int32_t *st = calloc((size_t)ep, sizeof(int32_t));
     if (!st) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     int32_t me = mine;
-    moea2a_result_t r = moea2a_allgather(&me, st, 1, MOEA2A_INT32, comm, NULL);
-    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) {
-        if (st[q] == MOEA2A_SUCCESS) continue;
-        r = mine != MOEA2A_SUCCESS ? mine
-                                   : m2a_error(comm, (moea2a_result_t)st[q],
-                                               "moea2a_combine failed on rank %d: %s (that rank's moea2a_last_error "
-                                               "says why)",
-                                               q, moea2a_strerror((moea2a_result_t)st[q]));
-    }
+    moea2a_result_t r = m2a_allgather("moea2a_combine", &me, st, 1, MOEA2A_INT32, comm, NULL);
+    int failed = 0;
+    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) failed |= st[q] != MOEA2A_SUCCESS;
+    if (failed) r = m2a_moe_tell_failures(comm, "moea2a_combine", mine, st, 1);
     free(st);
     if (r != MOEA2A_SUCCESS) return r;
 
@@ -205,7 +185,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
     exchange_plan(moe, &x, moe->h_recv_counts, moe->h_send_counts, row, (size_t)moe->stride * row, 0,
                   (size_t)moe->cfg.max_tokens_per_rank * row, 1);
     unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
-    r = moea2a_alltoallv(in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, stream);
+    r = m2a_alltoallv("moea2a_combine", in, x.sc, x.sd, landing, x.rc, x.rd, MOEA2A_UINT8, comm, stream);
     free(v);
     if (r == MOEA2A_SUCCESS) moe->combine_in = in;
     return r;

@@ -1,7 +1,9 @@
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "error.h"
 #include "params.h"
@@ -97,6 +99,50 @@ static const moea2a_param_t params[] = {
      "must belong to the user and be readable by no one else (mode 0600)."},
 };
 
+/* What a value of each variable may be, beyond its type: an integer's range, an
+ * enum's words (or a list's, for MOEA2A_DEBUG_SUBSYS), a number above a floor. The
+ * readers use it (m2a_param_int and friends) and so does moea2a_param_check. */
+typedef struct {
+    const char *name;
+    long lo, hi;        /* int: the range */
+    const char *words;  /* enum: the values, space-separated; list: its items */
+    int list;           /* comma-separated items of words, an optional leading ^ */
+    int nocase;         /* words in any case */
+} rule_t;
+
+static const rule_t rules[] = {
+    {"MOEA2A_DEBUG", 0, 0, "NONE WARN INFO TRACE", 0, 1},
+    {"MOEA2A_DEBUG_SUBSYS", 0, 0, "INIT BOOTSTRAP TRANSPORT COLL MOE TOPO ALL", 1, 1},
+    {"MOEA2A_NVLINK", 0, 1, NULL, 0},
+    {"MOEA2A_SYMMETRIC_MEMORY", 0, 0, "auto transport cuda_ipc", 0},
+    {"MOEA2A_NODE_SIZE", 0, 1 << 20, NULL, 0},
+    {"MOEA2A_NUM_SMS", 1, 256, NULL, 0},
+    {"MOEA2A_QUANT_OVERLAP", -1, 1, NULL, 0},
+    {"MOEA2A_QUANT_IN_COPY", 0, 1, NULL, 0},
+    {"MOEA2A_CE_LANES", 1, 8, NULL, 0},
+    {"MOEA2A_GEMM_WGMMA", 0, 2, NULL, 0},
+    {"MOEA2A_RANK", 0, (1 << 20) - 1, NULL, 0},
+    {"MOEA2A_NRANKS", 1, 1 << 20, NULL, 0},
+};
+
+static const rule_t *rule_of(const char *name)
+{
+    for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+        if (!strcmp(rules[i].name, name)) return &rules[i];
+    return NULL;
+}
+
+/* Whether word (len bytes) is one of the space-separated words. */
+static int one_of(const rule_t *r, const char *word, size_t len)
+{
+    for (const char *w = r->words; *w;) {
+        size_t wl = strcspn(w, " ");
+        if (wl == len && !(r->nocase ? strncasecmp(w, word, len) : strncmp(w, word, len))) return 1;
+        w += wl + (w[wl] == ' ');
+    }
+    return 0;
+}
+
 moea2a_result_t moea2a_get_params(const moea2a_param_t **out, int *count)
 {
     if (!out || !count)
@@ -146,6 +192,47 @@ int m2a_parse_long(const char *text, long *out)
     return 0;
 }
 
+int m2a_param_why(const char *name, const char *value, char *why, size_t len)
+{
+    const moea2a_param_t *p = find_param(name);
+    if (!p) return snprintf(why, len, "%s is not a moea2a variable (moea2a_info -c lists them)", name), -1;
+    if (!value || !*value) return 0; /* unset or empty: the default */
+    const rule_t *r = rule_of(name);
+    long l;
+    double d;
+    if (!strcmp(p->type, "int")) {
+        if (m2a_parse_long(value, &l)) return snprintf(why, len, "%s='%s' is not an integer", name, value), -1;
+        if (r && (l < r->lo || l > r->hi))
+            return snprintf(why, len, "%s=%ld is outside %ld..%ld", name, l, r->lo, r->hi), -1;
+    } else if (!strcmp(p->type, "double")) {
+        if (m2a_parse_double(value, &d)) return snprintf(why, len, "%s='%s' is not a finite number", name, value), -1;
+        if (d <= 0) return snprintf(why, len, "%s=%g must be positive", name, d), -1;
+    } else if (r && r->words && !r->list) {
+        if (!one_of(r, value, strlen(value)))
+            return snprintf(why, len, "%s='%s' is not one of: %s", name, value, r->words), -1;
+    } else if (r && r->words) {
+        const char *v = value + (*value == '^');
+        for (const char *item = v;; item += strcspn(item, ",") + 1) {
+            size_t il = strcspn(item, ",");
+            if (!one_of(r, item, il))
+                return snprintf(why, len, "%s='%s': '%.*s' is not one of: %s", name, value, (int)il, item, r->words), -1;
+            if (!item[il]) break;
+        }
+    }
+    return 0;
+}
+
+moea2a_result_t moea2a_param_check(const char *name, const char *value, char *why, size_t len)
+{
+    char own[256];
+    if (!why || !len) why = own, len = sizeof(own);
+    *why = 0;
+    if (!name) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_param_check: name is NULL");
+    if (m2a_param_why(name, value, why, len))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_param_check: %s", why);
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_param_double(moea2a_comm_t comm, const char *name, double *out)
 {
     const char *v = m2a_param_str(name);
@@ -157,7 +244,9 @@ moea2a_result_t m2a_param_double(moea2a_comm_t comm, const char *name, double *o
 moea2a_result_t m2a_param_int(moea2a_comm_t comm, const char *name, long *out)
 {
     const char *v = m2a_param_str(name);
+    char why[160];
     if (m2a_parse_long(v, out))
         return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s='%s' is not an integer", name, v);
+    if (m2a_param_why(name, v, why, sizeof(why))) return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s", why);
     return MOEA2A_SUCCESS;
 }

@@ -90,8 +90,9 @@ static int admit(void *ctx, int fd, const void *msg, const uint8_t *challenge)
         snprintf(rep->msg, sizeof(rep->msg), "rank %d passed nranks=%d but an earlier rank passed nranks=%d", h.rank,
                  h.nranks, root->nranks);
     else
-        snprintf(rep->msg, sizeof(rep->msg), "rank %d joined the rendezvous twice (or is out of range 0..%d)", h.rank,
-                 root->nranks - 1);
+        snprintf(rep->msg, sizeof(rep->msg), h.rank >= 0 && h.rank < root->nranks
+                 ? "two processes joined the rendezvous as rank %d (each rank must be started once)"
+                 : "a process joined the rendezvous as rank %d, out of range 0..%d", h.rank, root->nranks - 1);
     reply_all(root, rep, NULL, m2a_now() + 1.0);
     reply(root, fd, &h, rep, NULL, m2a_now() + 1.0);
     close_all(root);
@@ -138,11 +139,12 @@ static void *root_main(void *arg)
     return NULL;
 }
 
-moea2a_result_t m2a_bootstrap_serve(m2a_id_t *id, double timeout_s)
+moea2a_result_t m2a_bootstrap_serve(m2a_id_t *id, double timeout_s, int *in_use)
 {
-    char a[64];
+    char a[80];
     m2a_sock_format_addr(&id->root, a, sizeof(a));
     int fd = m2a_sock_listen(&id->root);
+    if (in_use) *in_use = fd < 0 && errno == EADDRINUSE;
     if (fd < 0)
         return m2a_error(NULL, MOEA2A_ERR_SYSTEM, "cannot listen on %s for the rendezvous: %s", a, strerror(errno));
     root_t *root = calloc(1, sizeof(*root));

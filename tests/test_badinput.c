@@ -303,9 +303,19 @@ static int two_ranks(int rank, int n, moea2a_unique_id_t id, void *arg)
     /* more tokens than this call's stride on rank 1: CAPACITY on both, and rank 0's
      * message names the stride rank 1 passed, not max_tokens_per_rank (which was enough) */
     EXPECT(moea2a_dispatch(moe, rank ? 3 : 1, ids, NULL, pl, 2, &res, NULL), MOEA2A_ERR_CAPACITY);
-    if (rank == 0 && (!strstr(moea2a_last_error(comm), "num_tokens=3 exceeds the runtime_max_tokens_per_rank=2") ||
+    if (rank == 0 && (!strstr(moea2a_last_error(comm), "on rank 1: num_tokens=3 exceeds runtime_max_tokens_per_rank=2") ||
                       strstr(moea2a_last_error(comm), "raise max_tokens_per_rank")))
         printf("# rank 0: the message about rank 1's stride is wrong: %s\n", moea2a_last_error(comm)), fails++;
+    /* every failure carries the failed rank's reason to its peers, not only its code */
+    EXPECT(moea2a_dispatch(moe, 2, rank ? NULL : ids, NULL, pl, 0, &res, NULL), MOEA2A_ERR_INVALID_ARGUMENT);
+    if (rank == 0 && !strstr(moea2a_last_error(comm), "moea2a_dispatch failed on rank 1: topk_ids is NULL"))
+        printf("# rank 0: rank 1's reason did not come with its code: %s\n", moea2a_last_error(comm)), fails++;
+    EXPECT(moea2a_dispatch(moe, 2, ids, NULL, pl, 0, &res, NULL), MOEA2A_SUCCESS);
+    EXPECT(moea2a_combine(moe, NULL, rank ? (unsigned char *)y + 1 : (unsigned char *)y, NULL),
+           MOEA2A_ERR_INVALID_ARGUMENT);
+    if (rank == 0 && !strstr(moea2a_last_error(comm), "moea2a_combine failed on rank 1: "))
+        printf("# rank 0: rank 1's combine reason did not come: %s\n", moea2a_last_error(comm)), fails++;
+    EXPECT(moea2a_combine(moe, NULL, y, NULL), MOEA2A_SUCCESS);
     /* an idle rank may pass NULL arrays; the generic path fills the counts, no device_stats */
     EXPECT(moea2a_dispatch(moe, rank ? 0 : 2, rank ? NULL : ids, NULL, rank ? NULL : pl, 0, &res, NULL), MOEA2A_SUCCESS);
     if (res.device_stats != NULL || res.total_recv < 0 || res.sent_rows != (rank ? 0 : res.sent_rows))

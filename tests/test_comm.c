@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -215,6 +216,53 @@ static int env_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* One init_env run where something is wrong on some ranks: every rank must fail with
+ * want, its message holding says, within within_s (the timeout is 30 s). */
+typedef struct {
+    const char *root;
+    int nranks_of[4]; /* MOEA2A_NRANKS per rank (0: the real one) */
+    int rank_of[4];   /* MOEA2A_RANK per rank (-1: the real one) */
+    moea2a_result_t want;
+    const char *says;
+    double within_s;
+    double timeout_s; /* 0: 30 s */
+} env_case_t;
+
+static int env_case_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    (void)id;
+    const env_case_t *c = arg;
+    char buf[16];
+    int fails = 0;
+    snprintf(buf, sizeof(buf), "%d", c->rank_of[rank] >= 0 ? c->rank_of[rank] : rank);
+    setenv("MOEA2A_RANK", buf, 1);
+    snprintf(buf, sizeof(buf), "%d", c->nranks_of[rank] ? c->nranks_of[rank] : n);
+    setenv("MOEA2A_NRANKS", buf, 1);
+    setenv("MOEA2A_ROOT_ADDR", c->root, 1);
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.timeout_s = c->timeout_s > 0 ? c->timeout_s : 30.0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    moea2a_comm_t comm = NULL;
+    moea2a_result_t r = moea2a_comm_init_env(&comm, &cfg);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    RANK_EXPECT(fails, rank, r == c->want && strstr(r ? moea2a_last_error(NULL) : "", c->says) && took < c->within_s,
+                "init_env: %s after %.2f s: %s (want %s saying '%s' within %.0f s)", moea2a_strerror(r), took,
+                r ? moea2a_last_error(NULL) : "", moea2a_strerror(c->want), c->says, c->within_s);
+    if (r == MOEA2A_SUCCESS) moea2a_comm_destroy(comm);
+    return fails;
+}
+
+static int ipv6_loopback(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
 static void test_init_env(void)
 {
     /* A port that is free now, below the ephemeral range (see is_self_connected in
@@ -232,6 +280,31 @@ static void test_init_env(void)
     local_ranks_result_t res;
     local_ranks_run(3, env_rank, root, WATCHDOG, &res);
     tap_ok(res.failed == 0, "moea2a_comm_init_env with MOEA2A_RANK/NRANKS/ROOT_ADDR on 3 ranks");
+    if (ipv6_loopback()) {
+        char root6[64];
+        snprintf(root6, sizeof(root6), "[::1]:%u", ntohs(a.sin_port));
+        local_ranks_run(2, env_rank, root6, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "moea2a_comm_init_env with an IPv6 MOEA2A_ROOT_ADDR (%s) on 2 ranks", root6);
+    } else {
+        tap_skip("no IPv6 loopback", "moea2a_comm_init_env with an IPv6 MOEA2A_ROOT_ADDR");
+    }
+    env_case_t nr = {root, {0, 4, 0}, {-1, -1, -1}, MOEA2A_ERR_MISMATCH, "nranks=", 5.0};
+    local_ranks_run(3, env_case_rank, &nr, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "init_env: a rank whose MOEA2A_NRANKS differs: MOEA2A_ERR_MISMATCH naming it on every rank "
+                            "at once");
+    env_case_t twice = {root, {0, 0}, {-1, 0}, MOEA2A_ERR_MISMATCH, "as rank 0", 5.0};
+    local_ranks_run(2, env_case_rank, &twice, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "init_env: two processes with MOEA2A_RANK=0: MOEA2A_ERR_MISMATCH on both at once");
+    env_case_t alone = {root, {2}, {1}, MOEA2A_ERR_TIMEOUT, "is rank 0 running", 6.0, 2.0};
+    local_ranks_run(1, env_case_rank, &alone, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "init_env: a rank whose root never listens fails at its timeout, asking whether rank 0 "
+                            "runs at MOEA2A_ROOT_ADDR");
+    env_case_t nohost = {"nohost.invalid:1234", {0}, {-1}, MOEA2A_ERR_INVALID_ARGUMENT, "does not resolve", 5.0};
+    local_ranks_run(1, env_case_rank, &nohost, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "init_env: a MOEA2A_ROOT_ADDR host that does not resolve is named as such");
+    env_case_t nobrackets = {"::1:1234", {0}, {-1}, MOEA2A_ERR_INVALID_ARGUMENT, "brackets", 5.0};
+    local_ranks_run(1, env_case_rank, &nobrackets, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "init_env: an IPv6 MOEA2A_ROOT_ADDR without brackets says how to write it");
 
     moea2a_comm_t comm;
     unsetenv("MOEA2A_RANK");

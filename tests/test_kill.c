@@ -135,6 +135,41 @@ static int looping_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* A rank that dies during setup (after comm_init, before moe_create): every survivor
+ * must name it within a second, none blaming the neighbour that noticed first, and
+ * none waiting for a neighbour to exit (each survivor stays alive until all have their
+ * verdict). The timeout is long, so a timeout is no way to pass. */
+#define SETUP_TIMEOUT_S 20.0
+static int setup_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    board_t *b = arg;
+    int fails = 0;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.timeout_s = SETUP_TIMEOUT_S;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    if (moea2a_barrier(comm)) return 1;
+    if (rank == 0) {
+        b->kill_time = now();
+        __sync_synchronize();
+        _exit(0);
+    }
+    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+    mc.num_experts = 16, mc.top_k = 2, mc.max_tokens_per_rank = 8, mc.hidden = 16, mc.memory = MOEA2A_MEMORY_HOST;
+    moea2a_moe_t moe = NULL;
+    moea2a_result_t r = moea2a_moe_create(&moe, comm, &mc);
+    double t_err = now();
+    const char *msg = moea2a_last_error(comm);
+    RANK_EXPECT(fails, rank, r == MOEA2A_ERR_PEER_FAILED && strstr(msg, "rank 0 ") && t_err - b->kill_time <= 1.0,
+                "moe_create %.2f s after rank 0 exited: %s: %s (want MOEA2A_ERR_PEER_FAILED naming rank 0 within 1 s)",
+                t_err - b->kill_time, moea2a_strerror(r), msg);
+    __sync_fetch_and_add(&b->verdicts, 1);
+    for (double t0 = now(); b->verdicts < n - 1 && now() - t0 < SETUP_TIMEOUT_S;) usleep(1000);
+    if (moe) moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 int main(void)
 {
     int runs = getenv("MOEA2A_KILL_RUNS") ? atoi(getenv("MOEA2A_KILL_RUNS")) : 20;
@@ -179,6 +214,13 @@ int main(void)
                run.delay_us / 1000.0);
     }
     if (*tls_saved) setenv("UCX_TLS", tls_saved, 1);
+    for (int n = 2; n <= 4; n += 2) {
+        memset(b, 0, sizeof(*b));
+        local_ranks_result_t res;
+        local_ranks_run(n, setup_death_rank, b, 60.0, &res);
+        tap_ok(res.failed == 0 && res.hung == 0, "%d ranks, rank 0 exits after comm_init: every survivor's moe_create "
+               "names rank 0 within 1 s (none blames a neighbour or waits for one)", n);
+    }
     tap_diag("%d survivors: %d killed by a signal, %d PEER_FAILED naming the dead rank (mean %.3f s after the kill), "
              "%d TIMEOUT; slowest %.2f s (bound %.1f s)",
              survivors, signalled, named, named ? sum_named / named : 0.0, timeouts, worst, BOUND_S);

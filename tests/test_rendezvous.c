@@ -30,10 +30,10 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int connect_to(const struct sockaddr_in *a)
+static int connect_to(const m2a_sockaddr_t *a)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, (const struct sockaddr *)a, sizeof(*a))) close(fd), fd = -1;
+    int fd = socket(a->sa.sa_family, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, &a->sa, m2a_sock_len(a))) close(fd), fd = -1;
     return fd;
 }
 

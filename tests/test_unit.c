@@ -134,19 +134,30 @@ static void test_params(void)
 
 static void test_addresses(void)
 {
-    struct sockaddr_in a;
-    char buf[64];
-    tap_ok(!m2a_sock_parse_addr("127.0.0.1:4242", &a), "host:port parses");
+    m2a_sockaddr_t a;
+    char buf[160], why[300];
+    tap_ok(!m2a_sock_parse_addr("127.0.0.1:4242", &a, why, sizeof(why)), "host:port parses");
     m2a_sock_format_addr(&a, buf, sizeof(buf));
     tap_ok(!strcmp(buf, "127.0.0.1:4242"), "and formats back (%s)", buf);
-    tap_ok(!m2a_sock_parse_addr("localhost:80", &a) && ntohs(a.sin_port) == 80, "names resolve");
-    tap_ok(m2a_sock_parse_addr("127.0.0.1:99999", &a) && m2a_sock_parse_addr(":80", &a) &&
-               m2a_sock_parse_addr("127.0.0.1:x", &a),
-           "bad ports and empty hosts are rejected");
+    tap_ok(!m2a_sock_parse_addr("localhost:80", &a, why, sizeof(why)) && m2a_sock_port(&a) == 80, "names resolve");
+    tap_ok(!m2a_sock_parse_addr("[::1]:29000", &a, why, sizeof(why)) && a.sa.sa_family == AF_INET6 &&
+               m2a_sock_port(&a) == 29000 && m2a_sock_is_loopback(&a),
+           "[::1]:29000 is IPv6 loopback, port 29000 (%s)", why);
+    m2a_sock_format_addr(&a, buf, sizeof(buf));
+    tap_ok(!strcmp(buf, "[::1]:29000"), "and formats back (%s)", buf);
+    tap_ok(m2a_sock_parse_addr("127.0.0.1:99999", &a, why, sizeof(why)) && strstr(why, "port") &&
+               m2a_sock_parse_addr(":80", &a, why, sizeof(why)) && strstr(why, "no host") &&
+               m2a_sock_parse_addr("127.0.0.1:x", &a, why, sizeof(why)) &&
+               m2a_sock_parse_addr("::1:80", &a, why, sizeof(why)) && strstr(why, "brackets"),
+           "bad ports, empty hosts and IPv6 without brackets are refused, saying which");
+    tap_ok(m2a_sock_parse_addr("nohost.invalid:1234", &a, why, sizeof(why)) && strstr(why, "does not resolve") &&
+               strstr(why, "nohost.invalid"),
+           "a host that does not resolve is named as such: %s", why);
     setenv("MOEA2A_SOCKET_IFNAME", "no-such-if", 1);
-    tap_ok(m2a_sock_pick_addr(&a, buf, sizeof(buf)) == -1, "an interface name that matches nothing is an error");
+    tap_ok(m2a_sock_pick_addr(&a, AF_INET, buf, sizeof(buf)) == -1, "an interface name that matches nothing is an error");
     setenv("MOEA2A_SOCKET_IFNAME", "lo", 1);
-    tap_ok(!m2a_sock_pick_addr(&a, buf, sizeof(buf)) && a.sin_addr.s_addr == htonl(INADDR_LOOPBACK), "lo picks 127.0.0.1");
+    tap_ok(!m2a_sock_pick_addr(&a, AF_INET, buf, sizeof(buf)) && a.in4.sin_addr.s_addr == htonl(INADDR_LOOPBACK),
+           "lo picks 127.0.0.1");
 }
 
 /* The bootstrap ring in threads: large blocks make every rank send and receive at
@@ -212,9 +223,9 @@ static void test_auth(void)
 static void test_bootstrap_ring(void)
 {
     m2a_id_t id = {.magic = M2A_ID_MAGIC, .tag = 0x1234,
-                   .root = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)}};
+                   .root = {.in4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)}}};
     memset(id.key, 0x5a, sizeof(id.key));
-    tap_ok(m2a_bootstrap_serve(&id, 20.0) == MOEA2A_SUCCESS, "rendezvous service starts");
+    tap_ok(m2a_bootstrap_serve(&id, 20.0, NULL) == MOEA2A_SUCCESS, "rendezvous service starts");
     pthread_t t[RING_N];
     ring_arg_t a[RING_N];
     for (int r = 0; r < RING_N; r++) {

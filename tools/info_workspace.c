@@ -5,6 +5,8 @@
  * token sends to other nodes, flat (one row per destination rank, today's generic
  * path) against node-aware (one row per destination node), modelled for uniform
  * routing. The last line is "total <N> bytes". */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +67,16 @@ static int parse_args(char *spec, ws_args_t *a)
                 : !strcmp(kv, "experts") ? &a->experts : !strcmp(kv, "cap") ? &a->cap : !strcmp(kv, "weights") ? &a->weights
                 : !strcmp(kv, "ranks_per_node") ? &a->rpn : !strcmp(kv, "rank") ? &a->rank
                 : !strcmp(kv, "align") ? &a->align : !strcmp(kv, "expert_rows") ? &a->expert_rows : NULL;
-        if (ip) *ip = atoi(v);
-        else if (!strcmp(kv, "dtype") && !parse_dtype(v, &a->dtype)) continue;
+        if (ip) {
+            /* whole numbers that fit the int the config holds; the call checks the rest */
+            char *end;
+            errno = 0;
+            long x = strtol(v, &end, 10);
+            if (end == v || *end || errno || x < INT_MIN || x > INT_MAX)
+                return fprintf(stderr, "moea2a_info --workspace: %s=%s is not a whole number in %d..%d\n", kv, v,
+                               INT_MIN, INT_MAX), -1;
+            *ip = (int)x;
+        } else if (!strcmp(kv, "dtype") && !parse_dtype(v, &a->dtype)) continue;
         else if (!strcmp(kv, "combine") && !parse_dtype(v, &a->combine)) continue;
         else if (!strcmp(kv, "topology")) a->topology = v;
         else if (!strcmp(kv, "wire") && !parse_wire(v, &a->wire)) continue;
@@ -159,7 +169,7 @@ int info_workspace(const char *spec_in)
         fprintf(stderr, "moea2a_info --workspace: %s\n", moea2a_last_error(NULL));
         return 1;
     }
-    int cuda = s.device_bytes > 0 || s.pinned_host_bytes > 0;
+    int cuda = s.device_bytes > 0 || s.pinned_host_bytes > 0, fits = 1;
     char buf[256];
     printf("MoE workspace per rank: ep %d, max_tokens_per_rank %d, top-%d of %d experts, hidden %d, payload %s%s\n", a.ep,
            a.cap, a.topk, a.experts, a.hidden, moea2a_datatype_name(a.dtype), a.weights ? ", weights" : "");
@@ -210,6 +220,7 @@ int info_workspace(const char *spec_in)
             }
             printf("  does NOT fit in %.1f GiB: needs %.2f GiB; max_tokens_per_rank <= %d fits\n", a.mem_limit / (1 << 30),
                    (double)need / (1 << 30), lo);
+            fits = 0;
         }
     }
     const int rpn = a.rpn > 0 ? a.rpn : a.ep;
@@ -224,5 +235,5 @@ int info_workspace(const char *spec_in)
                node_aware * rec, flat * crow, node_aware * crow);
     }
     printf("total %zu bytes\n", s.total_bytes);
-    return 0;
+    return fits ? 0 : 3;
 }

@@ -22,7 +22,9 @@ static void usage(FILE *f)
             "                       memory=cuda|host, ranks_per_node, rank, topology=FILE.xml, mem=SIZE,\n"
             "                       wire=fp8|fp8-ue8m0|nvfp4 (the payload quantized on dispatch)\n"
             "  -v, --version        version only\n"
-            "  -h, --help           this text\n");
+            "  -h, --help           this text\n"
+            "exit status: 0 ok, 1 error (or a variable set to a value moea2a refuses), 2 usage,\n"
+            "3 the workspace does not fit in mem=SIZE\n");
 }
 
 static void print_version(void)
@@ -32,22 +34,28 @@ static void print_version(void)
     printf("moea2a %d.%d.%d (headers %s)\n", ma, mi, pa, MOEA2A_VERSION_STRING);
 }
 
+/* Exit status 1 when a variable is set to a value moea2a refuses. */
 static int print_config(void)
 {
     const moea2a_param_t *p;
-    int n;
+    int n, bad = 0;
     if (moea2a_get_params(&p, &n)) return 1;
     /* ucx_info -c style: NAME=value (the value in effect: the environment's, else the
-     * default), the help and the type as comments above it; a secret shows no value */
+     * default), the help and the type as comments above it; a secret shows no value.
+     * A value moea2a would refuse gets an INVALID line above it (a comment, so the
+     * output can still be sourced). */
     printf("# %d environment variables; the value in effect (environment, else default)\n", n);
     for (int i = 0; i < n; i++) {
         const char *cur = getenv(p[i].name), *secret = !strcmp(p[i].type, "secret") ? "" : NULL;
-        printf("#\n# %s\n# (%s; default %s%s)\n%s=%s\n", p[i].help, p[i].type,
+        char why[256] = "";
+        const int invalid = !secret && moea2a_param_check(p[i].name, cur, why, sizeof(why)) != MOEA2A_SUCCESS;
+        printf("#\n# %s\n# (%s; default %s%s)\n", p[i].help, p[i].type,
                *p[i].default_value ? p[i].default_value : "empty",
-               secret ? (cur ? "; set, never shown" : "; unset") : cur ? "; set in the environment" : "", p[i].name,
-               secret ? secret : cur ? cur : p[i].default_value);
+               secret ? (cur ? "; set, never shown" : "; unset") : cur ? "; set in the environment" : "");
+        if (invalid) printf("# INVALID: %s\n", why), fprintf(stderr, "moea2a_info: %s\n", why), bad++;
+        printf("%s=%s\n", p[i].name, secret ? secret : cur ? cur : p[i].default_value);
     }
-    return 0;
+    return bad ? 1 : 0;
 }
 
 static int print_transports(void)
@@ -141,24 +149,44 @@ int main(int argc, char **argv)
                                          {"transports", no_argument, 0, 'T'}, {"version", no_argument, 0, 'v'},
                                          {"workspace", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
-    int c, did = 0, rc = 0;
+    /* every option is read (and a stray argument refused) before anything runs */
+    struct {
+        int what;
+        const char *arg;
+    } todo[32];
+    int c, ntodo = 0, rc = 0;
     while ((c = getopt_long(argc, argv, "ct::Tw:vh", opts, NULL)) != -1) {
-        did = 1;
         switch (c) {
-        case 'c': rc |= print_config(); break;
-        case 't': rc |= print_topology(optarg); break;
-        case 'T': rc |= print_transports(); break;
-        case 'w': rc |= info_workspace(optarg); break;
-        case 'v': print_version(); break;
+        case 't': /* -t FILE and --topology FILE as well as -tFILE and --topology=FILE */
+            if (!optarg && optind < argc && argv[optind][0] != '-') optarg = argv[optind++];
+            /* fall through */
+        case 'c': case 'T': case 'w': case 'v':
+            if (ntodo == (int)(sizeof(todo) / sizeof(todo[0]))) {
+                fprintf(stderr, "moea2a_info: too many options\n");
+                return 2;
+            }
+            todo[ntodo].what = c, todo[ntodo++].arg = optarg;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (optind < argc) {
-        usage(stderr);
+        fprintf(stderr, "moea2a_info: '%s' is not an option (moea2a_info --help lists them)\n", argv[optind]);
         return 2;
     }
-    if (!did) {
+    for (int i = 0; i < ntodo; i++) {
+        int r = 0;
+        switch (todo[i].what) {
+        case 'c': r = print_config(); break;
+        case 't': r = print_topology(todo[i].arg); break;
+        case 'T': r = print_transports(); break;
+        case 'w': r = info_workspace(todo[i].arg); break;
+        default: print_version(); break;
+        }
+        rc = r > rc ? r : rc;
+    }
+    if (!ntodo) {
         print_version();
         printf("build: %s\n", moea2a_get_build_config());
         rc |= print_transports();

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "local_ranks.h"
 #include "perf.h"
@@ -57,6 +58,7 @@ static int perf_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     /* This rank's GPU is chosen before the communicator, which sets NCCL up on it. */
     cfg.cuda_device = perf_mem_open(&mem, cuda, launch_rank(rank, n));
     if (cuda && cfg.cuda_device < 0) {
+        if (launch_rank(rank, n) != 0) return 1; /* rank 0 says why, once */
         fprintf(stderr, "moea2a_perf: --mem cuda: no usable CUDA device%s\n",
 #ifdef MOEA2A_HAVE_CUDA
                 ""
@@ -84,17 +86,46 @@ static int perf_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return rc;
 }
 
-static size_t parse_size(const char *s)
+/* A byte count with an optional K, M or G suffix; -1 when it is not one. */
+static int parse_size(const char *s, size_t *out)
 {
     char *end;
     double v = strtod(s, &end);
     switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    case 'K': case 'k': v *= 1024, end++; break;
+    case 'M': case 'm': v *= 1024 * 1024, end++; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024, end++; break;
     default: break;
     }
-    return (size_t)v;
+    if (end == s || *end || !(v >= 0) || v > 1e18) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+/* A whole number in [lo, hi]; -1 when it is not one. */
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Exit status 2 with the option, its value and what it takes. */
+static int bad_option(const char *opt, const char *value, const char *takes)
+{
+    fprintf(stderr, "moea2a_perf: %s '%s': %s (moea2a_perf --help lists the options)\n", opt, value, takes);
+    return 2;
 }
 
 static int parse_dtype(const char *s, moea2a_datatype_t *d)
@@ -205,7 +236,9 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:T", opts, NULL)) != -1) {
         switch (c) {
-        case 'n': nranks = atoi(optarg); break;
+        case 'n':
+            if (parse_int(optarg, 1, 64, &nranks)) return bad_option("--ranks", optarg, "takes 1..64");
+            break;
         case 'T': threads = 1; break;
         case 'o':
             if (!strcmp(optarg, "alltoallv")) o.op = OP_ALLTOALLV;
@@ -215,57 +248,91 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "fp4")) o.op = OP_FP4;
             else if (!strcmp(optarg, "fp8")) o.op = OP_FP8;
             else if (!strcmp(optarg, "expert-gemm")) o.op = OP_EXPERT_GEMM;
-            else { usage(stderr); return 2; }
+            else return bad_option("--op", optarg, "takes alltoallv, allgather, bcast, moe, fp4, fp8 or expert-gemm");
             break;
-        case 'b': o.min_bytes = parse_size(optarg); break;
-        case 'e': o.max_bytes = parse_size(optarg); break;
-        case 'f': o.factor = atoi(optarg); break;
-        case 'i': o.iters = atoi(optarg); break;
-        case 'w': o.warmup = atoi(optarg); break;
-        case 'd': if (parse_dtype(optarg, &o.dtype)) { usage(stderr); return 2; } dtype_set = 1; break;
-        case 'm': o.mem = optarg; break;
-        case 'c': o.check = atoi(optarg); break;
+        case 'b':
+            if (parse_size(optarg, &o.min_bytes)) return bad_option("--minbytes", optarg, "takes bytes (K, M, G suffixes)");
+            break;
+        case 'e':
+            if (parse_size(optarg, &o.max_bytes)) return bad_option("--maxbytes", optarg, "takes bytes (K, M, G suffixes)");
+            break;
+        case 'f':
+            if (parse_int(optarg, 2, 1 << 20, &o.factor)) return bad_option("--stepfactor", optarg, "takes 2 or more");
+            break;
+        case 'i':
+            if (parse_int(optarg, 1, 1 << 24, &o.iters)) return bad_option("--iters", optarg, "takes 1 or more");
+            break;
+        case 'w':
+            if (parse_int(optarg, 0, 1 << 24, &o.warmup)) return bad_option("--warmup", optarg, "takes 0 or more");
+            break;
+        case 'd':
+            if (parse_dtype(optarg, &o.dtype))
+                return bad_option("--dtype", optarg, "takes int8, uint8, int32, int64, fp16, bf16, fp32, fp8_e4m3 or "
+                                                     "nvfp4");
+            dtype_set = 1;
+            break;
+        case 'm':
+            if (strcmp(optarg, "host") && strcmp(optarg, "cuda")) return bad_option("--mem", optarg, "takes host or cuda");
+            o.mem = optarg;
+            break;
+        case 'c':
+            if (parse_int(optarg, 0, 1, &o.check)) return bad_option("--check", optarg, "takes 0 or 1");
+            break;
         case 'M': o.op = OP_MOE; break;
-        case 't': if (parse_list(optarg, o.tokens, &o.ntokens, 0)) { usage(stderr); return 2; } tokens_set = 1; break;
-        case 'G': if (parse_shapes(optarg, &o)) { usage(stderr); return 2; } break;
-        case 'S': if (parse_list(optarg, o.sms, &o.nsms, 1)) { usage(stderr); return 2; } break;
+        case 't':
+            if (parse_list(optarg, o.tokens, &o.ntokens, 0))
+                return bad_option("--tokens", optarg, "takes up to 16 token counts >= 0, comma-separated");
+            tokens_set = 1;
+            break;
+        case 'G':
+            if (parse_shapes(optarg, &o))
+                return bad_option("--gemm-shapes", optarg, "takes n:k pairs (k a multiple of 16), comma-separated");
+            break;
+        case 'S':
+            if (parse_list(optarg, o.sms, &o.nsms, 1))
+                return bad_option("--sms", optarg, "takes up to 16 SM budgets >= 1, comma-separated");
+            break;
         case 'P': o.split = 1; break;
         case 'x':
             if (!strcmp(optarg, "sm")) o.copy_engine = 0;
             else if (!strcmp(optarg, "ce")) o.copy_engine = 1;
-            else { usage(stderr); return 2; }
+            else return bad_option("--engine", optarg, "takes sm or ce");
             break;
         case 'q':
             if (!strcmp(optarg, "fp8")) o.wire = PERF_WIRE_FP8;
             else if (!strcmp(optarg, "fp8-ue8m0")) o.wire = PERF_WIRE_FP8_UE8M0;
             else if (!strcmp(optarg, "nvfp4")) o.wire = PERF_WIRE_NVFP4;
-            else { usage(stderr); return 2; }
+            else return bad_option("--wire", optarg, "takes fp8, fp8-ue8m0 or nvfp4");
             break;
         case 'L':
             if (!strcmp(optarg, "rank")) o.expert_align = 0;
-            else if (!strncmp(optarg, "expert", 6) && (!optarg[6] || optarg[6] == ':'))
-                o.expert_align = optarg[6] ? atoi(optarg + 7) : 128;
-            else { usage(stderr); return 2; }
-            if (o.expert_align < 0 || o.expert_align > 1024 || (optarg[6] == ':' && o.expert_align < 1)) {
-                usage(stderr);
-                return 2;
-            }
+            else if (!strcmp(optarg, "expert")) o.expert_align = 128;
+            else if (strncmp(optarg, "expert:", 7) || parse_int(optarg + 7, 1, 1024, &o.expert_align))
+                return bad_option("--layout", optarg, "takes rank, expert or expert:ALIGN (1..1024)");
             break;
-        case 'H': o.hidden = atoi(optarg); break;
-        case 'k': o.topk = atoi(optarg); break;
-        case 'E': o.experts = atoi(optarg); experts_set = 1; break;
-        case 's': o.skew = atof(optarg); break;
+        case 'H':
+            if (parse_int(optarg, 1, 1 << 24, &o.hidden)) return bad_option("--hidden", optarg, "takes 1 or more");
+            break;
+        case 'k':
+            if (parse_int(optarg, 1, 1024, &o.topk)) return bad_option("--topk", optarg, "takes 1..1024");
+            break;
+        case 'E':
+            if (parse_int(optarg, 1, 1 << 20, &o.experts)) return bad_option("--experts", optarg, "takes 1 or more");
+            experts_set = 1;
+            break;
+        case 's':
+            if (parse_double(optarg, 0.0, 1.0, &o.skew)) return bad_option("--skew", optarg, "takes 0..1");
+            break;
         case 'W': o.weights = 1; break;
         case 'B': o.baseline = 1; break;
-        case 'r': o.fp4_rows = atoi(optarg); break;
+        case 'r':
+            if (parse_int(optarg, 1, 1 << 28, &o.fp4_rows)) return bad_option("--rows", optarg, "takes 1 or more");
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc || o.iters < 1 || o.warmup < 0 || (strcmp(o.mem, "host") && strcmp(o.mem, "cuda"))) {
-        usage(stderr);
-        return 2;
-    }
+    if (optind < argc) return bad_option("an argument", argv[optind], "is not an option");
     if (o.op == OP_MOE) {
         if (!dtype_set) o.dtype = MOEA2A_BFLOAT16;
         if (o.hidden < 1 || o.topk < 1 || o.experts < 1 || o.skew < 0 || o.skew > 1) {
@@ -305,10 +372,12 @@ int main(int argc, char **argv)
         return perf_rank(0, 0, none, &o);
     }
     if (!nranks) nranks = 2;
-    if (nranks < 1 || nranks > 64) {
-        fprintf(stderr, "moea2a_perf: --ranks must be 1..64\n");
-        return 2;
-    }
+    /* Ranks that outnumber the cores take turns on them: a rank waits for a peer's time
+     * slice, and the times (and vs base) change from run to run. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && nranks > cores)
+        fprintf(stderr, "moea2a_perf: warning: %d ranks on %ld cores: ranks take turns on the cores, so times and "
+                "'vs base' vary from run to run; --ranks %ld or fewer gives steady numbers\n", nranks, cores, cores);
     local_ranks_result_t res;
     if (threads) local_ranks_run_threads(nranks, perf_rank, &o, &res);
     else local_ranks_run(nranks, perf_rank, &o, 3600.0, &res);

@@ -189,6 +189,7 @@ static int shape(perf_mem_t *m, const perf_opts_t *o, int experts, size_t n, siz
             if (o->check) snprintf(wr, sizeof(wr), "%ld", wrong);
             printf("  %6zu %6zu %10s %11.1f %8.1f %10.1f %8.1f%% %12s %12s %8s %7s\n", n, k, rlabel, t * 1e6,
                    flops / t / 1e12, wbw, copy_bw > 0 ? 100.0 * wbw / copy_bw : 0.0, grp, bat, sp, wr);
+            fflush(stdout); /* progress, line by line, also through a pipe */
             wrong_all += wrong;
         }
     }
@@ -222,8 +223,13 @@ int perf_egemm(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
     printf("# copy: %.1f GB/s (read + written); weight GB/s: codes, scales and global scales / time\n", copy_bw);
     printf("# cuBLAS bf16: cublasGemmGroupedBatchedEx, one group per expert (grouped) and one group of all (batched);"
            " speedup over the faster\n#\n");
+    if (!m->cuda)
+        printf("# host memory: the host reference path, which checks the CUDA kernels' math rather than a benchmark "
+               "(minutes for the default shapes: --gemm-shapes and --tokens make it shorter); one line per shape and "
+               "row count as each finishes\n");
     printf("# %6s %6s %10s %11s %8s %10s %9s %12s %12s %8s %7s\n", "n", "k", "rows/exp", "time(us)", "TFLOP/s",
            "weight GB/s", "of copy", "grouped(us)", "batched(us)", "speedup", "#wrong");
+    fflush(stdout);
     int rc = 0;
     for (int s = 0; s < o->gemm_nshapes; s++) {
         int r = shape(m, o, o->gemm_experts, (size_t)o->gemm_n[s], (size_t)o->gemm_k[s], copy_bw);
