@@ -95,8 +95,25 @@ typedef struct {
     int cuda_device;       /* device for CUDA work; -1: the caller's current device */
 } moea2a_config_t;
 
+/* The *_INITIALIZER macros: every field named is set, the rest zero. In C they are
+ * designated initializers; in C++ (before C++20 has them) calls of inline functions
+ * that value-initialize the struct and set the same fields. Both compile clean under
+ * -Wall -Wextra (-Wmissing-field-initializers) and keep working as structs grow. */
+#ifdef __cplusplus
+#define MOEA2A_INIT_FN_(type, fn, sets) \
+    static inline type fn(void) { type v_ = type(); sets; return v_; }
+#define MOEA2A_SIZE_VERSION_(type) v_.size = sizeof(type), v_.version = MOEA2A_VERSION_CODE
+#endif
+
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_config_t, moea2a_config_initializer_,
+                (MOEA2A_SIZE_VERSION_(moea2a_config_t), v_.timeout_s = -1.0, v_.cuda_device = -1))
+#define MOEA2A_CONFIG_INITIALIZER moea2a_config_initializer_()
+#else
 #define MOEA2A_CONFIG_INITIALIZER \
-    { sizeof(moea2a_config_t), MOEA2A_VERSION_CODE, -1.0, NULL, -1 }
+    { .size = sizeof(moea2a_config_t), .version = MOEA2A_VERSION_CODE, .timeout_s = -1.0, .transport = NULL, \
+      .cuda_device = -1 }
+#endif
 
 /* Makes a new unique id and starts the rendezvous service for it in this process
  * (a background thread that lives until every rank has joined or the timeout). The
@@ -263,9 +280,16 @@ typedef struct {
     int64_t max_expert_rows;     /* expert-major: rows a rank may hold, padding included; 0 = the worst case */
 } moea2a_moe_config_t;
 
-#define MOEA2A_MOE_CONFIG_INITIALIZER                                                          \
-    { sizeof(moea2a_moe_config_t), MOEA2A_VERSION_CODE, 0, 0, 0, 0, {{MOEA2A_UINT8, 0}},       \
-      MOEA2A_BFLOAT16, 0, -1, MOEA2A_PLACEMENT_CONTIGUOUS, NULL, 0u, MOEA2A_MEMORY_AUTO, 0 }
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_moe_config_t, moea2a_moe_config_initializer_,
+                (MOEA2A_SIZE_VERSION_(moea2a_moe_config_t), v_.combine_dtype = MOEA2A_BFLOAT16,
+                 v_.invalid_expert_id = -1, v_.placement = MOEA2A_PLACEMENT_CONTIGUOUS, v_.memory = MOEA2A_MEMORY_AUTO))
+#define MOEA2A_MOE_CONFIG_INITIALIZER moea2a_moe_config_initializer_()
+#else
+#define MOEA2A_MOE_CONFIG_INITIALIZER                                                                         \
+    { .size = sizeof(moea2a_moe_config_t), .version = MOEA2A_VERSION_CODE, .combine_dtype = MOEA2A_BFLOAT16, \
+      .invalid_expert_id = -1, .placement = MOEA2A_PLACEMENT_CONTIGUOUS, .memory = MOEA2A_MEMORY_AUTO }
+#endif
 
 /* Per-rank memory, exactly what moea2a_moe_create allocates. A(x) = x rounded up to
  * 128 bytes; see moea2a_moe_workspace_size(3) for the formula. */
@@ -292,7 +316,14 @@ typedef struct {
     size_t expert_bytes;         /* expert-major layout: its rows, per-row arrays and combine rows */
 } moea2a_moe_workspace_sizes_t;
 
-#define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER { sizeof(moea2a_moe_workspace_sizes_t), MOEA2A_VERSION_CODE }
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_moe_workspace_sizes_t, moea2a_moe_workspace_sizes_initializer_,
+                MOEA2A_SIZE_VERSION_(moea2a_moe_workspace_sizes_t))
+#define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER moea2a_moe_workspace_sizes_initializer_()
+#else
+#define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER \
+    { .size = sizeof(moea2a_moe_workspace_sizes_t), .version = MOEA2A_VERSION_CODE }
+#endif
 
 /* What moea2a_dispatch delivers. Arrays live in the context's workspace and stay
  * valid until the next dispatch. Slot (src, i), i < recv_counts[src], is the i-th
@@ -368,7 +399,13 @@ typedef struct {
     const float *expert_global_scales[MOEA2A_MOE_MAX_PAYLOADS];
 } moea2a_dispatch_result_t;
 
-#define MOEA2A_DISPATCH_RESULT_INITIALIZER { sizeof(moea2a_dispatch_result_t), MOEA2A_VERSION_CODE }
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_dispatch_result_t, moea2a_dispatch_result_initializer_,
+                MOEA2A_SIZE_VERSION_(moea2a_dispatch_result_t))
+#define MOEA2A_DISPATCH_RESULT_INITIALIZER moea2a_dispatch_result_initializer_()
+#else
+#define MOEA2A_DISPATCH_RESULT_INITIALIZER { .size = sizeof(moea2a_dispatch_result_t), .version = MOEA2A_VERSION_CODE }
+#endif
 
 /* A machine layout for sizing without a communicator (moea2a_info --workspace). */
 typedef struct {
@@ -381,8 +418,14 @@ typedef struct {
     moea2a_memory_t memory;      /* AUTO means CUDA when the topology has GPUs */
 } moea2a_moe_layout_t;
 
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_moe_layout_t, moea2a_moe_layout_initializer_,
+                (MOEA2A_SIZE_VERSION_(moea2a_moe_layout_t), v_.ep = 1, v_.memory = MOEA2A_MEMORY_AUTO))
+#define MOEA2A_MOE_LAYOUT_INITIALIZER moea2a_moe_layout_initializer_()
+#else
 #define MOEA2A_MOE_LAYOUT_INITIALIZER \
-    { sizeof(moea2a_moe_layout_t), MOEA2A_VERSION_CODE, 1, 0, 0, NULL, MOEA2A_MEMORY_AUTO }
+    { .size = sizeof(moea2a_moe_layout_t), .version = MOEA2A_VERSION_CODE, .ep = 1, .memory = MOEA2A_MEMORY_AUTO }
+#endif
 
 /* Pure: computes what moea2a_moe_create would allocate on this rank. */
 MOEA2A_API moea2a_result_t moea2a_moe_workspace_size(moea2a_comm_t comm, const moea2a_moe_config_t *config,
@@ -556,7 +599,12 @@ typedef struct {
     void *workspace;       /* rank-major on CUDA: moea2a_expert_gemm_workspace_size bytes */
     size_t workspace_size;
 } moea2a_expert_gemm_t;
-#define MOEA2A_EXPERT_GEMM_INITIALIZER { sizeof(moea2a_expert_gemm_t), MOEA2A_VERSION_CODE }
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_expert_gemm_t, moea2a_expert_gemm_initializer_, MOEA2A_SIZE_VERSION_(moea2a_expert_gemm_t))
+#define MOEA2A_EXPERT_GEMM_INITIALIZER moea2a_expert_gemm_initializer_()
+#else
+#define MOEA2A_EXPERT_GEMM_INITIALIZER { .size = sizeof(moea2a_expert_gemm_t), .version = MOEA2A_VERSION_CODE }
+#endif
 
 /* Bytes of workspace the call described by g needs (0 for expert-major and host memory). */
 MOEA2A_API moea2a_result_t moea2a_expert_gemm_workspace_size(const moea2a_expert_gemm_t *g, size_t *bytes);

@@ -36,6 +36,9 @@ for v in $table; do grep -q "$v" "$src/man/man7/moea2a.7" || undocumented="$undo
 [ -z "$undocumented" ]; check $? "every variable is documented in moea2a(7)${undocumented:+ (missing:$undocumented)}"
 dashes=$(grep -l -e '\\\[en\]' -e '\\f\[B\]--' -e '\\f\[B\]-[A-Za-z]' "$src"/man/man[137]/*.[137] 2>/dev/null | tr '\n' ' ')
 [ -z "$dashes" ]; check $? "options in the man pages are ASCII minus signs, not en dashes or hyphens${dashes:+ ($dashes)}"
+# pandoc reads $...$ as TeX math: "$(libdir)" pairs in man/md must be written \$ to survive
+lost=$(grep -L '\$(libdir)/libmoea2a.so' "$src/man/man7/moea2a.7")
+[ -z "$lost" ]; check $? "moea2a(7) FILES shows \$(libdir) paths as written (no TeX math)"
 sourced=$(env -i PATH="$PATH" sh -c "eval \"\$(\"$build/tools/moea2a_info\" -c)\" && echo \"\$MOEA2A_DEBUG \$MOEA2A_NUM_SMS\"" 2>&1)
 [ "$sourced" = "WARN 48" ]; check $? "moea2a_info -c is NAME=value lines a shell can source (got '$sourced')"
 shown=$(MOEA2A_KEY=do-not-print-this "$build/tools/moea2a_info" -c | grep -c do-not-print-this)
