@@ -166,7 +166,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: moea2a_perf [options]\n"
-            "  -n, --ranks N        fork N local ranks (default: from the launcher's environment, else 2)\n"
+            "  -n, --ranks N        fork N local ranks, 1..64, or cores: one per core (default: from the\n"
+            "                       launcher's environment, else 2)\n"
             "  -T, --threads        the N local ranks as threads of one process: ranks that share a GPU\n"
             "                       (N above the GPU count) run at once; without NCCL, which refuses\n"
             "                       that: MOEA2A_TRANSPORT=ucx (the load/store path over CUDA IPC)\n"
@@ -237,7 +238,12 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:T", opts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (parse_int(optarg, 1, 64, &nranks)) return bad_option("--ranks", optarg, "takes 1..64");
+            if (!strcmp(optarg, "cores")) { /* one rank per core: steady times (see the warning below) */
+                long cores = sysconf(_SC_NPROCESSORS_ONLN);
+                nranks = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+            } else if (parse_int(optarg, 1, 64, &nranks)) {
+                return bad_option("--ranks", optarg, "takes 1..64 or cores");
+            }
             break;
         case 'T': threads = 1; break;
         case 'o':
