@@ -98,7 +98,8 @@ typedef struct {
 /* The *_INITIALIZER macros: every field named is set, the rest zero. In C they are
  * designated initializers; in C++ (before C++20 has them) calls of inline functions
  * that value-initialize the struct and set the same fields. Both compile clean under
- * -Wall -Wextra (-Wmissing-field-initializers) and keep working as structs grow. */
+ * -Wall -Wextra (-Wmissing-field-initializers) and keep working as structs grow.
+ * Names ending in _ are this header's own helpers, not part of the API. */
 #ifdef __cplusplus
 #define MOEA2A_INIT_FN_(type, fn, sets) \
     static inline type fn(void) { type v_ = type(); sets; return v_; }

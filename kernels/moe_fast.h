@@ -32,6 +32,10 @@ extern "C" {
 #define M2A_FAST_CTL_STATS 16  /* offset of the stats in the counters */
 #define M2A_FAST_CTL_QREADY 128 /* offset of the quantized-groups counters */
 #define M2A_FAST_QCHUNKS 64
+/* After the counters: a rank whose own checks failed writes its message here (text,
+ * NUL-terminated) before its kernel tells the peers; a peer that learns of the failure
+ * reads it from that rank's workspace, so every rank reports the reason. */
+#define M2A_FAST_REASON_BYTES 256
 
 /* The device error record (first error wins): code is a moea2a_result_t, peer the rank
  * it concerns, what the step (M2A_FAST_AT_*). */

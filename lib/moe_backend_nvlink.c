@@ -20,11 +20,13 @@
 #include "moe_symmetric.h"
 #include "params.h"
 
-/* signals peers write, block scratch, counters (the formula: A(16 ep) + A(1024) + A(384)),
- * and the device error record's host copy; copy-engine mode's share after it */
+/* signals peers write, block scratch, counters, a failed check's reason (the formula:
+ * A(16 ep) + A(1024) + A(384) + A(256)), and the device error record's host copy;
+ * copy-engine mode's share after it */
 static void nvlink_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
 {
-    out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES);
+    out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES) +
+                     m2a_align(M2A_FAST_REASON_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
     out->quantized_rows = 1;
     if (c->flags & MOEA2A_MOE_COPY_ENGINE) m2a_ce_size(c, ep, out);
@@ -55,6 +57,8 @@ typedef struct {
     uint32_t qfuse, qfuse_ue8m0, qfuse_f16;
     unsigned fp8_finished; /* bit i: payload i is FP8, finished by the in-copy kernels (f.qfin) */
     int sms; /* the GPU's */
+    size_t reason;                           /* workspace offset of the reason region */
+    char reason_text[M2A_FAST_REASON_BYTES]; /* what this rank last wrote there */
 } fast_state_t;
 
 static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
@@ -72,6 +76,7 @@ static void fast_params(moea2a_moe_t moe)
     f->sig = l->backend_ctl; /* the regions of nvlink_size, in order */
     f->blocks = f->sig + m2a_align(M2A_FAST_SIG_BYTES(moe->comm->nranks));
     f->ctl = f->blocks + m2a_align(M2A_FAST_BLOCK_BYTES);
+    st->reason = f->ctl + m2a_align(M2A_FAST_CTL_BYTES);
     f->recv_counts = l->recv_counts, f->send_map = l->send_map, f->combine = l->combine;
     f->combine_row = l->combine_row, f->combine_dtype = moe->cfg.combine_dtype, f->hidden = moe->cfg.hidden;
     f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
@@ -218,6 +223,31 @@ static const char *step_name(int what)
     }
 }
 
+/* Before the launch that tells the peers this rank's checks failed: its message (the
+ * call's name left out, the peers name the call) into its workspace's reason region,
+ * in order on the stream. */
+static void publish_reason(moea2a_moe_t moe, void *stream)
+{
+    fast_state_t *st = moe->state;
+    const char *m = moea2a_last_error(moe->comm), *colon = strstr(m, ": ");
+    if (!strncmp(m, "moea2a_", 7) && colon) m = colon + 2;
+    snprintf(st->reason_text, sizeof(st->reason_text), "%s", m);
+    (void)OPS->copy_async(moe->ws + st->reason, st->reason_text, strlen(st->reason_text) + 1, M2A_CUDA_H2D, stream);
+}
+
+/* Why rank peer's call failed, as it wrote it into its workspace (publish_reason). */
+static void peer_reason(moea2a_moe_t moe, int peer, char *why, size_t len)
+{
+    const fast_state_t *st = moe->state;
+    char text[M2A_FAST_REASON_BYTES] = "";
+    if (peer >= 0 && peer < moe->comm->nranks &&
+        OPS->copy(text, (const unsigned char *)st->f.peer[peer] + st->reason, sizeof(text), M2A_CUDA_D2H) == 0 &&
+        (text[sizeof(text) - 1] = 0, text[0]))
+        snprintf(why, len, "rank %d: %s", peer, text);
+    else
+        snprintf(why, len, "that rank's arguments failed its checks");
+}
+
 /* The context's state: an earlier failure, or an error a kernel recorded. */
 static moea2a_result_t fast_status(moea2a_moe_t moe)
 {
@@ -232,11 +262,11 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
     __sync_synchronize();
     int peer = h->peer, what = h->what;
     st->poisoned = (moea2a_result_t)code;
-    char step[96];
+    char step[96], why[M2A_FAST_REASON_BYTES + 64];
     snprintf(step, sizeof(step), step_name(what), peer);
-    const char *why = code == MOEA2A_ERR_TIMEOUT    ? "no progress within MOEA2A_TIMEOUT_S"
-                      : code == MOEA2A_ERR_MISMATCH ? "it passed a different runtime_max_tokens_per_rank"
-                                                    : "that rank's arguments failed its checks";
+    if (code == MOEA2A_ERR_TIMEOUT) snprintf(why, sizeof(why), "no progress within MOEA2A_TIMEOUT_S");
+    else if (code == MOEA2A_ERR_MISMATCH) snprintf(why, sizeof(why), "it passed a different runtime_max_tokens_per_rank");
+    else peer_reason(moe, peer, why, sizeof(why));
     return m2a_error(comm, (moea2a_result_t)code,
                      "moea2a (load/store path): %s %s (%s, after %.1f s at most); the context must be destroyed",
                      moea2a_strerror((moea2a_result_t)code), step, why, comm->timeout_s);
@@ -366,6 +396,7 @@ static moea2a_result_t fast_dispatch(moea2a_moe_t moe, int n, const int32_t *ids
         status = r;
         memset(&pay, 0, sizeof(pay));
     }
+    if (status != MOEA2A_SUCCESS && (phases & M2A_FAST_SEND)) publish_reason(moe, stream);
     if (st->ce && (phases & M2A_FAST_SEND)) {
         moea2a_result_t c = ce_send(moe, n, ids, weights, pay, stride, status, stream);
         if (c != MOEA2A_SUCCESS) { /* the peers wait for rows or a signal that will not come */
@@ -417,6 +448,7 @@ static moea2a_result_t fast_combine(moea2a_moe_t moe, const void *expert_out, vo
     if (ce) M2A_TRY(m2a_ce_combine_check(moe, stream));
     const int n = out && !status && !ce ? moe->num_tokens : 0;
     (void)OPS->clear_error();
+    if (status != MOEA2A_SUCCESS && (phases & M2A_FAST_SEND)) publish_reason(moe, stream);
     int e = OPS->fast_combine(&st->f, st->blocks, n, moe->stride, status ? NULL : rows, status || ce ? NULL : out,
                               (int)status, phases, stream);
     if (e) {

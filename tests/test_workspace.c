@@ -26,7 +26,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
     size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap) +
                  A(4 * (size_t)c->num_experts) + A(4 * n) + A(4 * n) + A(16);
-    if (lsa) aux += A(16 * n) + A(1024) + A(384); /* load/store path control */
+    if (lsa) aux += A(16 * n) + A(1024) + A(384) + A(256); /* load/store path control, a failed check's reason */
     size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
     for (int i = 0; i < c->num_payloads; i++) {
         size_t s;
