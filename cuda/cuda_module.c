@@ -7,7 +7,14 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda_module.h"
+#include "comm/cuda_module.h"
+#include "expert_kernels.h"
+#include "fp4_gemm.h"
+#include "fp4_kernels.h"
+#include "fp8_kernels.h"
+#include "moe_fast.h"
+#include "moe_kernels.h"
+#include "wire_kernels.h"
 
 _Static_assert(M2A_CUDA_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady moved");
 _Static_assert(M2A_CUDA_NOT_SUPPORTED == (int)cudaErrorNotSupported, "cudaErrorNotSupported moved");

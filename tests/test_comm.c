@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "bootstrap.h" /* only to reach the root address inside an id */
+#include "wireup/bootstrap.h" /* only to reach the root address inside an id */
 #include "local_ranks.h"
 #include "moea2a.h"
 #include "tap.h"
@@ -226,6 +227,7 @@ typedef struct {
     const char *says;
     double within_s;
     double timeout_s; /* 0: 30 s */
+    volatile int verdicts; /* ranks that have their result (the case lives in shared memory) */
 } env_case_t;
 
 static int env_case_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -251,7 +253,25 @@ static int env_case_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
                 "init_env: %s after %.2f s: %s (want %s saying '%s' within %.0f s)", moea2a_strerror(r), took,
                 r ? moea2a_last_error(NULL) : "", moea2a_strerror(c->want), c->says, c->within_s);
     if (r == MOEA2A_SUCCESS) moea2a_comm_destroy(comm);
+    /* stay until every rank has its result: rank 0's process serves the rendezvous,
+     * and a rank that starts late must still find it (as in a job whose ranks are not
+     * killed the moment one fails) */
+    env_case_t *shared = (env_case_t *)arg;
+    __sync_fetch_and_add(&shared->verdicts, 1);
+    for (int i = 0; i < 2000 && shared->verdicts < n; i++) usleep(5000);
     return fails;
+}
+
+/* Runs case c on n forked ranks (in memory they share); 1 when every rank passed. */
+static int run_env_case(int n, env_case_t c)
+{
+    env_case_t *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED) return 0;
+    *s = c;
+    local_ranks_result_t res;
+    local_ranks_run(n, env_case_rank, s, WATCHDOG, &res);
+    munmap(s, sizeof(*s));
+    return res.failed == 0;
 }
 
 static int ipv6_loopback(void)
@@ -289,22 +309,17 @@ static void test_init_env(void)
         tap_skip("no IPv6 loopback", "moea2a_comm_init_env with an IPv6 MOEA2A_ROOT_ADDR");
     }
     env_case_t nr = {root, {0, 4, 0}, {-1, -1, -1}, MOEA2A_ERR_MISMATCH, "nranks=", 5.0};
-    local_ranks_run(3, env_case_rank, &nr, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "init_env: a rank whose MOEA2A_NRANKS differs: MOEA2A_ERR_MISMATCH naming it on every rank "
+    tap_ok(run_env_case(3, nr), "init_env: a rank whose MOEA2A_NRANKS differs: MOEA2A_ERR_MISMATCH naming it on every rank "
                             "at once");
     env_case_t twice = {root, {0, 0}, {-1, 0}, MOEA2A_ERR_MISMATCH, "as rank 0", 5.0};
-    local_ranks_run(2, env_case_rank, &twice, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "init_env: two processes with MOEA2A_RANK=0: MOEA2A_ERR_MISMATCH on both at once");
+    tap_ok(run_env_case(2, twice), "init_env: two processes with MOEA2A_RANK=0: MOEA2A_ERR_MISMATCH on both at once");
     env_case_t alone = {root, {2}, {1}, MOEA2A_ERR_TIMEOUT, "is rank 0 running", 6.0, 2.0};
-    local_ranks_run(1, env_case_rank, &alone, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "init_env: a rank whose root never listens fails at its timeout, asking whether rank 0 "
+    tap_ok(run_env_case(1, alone), "init_env: a rank whose root never listens fails at its timeout, asking whether rank 0 "
                             "runs at MOEA2A_ROOT_ADDR");
     env_case_t nohost = {"nohost.invalid:1234", {0}, {-1}, MOEA2A_ERR_INVALID_ARGUMENT, "does not resolve", 5.0};
-    local_ranks_run(1, env_case_rank, &nohost, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "init_env: a MOEA2A_ROOT_ADDR host that does not resolve is named as such");
+    tap_ok(run_env_case(1, nohost), "init_env: a MOEA2A_ROOT_ADDR host that does not resolve is named as such");
     env_case_t nobrackets = {"::1:1234", {0}, {-1}, MOEA2A_ERR_INVALID_ARGUMENT, "brackets", 5.0};
-    local_ranks_run(1, env_case_rank, &nobrackets, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "init_env: an IPv6 MOEA2A_ROOT_ADDR without brackets says how to write it");
+    tap_ok(run_env_case(1, nobrackets), "init_env: an IPv6 MOEA2A_ROOT_ADDR without brackets says how to write it");
 
     moea2a_comm_t comm;
     unsetenv("MOEA2A_RANK");

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
+#include "wireup/bootstrap.h"
 #include "moea2a.h"
 #include "tap.h"
 

@@ -9,16 +9,16 @@
 
 #include <sys/wait.h>
 
-#include "auth.h"
-#include "bootstrap.h"
-#include "cuda_loader.h"
-#include "error.h"
+#include "wireup/auth.h"
+#include "wireup/bootstrap.h"
+#include "comm/cuda.h"
+#include "base/error.h"
 #include "local_ranks.h"
-#include "log.h"
-#include "moe_symmetric.h"
+#include "base/log.h"
+#include "moe/backend/symmetric.h"
 #include "moea2a.h"
-#include "params.h"
-#include "socket.h"
+#include "base/params.h"
+#include "wireup/socket.h"
 #include "tap.h"
 
 static void test_logging(void)
@@ -121,7 +121,7 @@ static void test_params(void)
            "integers parse; fractions and overflow are rejected");
 
     setenv("MOEA2A_TIMEOUT_S", "soon", 1);
-    tap_ok(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", &d) == MOEA2A_ERR_INVALID_ARGUMENT &&
+    tap_ok(m2a_param_double("MOEA2A_TIMEOUT_S", &d) == MOEA2A_ERR_INVALID_ARGUMENT &&
                strstr(moea2a_last_error(NULL), "MOEA2A_TIMEOUT_S='soon'"),
            "a malformed variable is an error that names it");
     moea2a_unique_id_t id;
@@ -129,7 +129,7 @@ static void test_params(void)
     setenv("MOEA2A_TIMEOUT_S", "-1", 1);
     tap_ok(moea2a_get_unique_id(&id) == MOEA2A_ERR_INVALID_ARGUMENT, "... and a negative one");
     unsetenv("MOEA2A_TIMEOUT_S");
-    tap_ok(m2a_param_double(NULL, "MOEA2A_TIMEOUT_S", &d) == MOEA2A_SUCCESS && d == 300.0, "default timeout is 300 s");
+    tap_ok(m2a_param_double("MOEA2A_TIMEOUT_S", &d) == MOEA2A_SUCCESS && d == 300.0, "default timeout is 300 s");
 }
 
 static void test_addresses(void)
@@ -173,17 +173,17 @@ static void *ring_rank(void *p)
 {
     ring_arg_t *a = p;
     m2a_bootstrap_t *bs;
-    if (m2a_bootstrap_join(NULL, &a->id, a->rank, RING_N, 20.0, &bs)) {
+    if (m2a_bootstrap_join(&a->id, a->rank, RING_N, 20.0, &bs)) {
         a->fails++;
         return NULL;
     }
     unsigned char *data = malloc((size_t)RING_N * RING_BLOCK);
     for (size_t i = 0; i < RING_BLOCK; i++) data[(size_t)a->rank * RING_BLOCK + i] = (unsigned char)(a->rank * 7 + i);
-    if (m2a_bootstrap_allgather(NULL, bs, data, RING_BLOCK)) a->fails++;
+    if (m2a_bootstrap_allgather(bs, data, RING_BLOCK)) a->fails++;
     for (int r = 0; r < RING_N; r++)
         for (size_t i = 0; i < RING_BLOCK; i += 4093)
             if (data[(size_t)r * RING_BLOCK + i] != (unsigned char)(r * 7 + i)) a->fails++;
-    if (m2a_bootstrap_barrier(NULL, bs)) a->fails++;
+    if (m2a_bootstrap_barrier(bs)) a->fails++;
     free(data);
     m2a_bootstrap_close(bs);
     return NULL;
@@ -225,7 +225,7 @@ static void test_bootstrap_ring(void)
     m2a_id_t id = {.magic = M2A_ID_MAGIC, .tag = 0x1234,
                    .root = {.in4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)}}};
     memset(id.key, 0x5a, sizeof(id.key));
-    tap_ok(m2a_bootstrap_serve(&id, 20.0, NULL) == MOEA2A_SUCCESS, "rendezvous service starts");
+    tap_ok(m2a_rendezvous_serve(&id, 20.0, NULL) == MOEA2A_SUCCESS, "rendezvous service starts");
     pthread_t t[RING_N];
     ring_arg_t a[RING_N];
     for (int r = 0; r < RING_N; r++) {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
+#include "base/convert.h"
 #include "perf.h"
 #include "perf_mem.h"
 

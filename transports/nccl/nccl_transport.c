@@ -13,9 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
 #include "moea2a.h"
-#include "transport_api.h"
+#include "moea2a_transport_v1.h"
 #include "nccl_internal.h"
 
 /* Aborts c's NCCL communicator once: ncclCommAbort frees it, so a second abort (at
@@ -30,7 +29,7 @@ void m2a_nccl_abort_once(nccl_comm_t *c)
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded. */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
 {
-    double deadline = m2a_now() + c->core->timeout_s;
+    double deadline = moea2a_transport_now() + c->core->timeout_s;
     while (rc == ncclSuccess || rc == ncclInProgress) {
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess) break;
@@ -39,7 +38,7 @@ int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
             rc = st;
             break;
         }
-        if (m2a_now() > deadline) {
+        if (moea2a_transport_now() > deadline) {
             m2a_nccl_abort_once(c);
             return fail(c, MOEA2A_ERR_TIMEOUT, "nccl: %s did not complete within %.1f s (MOEA2A_TIMEOUT_S); a peer may have died",
                         what, c->core->timeout_s);
@@ -111,11 +110,11 @@ static void nccl_finalize(void *tcomm, int force)
          * destroy. Broken, forced, or not settling in time: abort. */
         ncclResult_t st = ncclInternalError;
         if (!force && !c->failed) {
-            double deadline = m2a_now() + c->core->timeout_s;
+            double deadline = moea2a_transport_now() + c->core->timeout_s;
             st = ncclCommFinalize(c->nc);
             while (st == ncclSuccess || st == ncclInProgress) {
                 if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess) st = ncclInternalError;
-                if (st != ncclInProgress || m2a_now() > deadline) break;
+                if (st != ncclInProgress || moea2a_transport_now() > deadline) break;
                 sched_yield();
             }
         }
@@ -184,9 +183,9 @@ static int nccl_barrier(void *tcomm, void **op)
         return fail(c, MOEA2A_ERR_NO_MEMORY, "nccl barrier: cudaMalloc");
     }
     r = m2a_nccl_settle(c, ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c->nc, s), "barrier");
-    double deadline = m2a_now() + c->core->timeout_s;
+    double deadline = moea2a_transport_now() + c->core->timeout_s;
     while (r == MOEA2A_SUCCESS && cudaStreamQuery(s) == cudaErrorNotReady) {
-        if (m2a_now() > deadline) {
+        if (moea2a_transport_now() > deadline) {
             m2a_nccl_abort_once(c);
             r = fail(c, MOEA2A_ERR_TIMEOUT, "nccl barrier: not every rank arrived within %.1f s", c->core->timeout_s);
         }
@@ -261,9 +260,9 @@ static int nccl_external_bcast(void *external, void *buf, size_t bytes, int root
     ncclResult_t nr = r ? ncclSuccess : ncclBroadcast(d, d, bytes, ncclUint8, root, nc, s);
     if (nr != ncclSuccess && nr != ncclInProgress) r = MOEA2A_ERR_TRANSPORT;
     if (!r && cudaMemcpyAsync(buf, d, bytes, cudaMemcpyDeviceToHost, s) != cudaSuccess) r = MOEA2A_ERR_CUDA;
-    double deadline = m2a_now() + timeout_s;
+    double deadline = moea2a_transport_now() + timeout_s;
     while (!r && cudaStreamQuery(s) == cudaErrorNotReady) {
-        if (m2a_now() > deadline) r = MOEA2A_ERR_TIMEOUT;
+        if (moea2a_transport_now() > deadline) r = MOEA2A_ERR_TIMEOUT;
         sched_yield();
     }
     if (r != MOEA2A_ERR_TIMEOUT) { /* a stream stuck in NCCL must not be freed under it */

@@ -13,8 +13,7 @@
 #include <ucp/api/ucp.h>
 
 #include "moea2a.h"
-#include "transport_api.h"
-#include "clock.h"
+#include "moea2a_transport_v1.h"
 
 enum { OP_ALLTOALLV = 1, OP_ALLGATHER, OP_BCAST, OP_BARRIER };
 
@@ -192,7 +191,7 @@ static void ucx_finalize(void *tcomm, int force)
 {
     ucx_comm_t *c = tcomm;
     if (c->eps) {
-        double deadline = m2a_now() + (force ? 1.0 : c->core->timeout_s);
+        double deadline = moea2a_transport_now() + (force ? 1.0 : c->core->timeout_s);
         for (int r = 0; r < c->nranks; r++) {
             if (!c->eps[r]) continue;
             /* A peer UCX reported dead cannot take part in a graceful close. */
@@ -201,7 +200,7 @@ static void ucx_finalize(void *tcomm, int force)
                                      .flags = hard ? UCP_EP_CLOSE_FLAG_FORCE : 0};
             void *req = ucp_ep_close_nbx(c->eps[r], &p);
             if (UCS_PTR_IS_PTR(req)) {
-                while (ucp_request_check_status(req) == UCS_INPROGRESS && m2a_now() < deadline)
+                while (ucp_request_check_status(req) == UCS_INPROGRESS && moea2a_transport_now() < deadline)
                     ucp_worker_progress(c->worker);
                 ucp_request_free(req);
             }

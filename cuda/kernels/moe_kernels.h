@@ -1,0 +1,40 @@
+/* CUDA kernels of the MoE data path, launched on the caller's stream. They mirror
+ * lib/moe_host.c step for step and produce the same bits. Each returns 0 or a
+ * cudaError_t of the launch. */
+#ifndef M2A_MOE_KERNELS_H
+#define M2A_MOE_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/cuda_module.h"
+#include "moea2a.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* send_counts[ep], send_map[n][k] (rank*cap+slot ascending by rank, then -1),
+ * stats[0] += invalid entries, stats[1] += merged entries. Slots follow token order
+ * through prefix sums: no atomic decides any order. */
+int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
+                   unsigned long long *stats, void *stream);
+/* Each token's arrays to its own receive slots (self) or the staging region of each
+ * staged destination. */
+int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
+                  const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
+                  void *stream);
+/* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
+int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
+                      int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);
+/* out[t] = fp32 sum of the token's rows in ascending rank order, rounded once; across
+ * nodes (p->nodes > 1) the node-grouped order of moea2a_moe(3): each node's partial
+ * rounded to dtype, the partials added in ascending node order, rounded. */
+int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
+                     const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
+
+/* Loads this file's kernels now (kernels/load.cuh says why). */
+int m2a_cuda_moe_load(void);
+#ifdef __cplusplus
+}
+#endif
+#endif

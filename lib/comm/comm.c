@@ -1,0 +1,367 @@
+/* Communicator life cycle: unique ids, init (by id, from the environment), destroy. */
+#include <arpa/inet.h>
+#include <math.h>
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wireup/auth.h"
+#include "base/clock.h"
+#include "comm/comm.h"
+#include "base/log.h"
+#include "base/params.h"
+#include "wireup/socket.h"
+
+/* Through the version field: a caller compiled against an older header passes a
+ * smaller struct; fields it does not know keep their defaults. */
+#define CONFIG_MIN_SIZE (offsetof(moea2a_config_t, version) + sizeof(unsigned int))
+
+static moea2a_result_t default_timeout(double *t)
+{
+    M2A_TRY(m2a_param_double("MOEA2A_TIMEOUT_S", t));
+    if (*t <= 0)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_TIMEOUT_S=%g must be positive", *t);
+    return MOEA2A_SUCCESS;
+}
+
+/* The caller's config (or the defaults) with the effective timeout filled in:
+ * config.timeout_s when set, else MOEA2A_TIMEOUT_S. */
+static moea2a_result_t read_config(const moea2a_config_t *in, moea2a_config_t *out)
+{
+    *out = (moea2a_config_t)MOEA2A_CONFIG_INITIALIZER;
+    if (!in) return default_timeout(&out->timeout_s);
+    if (in->size < CONFIG_MIN_SIZE || in->size > 65536)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "config.size=%zu is not a moea2a_config_t size: start from MOEA2A_CONFIG_INITIALIZER",
+                         in->size);
+    memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
+    if (in->size > sizeof(*out))
+        M2A_INFO(M2A_SUBSYS_INIT, "config from a newer header (version %u, %zu bytes): unknown fields ignored",
+                 in->version, in->size);
+    out->size = sizeof(*out);
+    if (out->timeout_s == 0 || !isfinite(out->timeout_s))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "config.timeout_s=%g must be a positive number of seconds (or negative for MOEA2A_TIMEOUT_S)",
+                         out->timeout_s);
+    return out->timeout_s < 0 ? default_timeout(&out->timeout_s) : MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
+{
+    if (!uid) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: id is NULL");
+    double timeout;
+    M2A_TRY(default_timeout(&timeout));
+    m2a_sockaddr_t addr;
+    char why[128];
+    if (m2a_sock_pick_addr(&addr, AF_INET, why, sizeof(why)))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_get_unique_id: %s", why);
+    m2a_id_t id = {.magic = M2A_ID_MAGIC, .root = addr};
+    M2A_TRY(m2a_random(&id.tag, sizeof(id.tag)));
+    M2A_TRY(m2a_random(id.key, sizeof(id.key)));
+    M2A_TRY(m2a_rendezvous_serve(&id, timeout, NULL));
+    memset(uid, 0, sizeof(*uid));
+    memcpy(uid->internal, &id, sizeof(id));
+    memset(id.key, 0, sizeof(id.key));
+    return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t *id, int rank,
+                                 const moea2a_config_t *user_config, void *external_nccl)
+{
+    moea2a_config_t cfg;
+    M2A_TRY(read_config(user_config, &cfg));
+    double timeout = cfg.timeout_s;
+
+    moea2a_comm_t comm = calloc(1, sizeof(*comm));
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
+    comm->rank = rank;
+    comm->nranks = nranks;
+    comm->timeout_s = timeout;
+    comm->cuda_device = cfg.cuda_device;
+    comm->core.external_comm = external_nccl;
+    m2a_log_set_rank(rank);
+
+    /* Modules first: a missing transport fails here, on every rank alike, before any
+     * rank waits on the network. */
+    const char *spec = cfg.transport ? cfg.transport : m2a_param_str("MOEA2A_TRANSPORT");
+    moea2a_result_t r = m2a_transports_open(comm, spec);
+    if (r == MOEA2A_SUCCESS) r = m2a_comm_record(comm, m2a_bootstrap_join(id, rank, nranks, timeout, &comm->bs));
+    if (r == MOEA2A_SUCCESS) r = m2a_nodemap_build(comm, &comm->nodes);
+    if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
+    if (r != MOEA2A_SUCCESS) {
+        m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
+        m2a_transports_close(comm, 1);
+        m2a_bootstrap_close(comm->bs);
+        m2a_nodemap_free(&comm->nodes);
+        free(comm);
+        return r;
+    }
+    M2A_INFO(M2A_SUBSYS_INIT, "communicator ready: rank %d of %d, timeout %.1f s", rank, nranks, timeout);
+    *out = comm;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_init_rank(moea2a_comm_t *comm, int nranks, moea2a_unique_id_t uid, int rank,
+                                      const moea2a_config_t *config)
+{
+    M2A_CHECK_ARG(NULL, comm, "moea2a_comm_init_rank: comm is NULL");
+    *comm = NULL;
+    M2A_CHECK_ARG(NULL, nranks >= 1 && nranks <= (1 << 20), "moea2a_comm_init_rank: nranks=%d is out of range 1..%d",
+                  nranks, 1 << 20);
+    M2A_CHECK_ARG(NULL, rank >= 0 && rank < nranks, "moea2a_comm_init_rank: rank=%d is out of range 0..%d", rank,
+                  nranks - 1);
+    m2a_id_t id;
+    memcpy(&id, uid.internal, sizeof(id));
+    M2A_CHECK_ARG(NULL, id.magic == M2A_ID_MAGIC,
+                  "moea2a_comm_init_rank: the unique id was not made by moea2a_get_unique_id (foreign or "
+                  "uninitialized id)");
+    return comm_init(comm, nranks, &id, rank, config, NULL);
+}
+
+/* ---- init from the environment ----------------------------------------------- */
+
+static int env_long(const char *const *names, long *out, const char **which)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && *v && !m2a_parse_long(v, out)) {
+            *which = *names;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* An identifier the launcher gives every process of one job, or "". */
+static void job_id(char *buf, size_t len)
+{
+    const char *ompi = getenv("OMPI_MCA_ess_base_jobid"), *pmix = getenv("PMIX_NAMESPACE");
+    const char *sj = getenv("SLURM_JOB_ID"), *ss = getenv("SLURM_STEP_ID");
+    if (ompi) snprintf(buf, len, "ompi:%s", ompi);
+    else if (pmix) snprintf(buf, len, "pmix:%s", pmix);
+    else if (sj) snprintf(buf, len, "slurm:%s.%s", sj, ss ? ss : "0");
+    else buf[0] = 0;
+}
+
+static int single_node(long nranks)
+{
+    long local;
+    const char *which;
+    static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", NULL};
+    const char *nodes = getenv("SLURM_NNODES");
+    if (nodes && !strcmp(nodes, "1")) return 1;
+    return !env_long(local_vars, &local, &which) && local == nranks;
+}
+
+moea2a_result_t moea2a_comm_init_env(moea2a_comm_t *comm, const moea2a_config_t *config)
+{
+    static const char *const rank_vars[] = {"MOEA2A_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", NULL};
+    static const char *const size_vars[] = {"MOEA2A_NRANKS", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", NULL};
+    M2A_CHECK_ARG(NULL, comm, "moea2a_comm_init_env: comm is NULL");
+    *comm = NULL;
+    long rank, nranks;
+    const char *rv, *nv;
+    if (env_long(rank_vars, &rank, &rv) || env_long(size_vars, &nranks, &nv))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_comm_init_env: cannot tell this process's rank and size: set MOEA2A_RANK and "
+                         "MOEA2A_NRANKS, or start it with mpirun or srun");
+    M2A_CHECK_ARG(NULL, nranks >= 1 && nranks <= (1 << 20) && rank >= 0 && rank < nranks,
+                  "moea2a_comm_init_env: %s=%ld and %s=%ld are inconsistent", rv, rank, nv, nranks);
+
+    char jid[256], root_text[300];
+    job_id(jid, sizeof(jid));
+    const char *root = m2a_param_str("MOEA2A_ROOT_ADDR");
+    if (*root) {
+        snprintf(root_text, sizeof(root_text), "%s", root);
+    } else if (*jid && single_node(nranks)) {
+        /* One node under a launcher: a port every rank derives alike from the job id,
+         * below Linux's ephemeral range (32768+) so no outgoing connection holds it. */
+        snprintf(root_text, sizeof(root_text), "127.0.0.1:%u", 20000u + (unsigned)(fnv1a(jid) % 12000u));
+    } else {
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_comm_init_env: set MOEA2A_ROOT_ADDR=host:port (an address of the node that "
+                         "runs rank 0, and a free port)");
+    }
+    /* The tag only names the rendezvous; what admits a rank is the key, which comes
+     * from the launcher (MOEA2A_KEY, MOEA2A_KEY_FILE) and never from public values.
+     * Neither depends on nranks: a rank that disagrees on it reaches the rendezvous,
+     * which tells every rank (MOEA2A_ERR_MISMATCH), as it does for moea2a_comm_init_rank. */
+    m2a_id_t id = {.magic = M2A_ID_MAGIC, .flags = M2A_ID_FROM_ENV};
+    char tag_text[600];
+    snprintf(tag_text, sizeof(tag_text), "%s|%s", root_text, jid);
+    id.tag = fnv1a(tag_text);
+    int have_key;
+    M2A_TRY(m2a_env_key(id.key, &have_key));
+    if (!have_key) {
+        static int warned;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            M2A_WARN(M2A_SUBSYS_INIT, "moea2a_comm_init_env: the rendezvous is unauthenticated: any process that "
+                     "can reach %s can join as a rank; set MOEA2A_KEY or MOEA2A_KEY_FILE on every rank", root_text);
+        m2a_sha256(tag_text, strlen(tag_text), id.key);
+    }
+    char why[400];
+    if (m2a_sock_parse_addr(root_text, &id.root, why, sizeof(why)))
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_init_env: MOEA2A_ROOT_ADDR: %s", why);
+    if (m2a_sock_port(&id.root) == 0)
+        return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT,
+                         "moea2a_comm_init_env: MOEA2A_ROOT_ADDR='%s' has no port (host:port, or [IPv6]:port)",
+                         root_text);
+    moea2a_config_t cfg;
+    M2A_TRY(read_config(config, &cfg));
+    if (rank == 0) {
+        int in_use = 0;
+        moea2a_result_t served = m2a_rendezvous_serve(&id, cfg.timeout_s, &in_use);
+        /* Someone listens there already: perhaps another process started as rank 0 of
+         * this job. Joining its rendezvous as rank 0 makes it tell every rank so
+         * (MOEA2A_ERR_MISMATCH); anything else there fails the handshake. */
+        if (served != MOEA2A_SUCCESS && in_use)
+            M2A_WARN(M2A_SUBSYS_INIT, "moea2a_comm_init_env: %s is in use; joining what listens there as rank 0",
+                     root_text);
+        else if (served != MOEA2A_SUCCESS)
+            return served;
+    }
+    M2A_INFO(M2A_SUBSYS_INIT, "init from environment: rank %ld of %ld (%s, %s), rendezvous %s", rank, nranks, rv, nv,
+             root_text);
+    moea2a_result_t r = comm_init(comm, (int)nranks, &id, (int)rank, config, NULL);
+    memset(id.key, 0, sizeof(id.key));
+    return r;
+}
+
+/* ---- init from a caller's NCCL communicator ------------------------------------- */
+
+moea2a_result_t moea2a_comm_init_nccl(moea2a_comm_t *comm, void *nccl_comm, const moea2a_config_t *config)
+{
+    M2A_CHECK_ARG(NULL, comm && nccl_comm, "moea2a_comm_init_nccl: comm and nccl_comm must not be NULL");
+    *comm = NULL;
+    moea2a_config_t cfg;
+    M2A_TRY(read_config(config, &cfg));
+    double timeout = cfg.timeout_s;
+    void *dl = NULL;
+    char why[512];
+    const moea2a_transport_v1_t *ops = m2a_transport_load("nccl", &dl, why, sizeof(why));
+    if (!ops || !ops->external_rank || !ops->external_bcast) {
+        if (dl) dlclose(dl);
+        return m2a_error(NULL, MOEA2A_ERR_UNAVAILABLE, "moea2a_comm_init_nccl: the nccl transport is not available: %s",
+                         ops ? "it cannot adopt a communicator" : why);
+    }
+    int rank, nranks;
+    moea2a_result_t r = (moea2a_result_t)ops->external_rank(nccl_comm, &rank, &nranks);
+    if (r != MOEA2A_SUCCESS) {
+        dlclose(dl);
+        return m2a_error(NULL, r, "moea2a_comm_init_nccl: not a usable NCCL communicator");
+    }
+    /* Rank 0 makes the id; the caller's communicator carries it to the others, so
+     * the caller needs no rendezvous of its own. A rank 0 that could not make one
+     * sends zeros, which every rank then rejects as a foreign id. */
+    moea2a_unique_id_t uid;
+    memset(&uid, 0, sizeof(uid));
+    moea2a_result_t made = rank == 0 ? moea2a_get_unique_id(&uid) : MOEA2A_SUCCESS;
+    r = (moea2a_result_t)ops->external_bcast(nccl_comm, &uid, sizeof(uid), 0, timeout);
+    dlclose(dl);
+    if (r != MOEA2A_SUCCESS)
+        return m2a_error(NULL, r, "moea2a_comm_init_nccl: broadcasting the rendezvous id over NCCL failed (%s)",
+                         moea2a_strerror(r));
+    if (made != MOEA2A_SUCCESS) return made;
+    m2a_id_t id;
+    memcpy(&id, uid.internal, sizeof(id));
+    if (id.magic != M2A_ID_MAGIC)
+        return m2a_error(NULL, MOEA2A_ERR_PEER_FAILED, "moea2a_comm_init_nccl: rank 0 could not make a rendezvous id");
+    return comm_init(comm, nranks, &id, rank, config, nccl_comm);
+}
+
+/* ---- the rest of the life cycle ------------------------------------------------ */
+
+moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn)
+{
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+    if (comm->broken != MOEA2A_SUCCESS)
+        return m2a_error(comm, MOEA2A_ERR_ABORTED,
+                         "%s: the communicator is unusable after an earlier failure (%s: %s); destroy it", fn,
+                         moea2a_strerror(comm->broken), comm->broken_why);
+    return MOEA2A_SUCCESS;
+}
+
+/* Device work of earlier calls may wait on a peer that failed (NCCL kernels have no
+ * timeout of their own): abort what can be aborted, so that no later CUDA call, the
+ * frees of destroy included, waits on it forever. */
+static void abort_transports(moea2a_comm_t comm)
+{
+    for (int i = 0; i < comm->ntr; i++)
+        if (comm->tr[i].ops->abort) comm->tr[i].ops->abort(comm->tr[i].tc);
+}
+
+moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
+{
+    if (r == MOEA2A_ERR_TIMEOUT || r == MOEA2A_ERR_PEER_FAILED || r == MOEA2A_ERR_TRANSPORT ||
+        r == MOEA2A_ERR_MISMATCH || r == MOEA2A_ERR_INTERNAL) {
+        if (comm->broken == MOEA2A_SUCCESS) {
+            memcpy(comm->broken_why, comm->last_error, sizeof(comm->broken_why));
+            abort_transports(comm);
+        }
+        comm->broken = r;
+    }
+    return r;
+}
+
+moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
+{
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_destroy: comm is NULL");
+    /* A healthy communicator waits for its peers so none tears down a connection
+     * another still uses; a broken one only releases what it holds. */
+    int force = comm->broken != MOEA2A_SUCCESS;
+    if (!force && comm->nranks > 1 && m2a_comm_barrier(comm) != MOEA2A_SUCCESS) force = 1;
+    moea2a_result_t r = force && comm->broken == MOEA2A_SUCCESS ? MOEA2A_ERR_PEER_FAILED : MOEA2A_SUCCESS;
+    if (r != MOEA2A_SUCCESS) m2a_error(NULL, r, "moea2a_comm_destroy: %s", comm->last_error);
+    m2a_transports_close(comm, force);
+    m2a_bootstrap_close(comm->bs);
+    m2a_nodemap_free(&comm->nodes);
+    free(comm);
+    return r;
+}
+
+moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm)
+{
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_abort: comm is NULL");
+    if (comm->broken == MOEA2A_SUCCESS) {
+        snprintf(comm->broken_why, sizeof(comm->broken_why), "aborted by the application");
+        abort_transports(comm);
+    }
+    comm->broken = MOEA2A_ERR_ABORTED;
+    M2A_INFO(M2A_SUBSYS_INIT, "communicator aborted by the application");
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank)
+{
+    M2A_CHECK_ARG(comm, comm && rank, "moea2a_comm_rank: comm and rank must not be NULL");
+    *rank = comm->rank;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size)
+{
+    M2A_CHECK_ARG(comm, comm && size, "moea2a_comm_size: comm and size must not be NULL");
+    *size = comm->nranks;
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_node(moea2a_comm_t comm, int *node, int *num_nodes, int *local_rank, int *local_size)
+{
+    M2A_CHECK_ARG(comm, comm, "moea2a_comm_node: comm is NULL");
+    const m2a_nodemap_t *m = &comm->nodes;
+    const int me = m->node[comm->rank];
+    if (node) *node = me;
+    if (num_nodes) *num_nodes = m->nnodes;
+    if (local_rank) *local_rank = m->local[comm->rank];
+    if (local_size) *local_size = m->size[me];
+    return MOEA2A_SUCCESS;
+}

@@ -1,0 +1,46 @@
+/* The communicator (comm.c): the object the core's upper layers share, its entry
+ * checks, and its out-of-band collectives over the bootstrap. */
+#ifndef M2A_COMM_H
+#define M2A_COMM_H
+#include <stddef.h>
+
+#include "base/error.h"
+#include "comm/last_error.h"
+#include "comm/nodemap.h"
+#include "comm/transport.h"
+#include "moea2a.h"
+#include "moea2a_transport_v1.h"
+#include "wireup/bootstrap.h"
+
+struct moea2a_comm {
+    int rank, nranks;
+    double timeout_s;
+    int cuda_device;
+    m2a_bootstrap_t *bs;
+    m2a_nodemap_t nodes; /* which ranks share a node */
+    m2a_transport_t tr[M2A_MAX_TRANSPORTS];
+    int ntr;
+    moea2a_core_v1_t core;
+    /* != MOEA2A_SUCCESS after a failure that leaves peers out of step (timeout,
+     * dead peer, abort): every later call returns MOEA2A_ERR_ABORTED. */
+    moea2a_result_t broken;
+    char broken_why[M2A_ERRMSG_LEN]; /* the message of the failure that broke it */
+    char last_error[M2A_ERRMSG_LEN];  /* moea2a_last_error(comm): last_error.c */
+};
+
+/* Entry check of every call on a communicator. */
+moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn);
+/* Marks comm broken when r means the peers may be out of step; returns r. */
+moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r);
+
+/* The bootstrap's collectives on this communicator's ranks, a failure recorded for it
+ * (not for the communicator's health: callers decide what a failure means). */
+static inline moea2a_result_t m2a_comm_allgather(moea2a_comm_t comm, void *data, size_t size)
+{
+    return m2a_comm_record(comm, m2a_bootstrap_allgather(comm->bs, data, size));
+}
+static inline moea2a_result_t m2a_comm_barrier(moea2a_comm_t comm)
+{
+    return m2a_comm_record(comm, m2a_bootstrap_barrier(comm->bs));
+}
+#endif

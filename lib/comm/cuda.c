@@ -1,0 +1,78 @@
+/* The CUDA module, loaded on first use (cuda_loader.h). It stays loaded until the
+ * process ends: device memory and kernels it owns may outlive any one context. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm/cuda.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "comm/modules.h"
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static const moea2a_cuda_v1_t *loaded;
+static char why_not[768];
+
+/* dlopen + symbol + ABI check; on failure why says what went wrong. */
+static const moea2a_cuda_v1_t *open_module(const char *path, void **dl, char *why, size_t len)
+{
+    *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!*dl) {
+        snprintf(why, len, "%s", dlerror());
+        return NULL;
+    }
+    const moea2a_cuda_v1_t *ops = dlsym(*dl, MOEA2A_CUDA_SYMBOL);
+    if (!ops)
+        snprintf(why, len, "%s has no symbol %s (not moea2a's CUDA module, or another ABI)", path, MOEA2A_CUDA_SYMBOL);
+    else if (ops->abi_version != MOEA2A_CUDA_ABI_VERSION) {
+        snprintf(why, len, "%s has ABI version %d, this library needs %d", path, ops->abi_version,
+                 MOEA2A_CUDA_ABI_VERSION);
+        ops = NULL;
+    }
+    if (!ops) {
+        dlclose(*dl);
+        *dl = NULL;
+    }
+    return ops;
+}
+
+static void load_once(void)
+{
+    char path[4096 + 256];
+    void *dl;
+    if (!m2a_module_find(M2A_CUDA_MODULE_NAME, path, sizeof(path))) {
+        snprintf(why_not, sizeof(why_not),
+                 "no libmoea2a-" M2A_CUDA_MODULE_NAME ".so on MOEA2A_TRANSPORT_PATH or in %s (a build without CUDA, "
+                 "or the CUDA package is not installed)", MOEA2A_PKGLIBDIR);
+        return;
+    }
+    loaded = open_module(path, &dl, why_not, sizeof(why_not));
+    if (loaded) M2A_INFO(M2A_SUBSYS_INIT, "CUDA module %s loaded (CUDA runtime %d)", path, loaded->runtime_version);
+}
+
+moea2a_result_t m2a_cuda_require(moea2a_comm_t comm, const char *fn, const moea2a_cuda_v1_t **ops)
+{
+    pthread_once(&once, load_once);
+    *ops = loaded;
+    return loaded ? MOEA2A_SUCCESS
+                  : m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "%s: CUDA memory needs moea2a's CUDA module: %s", fn, why_not);
+}
+
+const moea2a_cuda_v1_t *m2a_cuda_loaded(void)
+{
+    return loaded;
+}
+
+int m2a_cuda_probe(const char *path, int *abi_version, char *detail, size_t len)
+{
+    void *dl;
+    const moea2a_cuda_v1_t *ops = open_module(path, &dl, detail, len);
+    if (!ops) return 0;
+    *abi_version = ops->abi_version;
+    snprintf(detail, len, "CUDA module (kernels of the MoE and NVFP4 calls on CUDA memory), ABI v%d, CUDA runtime %d.%d",
+             ops->abi_version, ops->runtime_version / 1000, ops->runtime_version % 1000 / 10);
+    /* a probe does not unload a module the library is using (dlopen counts) */
+    dlclose(dl);
+    return 1;
+}

@@ -1,0 +1,36 @@
+/* The cuda backend: CUDA memory among ranks that do not all reach each other by
+ * load/store. The generic flow (moe_generic.c) with the device's local steps
+ * (moe_cuda.c): headers over the host transport, rows by NCCL send and receive; one
+ * host synchronization per dispatch, for the counts NCCL needs on the host. */
+#include "moe/backend.h"
+#include "moe/backend/cuda_steps.h"
+#include "moe/backend/generic.h"
+
+/* the sender's quantized rows (the pack kernel copies them as bytes) */
+static void cuda_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
+{
+    (void)c, (void)ep;
+    out->quantized_rows = 1;
+}
+
+static m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize, m2a_moe_cuda_combine,
+                                    m2a_moe_cuda_wait};
+
+static void cuda_release(moea2a_moe_t moe)
+{
+    m2a_moe_cuda_free_workspace(moe);
+    m2a_moe_cuda_end(moe);
+}
+
+static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
+{
+    moe->state = &steps;
+    moea2a_result_t r = m2a_moe_cuda_begin(moe);
+    if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_alloc_workspace(moe);
+    if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
+    return r;
+}
+
+const m2a_moe_backend_t m2a_moe_backend_cuda = {
+    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL, NULL,
+};

@@ -1,0 +1,31 @@
+/* The host-driven flow of the generic backends (host memory; CUDA memory through NCCL
+ * send/receive): a dispatch exchanges headers (counts, stride and every rank's verdict
+ * on its arguments), packs, moves every array with the transports' all-to-all and
+ * sanitizes; a combine agrees that every rank can go on, sends the expert rows back
+ * and reduces. The local steps differ by memory and come from the backend. */
+#ifndef M2A_MOE_GENERIC_H
+#define M2A_MOE_GENERIC_H
+#include "moe/core.h"
+#include "moe/backend.h"
+
+typedef struct {
+    /* this rank's tokens: counts per destination into moe->h_send_counts, the send map
+     * into the workspace, invalid and merged entries */
+    moea2a_result_t (*route)(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
+                             int64_t *dedup);
+    /* the records: this rank's own tokens into its slots, staged peers' into staging
+     * (moe->h_recv_counts holds what each peer sends) */
+    moea2a_result_t (*pack)(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream);
+    moea2a_result_t (*sanitize)(moea2a_moe_t moe, int stride, void *stream);
+    /* out = the token-order sum of the rows (in: this rank's expert rows, [ep][stride]) */
+    moea2a_result_t (*reduce)(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
+    void (*wait)(void *stream); /* for phase tracing; NULL: nothing runs asynchronously */
+} m2a_generic_steps_t;
+
+/* The dispatch and combine operations of a generic backend, whose alloc sets
+ * moe->state to its steps (m2a_generic_steps_t). */
+moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
+                                     moea2a_dispatch_result_t *result, int phases, void *stream);
+moea2a_result_t m2a_generic_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
+                                    int phases, void *stream);
+#endif

@@ -1,0 +1,172 @@
+/* The MoE workspace: the exact formula of moea2a_moe_workspace_size(3), as byte
+ * offsets of every array, so that sizing and allocation cannot disagree. */
+#ifndef M2A_MOE_LAYOUT_H
+#define M2A_MOE_LAYOUT_H
+#include <stddef.h>
+
+#include "moea2a.h"
+#include "wireup/topo.h"
+
+#define M2A_ALIGN 128
+static inline size_t m2a_align(size_t x) { return (x + M2A_ALIGN - 1) & ~(size_t)(M2A_ALIGN - 1); }
+
+/* The per-peer header of a dispatch's first exchange. */
+typedef struct {
+    int32_t count;       /* tokens the sender sends to the receiver */
+    int32_t runtime_max; /* the sender's runtime_max_tokens_per_rank */
+    int32_t status;      /* moea2a_result_t of the sender's argument checks */
+    int32_t num_tokens;  /* the sender's num_tokens */
+} m2a_moe_header_t;
+
+/* What an array of a record holds. */
+typedef enum {
+    M2A_ARR_PAYLOAD, /* payload i's bytes as given, or its codes when quantized on dispatch */
+    M2A_ARR_SCALES,  /* a quantized payload's scales for the token: row-major FP8 / linear NVFP4 */
+    M2A_ARR_GLOBAL,  /* an NVFP4 payload's global scale (the sender's, the same in every row) */
+    M2A_ARR_IDS,
+    M2A_ARR_WEIGHTS,
+    M2A_ARR_INDEX /* the source token index */
+} m2a_moe_array_kind_t;
+
+/* One array a token carries. */
+typedef struct {
+    size_t width;  /* bytes per token */
+    size_t ws;     /* offset of its [ep][stride][width] array in the workspace */
+    size_t rec;    /* offset within a record; in staging, the array starts at cap x rec */
+    int kind;      /* m2a_moe_array_kind_t */
+    int payload;   /* the payload it belongs to (payload, scales, global) */
+} m2a_moe_array_t;
+
+/* One byte array an expert-major row carries (a payload, or a quantized one's codes,
+ * row scales or NVFP4 global scale): offsets of its rank-major rows and of its expert
+ * rows, bytes per row, and whether gap rows get zeros always (scales: a GEMM reads
+ * them) or only with MOEA2A_MOE_ZERO_PADDING. The host reference and the kernels both
+ * walk this list. */
+typedef struct {
+    size_t src, dst, width;
+    int always_zero;
+} m2a_moe_ex_array_t;
+#define M2A_MOE_MAX_EX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS)
+
+/* The device's expert-major kernels split the slots into at most this many parts
+ * (kernels/expert_kernels.h has the same bound). */
+#define M2A_EXPERT_PARTS 16
+
+/* payloads (as given, or codes + scales [+ global scale] when quantized), ids, weights,
+ * source index (the kernels' M2A_K_MAX_ARRAYS is the same bound) */
+#define M2A_MOE_MAX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS + 3)
+
+/* Quantize on dispatch, per payload: the bytes of a token's codes and of its scales
+ * on the wire. */
+size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i);
+size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i);
+
+typedef struct {
+    /* aux: counters, flags, headers, the per-token send map, source indexes */
+    size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, node, stats, aux_end;
+    /* the backend's control regions in the aux part (m2a_moe_backend_t.size) */
+    size_t backend_ctl;
+    size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
+    size_t workspace; /* total workspace bytes */
+    /* staging: dispatch records to, and records or combine rows from, staged peers;
+     * then the backend's share */
+    size_t stage_send, stage_recv, stage_backend, staging;
+    size_t pinned; /* CUDA contexts: host mirror of counts and headers, then the backend's share */
+    size_t pinned_stats, pinned_backend;
+    size_t pinned_expert; /* expert-major: rows (int64), counts, offsets as the host gets them */
+    size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
+    size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
+    /* quantize on dispatch, per payload sent quantized (else 0): its scales as they
+     * land ([ep][cap][scale row]), NVFP4's global scale per row ([ep][cap][4]) and per
+     * source (float[ep]), and the scales in the wire's layout where that is not the
+     * landing one (FP8 MN-major, NVFP4 tiled; else the landing offset) */
+    size_t wire_scale_row[MOEA2A_MOE_MAX_PAYLOADS], wire_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t wire_global_rows[MOEA2A_MOE_MAX_PAYLOADS], wire_global[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t wire_final[MOEA2A_MOE_MAX_PAYLOADS];
+    /* backends that quantize before sending (quantized_rows): this rank's tokens
+     * quantized, [cap][code row], [cap][scale row], NVFP4 [cap][4] (else 0) */
+    size_t send_codes[MOEA2A_MOE_MAX_PAYLOADS], send_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t send_global[MOEA2A_MOE_MAX_PAYLOADS];
+    /* the expert-major layout (else 0): ex_rows rows (max_expert_rows), ex_experts the
+     * most experts a rank holds; the map from (slot, top-k slot) to row, per-expert
+     * counts and offsets, one scratch region, rows of each payload, per-row ids, source
+     * rank, source token, top-k slot [, weight], and the combine rows the expert side
+     * writes. The scratch holds, in order: the rows used (int64), expert -> local index
+     * [E], the host's cursors [experts + 1] (CUDA contexts: each local expert's global id), the
+     * device's counts per part of the slots [M2A_EXPERT_PARTS][experts] */
+    size_t ex_rows, ex_experts, ex_map, ex_counts, ex_offsets, ex_payload[MOEA2A_MOE_MAX_PAYLOADS];
+    size_t ex_used, ex_local_of, ex_cursors, ex_parts;
+    /* payloads quantized on dispatch (else 0): each expert row's scales, row-major
+     * ([R][scale row]: FP8 row-major, NVFP4 linear), and NVFP4's global scale ([R]) */
+    size_t ex_scales[MOEA2A_MOE_MAX_PAYLOADS], ex_global[MOEA2A_MOE_MAX_PAYLOADS];
+    int ex_narrays;
+    m2a_moe_ex_array_t ex_array[M2A_MOE_MAX_EX_ARRAYS];
+    size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;
+    /* the arrays of a record: payloads in order, ids, [weights], source index */
+    int narrays;
+    m2a_moe_array_t array[M2A_MOE_MAX_ARRAYS];
+} m2a_moe_layout_t;
+
+/* Bytes of quantized payload i's scales in the wire's layout at this stride (the
+ * dispatch result's payload_scale_bytes). */
+size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride);
+
+/* The most experts one of ep ranks holds under the config's placement. */
+int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep);
+/* The expert-major rows no rank can exceed: ep x cap x min(k, most local experts) pairs
+ * plus each of those experts' alignment gap (the config's alignment resolved). */
+long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep);
+/* Checks a caller's config (size/version, ranges, overflow) for ep ranks and copies
+ * it into *out with defaults applied. */
+moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
+                                    moea2a_moe_config_t *out);
+/* What a backend adds to the workspace formula: its control regions (in the aux part
+ * of the workspace), its share of the pinned host mirror, its share of staging (after
+ * the staged peers'), and whether it quantizes payloads sent quantized into the
+ * workspace before sending (the sender's rows of the formula, for CUDA kernels that
+ * then copy codes and scales as bytes). */
+typedef struct {
+    size_t ctl_bytes, pinned_bytes, staging_bytes;
+    int quantized_rows;
+} m2a_moe_backend_size_t;
+
+/* backend: what the context's backend adds (m2a_moe_backend_t.size). */
+void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, const m2a_moe_backend_size_t *backend,
+                    m2a_moe_layout_t *l);
+
+/* Thread blocks (SMs) each load/store kernel uses unless num_sms or MOEA2A_NUM_SMS
+ * says otherwise (at most the GPU's SM count). */
+#define M2A_LSA_DEFAULT_SMS 48
+/* Ranks the load/store path serves at most (one bit per destination). */
+#define M2A_LSA_MAX_RANKS 64
+/* Whether a config may use the load/store path: it needs a combine (its gate) and
+ * may be switched off (MOEA2A_MOE_NO_NVLINK, MOEA2A_NVLINK=0). */
+static inline int m2a_moe_lsa_allowed(const moea2a_moe_config_t *c)
+{
+    return c->hidden > 0 && !(c->flags & MOEA2A_MOE_NO_NVLINK);
+}
+
+/* Peers of `rank` that need staging, those joined to it by NVLink, and whether the
+ * load/store path serves them all (*lsa; then none is staged). node[r]: node of rank
+ * r; gpu[r]: its GPU on that node (-1 none). Host memory: every peer is staged. */
+int m2a_moe_staged_peers(int ep, int rank, const int *node, const int *gpu, const m2a_topo_t *topo, int cuda,
+                         int allow_lsa, int *nvlink_peers, int *lsa);
+/* Fills the public sizes from a layout and placement. */
+moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe_layout_t *l, int cuda,
+                                   int staged, int nvlink, const m2a_topo_t *topo, m2a_topo_place_t place,
+                                   moea2a_moe_workspace_sizes_t *sizes);
+/* The routing view every path and the host reference kernels share: the owner table
+ * and the sizes. */
+typedef struct {
+    int ep, me, k, num_experts, cap, num_payloads, weights;
+    int32_t invalid_id;
+    const int32_t *owner; /* [num_experts]: rank that owns each expert */
+} m2a_route_t;
+
+/* An expert id that routes nowhere: outside [0, E) or the configured invalid id. */
+static inline int m2a_expert_invalid(const m2a_route_t *r, int32_t e)
+{
+    return e < 0 || e >= r->num_experts || e == r->invalid_id;
+}
+
+#endif

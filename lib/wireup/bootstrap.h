@@ -1,0 +1,28 @@
+/* TCP bootstrap (bootstrap.c): joining the rendezvous of an id (rendezvous.h), then a
+ * ring of sockets between the ranks for small out-of-band collectives (allgather,
+ * barrier), used at init, by transports to exchange addresses, and by MoE argument
+ * checks. Failures are the thread's last error (base/error.h). */
+#ifndef M2A_BOOTSTRAP_H
+#define M2A_BOOTSTRAP_H
+#include <stdint.h>
+
+#include "moea2a.h"
+#include "wireup/rendezvous.h"
+
+typedef struct m2a_bootstrap {
+    int rank, nranks;
+    int listen_fd, next_fd, prev_fd;
+    uint64_t tag;
+    uint8_t key[M2A_KEY_BYTES];
+    uint32_t seq;
+    double timeout_s;
+    m2a_peer_info_t *peers; /* [nranks]: address and host name of every rank */
+} m2a_bootstrap_t;
+
+/* Joins the rendezvous of id as rank of nranks, then links the ring. */
+moea2a_result_t m2a_bootstrap_join(const m2a_id_t *id, int rank, int nranks, double timeout_s, m2a_bootstrap_t **out);
+/* data holds nranks blocks of size bytes; this rank's block is filled in. */
+moea2a_result_t m2a_bootstrap_allgather(m2a_bootstrap_t *bs, void *data, size_t size);
+moea2a_result_t m2a_bootstrap_barrier(m2a_bootstrap_t *bs);
+void m2a_bootstrap_close(m2a_bootstrap_t *bs);
+#endif
