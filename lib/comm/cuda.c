@@ -1,6 +1,7 @@
 /* The CUDA module, loaded on first use (cuda_loader.h). It stays loaded until the
  * process ends: device memory and kernels it owns may outlive any one context. */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,27 +15,10 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const moea2a_cuda_v1_t *loaded;
 static char why_not[768];
 
-/* dlopen + symbol + ABI check; on failure why says what went wrong. */
 static const moea2a_cuda_v1_t *open_module(const char *path, void **dl, char *why, size_t len)
 {
-    *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!*dl) {
-        snprintf(why, len, "%s", dlerror());
-        return NULL;
-    }
-    const moea2a_cuda_v1_t *ops = dlsym(*dl, MOEA2A_CUDA_SYMBOL);
-    if (!ops)
-        snprintf(why, len, "%s has no symbol %s (not moea2a's CUDA module, or another ABI)", path, MOEA2A_CUDA_SYMBOL);
-    else if (ops->abi_version != MOEA2A_CUDA_ABI_VERSION) {
-        snprintf(why, len, "%s has ABI version %d, this library needs %d", path, ops->abi_version,
-                 MOEA2A_CUDA_ABI_VERSION);
-        ops = NULL;
-    }
-    if (!ops) {
-        dlclose(*dl);
-        *dl = NULL;
-    }
-    return ops;
+    return m2a_module_open(path, MOEA2A_CUDA_SYMBOL, offsetof(moea2a_cuda_v1_t, abi_version), MOEA2A_CUDA_ABI_VERSION,
+                           "the CUDA module", dl, why, len);
 }
 
 static void load_once(void)

@@ -75,3 +75,26 @@ int m2a_module_find(const char *name, char *path, size_t len)
     m2a_modules_each(find_one, &a);
     return a.found;
 }
+
+const void *m2a_module_open(const char *path, const char *symbol, size_t abi_offset, int abi, const char *what,
+                            void **dl, char *why, size_t len)
+{
+    *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!*dl) {
+        snprintf(why, len, "%s", dlerror());
+        return NULL;
+    }
+    const unsigned char *table = dlsym(*dl, symbol);
+    int have = 0;
+    if (table) memcpy(&have, table + abi_offset, sizeof(have));
+    if (!table)
+        snprintf(why, len, "%s has no symbol %s (not %s of moea2a, or another ABI)", path, symbol, what);
+    else if (have != abi)
+        snprintf(why, len, "%s has ABI version %d, this library needs %d", path, have, abi);
+    if (!table || have != abi) {
+        dlclose(*dl);
+        *dl = NULL;
+        return NULL;
+    }
+    return table;
+}

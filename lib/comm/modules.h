@@ -14,4 +14,10 @@
 int m2a_modules_each(void (*fn)(const char *name, const char *path, void *arg), void *arg);
 /* The first file of module name on the search path: 1 and *path, or 0. */
 int m2a_module_find(const char *name, char *path, size_t len);
+/* Opens the module file path and finds its table, the symbol `symbol`, whose int at
+ * abi_offset (the table's abi_version member) must be abi: the table and the open
+ * handle in *dl, or NULL and why not (what = "a transport", "the CUDA module": what
+ * the file should have been). Transports and the CUDA module are opened this one way. */
+const void *m2a_module_open(const char *path, const char *symbol, size_t abi_offset, int abi, const char *what,
+                            void **dl, char *why, size_t len);
 #endif

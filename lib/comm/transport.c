@@ -1,6 +1,7 @@
 /* Transport modules: finding them on the search path, opening them, and setting
  * them up with the peers. */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,26 +16,10 @@
 /* Preferred first when nothing is asked for: the fastest path for its memory type. */
 static const char *const default_order[] = {"nccl", "ucx"};
 
-/* dlopen + symbol + ABI check; on failure *why says what went wrong. */
 static const moea2a_transport_v1_t *load_module(const char *path, void **dl, char *why, size_t len)
 {
-    *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!*dl) {
-        snprintf(why, len, "%s", dlerror());
-        return NULL;
-    }
-    const moea2a_transport_v1_t *ops = dlsym(*dl, MOEA2A_TRANSPORT_SYMBOL);
-    if (!ops) {
-        snprintf(why, len, "no symbol %s (not a moea2a transport, or another ABI)", MOEA2A_TRANSPORT_SYMBOL);
-    } else if (ops->abi_version != MOEA2A_TRANSPORT_ABI_VERSION) {
-        snprintf(why, len, "ABI version %d, this library needs %d", ops->abi_version, MOEA2A_TRANSPORT_ABI_VERSION);
-        ops = NULL;
-    }
-    if (!ops) {
-        dlclose(*dl);
-        *dl = NULL;
-    }
-    return ops;
+    return m2a_module_open(path, MOEA2A_TRANSPORT_SYMBOL, offsetof(moea2a_transport_v1_t, abi_version),
+                           MOEA2A_TRANSPORT_ABI_VERSION, "a transport", dl, why, len);
 }
 
 typedef struct {

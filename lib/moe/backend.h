@@ -1,13 +1,15 @@
 /* MoE backends: the families of paths a context can take, one table each, chosen once
  * at create (moe.c) and called only through the table:
- *   host    host memory; headers and packed rows over the host transport (moe_backend_host.c)
- *   cuda    CUDA memory; headers on the host, rows by NCCL send/receive (moe_backend_cuda.c)
- *   nvlink  CUDA memory; one kernel per half over load/store peer pointers (moe_backend_nvlink.c)
- * Layers: moe.c (the public calls: checks, call order) calls a backend; a backend calls
- * the shared pieces below it (moe_core.h: agreement, results; moe_generic.h: the
- * header-and-exchange flow; moe_cuda.h: CUDA context and kernels; moe_layout.h: the
- * formula) and never moe.c. A new backend is a new file and a line in
- * m2a_moe_backend_pick. */
+ *   host    host memory; headers and packed rows over the host transport (backend/host.c)
+ *   cuda    CUDA memory; headers on the host, rows by NCCL send/receive (backend/cuda.c)
+ *   nvlink  CUDA memory; one kernel per half over load/store peer pointers (backend/nvlink.c)
+ * The MoE layer (moe.c: the public calls, their checks and order; expert.c: the
+ * expert-major pass) calls a backend and never asks which one it holds; a backend gets
+ * what it needs as arguments and the context, uses what sits beside it in the layer
+ * (core.h: agreement, results; layout.h: the formula; backend/generic.h: the
+ * header-and-exchange flow; backend/cuda_steps.h: the CUDA context and kernels) and
+ * never calls moe.c or expert.c. A new backend is a new file, its table, and a line
+ * in m2a_moe_backend_pick. */
 #ifndef M2A_MOE_BACKEND_H
 #define M2A_MOE_BACKEND_H
 #include <stddef.h>
@@ -27,6 +29,12 @@ typedef struct {
     const float *weights;
     const void *const *payloads;
 } m2a_dispatch_args_t;
+
+/* What the expert-major layout's expand leaves on the host. */
+typedef struct {
+    int64_t rows; /* the layout's rows, padding included; -1: over the bound, or not known on the host */
+    const int32_t *counts_host, *offsets_host; /* host-readable counts and offsets, or NULL */
+} m2a_expert_view_t;
 
 typedef struct m2a_moe_backend {
     const char *name;
@@ -53,6 +61,21 @@ typedef struct m2a_moe_backend {
      * over its bound on some rank, on every rank): what the next dispatch needs (NULL:
      * nothing). */
     moea2a_result_t (*drop)(moea2a_moe_t moe, void *stream);
+    /* The expert-major layout (moe/expert.c orders it). expert_expand: built from what
+     * the last dispatch delivered, for this rank's num_local experts; the rows known on
+     * the host where need_rows (a bound that may bind), else where that costs nothing.
+     * expert_fold: the expert side's rows folded into the rank-major combine rows
+     * (ws + l.combine), which the combine then sends. */
+    moea2a_result_t (*expert_expand)(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
+                                     m2a_expert_view_t *out);
+    moea2a_result_t (*expert_fold)(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
+    /* Whether stream is being captured into a CUDA graph (NULL: no device streams). */
+    moea2a_result_t (*capturing)(moea2a_moe_t moe, void *stream, int *capturing);
+    /* The backend that serves the context when alloc finds this one unavailable on every
+     * rank (NULL: none, the create fails). */
+    const struct m2a_moe_backend *fallback;
+    /* 1: serves copy-engine mode (MOEA2A_MOE_COPY_ENGINE). */
+    int copy_engine;
 } m2a_moe_backend_t;
 
 extern const m2a_moe_backend_t m2a_moe_backend_host, m2a_moe_backend_cuda, m2a_moe_backend_nvlink;

@@ -25,7 +25,8 @@ struct moea2a_moe {
     moea2a_comm_t comm;
     moea2a_moe_config_t cfg;
     const struct m2a_moe_backend *backend; /* chosen at create */
-    void *state;                           /* the backend's own (generic backends: their local steps) */
+    void *state;                           /* the backend's own */
+    const void *steps;                     /* generic backends: their local steps (backend/generic.h) */
     int cuda, device;
     m2a_route_t route;        /* host view: owner table, sizes */
     m2a_moe_layout_t l;

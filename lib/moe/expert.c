@@ -1,14 +1,11 @@
-/* The expert-major layout around the backends (moe_expert.h). The arithmetic is the
- * host reference's (moe_host.c) on host memory and the CUDA kernels' (moe_cuda.h,
- * kernels/expert_kernels.cu: the same bits) on CUDA memory; this file orders it,
- * agrees on capacity and fills the result. */
+/* The expert-major layout around the backends (expert.h). The arithmetic is the
+ * backend's (the host reference, or the CUDA kernels: the same bits), reached through
+ * its table; this file orders it, agrees on capacity and fills the result. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "wireup/bootstrap.h"
-#include "moe/backend/cuda_steps.h"
+#include "moe/backend.h"
 #include "moe/expert.h"
-#include "moe/backend/host_kernels.h"
 
 /* Whether some rank could be sent more rows than the bound: a bound below the worst
  * case (the config's default) must be agreed on after each dispatch. */
@@ -48,9 +45,9 @@ static int local_experts(const moea2a_moe_t moe)
 
 moea2a_result_t m2a_moe_expert_check_stream(moea2a_moe_t moe, const char *fn, void *stream)
 {
-    if (!moe->cuda || !m2a_moe_expert_major(moe) || !bound_can_bind(moe)) return MOEA2A_SUCCESS;
+    if (!moe->backend->capturing || !m2a_moe_expert_major(moe) || !bound_can_bind(moe)) return MOEA2A_SUCCESS;
     int capturing = 0;
-    M2A_TRY(m2a_moe_cuda_capturing(moe, stream, &capturing));
+    M2A_TRY(moe->backend->capturing(moe, stream, &capturing));
     if (!capturing) return MOEA2A_SUCCESS;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE,
                      "%s: the stream is being captured into a CUDA graph, but max_expert_rows=%lld (below the worst case) "
@@ -58,34 +55,20 @@ moea2a_result_t m2a_moe_expert_check_stream(moea2a_moe_t moe, const char *fn, vo
                      fn, (long long)moe->cfg.max_expert_rows);
 }
 
-/* The layout on the stream; the rows only where the agreement needs them (-1: not
- * known on the host). */
-static moea2a_result_t expand_cuda(moea2a_moe_t moe, int num_local, void *stream, int64_t *rows)
-{
-    *rows = -1;
-    M2A_TRY(m2a_moe_cuda_expert_expand(moe, num_local, moe->stride, stream));
-    return bound_can_bind(moe) ? m2a_moe_cuda_expert_rows(moe, stream, rows) : MOEA2A_SUCCESS;
-}
-
 moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result_t *result, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
     int num_local = local_experts(moe);
-    int64_t rows;
-    if (moe->cuda) {
-        M2A_TRY(expand_cuda(moe, num_local, stream, &rows));
-    } else {
-        rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
-    }
+    const int binds = bound_can_bind(moe);
+    m2a_expert_view_t view;
+    M2A_TRY(moe->backend->expert_expand(moe, num_local, binds, stream, &view));
     /* at the worst-case bound no rank can be over it: no round trip for the agreement */
-    if (bound_can_bind(moe)) {
-        moea2a_result_t r = agree_rows(moe, rows);
+    if (binds) {
+        moea2a_result_t r = agree_rows(moe, view.rows);
         if (r == MOEA2A_ERR_CAPACITY && moe->backend->drop) /* on every rank: no combine follows */
             (void)moe->backend->drop(moe, stream);
         if (r != MOEA2A_SUCCESS) return r;
     }
-    else if (!moe->cuda && rows < 0)
-        return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: expert-major rows over the worst case");
     if (!result) return MOEA2A_SUCCESS;
     /* the fields sit past what a caller built against an earlier header has */
     moea2a_dispatch_result_t full;
@@ -96,7 +79,7 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
     full.num_local_experts = num_local;
     full.expert_counts = (const int32_t *)(ws + l->ex_counts);
     full.expert_offsets = (const int32_t *)(ws + l->ex_offsets);
-    full.expert_rows = rows;
+    full.expert_rows = view.rows;
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         full.expert_payloads[i] = ws + l->ex_payload[i];
         full.expert_payload_scales[i] = l->ex_scales[i] ? ws + l->ex_scales[i] : NULL;
@@ -107,13 +90,7 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
     full.expert_src_token = (const int32_t *)(ws + l->ex_src_token);
     full.expert_topk_slot = (const int32_t *)(ws + l->ex_slot);
     full.expert_weights = l->ex_weights ? (const float *)(ws + l->ex_weights) : NULL;
-    if (!moe->cuda) {
-        full.expert_counts_host = full.expert_counts, full.expert_offsets_host = full.expert_offsets;
-    } else if (moe->cfg.flags & MOEA2A_MOE_HOST_EXPERT_COUNTS) { /* moe_cuda.h: rows, counts, offsets */
-        const unsigned char *h = moe->pinned + l->pinned_expert;
-        full.expert_counts_host = (const int32_t *)(h + 8);
-        full.expert_offsets_host = (const int32_t *)(h + 8 + 4 * l->ex_experts);
-    }
+    full.expert_counts_host = view.counts_host, full.expert_offsets_host = view.offsets_host;
     memcpy(result, &full, have);
     return MOEA2A_SUCCESS;
 }
@@ -121,8 +98,5 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
 moea2a_result_t m2a_moe_expert_combine(moea2a_moe_t moe, const void *expert_out, void *stream)
 {
     const unsigned char *rows = expert_out ? expert_out : moe->ws + moe->l.ex_combine;
-    if (moe->cuda) return m2a_moe_cuda_expert_fold(moe, local_experts(moe), rows, stream);
-    if (m2a_host_expert_fold(&moe->route, &moe->cfg, &moe->l, moe->stride, rows, moe->ws))
-        return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
-    return MOEA2A_SUCCESS;
+    return moe->backend->expert_fold(moe, local_experts(moe), rows, stream);
 }

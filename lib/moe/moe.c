@@ -47,7 +47,7 @@ static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const
 static moea2a_result_t copy_engine_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c,
                                             const m2a_moe_backend_t *b, int cuda, const char *no_lsa)
 {
-    if (!(c->flags & MOEA2A_MOE_COPY_ENGINE) || b == &m2a_moe_backend_nvlink) return MOEA2A_SUCCESS;
+    if (!(c->flags & MOEA2A_MOE_COPY_ENGINE) || b->copy_engine) return MOEA2A_SUCCESS;
     return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                      "moea2a_moe: MOEA2A_MOE_COPY_ENGINE needs the load/store path: CUDA memory, a combine (hidden > "
                      "0), every rank reaching every other by NVLink and symmetric memory on every rank; this context "
@@ -226,21 +226,20 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     m2a_moe_set_route(moe);
     moe->backend = p->backend;
     moea2a_result_t r = moe->backend->alloc(moe);
-    if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink && (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE))
-        return m2a_error(comm, r, "moea2a_moe_create: MOEA2A_MOE_COPY_ENGINE needs the load/store path, which is "
-                         "unavailable (%s)", moea2a_last_error(comm));
-    if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink && !m2a_transport_for(comm, MOEA2A_MEM_CUDA))
-        return m2a_error(comm, r, "moea2a_moe_create: the load/store path is unavailable (%s), and no transport moves CUDA "
-                         "memory for the generic path (nccl)", moea2a_last_error(comm));
-    if (r == MOEA2A_ERR_UNAVAILABLE && moe->backend == &m2a_moe_backend_nvlink) {
-        M2A_INFO(M2A_SUBSYS_MOE, "load/store path unavailable (%s); the generic NCCL path stages every peer, "
-                 "so this context is larger than moea2a_moe_workspace_size predicted", moea2a_last_error(comm));
-        moe->backend->release(moe);
-        moe->backend = &m2a_moe_backend_cuda; /* stage_index already gives every peer a slot */
-        layout_for(&moe->cfg, ep, ep - 1, moe->backend, &moe->l);
-        r = moe->backend->alloc(moe);
-    }
-    return r;
+    const m2a_moe_backend_t *fallback = moe->backend->fallback;
+    if (r != MOEA2A_ERR_UNAVAILABLE || !fallback) return r;
+    if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE && !fallback->copy_engine)
+        return m2a_error(comm, r, "moea2a_moe_create: MOEA2A_MOE_COPY_ENGINE needs the %s path, which is unavailable (%s)",
+                         moe->backend->name, moea2a_last_error(comm));
+    if (moe->cuda && !m2a_transport_for(comm, MOEA2A_MEM_CUDA))
+        return m2a_error(comm, r, "moea2a_moe_create: the %s path is unavailable (%s), and no transport moves CUDA "
+                         "memory for the %s path (nccl)", moe->backend->name, moea2a_last_error(comm), fallback->name);
+    M2A_INFO(M2A_SUBSYS_MOE, "%s path unavailable (%s); the %s path stages every peer, so this context is larger than "
+             "moea2a_moe_workspace_size predicted", moe->backend->name, moea2a_last_error(comm), fallback->name);
+    moe->backend->release(moe);
+    moe->backend = fallback; /* stage_index already gives every peer a slot */
+    layout_for(&moe->cfg, ep, ep - 1, moe->backend, &moe->l);
+    return moe->backend->alloc(moe);
 }
 
 moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const moea2a_moe_config_t *config)

@@ -13,8 +13,13 @@ static void cuda_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size
     out->quantized_rows = 1;
 }
 
-static m2a_generic_steps_t steps = {m2a_moe_cuda_route, m2a_moe_cuda_pack, m2a_moe_cuda_sanitize, m2a_moe_cuda_combine,
-                                    m2a_moe_cuda_wait};
+static const m2a_generic_steps_t steps = {
+    .route = m2a_moe_cuda_route,
+    .pack = m2a_moe_cuda_pack,
+    .sanitize = m2a_moe_cuda_sanitize,
+    .reduce = m2a_moe_cuda_combine,
+    .wait = m2a_moe_cuda_wait,
+};
 
 static void cuda_release(moea2a_moe_t moe)
 {
@@ -24,7 +29,7 @@ static void cuda_release(moea2a_moe_t moe)
 
 static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
 {
-    moe->state = &steps;
+    moe->steps = &steps;
     moea2a_result_t r = m2a_moe_cuda_begin(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_alloc_workspace(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
@@ -32,5 +37,13 @@ static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_cuda = {
-    "cuda", cuda_size, cuda_alloc, cuda_release, m2a_generic_dispatch, m2a_generic_combine, NULL, NULL,
+    .name = "cuda",
+    .size = cuda_size,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .dispatch = m2a_generic_dispatch,
+    .combine = m2a_generic_combine,
+    .expert_expand = m2a_moe_cuda_expand_view,
+    .expert_fold = m2a_moe_cuda_expert_fold,
+    .capturing = m2a_moe_cuda_capturing,
 };

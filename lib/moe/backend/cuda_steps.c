@@ -384,6 +384,19 @@ moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t
     return MOEA2A_SUCCESS;
 }
 
+moea2a_result_t m2a_moe_cuda_expand_view(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
+                                         m2a_expert_view_t *out)
+{
+    out->rows = -1, out->counts_host = out->offsets_host = NULL;
+    M2A_TRY(m2a_moe_cuda_expert_expand(moe, num_local, moe->stride, stream));
+    if (moe->cfg.flags & MOEA2A_MOE_HOST_EXPERT_COUNTS) { /* the mirror: rows, counts, offsets */
+        const unsigned char *h = moe->pinned + moe->l.pinned_expert;
+        out->counts_host = (const int32_t *)(h + 8);
+        out->offsets_host = (const int32_t *)(h + 8 + 4 * moe->l.ex_experts);
+    }
+    return need_rows ? m2a_moe_cuda_expert_rows(moe, stream, &out->rows) : MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_moe_cuda_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;

@@ -64,5 +64,8 @@ moea2a_result_t m2a_moe_cuda_sync(moea2a_moe_t moe, void *stream, const char *wh
 moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capturing);
 /* The expert side's rows folded into the rank-major combine rows (ws + l->combine). */
 moea2a_result_t m2a_moe_cuda_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
+/* The expert-major entries of both CUDA backends' tables (moe/backend.h). */
+moea2a_result_t m2a_moe_cuda_expand_view(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
+                                         m2a_expert_view_t *out);
 void m2a_moe_cuda_wait(void *stream); /* phase timing only */
 #endif

@@ -153,7 +153,7 @@ static moea2a_result_t dispatch_recv(moea2a_moe_t moe, const m2a_generic_steps_t
 moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
                                      moea2a_dispatch_result_t *result, int phases, void *stream)
 {
-    const m2a_generic_steps_t *st = moe->state;
+    const m2a_generic_steps_t *st = moe->steps;
     if (phases & M2A_MOE_SEND) M2A_TRY(dispatch_send(moe, st, status, a, stream));
     if (phases & M2A_MOE_RECV) M2A_TRY(dispatch_recv(moe, st, result, stream));
     return MOEA2A_SUCCESS;
@@ -194,7 +194,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
 moea2a_result_t m2a_generic_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
                                     int phases, void *stream)
 {
-    const m2a_generic_steps_t *st = moe->state;
+    const m2a_generic_steps_t *st = moe->steps;
     m2a_phase_t ph;
     m2a_phase_start(&ph, st->wait, stream);
     if (phases & M2A_MOE_SEND) M2A_TRY(combine_send(moe, status, expert_out, stream));

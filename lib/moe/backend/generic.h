@@ -23,7 +23,7 @@ typedef struct {
 } m2a_generic_steps_t;
 
 /* The dispatch and combine operations of a generic backend, whose alloc sets
- * moe->state to its steps (m2a_generic_steps_t). */
+ * moe->steps to its steps (m2a_generic_steps_t). */
 moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,
                                      moea2a_dispatch_result_t *result, int phases, void *stream);
 moea2a_result_t m2a_generic_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,

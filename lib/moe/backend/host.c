@@ -100,7 +100,12 @@ static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, vo
     return MOEA2A_SUCCESS;
 }
 
-static m2a_generic_steps_t steps = {host_route, host_pack, host_sanitize, host_reduce, NULL};
+static const m2a_generic_steps_t steps = {
+    .route = host_route,
+    .pack = host_pack,
+    .sanitize = host_sanitize,
+    .reduce = host_reduce,
+};
 
 static void host_release(moea2a_moe_t moe)
 {
@@ -113,7 +118,7 @@ static void host_release(moea2a_moe_t moe)
 static moea2a_result_t host_alloc(moea2a_moe_t moe)
 {
     const m2a_moe_layout_t *l = &moe->l;
-    moe->state = &steps;
+    moe->steps = &steps;
     moe->ws = m2a_topo_alloc(l->workspace, moe->numa);
     moe->stage = l->staging ? m2a_topo_alloc(l->staging, moe->numa) : NULL;
     if (!moe->ws || (l->staging && !moe->stage))
@@ -129,6 +134,32 @@ static moea2a_result_t host_alloc(moea2a_moe_t moe)
     return MOEA2A_SUCCESS;
 }
 
+/* The expert-major layout: the host reference does it all at once, rows included. */
+static moea2a_result_t host_expert_expand(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
+                                          m2a_expert_view_t *out)
+{
+    (void)need_rows, (void)stream;
+    const m2a_moe_layout_t *l = &moe->l;
+    out->rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
+    out->counts_host = (const int32_t *)(moe->ws + l->ex_counts);
+    out->offsets_host = (const int32_t *)(moe->ws + l->ex_offsets);
+    return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t host_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream)
+{
+    (void)num_local, (void)stream;
+    if (m2a_host_expert_fold(&moe->route, &moe->cfg, &moe->l, moe->stride, rows, moe->ws))
+        return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
+    return MOEA2A_SUCCESS;
+}
+
 const m2a_moe_backend_t m2a_moe_backend_host = {
-    "host", NULL, host_alloc, host_release, m2a_generic_dispatch, m2a_generic_combine, NULL, NULL,
+    .name = "host",
+    .alloc = host_alloc,
+    .release = host_release,
+    .dispatch = m2a_generic_dispatch,
+    .combine = m2a_generic_combine,
+    .expert_expand = host_expert_expand,
+    .expert_fold = host_expert_fold,
 };

@@ -535,6 +535,18 @@ static moea2a_result_t nvlink_drop(moea2a_moe_t moe, void *stream)
 }
 
 const m2a_moe_backend_t m2a_moe_backend_nvlink = {
-    "nvlink", nvlink_size, nvlink_alloc, nvlink_release, nvlink_dispatch, nvlink_combine, fast_status, nvlink_drop,
+    .name = "nvlink",
+    .size = nvlink_size,
+    .alloc = nvlink_alloc,
+    .release = nvlink_release,
+    .dispatch = nvlink_dispatch,
+    .combine = nvlink_combine,
+    .status = fast_status,
+    .drop = nvlink_drop,
+    .expert_expand = m2a_moe_cuda_expand_view,
+    .expert_fold = m2a_moe_cuda_expert_fold,
+    .capturing = m2a_moe_cuda_capturing,
+    .fallback = &m2a_moe_backend_cuda,
+    .copy_engine = 1,
 };
 

@@ -151,4 +151,6 @@ static moea2a_result_t open_ipc(moea2a_comm_t comm, size_t bytes, void **peers, 
     return r;
 }
 
-const m2a_symm_way_t m2a_symm_cuda_ipc = {"cuda_ipc", usable, open_ipc, unmap, release};
+const m2a_symm_way_t m2a_symm_cuda_ipc = {
+    .name = "cuda_ipc", .usable = usable, .open = open_ipc, .unmap = unmap, .release = release,
+};

@@ -52,4 +52,6 @@ static void release(moea2a_comm_t comm, m2a_symm_t *s, int healthy)
     t->ops->mem_free(t->tc, s->ptr);
 }
 
-const m2a_symm_way_t m2a_symm_transport = {"transport", usable, open_window, NULL, release};
+const m2a_symm_way_t m2a_symm_transport = {
+    .name = "transport", .usable = usable, .open = open_window, .release = release,
+};
