@@ -61,7 +61,7 @@ static char machine_error[256];
 static void load_machine(void)
 {
     machine_result = load(NULL, &machine);
-    if (machine_result != MOEA2A_SUCCESS) snprintf(machine_error, sizeof(machine_error), "%s", moea2a_last_error(NULL));
+    if (machine_result != MOEA2A_SUCCESS) snprintf(machine_error, sizeof(machine_error), "%s", m2a_thread_error());
 }
 
 moea2a_result_t m2a_topo_load(const char *xml, m2a_topo_t *topo)
