@@ -36,7 +36,8 @@ import sys
 import time
 
 import moea2a
-from moea2a import _capi as C
+from moea2a import _capi as C, _native
+from moea2a._arrays import _ptr
 
 
 def _host_time(fn, iters, sync=None, sample=100):
@@ -87,11 +88,11 @@ def overhead(tokens, hidden, iters, mem):
         moe.combine(None, out=out, stream=stream)
 
     # the same calls with every argument built once
-    lib, h = moea2a._lib, moe.handle
-    pays = (ctypes.c_void_p * 1)(moea2a._ptr(x, "x"))
+    lib, h = _native.lib, moe.handle
+    pays = (ctypes.c_void_p * 1)(_ptr(x, "x"))
     res = C.DispatchResult()
-    res.size, res.version = ctypes.sizeof(res), moea2a._VERSION_CODE
-    ids_p, out_p, rref = moea2a._ptr(ids, "ids"), moea2a._ptr(out, "out"), ctypes.byref(res)
+    res.size, res.version = ctypes.sizeof(res), _native.VERSION_CODE
+    ids_p, out_p, rref = _ptr(ids, "ids"), _ptr(out, "out"), ctypes.byref(res)
     f_dispatch, f_combine = lib.moea2a_dispatch, lib.moea2a_combine
 
     def c_dispatch():
