@@ -15,6 +15,7 @@
 #include "elem.cuh"
 #include "expert_kernels.h"
 #include "load.cuh"
+#include "warp.cuh"
 
 namespace {
 
@@ -154,7 +155,7 @@ __device__ __forceinline__ void spread(const m2a_kexpert_t &x, int a, size_t ite
     const bool have = c < w / sizeof(V);
     const V v = have ? reinterpret_cast<const V *>(x.src[a] + item * w)[c] : V();
     for (int d = 0; d < n; d++) {
-        const int32_t r = __shfl_sync(0xffffffffu, mine, d);
+        const int32_t r = __shfl_sync(kAllLanes, mine, d);
         if (have && r >= 0) reinterpret_cast<V *>(x.dst[a] + (size_t)r * w)[c] = v;
     }
 }
@@ -174,11 +175,11 @@ __device__ __forceinline__ void zero_chunk(const m2a_kexpert_t &x, int a, int32_
 __global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride, size_t tiles, size_t gap_items)
 {
     if (*x.rows < 0) return;
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x % kWarpSize;
     const size_t slots = (size_t)x.ep * (size_t)stride, items = slots + gap_items;
-    const size_t nwarps = (size_t)gridDim.x * (kCopyThreads / 32);
-    for (size_t w = (size_t)blockIdx.x * (kCopyThreads / 32) + threadIdx.x / 32; w < items * tiles; w += nwarps) {
-        const size_t item = w / tiles, c = (w % tiles) * 32 + (size_t)lane;
+    const size_t nwarps = (size_t)gridDim.x * (kCopyThreads / kWarpSize);
+    for (size_t w = (size_t)blockIdx.x * (kCopyThreads / kWarpSize) + threadIdx.x / kWarpSize; w < items * tiles; w += nwarps) {
+        const size_t item = w / tiles, c = (w % tiles) * kWarpSize + (size_t)lane;
         if (item >= slots) { /* a gap row, if this one is inside a gap */
             const size_t q = item - slots, j = q / (size_t)x.align;
             const int32_t row = x.offsets[j] + x.counts[j] + (int32_t)(q % (size_t)x.align);
@@ -192,9 +193,9 @@ __global__ void __launch_bounds__(kCopyThreads) copy(m2a_kexpert_t x, int stride
             continue;
         }
         if (!valid_slot(x, stride, item)) continue;
-        for (int s0 = 0; s0 < x.k; s0 += 32) {
+        for (int s0 = 0; s0 < x.k; s0 += kWarpSize) {
             const int32_t mine = s0 + lane < x.k ? x.map[item * (size_t)x.k + s0 + lane] : -1;
-            const int n = x.k - s0 < 32 ? x.k - s0 : 32;
+            const int n = x.k - s0 < kWarpSize ? x.k - s0 : kWarpSize;
             for (int a = 0; a < x.num_arrays; a++) {
                 if (x.vbytes[a] == 16) spread<int4>(x, a, item, c, mine, n);
                 else if (x.vbytes[a] == 4) spread<uint32_t>(x, a, item, c, mine, n);
@@ -216,22 +217,22 @@ __global__ void __launch_bounds__(kCopyThreads)
     fold(m2a_kexpert_t x, int stride, size_t hidden, int weighted, const unsigned char *rows, unsigned char *combine)
 {
     constexpr int V = VEC ? 16 / (int)Elem<DT>::size : 1;
-    const unsigned full = 0xffffffffu;
-    const int lane = threadIdx.x & 31;
-    const size_t row_bytes = Elem<DT>::size * hidden, steps = hidden / V, tiles = (steps + 31) / 32;
-    const size_t slots = (size_t)x.ep * (size_t)stride, nwarps = (size_t)gridDim.x * (kCopyThreads / 32);
-    for (size_t w = (size_t)blockIdx.x * (kCopyThreads / 32) + threadIdx.x / 32; w < slots * tiles; w += nwarps) {
-        const size_t slot = w / tiles, c = (w % tiles) * 32 + (size_t)lane;
+    const unsigned full = kAllLanes;
+    const int lane = threadIdx.x % kWarpSize;
+    const size_t row_bytes = Elem<DT>::size * hidden, steps = hidden / V, tiles = (steps + kWarpSize - 1) / kWarpSize;
+    const size_t slots = (size_t)x.ep * (size_t)stride, nwarps = (size_t)gridDim.x * (kCopyThreads / kWarpSize);
+    for (size_t w = (size_t)blockIdx.x * (kCopyThreads / kWarpSize) + threadIdx.x / kWarpSize; w < slots * tiles; w += nwarps) {
+        const size_t slot = w / tiles, c = (w % tiles) * kWarpSize + (size_t)lane;
         if (!valid_slot(x, stride, slot)) continue;
         const bool have = c < steps;
         float acc[V];
 #pragma unroll
         for (int v = 0; v < V; v++) acc[v] = 0.0f;
-        for (int s0 = 0; s0 < x.k; s0 += 32) {
+        for (int s0 = 0; s0 < x.k; s0 += kWarpSize) {
             const size_t at = slot * (size_t)x.k + (size_t)(s0 + lane);
             const int32_t my_r = s0 + lane < x.k ? x.map[at] : -1;
             const float my_w = s0 + lane < x.k && weighted ? x.weights[at] : 1.0f;
-            const int n = x.k - s0 < 32 ? x.k - s0 : 32;
+            const int n = x.k - s0 < kWarpSize ? x.k - s0 : kWarpSize;
 #pragma unroll 4
             for (int d = 0; d < n; d++) {
                 const int32_t r = __shfl_sync(full, my_r, d);
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kCopyThreads)
 /* Blocks of kCopyThreads for this many warp items. */
 int blocks_for(size_t warp_items)
 {
-    const size_t b = (warp_items + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
+    const size_t b = (warp_items + kCopyThreads / kWarpSize - 1) / (kCopyThreads / kWarpSize);
     return (int)(b < 1 ? 1 : b > 4096 ? 4096 : b);
 }
 
@@ -280,7 +281,7 @@ void launch_fold(const m2a_kexpert_t *x, int stride, size_t hidden, int weighted
                  unsigned char *combine, bool vec, cudaStream_t s)
 {
     const size_t steps = vec ? Elem<DT>::size * hidden / 16 : hidden;
-    const size_t warps = (size_t)x->ep * (size_t)stride * ((steps + 31) / 32);
+    const size_t warps = (size_t)x->ep * (size_t)stride * ((steps + kWarpSize - 1) / kWarpSize);
     if (vec) fold<DT, true><<<blocks_for(warps), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
     else fold<DT, false><<<blocks_for(warps), kCopyThreads, 0, s>>>(*x, stride, hidden, weighted, rows, combine);
 }
@@ -307,7 +308,7 @@ extern "C" int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *
         chunks = c > chunks ? c : chunks;
         gaps = gaps || x->always_zero[a];
     }
-    const size_t tiles = (chunks + 31) / 32, gap_items = gaps ? (size_t)x->num_local * (size_t)x->align : 0;
+    const size_t tiles = (chunks + kWarpSize - 1) / kWarpSize, gap_items = gaps ? (size_t)x->num_local * (size_t)x->align : 0;
     if (tiles > 0) copy<<<blocks_for((slots + gap_items) * tiles), kCopyThreads, 0, s>>>(xc, stride, tiles, gap_items);
     return (int)cudaGetLastError();
 }

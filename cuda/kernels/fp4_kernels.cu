@@ -10,6 +10,7 @@
 #include "fp4_kernels.h"
 #include "quant/fp4_math.h"
 #include "load.cuh"
+#include "warp.cuh"
 
 namespace {
 
@@ -87,7 +88,7 @@ __device__ __forceinline__ uint8_t block_scale(float amax, bool finite, float g,
         *inv = 0.0f;
         return M2A_E4M3_NAN;
     }
-    const float x = g * (amax / 6.0f);
+    const float x = g * (amax / M2A_E2M1_MAX);
     const uint8_t sf = x != x ? (uint8_t)M2A_E4M3_NAN : (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
     const float sff = __half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3)));
     *inv = sff == 0.0f ? 0.0f : g / sff;
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(256) quantize_blocks(const void *x, uint32_t n
     __syncthreads();
     constexpr int NV = T == MOEA2A_FLOAT32 ? 4 : 2; /* 16-byte loads per block */
     const float gs = *g;
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x % kWarpSize;
     const bool words = kb_n % 4 == 0;
     const uint32_t step = gridDim.x * blockDim.x, step_r = step / kb_n, step_kb = step % kb_n;
     uint32_t b = blockIdx.x * blockDim.x + threadIdx.x, r = b / kb_n, kb = b % kb_n;
@@ -156,9 +157,9 @@ __global__ void __launch_bounds__(256) quantize_blocks(const void *x, uint32_t n
         const uint2 codes = finite ? encode16(v, inv, tbl) : make_uint2(0, 0);
         if (live) __stcs(q + b, codes);
         if (words) {
-            const uint32_t w = s | (uint32_t)__shfl_down_sync(0xffffffffu, s, 1) << 8 |
-                               (uint32_t)__shfl_down_sync(0xffffffffu, s, 2) << 16 |
-                               (uint32_t)__shfl_down_sync(0xffffffffu, s, 3) << 24;
+            const uint32_t w = s | (uint32_t)__shfl_down_sync(kAllLanes, s, 1) << 8 |
+                               (uint32_t)__shfl_down_sync(kAllLanes, s, 2) << 16 |
+                               (uint32_t)__shfl_down_sync(kAllLanes, s, 3) << 24;
             if (live && lane % 4 == 0) *reinterpret_cast<uint32_t *>(sf + m2a_sf_offset(layout, r, kb, kb_n)) = w;
         } else if (live) {
             sf[m2a_sf_offset(layout, r, kb, kb_n)] = s;
@@ -240,7 +241,8 @@ __global__ void __launch_bounds__(256) dequantize_halves(const uint32_t *q, cons
 __global__ void sf_convert(const unsigned char *src, int sl, unsigned char *dst, int dl, size_t m, size_t kb_n,
                            const int32_t *counts, int stride, size_t dst_bytes)
 {
-    const size_t rows = dl == 1 ? (m + 127) / 128 * 128 : dl == 2 ? (m + 7) / 8 * 8 : m;
+    const size_t rows = dl == MOEA2A_SF_128X4 ? (m + M2A_SF128_ROWS - 1) / M2A_SF128_ROWS * M2A_SF128_ROWS
+                        : dl == MOEA2A_SF_8X4 ? (m + M2A_SF8_ROWS - 1) / M2A_SF8_ROWS * M2A_SF8_ROWS : m;
     const size_t kb4 = dl == 0 ? kb_n : (kb_n + 3) / 4 * 4;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * kb4; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / kb4, kb = i % kb4;
@@ -275,12 +277,12 @@ template <moea2a_datatype_t T> __global__ void __launch_bounds__(256) amax_bits(
     }
     for (size_t i = nv * per + tid; i < n; i += step)
         local = max(local, __float_as_uint(In<T>::at(x, i)) & 0x7fffffffu);
-    for (int off = 16; off > 0; off /= 2) local = max(local, __shfl_down_sync(0xffffffffu, local, off));
+    for (int off = 16; off > 0; off /= 2) local = max(local, __shfl_down_sync(kAllLanes, local, off));
     __shared__ unsigned int warp_max[8];
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = local;
+    if ((threadIdx.x % kWarpSize) == 0) warp_max[threadIdx.x / kWarpSize] = local;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++) local = max(local, warp_max[w]);
+        for (int w = 1; w < (int)blockDim.x / kWarpSize; w++) local = max(local, warp_max[w]);
         if (local) atomicMax(amax, local);
     }
 }

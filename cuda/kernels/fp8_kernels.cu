@@ -11,6 +11,7 @@
 #include "fp8_device.cuh"
 #include "fp8_kernels.h"
 #include "load.cuh"
+#include "warp.cuh"
 
 namespace {
 
@@ -44,7 +45,7 @@ __global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t gro
                                                unsigned char *scales, int layout, int ue8m0, size_t r0, size_t m_pad,
                                                uint32_t *ready = nullptr, uint32_t chunk_rows = 1)
 {
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x % kWarpSize;
     const uint32_t step = gridDim.x * blockDim.x, step_r = step / g_n, step_g = step % g_n, nkb = g_n / kPerBlock;
     uint32_t b = blockIdx.x * blockDim.x + threadIdx.x, r = b / g_n, gi = b % g_n;
     for (; b - lane < groups; b += step, r += step_r, gi += step_g) {
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t gro
         float v[kGroup];
         uint32_t am = m2a_fp8_load<T, kGroup>(x, b, live, v);
 #pragma unroll
-        for (int o = kPerBlock / 2; o; o >>= 1) am = max(am, __shfl_xor_sync(0xffffffffu, am, o));
+        for (int o = kPerBlock / 2; o; o >>= 1) am = max(am, __shfl_xor_sync(kAllLanes, am, o));
         const bool finite = am < 0x7f800000u;
         float mul;
         const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t gro
         }
         if (READY) { /* one add per chunk the warp's groups fall in, after their writes (fence) */
             const uint32_t chunk = live ? (uint32_t)((r0 + r) / chunk_rows) : 0xffffffffu;
-            const unsigned same = __match_any_sync(0xffffffffu, chunk);
+            const unsigned same = __match_any_sync(kAllLanes, chunk);
             __syncwarp();
             if (live && lane == __ffs(same) - 1) {
                 __threadfence();

@@ -198,6 +198,13 @@ typedef struct {
     void *c;
 } m2a_kgemm_t;
 
+/* The GEMM carries each weight in bf16 as e2m1 x SF x 2^-8 (exact: an E2M1 code spread
+ * into a bf16 is the value x 2^-126, multiplied by the block's scale x 2^118), so its fp32
+ * sums come out 2^-8 of their value: the epilogue multiplies them by M2A_GEMM_UNSCALE / g,
+ * and the host reference rounds the same way. */
+#define M2A_GEMM_UNSCALE 256.0f
+#define M2A_GEMM_SCALE_TABLE 0x1p118f /* 2^(126 - 8) */
+
 /* Workspace bytes the rank-major entry needs for rows x slots ids (0 for
  * expert-major): the list, then counts and offsets per expert. */
 static inline size_t m2a_gemm_workspace_bytes(int num_experts, int64_t rows, int slots)

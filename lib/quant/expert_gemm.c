@@ -133,11 +133,11 @@ static moea2a_result_t host_gemm(const char *fn, const moea2a_expert_gemm_t *g, 
             rc = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of host memory", fn);
             goto done;
         }
-        const float s = 256.0f / g->w_global[e];
+        const float s = M2A_GEMM_UNSCALE / g->w_global[e];
         const unsigned char *we = codes + (size_t)e * n * (k / 2), *se = scales + (size_t)e * sf_stride;
         for (size_t r = 0; r < n; r++) {
             for (size_t kb = 0; kb < kb_n; kb++) { /* e2m1 x SF: exact in fp32 */
-                float sfv = m2a_e4m3_to_f32(se[m2a_sf_offset(1, r, kb, kb_n)]);
+                float sfv = m2a_e4m3_to_f32(se[m2a_sf_offset(MOEA2A_SF_128X4, r, kb, kb_n)]);
                 for (size_t i = 0; i < 16; i++) {
                     unsigned char b = we[r * (k / 2) + kb * 8 + i / 2];
                     wrow[kb * 16 + i] = m2a_e2m1_to_f32((uint8_t)(i % 2 ? b >> 4 : b & 15)) * sfv;
@@ -147,7 +147,7 @@ static moea2a_result_t host_gemm(const char *fn, const moea2a_expert_gemm_t *g, 
                 const uint16_t *a = (const uint16_t *)g->a + (size_t)arow[t] * g->lda;
                 double sum = 0.0;
                 for (size_t i = 0; i < k; i++) sum += (double)m2a_bf16_to_f32(a[i]) * (double)wrow[i];
-                out[(size_t)t * n + r] = (float)(sum / 256.0) * s;
+                out[(size_t)t * n + r] = (float)(sum / M2A_GEMM_UNSCALE) * s;
             }
         }
         for (int64_t t = 0; t < cnt; t++)

@@ -9,10 +9,12 @@
 #include <stdint.h>
 
 #include "base/convert.h"
+#include "moea2a.h"
 
 #define M2A_FP4_BLOCK 16
 #define M2A_E4M3_NAN 0x7f
 #define M2A_E4M3_MAX 448.0f
+#define M2A_E2M1_MAX 6.0f /* the largest E2M1 magnitude: a block's amax maps onto it */
 
 #ifdef __CUDACC__
 #define M2A_RINT(x) rintf(x)
@@ -95,7 +97,7 @@ M2A_HD uint8_t m2a_fp4_scale(float amax, int finite, float g, float *inv)
         *inv = 0.0f;
         return M2A_E4M3_NAN;
     }
-    uint8_t sf = m2a_e4m3_from_f32(g * (amax / 6.0f));
+    uint8_t sf = m2a_e4m3_from_f32(g * (amax / M2A_E2M1_MAX));
     float sff = m2a_e4m3_to_f32(sf);
     *inv = sff == 0.0f ? 0.0f : g / sff;
     return sf;
@@ -131,23 +133,42 @@ M2A_HD uint8_t m2a_fp4_block(const float *x, float g, uint8_t *packed)
     return sf;
 }
 
+/* The swizzled scale layouts (moea2a_fp4(3)). 128x4: tiles of 128 rows x 4 blocks, 512
+ * bytes each, in row-tile-major order (nkt tiles of 4 blocks per row tile); inside a
+ * tile, row m % 32 at 16 bytes per row, its group of 32 rows ((m % 128) / 32) at 4 bytes
+ * per group, block kb % 4 at its byte. 8x4: tiles of 8 rows x 4 blocks, 32 bytes, row
+ * m % 8 at 4 bytes per row. */
+#define M2A_SF128_ROWS 128
+#define M2A_SF128_TILE 512
+#define M2A_SF8_ROWS 8
+#define M2A_SF8_TILE 32
+#define M2A_SF_TILE_BLOCKS 4 /* scale blocks per tile row */
+M2A_HD size_t m2a_sf_128x4(size_t m, size_t kb, size_t nkt)
+{
+    return (m / M2A_SF128_ROWS) * nkt * M2A_SF128_TILE + (kb / M2A_SF_TILE_BLOCKS) * M2A_SF128_TILE + (m % 32) * 16 +
+           ((m % M2A_SF128_ROWS) / 32) * 4 + kb % M2A_SF_TILE_BLOCKS;
+}
+M2A_HD size_t m2a_sf_8x4(size_t m, size_t kb, size_t nkt)
+{
+    return (m / M2A_SF8_ROWS) * nkt * M2A_SF8_TILE + (kb / M2A_SF_TILE_BLOCKS) * M2A_SF8_TILE + (m % M2A_SF8_ROWS) * 4 +
+           kb % M2A_SF_TILE_BLOCKS;
+}
+
 /* Scale-factor offsets of (row m, block kb) for kblocks = K/16 blocks per row. */
 M2A_HD size_t m2a_sf_offset(int layout, size_t m, size_t kb, size_t kblocks)
 {
-    size_t nkt = (kblocks + 3) / 4;
-    if (layout == 1) /* MOEA2A_SF_128X4 */
-        return (m / 128) * nkt * 512 + (kb / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + kb % 4;
-    if (layout == 2) /* MOEA2A_SF_8X4 */
-        return (m / 8) * nkt * 32 + (kb / 4) * 32 + (m % 8) * 4 + kb % 4;
+    size_t nkt = (kblocks + M2A_SF_TILE_BLOCKS - 1) / M2A_SF_TILE_BLOCKS;
+    if (layout == MOEA2A_SF_128X4) return m2a_sf_128x4(m, kb, nkt);
+    if (layout == MOEA2A_SF_8X4) return m2a_sf_8x4(m, kb, nkt);
     return m * kblocks + kb;
 }
 
 /* Bytes of a scale-factor buffer for m rows (padding included). */
 M2A_HD size_t m2a_sf_bytes(int layout, size_t m, size_t kblocks)
 {
-    size_t k4 = (kblocks + 3) / 4 * 4;
-    if (layout == 1) return (m + 127) / 128 * 128 * k4;
-    if (layout == 2) return (m + 7) / 8 * 8 * k4;
+    size_t k4 = (kblocks + M2A_SF_TILE_BLOCKS - 1) / M2A_SF_TILE_BLOCKS * M2A_SF_TILE_BLOCKS;
+    if (layout == MOEA2A_SF_128X4) return (m + M2A_SF128_ROWS - 1) / M2A_SF128_ROWS * M2A_SF128_ROWS * k4;
+    if (layout == MOEA2A_SF_8X4) return (m + M2A_SF8_ROWS - 1) / M2A_SF8_ROWS * M2A_SF8_ROWS * k4;
     return m * kblocks;
 }
 #endif
