@@ -214,11 +214,145 @@ static void usage(FILE *f)
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
-int main(int argc, char **argv)
+/* What the command line asked beyond perf_opts_t: how the ranks start, and which
+ * defaults the chosen operation replaces. */
+typedef struct {
+    int nranks, threads, dtype_set, tokens_set, experts_set;
+} cli_t;
+
+/* What an option setter did with an option: took it, left it to the other setter, or
+ * ended the program with *status (help, or a bad value). */
+enum { OPT_TAKEN, OPT_NOT_MINE, OPT_EXIT };
+
+static int exit_with(int *status, int s)
 {
-    perf_opts_t o = {OP_ALLTOALLV, 1024, 16 << 20, 2, 20, 5, 1, MOEA2A_INT32, "host",
-                     {128, 1024, 4096}, 3, 7168, 8, 256, 0, 0, 0.0, 16384};
-    int nranks = 0, dtype_set = 0, tokens_set = 0, experts_set = 0, threads = 0;
+    *status = s;
+    return OPT_EXIT;
+}
+
+/* The options every operation shares: ranks, the operation, sizes, iterations, memory. */
+static int set_common_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *status)
+{
+    switch (c) {
+    case 'n':
+        if (!strcmp(arg, "cores")) { /* one rank per core: steady times (see the warning in launch) */
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            cli->nranks = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+        } else if (parse_int(arg, 1, 64, &cli->nranks)) {
+            return exit_with(status, bad_option("--ranks", arg, "takes 1..64 or cores"));
+        }
+        return OPT_TAKEN;
+    case 'T': cli->threads = 1; return OPT_TAKEN;
+    case 'o':
+        if (!strcmp(arg, "alltoallv")) o->op = OP_ALLTOALLV;
+        else if (!strcmp(arg, "allgather")) o->op = OP_ALLGATHER;
+        else if (!strcmp(arg, "bcast")) o->op = OP_BCAST;
+        else if (!strcmp(arg, "moe")) o->op = OP_MOE;
+        else if (!strcmp(arg, "fp4")) o->op = OP_FP4;
+        else if (!strcmp(arg, "fp8")) o->op = OP_FP8;
+        else if (!strcmp(arg, "expert-gemm")) o->op = OP_EXPERT_GEMM;
+        else
+            return exit_with(status, bad_option("--op", arg, "takes alltoallv, allgather, bcast, moe, fp4, fp8 or "
+                                                             "expert-gemm"));
+        return OPT_TAKEN;
+    case 'b':
+        if (parse_size(arg, &o->min_bytes))
+            return exit_with(status, bad_option("--minbytes", arg, "takes bytes (K, M, G suffixes)"));
+        return OPT_TAKEN;
+    case 'e':
+        if (parse_size(arg, &o->max_bytes))
+            return exit_with(status, bad_option("--maxbytes", arg, "takes bytes (K, M, G suffixes)"));
+        return OPT_TAKEN;
+    case 'f':
+        if (parse_int(arg, 2, 1 << 20, &o->factor)) return exit_with(status, bad_option("--stepfactor", arg, "takes 2 or more"));
+        return OPT_TAKEN;
+    case 'i':
+        if (parse_int(arg, 1, 1 << 24, &o->iters)) return exit_with(status, bad_option("--iters", arg, "takes 1 or more"));
+        return OPT_TAKEN;
+    case 'w':
+        if (parse_int(arg, 0, 1 << 24, &o->warmup)) return exit_with(status, bad_option("--warmup", arg, "takes 0 or more"));
+        return OPT_TAKEN;
+    case 'd':
+        if (parse_dtype(arg, &o->dtype))
+            return exit_with(status, bad_option("--dtype", arg, "takes int8, uint8, int32, int64, fp16, bf16, fp32, "
+                                                                "fp8_e4m3 or nvfp4"));
+        cli->dtype_set = 1;
+        return OPT_TAKEN;
+    case 'm':
+        if (strcmp(arg, "host") && strcmp(arg, "cuda")) return exit_with(status, bad_option("--mem", arg, "takes host or cuda"));
+        o->mem = arg;
+        return OPT_TAKEN;
+    case 'c':
+        if (parse_int(arg, 0, 1, &o->check)) return exit_with(status, bad_option("--check", arg, "takes 0 or 1"));
+        return OPT_TAKEN;
+    case 'r':
+        if (parse_int(arg, 1, 1 << 28, &o->fp4_rows)) return exit_with(status, bad_option("--rows", arg, "takes 1 or more"));
+        return OPT_TAKEN;
+    case 'h': usage(stdout); return exit_with(status, 0);
+    default: return OPT_NOT_MINE;
+    }
+}
+
+/* The options of --moe (and of the quantization and GEMM benchmarks' shapes). */
+static int set_moe_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *status)
+{
+    switch (c) {
+    case 'M': o->op = OP_MOE; return OPT_TAKEN;
+    case 't':
+        if (parse_list(arg, o->tokens, &o->ntokens, 0))
+            return exit_with(status, bad_option("--tokens", arg, "takes up to 16 token counts >= 0, comma-separated"));
+        cli->tokens_set = 1;
+        return OPT_TAKEN;
+    case 'G':
+        if (parse_shapes(arg, o))
+            return exit_with(status, bad_option("--gemm-shapes", arg, "takes n:k pairs (k a multiple of 16), "
+                                                                      "comma-separated"));
+        return OPT_TAKEN;
+    case 'S':
+        if (parse_list(arg, o->sms, &o->nsms, 1))
+            return exit_with(status, bad_option("--sms", arg, "takes up to 16 SM budgets >= 1, comma-separated"));
+        return OPT_TAKEN;
+    case 'P': o->split = 1; return OPT_TAKEN;
+    case 'x':
+        if (!strcmp(arg, "sm")) o->copy_engine = 0;
+        else if (!strcmp(arg, "ce")) o->copy_engine = 1;
+        else return exit_with(status, bad_option("--engine", arg, "takes sm or ce"));
+        return OPT_TAKEN;
+    case 'q':
+        if (!strcmp(arg, "fp8")) o->wire = PERF_WIRE_FP8;
+        else if (!strcmp(arg, "fp8-ue8m0")) o->wire = PERF_WIRE_FP8_UE8M0;
+        else if (!strcmp(arg, "nvfp4")) o->wire = PERF_WIRE_NVFP4;
+        else return exit_with(status, bad_option("--wire", arg, "takes fp8, fp8-ue8m0 or nvfp4"));
+        return OPT_TAKEN;
+    case 'L':
+        if (!strcmp(arg, "rank")) o->expert_align = 0;
+        else if (!strcmp(arg, "expert")) o->expert_align = 128;
+        else if (strncmp(arg, "expert:", 7) || parse_int(arg + 7, 1, 1024, &o->expert_align))
+            return exit_with(status, bad_option("--layout", arg, "takes rank, expert or expert:ALIGN (1..1024)"));
+        return OPT_TAKEN;
+    case 'H':
+        if (parse_int(arg, 1, 1 << 24, &o->hidden)) return exit_with(status, bad_option("--hidden", arg, "takes 1 or more"));
+        return OPT_TAKEN;
+    case 'k':
+        if (parse_int(arg, 1, 1024, &o->topk)) return exit_with(status, bad_option("--topk", arg, "takes 1..1024"));
+        return OPT_TAKEN;
+    case 'E':
+        if (parse_int(arg, 1, 1 << 20, &o->experts)) return exit_with(status, bad_option("--experts", arg, "takes 1 or more"));
+        cli->experts_set = 1;
+        return OPT_TAKEN;
+    case 's':
+        if (parse_double(arg, 0.0, 1.0, &o->skew)) return exit_with(status, bad_option("--skew", arg, "takes 0..1"));
+        return OPT_TAKEN;
+    case 'W': o->weights = 1; return OPT_TAKEN;
+    case 'B': o->baseline = 1; return OPT_TAKEN;
+    default: return OPT_NOT_MINE;
+    }
+}
+
+/* Every option into o and cli, each value checked as it is read: -1 to go on, else the
+ * exit status (0 after --help, 2 for a bad option). */
+static int parse_args(int argc, char **argv, perf_opts_t *o, cli_t *cli)
+{
     static const struct option opts[] = {
         {"ranks", required_argument, 0, 'n'},      {"op", required_argument, 0, 'o'},
         {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
@@ -234,150 +368,70 @@ int main(int argc, char **argv)
         {"wire", required_argument, 0, 'q'},       {"layout", required_argument, 0, 'L'},
         {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
         {"threads", no_argument, 0, 'T'},          {0, 0, 0, 0}};
-    int c;
+    int c, status = 0;
     while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:T", opts, NULL)) != -1) {
-        switch (c) {
-        case 'n':
-            if (!strcmp(optarg, "cores")) { /* one rank per core: steady times (see the warning below) */
-                long cores = sysconf(_SC_NPROCESSORS_ONLN);
-                nranks = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
-            } else if (parse_int(optarg, 1, 64, &nranks)) {
-                return bad_option("--ranks", optarg, "takes 1..64 or cores");
-            }
-            break;
-        case 'T': threads = 1; break;
-        case 'o':
-            if (!strcmp(optarg, "alltoallv")) o.op = OP_ALLTOALLV;
-            else if (!strcmp(optarg, "allgather")) o.op = OP_ALLGATHER;
-            else if (!strcmp(optarg, "bcast")) o.op = OP_BCAST;
-            else if (!strcmp(optarg, "moe")) o.op = OP_MOE;
-            else if (!strcmp(optarg, "fp4")) o.op = OP_FP4;
-            else if (!strcmp(optarg, "fp8")) o.op = OP_FP8;
-            else if (!strcmp(optarg, "expert-gemm")) o.op = OP_EXPERT_GEMM;
-            else return bad_option("--op", optarg, "takes alltoallv, allgather, bcast, moe, fp4, fp8 or expert-gemm");
-            break;
-        case 'b':
-            if (parse_size(optarg, &o.min_bytes)) return bad_option("--minbytes", optarg, "takes bytes (K, M, G suffixes)");
-            break;
-        case 'e':
-            if (parse_size(optarg, &o.max_bytes)) return bad_option("--maxbytes", optarg, "takes bytes (K, M, G suffixes)");
-            break;
-        case 'f':
-            if (parse_int(optarg, 2, 1 << 20, &o.factor)) return bad_option("--stepfactor", optarg, "takes 2 or more");
-            break;
-        case 'i':
-            if (parse_int(optarg, 1, 1 << 24, &o.iters)) return bad_option("--iters", optarg, "takes 1 or more");
-            break;
-        case 'w':
-            if (parse_int(optarg, 0, 1 << 24, &o.warmup)) return bad_option("--warmup", optarg, "takes 0 or more");
-            break;
-        case 'd':
-            if (parse_dtype(optarg, &o.dtype))
-                return bad_option("--dtype", optarg, "takes int8, uint8, int32, int64, fp16, bf16, fp32, fp8_e4m3 or "
-                                                     "nvfp4");
-            dtype_set = 1;
-            break;
-        case 'm':
-            if (strcmp(optarg, "host") && strcmp(optarg, "cuda")) return bad_option("--mem", optarg, "takes host or cuda");
-            o.mem = optarg;
-            break;
-        case 'c':
-            if (parse_int(optarg, 0, 1, &o.check)) return bad_option("--check", optarg, "takes 0 or 1");
-            break;
-        case 'M': o.op = OP_MOE; break;
-        case 't':
-            if (parse_list(optarg, o.tokens, &o.ntokens, 0))
-                return bad_option("--tokens", optarg, "takes up to 16 token counts >= 0, comma-separated");
-            tokens_set = 1;
-            break;
-        case 'G':
-            if (parse_shapes(optarg, &o))
-                return bad_option("--gemm-shapes", optarg, "takes n:k pairs (k a multiple of 16), comma-separated");
-            break;
-        case 'S':
-            if (parse_list(optarg, o.sms, &o.nsms, 1))
-                return bad_option("--sms", optarg, "takes up to 16 SM budgets >= 1, comma-separated");
-            break;
-        case 'P': o.split = 1; break;
-        case 'x':
-            if (!strcmp(optarg, "sm")) o.copy_engine = 0;
-            else if (!strcmp(optarg, "ce")) o.copy_engine = 1;
-            else return bad_option("--engine", optarg, "takes sm or ce");
-            break;
-        case 'q':
-            if (!strcmp(optarg, "fp8")) o.wire = PERF_WIRE_FP8;
-            else if (!strcmp(optarg, "fp8-ue8m0")) o.wire = PERF_WIRE_FP8_UE8M0;
-            else if (!strcmp(optarg, "nvfp4")) o.wire = PERF_WIRE_NVFP4;
-            else return bad_option("--wire", optarg, "takes fp8, fp8-ue8m0 or nvfp4");
-            break;
-        case 'L':
-            if (!strcmp(optarg, "rank")) o.expert_align = 0;
-            else if (!strcmp(optarg, "expert")) o.expert_align = 128;
-            else if (strncmp(optarg, "expert:", 7) || parse_int(optarg + 7, 1, 1024, &o.expert_align))
-                return bad_option("--layout", optarg, "takes rank, expert or expert:ALIGN (1..1024)");
-            break;
-        case 'H':
-            if (parse_int(optarg, 1, 1 << 24, &o.hidden)) return bad_option("--hidden", optarg, "takes 1 or more");
-            break;
-        case 'k':
-            if (parse_int(optarg, 1, 1024, &o.topk)) return bad_option("--topk", optarg, "takes 1..1024");
-            break;
-        case 'E':
-            if (parse_int(optarg, 1, 1 << 20, &o.experts)) return bad_option("--experts", optarg, "takes 1 or more");
-            experts_set = 1;
-            break;
-        case 's':
-            if (parse_double(optarg, 0.0, 1.0, &o.skew)) return bad_option("--skew", optarg, "takes 0..1");
-            break;
-        case 'W': o.weights = 1; break;
-        case 'B': o.baseline = 1; break;
-        case 'r':
-            if (parse_int(optarg, 1, 1 << 28, &o.fp4_rows)) return bad_option("--rows", optarg, "takes 1 or more");
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        int took = set_common_option(c, optarg, o, cli, &status);
+        if (took == OPT_NOT_MINE) took = set_moe_option(c, optarg, o, cli, &status);
+        if (took == OPT_EXIT) return status;
+        if (took == OPT_NOT_MINE) { /* getopt has named the unknown option */
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) return bad_option("an argument", argv[optind], "is not an option");
-    if (o.op == OP_MOE) {
-        if (!dtype_set) o.dtype = MOEA2A_BFLOAT16;
-        if (o.hidden < 1 || o.topk < 1 || o.experts < 1 || o.skew < 0 || o.skew > 1) {
+    return -1;
+}
+
+/* The operation's defaults and the checks across options: 0, or exit status 2. */
+static int settle_options(perf_opts_t *o, const cli_t *cli)
+{
+    if (o->op == OP_MOE) {
+        if (!cli->dtype_set) o->dtype = MOEA2A_BFLOAT16;
+        if (o->hidden < 1 || o->topk < 1 || o->experts < 1 || o->skew < 0 || o->skew > 1) {
             fprintf(stderr, "moea2a_perf: need hidden, topk, experts >= 1 and 0 <= skew <= 1\n");
             return 2;
         }
-        if (o.wire && (o.dtype != MOEA2A_BFLOAT16 || o.hidden % (o.wire == PERF_WIRE_NVFP4 ? 16 : 128))) {
+        if (o->wire && (o->dtype != MOEA2A_BFLOAT16 || o->hidden % (o->wire == PERF_WIRE_NVFP4 ? 16 : 128))) {
             fprintf(stderr, "moea2a_perf --wire: needs --dtype bf16 and --hidden a multiple of %d\n",
-                    o.wire == PERF_WIRE_NVFP4 ? 16 : 128);
+                    o->wire == PERF_WIRE_NVFP4 ? 16 : 128);
             return 2;
         }
-    } else if (o.op == OP_FP4 || o.op == OP_FP8) {
-        const int block = o.op == OP_FP8 ? 128 : 16;
-        if (o.fp4_rows < 1 || o.hidden < block || o.hidden % block) {
+    } else if (o->op == OP_FP4 || o->op == OP_FP8) {
+        const int block = o->op == OP_FP8 ? 128 : 16;
+        if (o->fp4_rows < 1 || o->hidden < block || o->hidden % block) {
             fprintf(stderr, "moea2a_perf --op %s: need --rows >= 1 and --hidden a multiple of %d\n",
-                    o.op == OP_FP8 ? "fp8" : "fp4", block);
+                    o->op == OP_FP8 ? "fp8" : "fp4", block);
             return 2;
         }
-    } else if (o.op == OP_EXPERT_GEMM) {
+    } else if (o->op == OP_EXPERT_GEMM) {
         static const int rows[] = {8, 64, 1024};
-        if (!tokens_set) memcpy(o.tokens, rows, sizeof(rows)), o.ntokens = 3;
-        o.gemm_experts = experts_set ? o.experts : 32;
-        if (!o.gemm_nshapes) o.gemm_n[0] = 4096, o.gemm_k[0] = 7168, o.gemm_n[1] = 7168, o.gemm_k[1] = 2048, o.gemm_nshapes = 2;
-        if (o.gemm_experts < 1 || o.gemm_experts > 1024) {
+        if (!cli->tokens_set) memcpy(o->tokens, rows, sizeof(rows)), o->ntokens = 3;
+        o->gemm_experts = cli->experts_set ? o->experts : 32;
+        if (!o->gemm_nshapes)
+            o->gemm_n[0] = 4096, o->gemm_k[0] = 7168, o->gemm_n[1] = 7168, o->gemm_k[1] = 2048, o->gemm_nshapes = 2;
+        if (o->gemm_experts < 1 || o->gemm_experts > 1024) {
             fprintf(stderr, "moea2a_perf --op expert-gemm: need 1 <= --experts <= 1024\n");
             return 2;
         }
-    } else if (o.factor < 2 || o.min_bytes > o.max_bytes || o.min_bytes == 0) {
+    } else if (o->factor < 2 || o->min_bytes > o->max_bytes || o->min_bytes == 0) {
         fprintf(stderr, "moea2a_perf: need stepfactor >= 2 and 0 < minbytes <= maxbytes\n");
         return 2;
     }
+    return 0;
+}
+
+/* This process as one rank of a launcher's job, or nranks local ranks (processes, or
+ * threads with --threads); the exit status is the worst rank's. */
+static int launch(perf_opts_t *o, const cli_t *cli)
+{
     int launched = getenv("MOEA2A_RANK") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") ||
                    getenv("SLURM_PROCID");
-    if (launched && !nranks) {
+    if (launched && !cli->nranks) {
         moea2a_unique_id_t none;
         memset(&none, 0, sizeof(none));
-        return perf_rank(0, 0, none, &o);
+        return perf_rank(0, 0, none, o);
     }
-    if (!nranks) nranks = 2;
+    int nranks = cli->nranks ? cli->nranks : 2;
     /* Ranks that outnumber the cores take turns on them: a rank waits for a peer's time
      * slice, and the times (and vs base) change from run to run. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -385,9 +439,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "moea2a_perf: warning: %d ranks on %ld cores: ranks take turns on the cores, so times and "
                 "'vs base' vary from run to run; --ranks %ld or fewer gives steady numbers\n", nranks, cores, cores);
     local_ranks_result_t res;
-    if (threads) local_ranks_run_threads(nranks, perf_rank, &o, &res);
-    else local_ranks_run(nranks, perf_rank, &o, 3600.0, &res);
+    if (cli->threads) local_ranks_run_threads(nranks, perf_rank, o, &res);
+    else local_ranks_run(nranks, perf_rank, o, 3600.0, &res);
     int worst = 0;
     for (int r = 0; r < nranks; r++) worst = res.exit_codes[r] > worst ? res.exit_codes[r] : worst;
     return res.hung ? 1 : worst;
+}
+
+int main(int argc, char **argv)
+{
+    perf_opts_t o = {OP_ALLTOALLV, 1024, 16 << 20, 2, 20, 5, 1, MOEA2A_INT32, "host",
+                     {128, 1024, 4096}, 3, 7168, 8, 256, 0, 0, 0.0, 16384};
+    cli_t cli = {0, 0, 0, 0, 0};
+    int status = parse_args(argc, argv, &o, &cli);
+    if (status >= 0) return status;
+    if ((status = settle_options(&o, &cli))) return status;
+    return launch(&o, &cli);
 }

@@ -398,7 +398,7 @@ typedef struct {
 static __thread const char *row_tag = "";
 
 /* --layout expert: what the expert-major run of a size measured, for the line that sets
- * it against the rank-major run of the same size (issue's bound: rank-major time + 1.25 x
+ * it against the rank-major run of the same size (the bound it is held to: rank-major time + 1.25 x
  * the extra local bytes / the copy bandwidth measured in the same run) */
 static struct {
     double td, tc, extra_d, extra_c, rows, pairs, recv;
@@ -542,6 +542,307 @@ static int split_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int 
     return 0;
 }
 
+/* One size's inputs: the routing and rows on the host, and their copies where the
+ * benchmark runs (host or this rank's GPU). */
+typedef struct {
+    float *w;
+    unsigned char *pay;
+    int32_t *d_ids;
+    float *d_w;
+    unsigned char *d_pay, *d_scales;
+    void *d_out;
+    const void *pays[2];
+} inputs_t;
+
+static void inputs_free(perf_mem_t *m, bench_t *b, inputs_t *in)
+{
+    if (in->d_ids) perf_free(m, in->d_ids);
+    if (in->d_w) perf_free(m, in->d_w);
+    if (in->d_pay) perf_free(m, in->d_pay);
+    if (in->d_out) perf_free(m, in->d_out);
+    if (in->d_scales) perf_free(m, in->d_scales);
+    free(b->ids), free(b->nd), free(b->dests), free(in->w), free(in->pay);
+}
+
+/* b's routing (token count ti's seed) and payload rows of known values, and their
+ * copies where the benchmark runs; an NVFP4 payload's scales as a second payload. */
+static int inputs_make(const moea2a_moe_config_t *cfg, perf_mem_t *m, const perf_opts_t *o, int ti, bench_t *b,
+                       inputs_t *in)
+{
+    int rank = b->rank, T = b->T, pairs = T * o->topk;
+    memset(in, 0, sizeof(*in));
+    b->ids = malloc(sizeof(int32_t) * (size_t)(pairs + 1));
+    b->nd = malloc(sizeof(int32_t) * (size_t)(T + 1));
+    b->dests = malloc(sizeof(int32_t) * (size_t)(pairs + 1));
+    in->w = malloc(sizeof(float) * (size_t)(pairs + 1));
+    in->pay = malloc(b->row * (size_t)T + 2);
+    if (!b->ids || !b->nd || !b->dests || !in->w || !in->pay) FAIL("rank %d: out of memory\n", rank);
+    route(b->ids, T, o->topk, o->experts, b->ep, o->skew, rank, (uint64_t)ti);
+    plan_dests(b);
+    for (int i = 0; i < pairs; i++) in->w[i] = 1.0f / (float)o->topk;
+    for (int t = 0; t < T; t++)
+        for (size_t h = 0; h < b->row / 2; h++) {
+            uint16_t v = bf16_of_int(pay_value(rank, t, h));
+            memcpy(in->pay + (size_t)t * b->row + 2 * h, &v, 2);
+        }
+    in->d_ids = perf_alloc(m, sizeof(int32_t) * (size_t)(pairs + 1));
+    in->d_w = perf_alloc(m, sizeof(float) * (size_t)(pairs + 1));
+    in->d_pay = perf_alloc(m, b->row * (size_t)T + 2);
+    in->d_out = perf_alloc(m, b->crow * (size_t)T + 2);
+    if (!in->d_ids || !in->d_w || !in->d_pay || !in->d_out) FAIL("rank %d: out of memory for inputs\n", rank);
+    perf_upload(m, in->d_ids, b->ids, sizeof(int32_t) * (size_t)pairs);
+    perf_upload(m, in->d_w, in->w, sizeof(float) * (size_t)pairs);
+    perf_upload(m, in->d_pay, in->pay, b->row * (size_t)T);
+    in->pays[0] = in->d_pay;
+    if (cfg->num_payloads == 2) { /* NVFP4 scales: their own array */
+        size_t sb = (size_t)T * (size_t)o->hidden / 16 + 1;
+        unsigned char *tmp = malloc(sb);
+        in->d_scales = perf_alloc(m, sb);
+        if (!tmp || !in->d_scales) {
+            free(tmp);
+            FAIL("rank %d: out of memory for scales\n", rank);
+        }
+        memset(tmp, 0x38, sb);
+        perf_upload(m, in->d_scales, tmp, sb);
+        free(tmp);
+        in->pays[1] = in->d_scales;
+    }
+    return 0;
+}
+
+/* The timed calls: dispatch and combine back to back on the stream, as an application
+ * issues them, with events between them timing each one (up to 255 timed pairs); the
+ * same pairs with no event between the calls (what an application sees: the events add
+ * to each call's time) and the host's time in each call; one CUDA graph of them; with
+ * --split, the halves. d: the last dispatch's result. */
+static int time_calls(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, const perf_opts_t *o, int T, int sms,
+                      const inputs_t *in, moea2a_dispatch_result_t *d, row_t *r)
+{
+    int rank;
+    moea2a_comm_rank(comm, &rank);
+    int iters = o->iters < (PERF_MARKS - 1) / 2 ? o->iters : (PERF_MARKS - 1) / 2;
+    for (int i = 0; i < o->warmup; i++) {
+        TRY(moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream));
+        TRY(moea2a_combine(moe, NULL, in->d_out, m->stream));
+    }
+    for (int i = 0; i < iters; i++) {
+        perf_mark(m, 2 * i);
+        TRY(moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream));
+        perf_mark(m, 2 * i + 1);
+        TRY(moea2a_combine(moe, NULL, in->d_out, m->stream));
+    }
+    perf_mark(m, 2 * iters);
+    for (int i = 0; i < iters; i++) r->td += perf_span(m, 2 * i, 2 * i + 1), r->tc += perf_span(m, 2 * i + 1, 2 * i + 2);
+    if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
+    r->td /= iters, r->tc /= iters;
+    perf_mark(m, 0);
+    for (int i = 0; i < iters; i++) {
+        double h0 = perf_now();
+        TRY(moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream));
+        double h1 = perf_now();
+        TRY(moea2a_combine(moe, NULL, in->d_out, m->stream));
+        r->hd += h1 - h0, r->hc += perf_now() - h1;
+    }
+    perf_mark(m, 1);
+    r->tp = perf_span(m, 0, 1) / iters;
+    r->hd /= iters, r->hc /= iters;
+    if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
+    if (m->cuda && d->nvlink && !o->copy_engine)
+        r->tg = graph_time(moe, m, iters, T, in->d_ids, in->d_w, in->pays, in->d_out);
+    if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, in->d_ids, in->d_w,
+                                in->pays, in->d_out, sms, r))
+        return 1;
+    return 0;
+}
+
+/* The bytes the last dispatch and combine moved (all, and those to other ranks), from
+ * the dispatch's result; with --layout expert, the rows the expert-major pass adds
+ * (for the line that sets it against the rank-major run of the same size). */
+static int count_bytes(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, const bench_t *b, int num_payloads,
+                       moea2a_dispatch_result_t *d, row_t *r)
+{
+    int rank = b->rank, ep = b->ep;
+    size_t total_row = b->row + (num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
+    if (o->wire) /* what travels: codes, scales [, the global scale] */
+        total_row = wire_code_row(o->wire, b->hidden) + wire_scale_row(o->wire, b->hidden) +
+                    (o->wire == PERF_WIRE_NVFP4 ? 4 : 0);
+    int32_t self_rows = 0;
+    if (d->device_stats) { /* the load/store path keeps its counts on the device */
+        int64_t st[4];
+        perf_download(m, st, d->device_stats, sizeof(st));
+        d->total_recv = st[0], d->sent_rows = st[2];
+    }
+    if (m->cuda) perf_download(m, &self_rows, d->recv_counts + rank, 4);
+    else self_rows = d->recv_counts[rank];
+    if (o->expert_align) { /* the (token, expert) rows written and read once more with their per-row
+                              arrays; in the combine, read and folded into the received tokens' rows */
+        double rows = (double)expert_rows_of(m, d), recv = (double)d->total_recv, pairs = 0, tmp;
+        int32_t *cnt = malloc(4 * (size_t)(d->num_local_experts + 1));
+        if (!cnt) FAIL("rank %d: out of memory\n", rank);
+        perf_download(m, cnt, d->expert_counts, 4 * (size_t)d->num_local_experts);
+        for (int j = 0; j < d->num_local_experts; j++) pairs += cnt[j];
+        free(cnt);
+        TRY(perf_reduce(comm, 0, rows, &tmp, &expert_run.rows));
+        TRY(perf_reduce(comm, 0, pairs, &tmp, &expert_run.pairs));
+        TRY(perf_reduce(comm, 0, recv, &tmp, &expert_run.recv));
+        expert_run.rows /= ep, expert_run.pairs /= ep, expert_run.recv /= ep;
+        expert_run.extra_d = 2.0 * expert_run.pairs * ((double)b->row + 20.0);
+        expert_run.extra_c = expert_run.pairs * (double)b->crow + expert_run.recv * (double)b->crow;
+    }
+    r->bytes_d = (double)d->sent_rows * (double)total_row;
+    r->remote_d = (double)(d->sent_rows - self_rows) * (double)total_row;
+    r->bytes_c = (double)d->total_recv * (double)b->crow;
+    r->remote_c = (double)(d->total_recv - self_rows) * (double)b->crow;
+    return 0;
+}
+
+/* --baseline: the same exchange done the way a user would without moea2a, timed the
+ * same way; with --wire, quantizing first with the standalone calls, then dispatching. */
+static int time_baseline(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, const bench_t *b,
+                         const inputs_t *in, row_t *r)
+{
+    int rank = b->rank;
+    base_t x;
+    if (base_setup(m, b, &x)) FAIL("rank %d: out of memory for the baseline\n", rank);
+    for (int i = 0; i < o->warmup + o->iters; i++) {
+        perf_mark(m, 0);
+        TRY(base_dispatch(comm, m, b, in->d_pay, in->d_ids, &x));
+        perf_mark(m, 1);
+        TRY(base_combine(comm, m, b, &x));
+        perf_mark(m, 2);
+        if (i >= o->warmup) r->bd += perf_span(m, 0, 1), r->bc += perf_span(m, 1, 2);
+    }
+    r->bd /= o->iters, r->bc /= o->iters;
+    base_free(m, &x);
+    int iters = o->iters < (PERF_MARKS - 1) / 2 ? o->iters : (PERF_MARKS - 1) / 2;
+    if (o->wire && wire_baseline(comm, m, o, b->T, in->d_pay, in->d_ids, in->d_w, iters, &r->qd))
+        FAIL("rank %d: the quantize-then-dispatch baseline: %s\n", rank, moea2a_last_error(comm));
+    return 0;
+}
+
+/* Across nodes: the rows this rank's routing sends to other nodes, one per destination
+ * rank (flat: what moea2a's result says it sent, checked: a disagreement counts as
+ * wrong) and one per destination node (aware: what a node-aware scheme sends). */
+static int count_internode(moea2a_comm_t comm, const bench_t *b, const moea2a_dispatch_result_t *d, int *nodes,
+                           double *flat, double *aware, row_t *r)
+{
+    int rank = b->rank, my_node = 0;
+    *nodes = 1, *flat = *aware = 0;
+    moea2a_comm_node(comm, &my_node, nodes, NULL, NULL);
+    if (*nodes <= 1) return 0;
+    int32_t *node_of = malloc(sizeof(int32_t) * (size_t)b->ep), mine = my_node;
+    if (!node_of) FAIL("rank %d: out of memory\n", rank);
+    moea2a_result_t res = moea2a_allgather(&mine, node_of, 1, MOEA2A_INT32, comm, NULL);
+    if (res) {
+        free(node_of);
+        TRY(res);
+    }
+    for (int t = 0; t < b->T; t++) {
+        uint64_t seen = 0; /* remote nodes of this token (node numbers < 64: ranks <= 64) */
+        for (int i = 0; i < b->nd[t]; i++) {
+            int q = b->dests[(size_t)t * b->k + i], nq = node_of[q];
+            if (nq == my_node) continue;
+            (*flat)++;
+            *aware += !((seen >> nq) & 1);
+            seen |= 1ull << nq;
+        }
+    }
+    free(node_of);
+    if ((double)d->internode_rows != *flat) r->wrong++;
+    return 0;
+}
+
+/* Every rank's measurements into one set of rows on rank 0: the slowest rank's times,
+ * bytes averaged over ranks, wrong values summed. */
+typedef struct {
+    double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, qd, hd, hc;
+    double bytes_d, remote_d, bytes_c, remote_c, wrong, flat, aware, sent;
+} totals_t;
+
+static int reduce_row(moea2a_comm_t comm, int ep, const row_t *r, double flat, double aware, double sent, totals_t *s)
+{
+    int rank;
+    double tmp;
+    moea2a_comm_rank(comm, &rank);
+    const struct {
+        double mine, sum_in, *max, *sum;
+    } each[] = {
+        {r->tp, 0, &s->tp, &tmp},         {r->hd, 0, &s->hd, &tmp},         {r->hc, 0, &s->hc, &tmp},
+        {r->qd, 0, &s->qd, &tmp},         {r->tg, 0, &s->tg, &tmp},         {r->sd, 0, &s->sd, &tmp},
+        {r->sc, 0, &s->sc, &tmp},         {r->gemm, 0, &s->gemm, &tmp},     {r->ovl[0], 0, &s->ovl[0], &tmp},
+        {r->ovl[1], 0, &s->ovl[1], &tmp}, {r->td, r->bytes_d, &s->td, &s->bytes_d},
+        {r->tc, r->bytes_c, &s->tc, &s->bytes_c}, {r->bd, r->remote_d, &s->bd, &s->remote_d},
+        {r->bc, r->remote_c, &s->bc, &s->remote_c}, {0, (double)r->wrong, &tmp, &s->wrong},
+        {0, flat, &tmp, &s->flat},       {0, aware, &tmp, &s->aware},       {0, sent, &tmp, &s->sent},
+    };
+    for (size_t i = 0; i < sizeof(each) / sizeof(each[0]); i++)
+        TRY(perf_reduce(comm, each[i].mine, each[i].sum_in, each[i].max, each[i].sum));
+    s->bytes_d /= ep, s->remote_d /= ep, s->bytes_c /= ep, s->remote_c /= ep;
+    return 0;
+}
+
+/* Rank 0's rows for one size (the table's columns: print_row). */
+static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int sms, int ep, int nodes, int nvlink,
+                       const row_t *r, const totals_t *s)
+{
+    char wcol[24] = "N/A";
+    double bd = s->bd, bc = s->bc, qd = s->qd;
+    if (ti == 0 && sms) printf("#   num_sms: %d\n", sms);
+    if (ti == 0)
+        printf("#   path: %s\n", !nvlink          ? "generic"
+                                : o->copy_engine ? "load/store (NVLink), rows by the copy engines (--engine ce)"
+                                                 : "load/store (NVLink), fused kernels");
+    if (nodes > 1)
+        printf("#   network %d tokens, %d nodes: rows to other nodes per rank: %.1f sent (one per destination "
+               "rank), %.1f node-aware (one per destination node): %.3fx\n",
+               T, nodes, s->sent / ep, s->aware / ep, s->flat > 0 ? s->aware / s->flat : 0.0);
+    if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", s->wrong);
+    double bytes = s->bytes_d + s->bytes_c, remote = s->remote_d + s->remote_c;
+    /* quantizing on dispatch is measured against quantizing first, then dispatching */
+    print_row(T, "dispatch", s->bytes_d, s->remote_d, s->td, qd > 0 ? qd : bd, wcol);
+    print_row(T, "combine", s->bytes_c, s->remote_c, s->tc, bc, wcol);
+    print_row(T, "roundtrip", bytes, remote, s->td + s->tc, bd + bc, wcol);
+    print_row(T, "roundtrip-b2b", bytes, remote, s->tp, bd + bc, wcol);
+    if (s->tg > 0) print_row(T, "roundtrip-graph", bytes, remote, s->tg, bd + bc, wcol);
+    printf("#   host %d tokens: %.2f us in a dispatch call, %.2f in a combine call (slowest rank)\n", T, s->hd * 1e6,
+           s->hc * 1e6);
+    if (o->split) {
+        print_row(T, "split-dispatch", s->bytes_d, s->remote_d, s->sd, bd, wcol);
+        print_row(T, "split-combine", s->bytes_c, s->remote_c, s->sc, bc, wcol);
+    }
+    double ex = s->sd + s->sc;
+    for (int c = 0; o->split && c < 2 && s->ovl[c] > 0; c++) /* hidden = (T_sequential - T_overlapped) / T_exchange */
+        printf("#   overlap %d tokens, GEMM launched %s: exchange %.1f us (split halves), GEMM %.1f us x 2 "
+               "(%d x 4096 x 4096 bf16 on %d SMs), sequential %.1f us, overlapped %.1f us: %.0f%% of the exchange "
+               "hidden\n",
+               T, c ? "after both halves" : "between the halves", ex * 1e6, s->gemm * 1e6, r->gemm_m, r->gemm_sms,
+               (ex + 2 * s->gemm) * 1e6, s->ovl[c] * 1e6, 100.0 * (ex + 2 * s->gemm - s->ovl[c]) / ex);
+    if (qd > 0) print_row(T, "q+dispatch", s->bytes_d, s->remote_d, qd, 0, "");
+    if (o->expert_align) { /* kept for the rank-major run of this size, which follows */
+        expert_run.td = s->td, expert_run.tc = s->tc;
+    } else if (*row_tag && expert_run.td > 0) {
+        double bw = copy_gbs(m);
+        if (bw > 0)
+            printf("#   expert-major %d tokens: %.0f rows per rank with the alignment gaps, %.0f (token, expert) "
+                   "rows (%.2f per received token); extra local bytes dispatch %.0f, combine %.0f; copy %.1f "
+                   "GB/s; dispatch %.2f us against rank-major + 1.25 x extra / copy = %.2f us, combine %.2f us "
+                   "against %.2f us\n",
+                   T, expert_run.rows, expert_run.pairs, expert_run.recv > 0 ? expert_run.pairs / expert_run.recv : 0.0,
+                   expert_run.extra_d, expert_run.extra_c, bw, expert_run.td * 1e6,
+                   (s->td + 1.25 * expert_run.extra_d / (bw * 1e9)) * 1e6, expert_run.tc * 1e6,
+                   (s->tc + 1.25 * expert_run.extra_c / (bw * 1e9)) * 1e6);
+        expert_run.td = 0;
+    }
+    if (o->baseline) {
+        print_row(T, "base-dispatch", s->bytes_d, s->remote_d, bd, 0, "");
+        print_row(T, "base-combine", s->bytes_c, s->remote_c, bc, 0, "");
+        print_row(T, "base-roundtrip", bytes, remote, bd + bc, 0, "");
+    }
+    fflush(stdout);
+}
+
+/* One token count (o->tokens[ti]) with sms SMs: a context, the checked round, the timed
+ * calls, the bytes, the baseline, then rank 0's rows. */
 static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int ti, int sms, double *busbw,
                       int *any_wrong)
 {
@@ -553,237 +854,37 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     moea2a_moe_t moe;
     TRY(moea2a_moe_create(&moe, comm, &cfg));
     bench_t b = {rank, ep, T, o->topk, o->experts, 0, (size_t)o->hidden * 2, (size_t)o->hidden, NULL, NULL, NULL};
-    size_t row0;
-    moea2a_datatype_size(cfg.payloads[0].dtype, &row0);
-    row0 *= cfg.payloads[0].elems_per_token;
-    b.row = row0;
-    b.ids = malloc(sizeof(int32_t) * (size_t)(T * o->topk + 1));
-    b.nd = malloc(sizeof(int32_t) * (size_t)(T + 1));
-    b.dests = malloc(sizeof(int32_t) * (size_t)(T * o->topk + 1));
-    float *w = malloc(sizeof(float) * (size_t)(T * o->topk + 1));
-    unsigned char *pay = malloc(row0 * (size_t)T + 2);
-    if (!b.ids || !b.nd || !b.dests || !w || !pay) FAIL("rank %d: out of memory\n", rank);
-    route(b.ids, T, o->topk, o->experts, ep, o->skew, rank, (uint64_t)ti);
-    plan_dests(&b);
-    for (int i = 0; i < T * o->topk; i++) w[i] = 1.0f / (float)o->topk;
-    for (int t = 0; t < T; t++)
-        for (size_t h = 0; h < row0 / 2; h++) {
-            uint16_t v = bf16_of_int(pay_value(rank, t, h));
-            memcpy(pay + (size_t)t * row0 + 2 * h, &v, 2);
-        }
-    /* inputs where the benchmark runs: host or this rank's GPU */
-    int32_t *d_ids = perf_alloc(m, sizeof(int32_t) * (size_t)(T * o->topk + 1));
-    float *d_w = perf_alloc(m, sizeof(float) * (size_t)(T * o->topk + 1));
-    unsigned char *d_pay = perf_alloc(m, row0 * (size_t)T + 2), *d_scales = NULL;
-    void *d_out = perf_alloc(m, b.crow * (size_t)T + 2);
-    if (!d_ids || !d_w || !d_pay || !d_out) FAIL("rank %d: out of memory for inputs\n", rank);
-    perf_upload(m, d_ids, b.ids, sizeof(int32_t) * (size_t)(T * o->topk));
-    perf_upload(m, d_w, w, sizeof(float) * (size_t)(T * o->topk));
-    perf_upload(m, d_pay, pay, row0 * (size_t)T);
-    const void *pays[2] = {d_pay, NULL};
-    if (cfg.num_payloads == 2) { /* NVFP4 scales: their own array */
-        size_t sb = (size_t)T * (size_t)o->hidden / 16 + 1;
-        unsigned char *tmp = malloc(sb);
-        d_scales = perf_alloc(m, sb);
-        if (!tmp || !d_scales) FAIL("rank %d: out of memory for scales\n", rank);
-        memset(tmp, 0x38, sb);
-        perf_upload(m, d_scales, tmp, sb);
-        free(tmp);
-        pays[1] = d_scales;
-    }
+    moea2a_datatype_size(cfg.payloads[0].dtype, &b.row);
+    b.row *= cfg.payloads[0].elems_per_token;
+    inputs_t in;
     row_t r;
     memset(&r, 0, sizeof(r));
-    moea2a_result_t res = MOEA2A_SUCCESS;
-    if (o->check) r.wrong = check_round(moe, m, &b, o, pays, d_ids, d_w, d_out, &res);
-    TRY(res);
     moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    /* Calls back to back on the stream, as an application issues them; events between
-     * them time each one (up to 255 timed pairs per run). */
-    int iters = o->iters < (PERF_MARKS - 1) / 2 ? o->iters : (PERF_MARKS - 1) / 2;
-    for (int i = 0; i < o->warmup; i++) {
-        TRY(moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream));
-        TRY(moea2a_combine(moe, NULL, d_out, m->stream));
+    moea2a_result_t res = MOEA2A_SUCCESS;
+    int failed = inputs_make(&cfg, m, o, ti, &b, &in);
+    if (!failed && o->check) r.wrong = check_round(moe, m, &b, o, in.pays, in.d_ids, in.d_w, in.d_out, &res);
+    if (!failed && res) {
+        fprintf(stderr, "rank %d: the checked round: %s: %s\n", rank, moea2a_strerror(res), moea2a_last_error(comm));
+        failed = 1;
     }
-    for (int i = 0; i < iters; i++) {
-        perf_mark(m, 2 * i);
-        TRY(moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream));
-        perf_mark(m, 2 * i + 1);
-        TRY(moea2a_combine(moe, NULL, d_out, m->stream));
+    failed = failed || time_calls(comm, moe, m, o, T, sms, &in, &d, &r) || count_bytes(comm, m, o, &b, cfg.num_payloads,
+                                                                                          &d, &r);
+    failed = failed || (o->baseline && time_baseline(comm, m, o, &b, &in, &r));
+    int nodes = 1;
+    double flat = 0, aware = 0;
+    failed = failed || count_internode(comm, &b, &d, &nodes, &flat, &aware, &r);
+    totals_t s;
+    memset(&s, 0, sizeof(s));
+    failed = failed || reduce_row(comm, ep, &r, flat, aware, (double)d.internode_rows, &s);
+    if (!failed) {
+        if (rank == 0) print_size(o, m, T, ti, sms, ep, nodes, d.nvlink, &r, &s);
+        *busbw += (s.remote_d + s.remote_c) / (s.td + s.tc) / 1e9;
+        *any_wrong |= s.wrong > 0;
     }
-    perf_mark(m, 2 * iters);
-    for (int i = 0; i < iters; i++) r.td += perf_span(m, 2 * i, 2 * i + 1), r.tc += perf_span(m, 2 * i + 1, 2 * i + 2);
-    if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
-    r.td /= iters, r.tc /= iters;
-    /* the same pairs with no event between the calls: what an application sees (the
-     * events above add to each call's time) */
-    perf_mark(m, 0);
-    for (int i = 0; i < iters; i++) {
-        double h0 = perf_now();
-        TRY(moea2a_dispatch(moe, T, d_ids, d_w, pays, 0, &d, m->stream));
-        double h1 = perf_now();
-        TRY(moea2a_combine(moe, NULL, d_out, m->stream));
-        r.hd += h1 - h0, r.hc += perf_now() - h1;
-    }
-    perf_mark(m, 1);
-    r.tp = perf_span(m, 0, 1) / iters;
-    r.hd /= iters, r.hc /= iters;
-    if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
-    if (m->cuda && d.nvlink && !o->copy_engine) r.tg = graph_time(moe, m, iters, T, d_ids, d_w, pays, d_out);
-    if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, d_ids, d_w, pays,
-                                d_out, sms, &r))
-        return 1;
-    size_t total_row = b.row + (cfg.num_payloads == 2 ? (size_t)o->hidden / 16 : 0);
-    if (o->wire) /* what travels: codes, scales [, the global scale] */
-        total_row = wire_code_row(o->wire, b.hidden) + wire_scale_row(o->wire, b.hidden) +
-                    (o->wire == PERF_WIRE_NVFP4 ? 4 : 0);
-    int32_t self_rows = 0;
-    if (d.device_stats) { /* the load/store path keeps its counts on the device */
-        int64_t st[4];
-        perf_download(m, st, d.device_stats, sizeof(st));
-        d.total_recv = st[0], d.sent_rows = st[2];
-    }
-    if (m->cuda) perf_download(m, &self_rows, d.recv_counts + rank, 4);
-    else self_rows = d.recv_counts[rank];
-    if (o->expert_align) { /* the (token, expert) rows written and read once more with their per-row
-                              arrays; in the combine, read and folded into the received tokens' rows */
-        double rows = (double)expert_rows_of(m, &d), recv = (double)d.total_recv, pairs = 0, tmp2;
-        int32_t *cnt = malloc(4 * (size_t)(d.num_local_experts + 1));
-        if (!cnt) FAIL("rank %d: out of memory\n", rank);
-        perf_download(m, cnt, d.expert_counts, 4 * (size_t)d.num_local_experts);
-        for (int j = 0; j < d.num_local_experts; j++) pairs += cnt[j];
-        free(cnt);
-        TRY(perf_reduce(comm, 0, rows, &tmp2, &expert_run.rows));
-        TRY(perf_reduce(comm, 0, pairs, &tmp2, &expert_run.pairs));
-        TRY(perf_reduce(comm, 0, recv, &tmp2, &expert_run.recv));
-        expert_run.rows /= ep, expert_run.pairs /= ep, expert_run.recv /= ep;
-        expert_run.extra_d = 2.0 * expert_run.pairs * ((double)b.row + 20.0);
-        expert_run.extra_c = expert_run.pairs * (double)b.crow + expert_run.recv * (double)b.crow;
-    }
-    r.bytes_d = (double)d.sent_rows * (double)total_row;
-    r.remote_d = (double)(d.sent_rows - self_rows) * (double)total_row;
-    r.bytes_c = (double)d.total_recv * (double)b.crow;
-    r.remote_c = (double)(d.total_recv - self_rows) * (double)b.crow;
-    if (o->baseline) {
-        base_t x;
-        if (base_setup(m, &b, &x)) FAIL("rank %d: out of memory for the baseline\n", rank);
-        for (int i = 0; i < o->warmup + o->iters; i++) {
-            perf_mark(m, 0);
-            TRY(base_dispatch(comm, m, &b, d_pay, d_ids, &x));
-            perf_mark(m, 1);
-            TRY(base_combine(comm, m, &b, &x));
-            perf_mark(m, 2);
-            if (i >= o->warmup) r.bd += perf_span(m, 0, 1), r.bc += perf_span(m, 1, 2);
-        }
-        r.bd /= o->iters, r.bc /= o->iters;
-        base_free(m, &x);
-    }
-    if (o->baseline && o->wire && wire_baseline(comm, m, o, T, d_pay, d_ids, d_w, iters, &r.qd))
-        FAIL("rank %d: the quantize-then-dispatch baseline: %s\n", rank, moea2a_last_error(comm));
-    /* Across nodes: the rows this rank's routing sends to other nodes, one per
-     * destination rank (what moea2a's result says it sent) and one per destination
-     * node (what a node-aware scheme sends); a disagreement counts as wrong. */
-    double flat = 0, aware = 0, sent = (double)d.internode_rows;
-    int nodes = 1, my_node = 0;
-    moea2a_comm_node(comm, &my_node, &nodes, NULL, NULL);
-    if (nodes > 1) {
-        int32_t *node_of = malloc(sizeof(int32_t) * (size_t)ep), mine = my_node;
-        if (!node_of) FAIL("rank %d: out of memory\n", rank);
-        TRY(moea2a_allgather(&mine, node_of, 1, MOEA2A_INT32, comm, NULL));
-        for (int t = 0; t < T; t++) {
-            uint64_t seen = 0; /* remote nodes of this token (node numbers < 64: ranks <= 64) */
-            for (int i = 0; i < b.nd[t]; i++) {
-                int q = b.dests[(size_t)t * b.k + i], nq = node_of[q];
-                if (nq == my_node) continue;
-                flat++;
-                aware += !((seen >> nq) & 1);
-                seen |= 1ull << nq;
-            }
-        }
-        free(node_of);
-        if (sent != flat) r.wrong++;
-    }
-    /* Slowest rank's times; bytes averaged over ranks; wrong values summed. */
-    double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, qd, bytes_d, remote_d, bytes_c, remote_c, wrong, tmp;
-    double hd, hc;
-    TRY(perf_reduce(comm, r.tp, 0, &tp, &tmp));
-    TRY(perf_reduce(comm, r.hd, 0, &hd, &tmp));
-    TRY(perf_reduce(comm, r.hc, 0, &hc, &tmp));
-    TRY(perf_reduce(comm, r.qd, 0, &qd, &tmp));
-    TRY(perf_reduce(comm, r.tg, 0, &tg, &tmp));
-    TRY(perf_reduce(comm, r.sd, 0, &sd, &tmp));
-    TRY(perf_reduce(comm, r.sc, 0, &sc, &tmp));
-    TRY(perf_reduce(comm, r.gemm, 0, &gemm, &tmp));
-    TRY(perf_reduce(comm, r.ovl[0], 0, &ovl[0], &tmp));
-    TRY(perf_reduce(comm, r.ovl[1], 0, &ovl[1], &tmp));
-    TRY(perf_reduce(comm, r.td, r.bytes_d, &td, &bytes_d));
-    TRY(perf_reduce(comm, r.tc, r.bytes_c, &tc, &bytes_c));
-    TRY(perf_reduce(comm, r.bd, r.remote_d, &bd, &remote_d));
-    TRY(perf_reduce(comm, r.bc, r.remote_c, &bc, &remote_c));
-    TRY(perf_reduce(comm, 0, (double)r.wrong, &tmp, &wrong));
-    double flat_sum, aware_sum, sent_sum;
-    TRY(perf_reduce(comm, 0, flat, &tmp, &flat_sum));
-    TRY(perf_reduce(comm, 0, aware, &tmp, &aware_sum));
-    TRY(perf_reduce(comm, 0, sent, &tmp, &sent_sum));
-    bytes_d /= ep, remote_d /= ep, bytes_c /= ep, remote_c /= ep;
-    if (rank == 0) {
-        char wcol[24] = "N/A";
-        if (ti == 0 && sms) printf("#   num_sms: %d\n", sms);
-        if (ti == 0)
-            printf("#   path: %s\n", !d.nvlink        ? "generic"
-                                    : o->copy_engine ? "load/store (NVLink), rows by the copy engines (--engine ce)"
-                                                     : "load/store (NVLink), fused kernels");
-        if (nodes > 1)
-            printf("#   network %d tokens, %d nodes: rows to other nodes per rank: %.1f sent (one per destination "
-                   "rank), %.1f node-aware (one per destination node): %.3fx\n",
-                   T, nodes, sent_sum / ep, aware_sum / ep, flat_sum > 0 ? aware_sum / flat_sum : 0.0);
-        if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", wrong);
-        /* quantizing on dispatch is measured against quantizing first, then dispatching */
-        print_row(T, "dispatch", bytes_d, remote_d, td, qd > 0 ? qd : bd, wcol);
-        print_row(T, "combine", bytes_c, remote_c, tc, bc, wcol);
-        print_row(T, "roundtrip", bytes_d + bytes_c, remote_d + remote_c, td + tc, bd + bc, wcol);
-        print_row(T, "roundtrip-b2b", bytes_d + bytes_c, remote_d + remote_c, tp, bd + bc, wcol);
-        if (tg > 0) print_row(T, "roundtrip-graph", bytes_d + bytes_c, remote_d + remote_c, tg, bd + bc, wcol);
-        printf("#   host %d tokens: %.2f us in a dispatch call, %.2f in a combine call (slowest rank)\n", T, hd * 1e6,
-               hc * 1e6);
-        if (o->split) {
-            print_row(T, "split-dispatch", bytes_d, remote_d, sd, bd, wcol);
-            print_row(T, "split-combine", bytes_c, remote_c, sc, bc, wcol);
-        }
-        for (int c = 0; o->split && c < 2 && ovl[c] > 0; c++) /* hidden = (T_sequential - T_overlapped) / T_exchange */
-            printf("#   overlap %d tokens, GEMM launched %s: exchange %.1f us (split halves), GEMM %.1f us x 2 "
-                   "(%d x 4096 x 4096 bf16 on %d SMs), sequential %.1f us, overlapped %.1f us: %.0f%% of the exchange "
-                   "hidden\n",
-                   T, c ? "after both halves" : "between the halves", (sd + sc) * 1e6, gemm * 1e6, r.gemm_m, r.gemm_sms,
-                   (sd + sc + 2 * gemm) * 1e6, ovl[c] * 1e6, 100.0 * (sd + sc + 2 * gemm - ovl[c]) / (sd + sc));
-        if (qd > 0) print_row(T, "q+dispatch", bytes_d, remote_d, qd, 0, "");
-        if (o->expert_align) { /* kept for the rank-major run of this size, which follows */
-            expert_run.td = td, expert_run.tc = tc;
-        } else if (*row_tag && expert_run.td > 0) {
-            double bw = copy_gbs(m);
-            if (bw > 0)
-                printf("#   expert-major %d tokens: %.0f rows per rank with the alignment gaps, %.0f (token, expert) "
-                       "rows (%.2f per received token); extra local bytes dispatch %.0f, combine %.0f; copy %.1f "
-                       "GB/s; dispatch %.2f us against rank-major + 1.25 x extra / copy = %.2f us, combine %.2f us "
-                       "against %.2f us\n",
-                       T, expert_run.rows, expert_run.pairs, expert_run.recv > 0 ? expert_run.pairs / expert_run.recv : 0.0,
-                       expert_run.extra_d, expert_run.extra_c, bw, expert_run.td * 1e6,
-                       (td + 1.25 * expert_run.extra_d / (bw * 1e9)) * 1e6, expert_run.tc * 1e6,
-                       (tc + 1.25 * expert_run.extra_c / (bw * 1e9)) * 1e6);
-            expert_run.td = 0;
-        }
-        if (o->baseline) {
-            print_row(T, "base-dispatch", bytes_d, remote_d, bd, 0, "");
-            print_row(T, "base-combine", bytes_c, remote_c, bc, 0, "");
-            print_row(T, "base-roundtrip", bytes_d + bytes_c, remote_d + remote_c, bd + bc, 0, "");
-        }
-        fflush(stdout);
-    }
-    *busbw += (remote_d + remote_c) / (td + tc) / 1e9;
-    *any_wrong |= wrong > 0;
-    perf_free(m, d_ids), perf_free(m, d_w), perf_free(m, d_pay), perf_free(m, d_out);
-    if (d_scales) perf_free(m, d_scales);
-    free(b.ids), free(b.nd), free(b.dests), free(w), free(pay);
-    TRY(moea2a_moe_destroy(moe));
+    inputs_free(m, &b, &in);
+    res = moea2a_moe_destroy(moe);
+    if (failed) return 1;
+    TRY(res);
     return 0;
 }
 
