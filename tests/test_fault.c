@@ -122,7 +122,7 @@ int main(void)
     setenv("MOEA2A_TIMEOUT_S", "2", 1);
     /* host memory over UCX is under test: with NCCL too, a 4-rank init on a GPU
      * machine (NCCL's setup, refused for ranks sharing a GPU) can outlast the 2 s
-     * timeout (test_kill did, bench/RESULTS.md, session 26) */
+     * timeout (test_kill did on a 4-GPU machine) */
     setenv("MOEA2A_TRANSPORT", "ucx", 1);
     local_ranks_result_t res;
     for (int n = 2; n <= 4; n += 2) {

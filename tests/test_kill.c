@@ -178,7 +178,7 @@ int main(void)
     setenv("MOEA2A_TIMEOUT_S", tv, 1);
     /* host memory over UCX is under test: with NCCL too, a 4-rank init on a GPU
      * machine (NCCL's setup, refused for ranks sharing a GPU) outlasted the 2 s
-     * timeout (bench/RESULTS.md, session 26) */
+     * timeout on a 4-GPU machine */
     setenv("MOEA2A_TRANSPORT", "ucx", 1);
     const char *tls0 = getenv("UCX_TLS");
     char tls_saved[128];

@@ -12,7 +12,7 @@
  * 32 KiB in at least one half (a steady leak of 8 bytes an iteration fails at 10000
  * iterations), less than 1 MiB in all; a pool UCX grows once (seen: +151 kB on one
  * rank of four on a 16-core machine) lands in one half.
- * MOEA2A_SOAK_ITERS sets the iterations (default 10000; .ci/run runs 100000),
+ * MOEA2A_SOAK_ITERS sets the iterations (default 10000; .ci/run sets 100000),
  * MOEA2A_SOAK_RECREATE the re-create interval (default 1000). */
 #include <malloc.h>
 #include <stdio.h>

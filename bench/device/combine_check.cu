@@ -1,4 +1,4 @@
-/* The load/store combine's sums of 2-4 rows on one GPU (developers' check;
+/* The load/store combine's sums of 2-4 rows on one GPU (a maintainers' check;
  * bench/device/run.sh builds and runs it). With one rank every token has one row, so the
  * library's own tests reach the sums of several rows, and the bulk-copy way's stages of
  * several rows, only on 2+ GPUs. Here the peers' workspaces are buffers on this GPU: each

@@ -1,4 +1,4 @@
-/* Every float through the combine's 16-bit rounding both ways (developers' check;
+/* Every float through the combine's 16-bit rounding both ways (a maintainers' check;
  * bench/device/run.sh builds and runs it): kernels/elem.cuh's pair instruction
  * (cvt_pair) against lib/convert.h's rounding, the host reference's, on all 2^32
  * bit patterns but NaN, and pack_vec (the kernels' vector rounding, NaN included:

@@ -1,4 +1,4 @@
-/* The floors under moea2a_perf's numbers on this machine (developers' tool;
+/* The floors under moea2a_perf's numbers on this machine (a maintainers' tool;
  * bench/device/run.sh FLOORS="..." builds and runs it):
  *  - NVLink ceilings, every GPU to all its peers at once: 16-byte stores and loads
  *    from SMs (what the kernels do), the same with a flag raised per chunk after a

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs on the lent GPU machine from the repository root, with .device/ carried there
+# Runs on a GPU machine from the repository root, with .device/ carried there
 # by bench/device/prepare.sh. Builds moea2a from the tarball against that machine's
 # CUDA, the NCCL inside its PyTorch install and its UCX (headers from the carried
 # .deb); runs `make check` (GPU tests included), the GPU test under compute-sanitizer
@@ -16,7 +16,7 @@
 # SANITIZE_TOOLS, default "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
-# with the load/store kernels rebuilt with each set of NVCCFLAGS (developers' A/B; at
+# with the load/store kernels rebuilt with each set of NVCCFLAGS (an A/B of kernel flags; at
 # the SM budgets VARIANT_SMS="16,24" when set),
 # FLOORS="sms:MiB:chunk:issuers ..." first measures the floors under the benchmark's
 # numbers (NVLink ceilings, an event-timed empty kernel: bench/device/floors.cu) with
@@ -244,7 +244,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     MOEA2A_NVLINK=0 timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" \
         --tokens "${TOKENS:-128,1024,4096}" --iters "${ITERS:-30}" --warmup 10 | grep -E "dispatch|combine|path"
   fi
-  if [ -n "${VARIANTS:-}" ]; then # developers: the load/store kernels rebuilt with each flag set (last: the build
+  if [ -n "${VARIANTS:-}" ]; then # A/B: the load/store kernels rebuilt with each flag set (last: the build
     # stays a variant's)
     IFS=';' read -ra vs <<<"$VARIANTS"
     for v in "${vs[@]}"; do

@@ -6,7 +6,7 @@
  *           prefix sum over its part's slots in slot order: each row's index and arrays
  *   copy    a warp per (slot, tile of the row): read once, written to each of its rows
  * (A variant that folded count into fill, every block counting all experts, measured
- * slower at 128 and 4096 tokens: bench/RESULTS.md, session 12 run 9.)
+ * slower on one H200: dispatch 36.6 against 33.8 us at 128 tokens, 355 against 284 at 4096.)
  * A slot's order is ascending (source rank, source token), as the host reference's. */
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>

@@ -16,7 +16,7 @@ constexpr int MAX_BN = 256, MAX_GROUPS = 8;
  * registers few, so four blocks share an SM, each with two stages in flight, and the
  * tiles spread evenly over them; the large one (MT = 2, G = 8) the rest, each
  * dequantized weight feeding twice as many MMAs, one stage in flight. Each expert belongs to one of them by its count, read on the device. Their
- * shapes are what measured best on an H100 (bench/RESULTS.md, session 13). */
+ * shapes are what measured best on an H100 (bench/RESULTS.md, FP4 expert GEMM). */
 template <int G, int MT, int KSUB, bool WGMMA = false, int WGROUPS = 1> struct Cfg {
     static constexpr bool WG = WGMMA; /* Hopper's warpgroup MMA (see wgmma below) */
     /* four warps per warpgroup, each with MT m16 tiles of weight rows x the tile's tokens */
@@ -44,7 +44,7 @@ typedef Cfg<8, 2, 2> Large;
  * share the tokens of a 256-row tile (half the token bytes per weight of the mma.sync
  * tile); the block, one per SM, keeps two stages in flight, and its 16 warps (128
  * registers each) hide the dequantization's latencies. What measured best on an H100
- * (bench/RESULTS.md, session 16). */
+ * (bench/RESULTS.md, FP4 expert GEMM). */
 typedef Cfg<8, 1, 2, true, 4> Hopper;
 /* A small variant on wgmma (experts of 9-16 rows, gemm_kernel_sm90): the same 256-row tiles by
  * 16 tokens (wgmma.m64n16k16), four stages (three in flight, 96 KB of codes per SM). */

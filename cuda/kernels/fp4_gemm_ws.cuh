@@ -14,7 +14,7 @@ namespace {
  * allows, and the next tile's stages stream in while this one's results are written
  * (bf16 ones through each warpgroup's own rows of the tile's last stage: ws_epilogue).
  * With cp.async copies issued by three warps instead, the copies alone took longer than
- * the whole block-synchronous kernel (bench/RESULTS.md, session 18, run 5). */
+ * the whole block-synchronous kernel. */
 constexpr int WS_CONSUMERS = Hopper::THREADS;
 constexpr int WS_PRODUCERS = 128, WS_REGROUPERS = WS_PRODUCERS - kWarpSize; /* warp 0 copies, 1-3 regroup */
 template <class C> constexpr bool ws_boxes()
@@ -118,7 +118,7 @@ __device__ __forceinline__ void ws_copy(const m2a_kgemm_t &p, const WsMaps &maps
  * each atom published to the consumers once regrouped, so that a stage's first MMAs wait
  * for a quarter of the regrouping rather than all of it (with the consumers' offsets set
  * once: 270.2 -> 266.5 us at 64 rows, 4096 x 7168, the down projection unchanged;
- * bench/RESULTS.md, session 19, run 3). The items (half atom rows) are dealt in atom
+ * on an H100). The items (half atom rows) are dealt in atom
  * order, so a thread arrives on atom a's barrier once it has passed a's last item. */
 template <class C>
 __device__ __forceinline__ void ws_regroup(const m2a_kgemm_t &p, const int32_t *prefix, unsigned char *stages,
@@ -245,7 +245,7 @@ __device__ __forceinline__ void ws_stage(const uint32_t *lut, const unsigned cha
  * stmatrix (.trans: the fragment's rows are columns of C), then writes each token's
  * columns as 16-byte stores. Storing each value where it lies in the fragment took 2-byte
  * stores to four rows at once: 28 of the 160 us of the 64-row down projection
- * (bench/RESULTS.md, session 19). The buffer's rows are 128 (64) bytes, their 16-byte
+ * on an H100. The buffer's rows are 128 (64) bytes, their 16-byte
  * chunks swizzled so that the eight rows of a matrix hit eight bank groups. */
 __device__ __forceinline__ int epi_chunk(int tok, int c, bool swiglu)
 {
@@ -355,7 +355,7 @@ __device__ __forceinline__ void ws_consume(const m2a_kgemm_t &p, const int32_t *
             mbar_wait(&ring.full[at.slot][0], at.parity); /* the weights too have landed */
             /* opaque to the compiler, so that it keeps the offsets in registers rather than
              * working them out again at each stage (142.5 -> 139.0 us at 64 rows, 7168 x
-             * 2048: bench/RESULTS.md, session 19) */
+             * 2048 on an H100) */
             asm volatile("" : "+r"(o.code), "+r"(o.scale), "+r"(o.dcode), "+r"(o.dscale));
             ws_stage<C>(lut, stages, at.slot, o, ring.full[at.slot], at.parity, &ring.empty[prev],
                         kt > 0, acc);
@@ -420,13 +420,13 @@ template <bool W16> __global__ void __launch_bounds__(SM90_THREADS, 1) gemm_kern
  * four consumer warpgroups and a producer warpgroup per SM (registers split by role). A
  * kernel of its own, so that the block-synchronous one keeps 512 threads of 128
  * registers where TMA cannot serve (with the producers in it, 96 each: 16 rows took 245
- * against 233 us, bench/RESULTS.md, session 18, run 6). */
+ * against 233 us on an H100). */
 constexpr int WS_THREADS = WS_CONSUMERS + WS_PRODUCERS;
 constexpr int WS_SMEM = cmax(Hopper::SMEM, HopperSmall::SMEM);
 
 /* The registers split by role once the roles part: the producer warpgroup needs few and
  * gives them to the consumers (at 96 each, 64 rows took 283.8 against 263.9 us at 104:
- * bench/RESULTS.md, session 18). setmaxnreg.inc only takes what a .dec of the block gave
+ * on an H100). setmaxnreg.inc only takes what a .dec of the block gave
  * back: the split must fit the 96 a thread the block was launched with (an inc past it
  * waits forever). */
 constexpr int WS_LAUNCH_REGS = 96, WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 104;

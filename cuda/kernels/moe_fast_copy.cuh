@@ -74,11 +74,11 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
 /* Up to this many tokens per block, the dispatch's units are split evenly over the warps
- * (no counter). On one H200 (bench/RESULTS.md, session 20, run 15), 48 SMs, 256 / 512 /
+ * (no counter). On one H200 (one rank), 48 SMs, 256 / 512 /
  * 1024 tokens: 4 per block 17.5 / 20.1 / 29.6 us, 16 per block 14.3 / 17.2 / 29.4, 32 per
  * block 14.4 / 17.2 / 26.7 (results checked, #wrong 0). Not raised yet: the test suite has
  * not run on such a build, and two GPUs may need the counter's balance across SMs that
- * the links serve unevenly (session 6: blocks ended up to 6 us apart with a static split
+ * the links serve unevenly (on 4 x H200 blocks ended up to 6 us apart with a static split
  * at 4096 tokens), which one GPU cannot show. */
 #ifndef M2A_DISPATCH_SMALL_PER_BLOCK
 #define M2A_DISPATCH_SMALL_PER_BLOCK 4
@@ -102,7 +102,7 @@ enum QuantWay { kBefore, kAlongside, kInCopy };
  * block), a unit is 2048 codes, one pass of the warp (quantize_piece): in 4096-code
  * units each warp made two passes one after the other while most warps had no unit.
  * On one H100, 128 / 1024 / 4096 tokens: 2048 17.8 / 40.2 / 106.7 us, 4096 19.0 / 37.5
- * / 93.8 (bench/RESULTS.md, session 21, run 11). */
+ * / 93.8. */
 #ifndef M2A_QUANT_COPY_SMALL_SEG
 #define M2A_QUANT_COPY_SMALL_SEG 2048
 #endif
@@ -163,7 +163,7 @@ __device__ __forceinline__ uint32_t half_max_transposed(const uint32_t *a, int l
  * every lane made every scale: 4096 tokens on one H200 took 116 against 93 us without
  * them; 91 with this) and stores it, and hands the multiplier back to its 16 lanes.
  * (Loading the next pass before quantizing this one spilled registers and cost 16%:
- * bench/RESULTS.md, session 21.) */
+ * one H200.) */
 template <moea2a_datatype_t SRC, typename Dest>
 __device__ void quantize_piece(const m2a_fast_t &f, int a, const unsigned char *src, size_t off, size_t len, bool ue8m0,
                                int nd, Dest dest)

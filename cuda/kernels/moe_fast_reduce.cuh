@@ -30,11 +30,11 @@ template <moea2a_datatype_t DT> __device__ __forceinline__ void add_vec(float *a
 
 constexpr size_t kSegC = 1024; /* bytes of an output row a warp reduces per unit: 2 vectors per lane */
 /* Up to kEvenUnitsPerWarp units of kSegEven bytes per warp: larger units, split evenly,
- * 4 vectors per lane of 2 rows at a time (bench/RESULTS.md, session 20: on one H200,
+ * 4 vectors per lane of 2 rows at a time (on one H200, one rank,
  * 48 SMs, the counter's 1 KB loads took 16.4 / 23.0 / 42.0 us at 256 / 512 / 1024 tokens,
  * this one 11.4 / 15.2 / 27.8). Past the bound the bulk-copy way takes over, whose
  * counter also balances the SMs that the links serve unevenly. Since that way's loop lost
- * half its instructions (session 22, one H100, combine us at 256 / 512 / 1024 tokens),
+ * half its instructions (one H100, one rank, combine us at 256 / 512 / 1024 tokens),
  * a bound of 8 beats 16 where more units per warp would follow: 48 SMs 10.2 / 13.5 /
  * 21.3 against 10.1 / 12.9 / 24.2, 16 SMs 14.4 / 20.3 / 34.0 against 14.4 / 23.6 / 34.0;
  * 4 and 2 lose at 256-512 tokens (48 SMs 512 tokens 14.6, 24 SMs 256 tokens 14.3). */
@@ -126,8 +126,7 @@ __device__ unsigned units_per_grab(unsigned long long units, int G)
  * most kTmaMaxStages, and loads the next unit's map while it waits for a stage.
  * What a unit costs apart from its bytes (the counter, the map, the barrier) decides
  * the time at few SMs, so units are as large as two stages allow. On 2 x H200 at 4096
- * tokens (2 rows per unit; 16 / 24 SMs), before the loop lost half its instructions
- * (session 22): 3 stages of 2 KB 365 / 252 us; 2 of 1 KB 465 / 319; 4 of 1 KB 474 / 325;
+ * tokens (2 rows per unit; 16 / 24 SMs), before the loop lost half its instructions: 3 stages of 2 KB 365 / 252 us; 2 of 1 KB 465 / 319; 4 of 1 KB 474 / 325;
  * 6 of 1 KB 516 / 355; 16-byte loads 513 / 359; copying this rank's own row with the
  * lanes (cp.async) instead of the bulk engine, 4 of 1 KB, 525 / 360. On one H100 (1 row
  * per unit, 16 / 24 / 32 / 48 SMs, after it): 2 KB units 174 / 123 / 97 / 72 us, 4 KB
@@ -171,15 +170,15 @@ __host__ __device__ constexpr int tma_stages(int D)
 /* Shared memory a warp's stages take for D rows, and a launch's: only what the stages
  * use, since the rest is L1 cache. One row per unit (4 KB, 3 stages) takes 12 KB: with
  * all 14 KB asked for, one H100's combine at 4096 tokens (ep 1) was 2-3% slower than
- * with the earlier units; with 12 KB, 1.5-2% (bench/RESULTS.md, session 23). */
+ * with the earlier units; with 12 KB, 1.5-2%. */
 __host__ __device__ constexpr size_t tma_warp_bytes(int D) { return (size_t)D * tma_seg(D) * (size_t)tma_stages(D); }
 __host__ __device__ constexpr size_t tma_smem(int D) { return (size_t)kWarps * tma_warp_bytes(D); }
 
 /* Launches of at most this many blocks reduce through bulk copies (where the even split
- * does not apply): all of them. With the loop's instructions halved (session 22), one
+ * does not apply): all of them. With the loop's instructions halved, one
  * H100 at 4096 tokens takes 64 us this way at 48 SMs against 131 with loads; the loads
  * way stays for rows the bulk copies cannot take (unaligned rows, more than kTmaRows
- * ranks per token, GPUs before sm_90). On 2 x H200 before that change (session 6), at 48
+ * ranks per token, GPUs before sm_90). On 2 x H200 before that change, at 48
  * SMs bulk copies took 200 us against 211 with loads; the bound was then 32, since the
  * round trip gained nothing and 128 tokens lost 13% (a size the even split now takes). */
 #ifndef M2A_COMBINE_TMA_MAX_BLOCKS
@@ -429,8 +428,8 @@ __device__ __forceinline__ void reduce_even(const int32_t *send_map, int k, int 
 /* The combine's three ways to reduce, each compiled into a kernel of its own and chosen
  * at launch: the code of one way, present in another's kernel even unused, slowed that
  * kernel's loads. On one H200 at 4096 tokens, 48 SMs: the even reduce in the
- * counter's kernel 139 -> 163 us (session 14); the bulk-copy way's barrier wait written
- * as a C loop (ca85db8) 139.6 -> 159.5 us. */
+ * counter's kernel 139 -> 163 us; the bulk-copy way's barrier wait written as a C
+ * loop 139.6 -> 159.5 us. */
 enum CombineWay { kLoads, kEven, kTma };
 
 } // namespace

@@ -17,7 +17,7 @@ constexpr int kErrTimeout = MOEA2A_ERR_TIMEOUT, kErrMismatch = MOEA2A_ERR_MISMAT
 /* The scope of the signals. A rank alone (ep 1) signals only itself: its own GPU
  * writes and reads every word, the GPU's scope orders them, and a system-scope release
  * waits for more (one H100, ep 1: graph round trip at 8 / 128 tokens 13.3 / 15.8 ->
- * 12.4 / 14.9 us; bench/RESULTS.md, session 25). With peers every signal keeps the
+ * 12.4 / 14.9 us). With peers every signal keeps the
  * system's: giving only a rank's own slot the GPU's measured mixed with two ranks on
  * one GPU (back to back 0.3 us faster, each call alone 2 us slower), unexplained. */
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t *p, bool local)
@@ -41,7 +41,7 @@ __device__ __forceinline__ unsigned long long now_ns()
     return t;
 }
 
-/* ---- optional phase profile (developers: build with -DM2A_FAST_PROFILE) ------------
+/* ---- optional phase profile (build with -DM2A_FAST_PROFILE) ------------------------
  * Thread 0 of every block adds the time from its block's start to each phase mark;
  * the last block of a launch adds the launch's span (first start to last end). The
  * first kLaunches launches of each kind are recorded (moea2a_perf: keep --iters small).
@@ -149,7 +149,7 @@ __device__ __forceinline__ bool failed(const m2a_fast_t &f)
     return *reinterpret_cast<volatile int32_t *>(&f.err->code) != 0;
 }
 
-/* Developers' switch for A/B runs: a wait polls its word this many times between
+/* A build switch for A/B runs: a wait polls its word this many times between
  * looks at the error record and the clock. Each look is a round trip to memory after
  * the poll's (the acquire orders it), so looking at every poll doubled the time from
  * a peer's release to its being seen. */

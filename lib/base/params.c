@@ -43,7 +43,7 @@ static const moea2a_param_t params[] = {
      "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same. "
      "48 is the smallest budget within 5% of the best time from 128 to 4096 tokens on 2 x H200 "
      "(moea2a_perf --sms; at 4096 tokens 32 SMs cost 5% on dispatch and 2% on combine, 24 SMs 0% and 23%; "
-     "at 128 tokens 32 SMs cost 12% on combine), measured before the combine's bulk-copy loop of session 22 "
+     "at 128 tokens 32 SMs cost 12% on combine), measured before the combine's reduce through bulk copies was shortened "
      "(one H100, 4096 tokens, 16 / 24 / 48 SMs: 344 / 236 / 144 -> 96 / 70 / 50 us)."},
     {"MOEA2A_QUANT_OVERLAP", "int", "-1",
      "On the load/store path a large dispatch that quantizes payloads to FP8 can run the quantization "
