@@ -459,12 +459,19 @@ static moea2a_moe_config_t small_config(int E, int k, int cap)
  * 1 + 2^-7 is a bf16; with nodes {0,1} and {2,3} (MOEA2A_NODE_SIZE=2) node 0's
  * partial 1 + 2^-8 rounds (a tie, to even) to 1 before it travels, and 1 + 2^-8
  * rounds to 1 again: the node-grouped order of moea2a_moe(3). */
+/* Joins the 4 ranks, in nodes {0,1} and {2,3} when *grouped (MOEA2A_NODE_SIZE=2,
+ * read at init), else on one node; nonzero when the init failed. */
+static int join_nodes(int me, int ep, moea2a_unique_id_t id, const int *grouped, moea2a_comm_t *comm)
+{
+    if (*grouped) setenv("MOEA2A_NODE_SIZE", "2", 1);
+    return moea2a_comm_init_rank(comm, ep, id, me, NULL) != MOEA2A_SUCCESS;
+}
+
 static int node_order_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
     const int grouped = *(const int *)arg;
-    if (grouped) setenv("MOEA2A_NODE_SIZE", "2", 1);
     moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    if (join_nodes(me, ep, id, &grouped, &comm)) return 1;
     int fails = 0;
     moea2a_moe_config_t mc = small_config(4, 3, 2); /* expert e lives on rank e */
     mc.combine_dtype = MOEA2A_BFLOAT16;
@@ -526,9 +533,8 @@ static uint32_t nan_want(int cs, moea2a_datatype_t dt, int grouped)
 static int canonical_nan_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 {
     const int grouped = *(const int *)arg;
-    if (grouped) setenv("MOEA2A_NODE_SIZE", "2", 1);
     moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    if (join_nodes(me, ep, id, &grouped, &comm)) return 1;
     int fails = 0;
     for (int d = 0; d < 3; d++)
         for (int cs = 0; cs < NAN_CASES; cs++) {

@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,7 +221,7 @@ typedef struct {
     int nranks, threads, dtype_set, tokens_set, experts_set;
 } cli_t;
 
-/* What an option setter did with an option: took it, left it to the other setter, or
+/* What an option setter did with an option: took it, left it to the other setters, or
  * ended the program with *status (help, or a bad value). */
 enum { OPT_TAKEN, OPT_NOT_MINE, OPT_EXIT };
 
@@ -230,7 +231,38 @@ static int exit_with(int *status, int s)
     return OPT_EXIT;
 }
 
-/* The options every operation shares: ranks, the operation, sizes, iterations, memory. */
+/* The options that take one whole number in a range: where it goes and what it takes. */
+static const struct {
+    int c;
+    const char *name;
+    long lo, hi;
+    size_t off; /* in perf_opts_t */
+    const char *takes;
+} int_options[] = {
+    {'f', "--stepfactor", 2, 1 << 20, offsetof(perf_opts_t, factor), "takes 2 or more"},
+    {'i', "--iters", 1, 1 << 24, offsetof(perf_opts_t, iters), "takes 1 or more"},
+    {'w', "--warmup", 0, 1 << 24, offsetof(perf_opts_t, warmup), "takes 0 or more"},
+    {'c', "--check", 0, 1, offsetof(perf_opts_t, check), "takes 0 or 1"},
+    {'r', "--rows", 1, 1 << 28, offsetof(perf_opts_t, fp4_rows), "takes 1 or more"},
+    {'H', "--hidden", 1, 1 << 24, offsetof(perf_opts_t, hidden), "takes 1 or more"},
+    {'k', "--topk", 1, 1024, offsetof(perf_opts_t, topk), "takes 1..1024"},
+    {'E', "--experts", 1, 1 << 20, offsetof(perf_opts_t, experts), "takes 1 or more"},
+};
+
+static int set_int_option(int c, const char *arg, perf_opts_t *o, cli_t *cli, int *status)
+{
+    for (size_t i = 0; i < sizeof(int_options) / sizeof(int_options[0]); i++) {
+        if (int_options[i].c != c) continue;
+        int *to = (int *)((char *)o + int_options[i].off);
+        if (parse_int(arg, int_options[i].lo, int_options[i].hi, to))
+            return exit_with(status, bad_option(int_options[i].name, arg, int_options[i].takes));
+        if (c == 'E') cli->experts_set = 1; /* --op expert-gemm's experts default otherwise */
+        return OPT_TAKEN;
+    }
+    return OPT_NOT_MINE;
+}
+
+/* The options every operation shares: ranks, the operation, sizes, memory. */
 static int set_common_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *status)
 {
     switch (c) {
@@ -263,15 +295,6 @@ static int set_common_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *
         if (parse_size(arg, &o->max_bytes))
             return exit_with(status, bad_option("--maxbytes", arg, "takes bytes (K, M, G suffixes)"));
         return OPT_TAKEN;
-    case 'f':
-        if (parse_int(arg, 2, 1 << 20, &o->factor)) return exit_with(status, bad_option("--stepfactor", arg, "takes 2 or more"));
-        return OPT_TAKEN;
-    case 'i':
-        if (parse_int(arg, 1, 1 << 24, &o->iters)) return exit_with(status, bad_option("--iters", arg, "takes 1 or more"));
-        return OPT_TAKEN;
-    case 'w':
-        if (parse_int(arg, 0, 1 << 24, &o->warmup)) return exit_with(status, bad_option("--warmup", arg, "takes 0 or more"));
-        return OPT_TAKEN;
     case 'd':
         if (parse_dtype(arg, &o->dtype))
             return exit_with(status, bad_option("--dtype", arg, "takes int8, uint8, int32, int64, fp16, bf16, fp32, "
@@ -281,12 +304,6 @@ static int set_common_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *
     case 'm':
         if (strcmp(arg, "host") && strcmp(arg, "cuda")) return exit_with(status, bad_option("--mem", arg, "takes host or cuda"));
         o->mem = arg;
-        return OPT_TAKEN;
-    case 'c':
-        if (parse_int(arg, 0, 1, &o->check)) return exit_with(status, bad_option("--check", arg, "takes 0 or 1"));
-        return OPT_TAKEN;
-    case 'r':
-        if (parse_int(arg, 1, 1 << 28, &o->fp4_rows)) return exit_with(status, bad_option("--rows", arg, "takes 1 or more"));
         return OPT_TAKEN;
     case 'h': usage(stdout); return exit_with(status, 0);
     default: return OPT_NOT_MINE;
@@ -330,16 +347,6 @@ static int set_moe_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *sta
         else if (strncmp(arg, "expert:", 7) || parse_int(arg + 7, 1, 1024, &o->expert_align))
             return exit_with(status, bad_option("--layout", arg, "takes rank, expert or expert:ALIGN (1..1024)"));
         return OPT_TAKEN;
-    case 'H':
-        if (parse_int(arg, 1, 1 << 24, &o->hidden)) return exit_with(status, bad_option("--hidden", arg, "takes 1 or more"));
-        return OPT_TAKEN;
-    case 'k':
-        if (parse_int(arg, 1, 1024, &o->topk)) return exit_with(status, bad_option("--topk", arg, "takes 1..1024"));
-        return OPT_TAKEN;
-    case 'E':
-        if (parse_int(arg, 1, 1 << 20, &o->experts)) return exit_with(status, bad_option("--experts", arg, "takes 1 or more"));
-        cli->experts_set = 1;
-        return OPT_TAKEN;
     case 's':
         if (parse_double(arg, 0.0, 1.0, &o->skew)) return exit_with(status, bad_option("--skew", arg, "takes 0..1"));
         return OPT_TAKEN;
@@ -353,24 +360,24 @@ static int set_moe_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *sta
  * exit status (0 after --help, 2 for a bad option). */
 static int parse_args(int argc, char **argv, perf_opts_t *o, cli_t *cli)
 {
-    static const struct option opts[] = {
-        {"ranks", required_argument, 0, 'n'},      {"op", required_argument, 0, 'o'},
-        {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
+    static const struct option opts[] = { /* the options that take a value, then the switches */
+        {"ranks", required_argument, 0, 'n'}, {"op", required_argument, 0, 'o'},
+        {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
         {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'i'},
-        {"warmup", required_argument, 0, 'w'},     {"dtype", required_argument, 0, 'd'},
-        {"mem", required_argument, 0, 'm'},        {"check", required_argument, 0, 'c'},
-        {"moe", no_argument, 0, 'M'},              {"tokens", required_argument, 0, 't'},
-        {"hidden", required_argument, 0, 'H'},     {"topk", required_argument, 0, 'k'},
-        {"experts", required_argument, 0, 'E'},    {"skew", required_argument, 0, 's'},
-        {"weights", no_argument, 0, 'W'},          {"baseline", no_argument, 0, 'B'},
-        {"rows", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
-        {"sms", required_argument, 0, 'S'},        {"split", no_argument, 0, 'P'},
-        {"wire", required_argument, 0, 'q'},       {"layout", required_argument, 0, 'L'},
+        {"warmup", required_argument, 0, 'w'}, {"dtype", required_argument, 0, 'd'},
+        {"mem", required_argument, 0, 'm'}, {"check", required_argument, 0, 'c'},
+        {"tokens", required_argument, 0, 't'}, {"hidden", required_argument, 0, 'H'},
+        {"topk", required_argument, 0, 'k'}, {"experts", required_argument, 0, 'E'},
+        {"skew", required_argument, 0, 's'}, {"rows", required_argument, 0, 'r'}, {"sms", required_argument, 0, 'S'},
+        {"wire", required_argument, 0, 'q'}, {"layout", required_argument, 0, 'L'},
         {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
-        {"threads", no_argument, 0, 'T'},          {0, 0, 0, 0}};
+        /* the switches */
+        {"moe", no_argument, 0, 'M'}, {"weights", no_argument, 0, 'W'}, {"baseline", no_argument, 0, 'B'},
+        {"help", no_argument, 0, 'h'}, {"split", no_argument, 0, 'P'}, {"threads", no_argument, 0, 'T'}, {0, 0, 0, 0}};
     int c, status = 0;
     while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:T", opts, NULL)) != -1) {
-        int took = set_common_option(c, optarg, o, cli, &status);
+        int took = set_int_option(c, optarg, o, cli, &status);
+        if (took == OPT_NOT_MINE) took = set_common_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_moe_option(c, optarg, o, cli, &status);
         if (took == OPT_EXIT) return status;
         if (took == OPT_NOT_MINE) { /* getopt has named the unknown option */

@@ -68,6 +68,12 @@ def workspace_size(comm, num_experts, top_k, max_tokens_per_rank, **kw):
     return out
 
 
+def _expert_row_array(field, np_dtype, doc):
+    """A DispatchResult property: the expert-major layout's array field, one value per
+    expert row (None in the rank-major layout)."""
+    return property(lambda self: self._expert(field, (self._r.expert_rows,), np_dtype), doc=f"[expert_rows] {doc}")
+
+
 class DispatchResult:
     """What a dispatch delivered, as views of the context's workspace (valid until the
     next dispatch): recv_counts [ep], payloads[i] [ep, stride, row], topk_ids and
@@ -161,25 +167,12 @@ class DispatchResult:
             out.append(self._view(self._r.expert_payloads[i], (self._r.expert_rows, width), npdt))
         return out
 
-    @property
-    def expert_ids(self):
-        return self._expert("expert_ids", (self._r.expert_rows,), "int32")
-
-    @property
-    def expert_src_rank(self):
-        return self._expert("expert_src_rank", (self._r.expert_rows,), "int32")
-
-    @property
-    def expert_src_token(self):
-        return self._expert("expert_src_token", (self._r.expert_rows,), "int32")
-
-    @property
-    def expert_topk_slot(self):
-        return self._expert("expert_topk_slot", (self._r.expert_rows,), "int32")
-
-    @property
-    def expert_weights(self):
-        return self._expert("expert_weights", (self._r.expert_rows,), "float32")
+    # [expert_rows] per-row arrays of the expert-major layout (moea2a_moe(3))
+    expert_ids = _expert_row_array("expert_ids", "int32", "each row's global expert id")
+    expert_src_rank = _expert_row_array("expert_src_rank", "int32", "the rank each row came from")
+    expert_src_token = _expert_row_array("expert_src_token", "int32", "the row's token on that rank")
+    expert_topk_slot = _expert_row_array("expert_topk_slot", "int32", "the token's top-k slot the row serves")
+    expert_weights = _expert_row_array("expert_weights", "float32", "the router weight of that slot")
 
     @property
     def global_scales(self):

@@ -273,27 +273,17 @@ static int nccl_external_bcast(void *external, void *buf, size_t bytes, int root
 }
 
 __attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transport_v1 = {
-    .name = "nccl",
-    .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
-    .init_local = nccl_init_local,
-    .connect = nccl_connect,
-    .finalize = nccl_finalize,
-    .alltoallv = nccl_alltoallv,
-    .allgather = nccl_allgather,
-    .bcast = nccl_bcast,
-    .barrier = nccl_barrier,
-    .test = nccl_test,
-    .describe = nccl_describe,
-    .op_free = nccl_op_free,
-    .group_start = nccl_group_start,
-    .group_end = nccl_group_end,
-    .check = nccl_check,
-    .external_rank = nccl_external_rank,
-    .external_bcast = nccl_external_bcast,
-    .abort = nccl_abort,
-    .mem_alloc = m2a_nccl_mem_alloc,
-    .mem_free = m2a_nccl_mem_free,
-    .mem_register = m2a_nccl_mem_register,
-    .mem_deregister = m2a_nccl_mem_deregister,
-    .lsa_reachable = m2a_nccl_lsa_reachable,
+    .name = "nccl", .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
+    /* setup */
+    .init_local = nccl_init_local, .connect = nccl_connect, .finalize = nccl_finalize,
+    /* collectives, and the operations they return */
+    .alltoallv = nccl_alltoallv, .allgather = nccl_allgather, .bcast = nccl_bcast, .barrier = nccl_barrier,
+    .test = nccl_test, .describe = nccl_describe, .op_free = nccl_op_free,
+    /* grouped sends and receives; asynchronous errors and abort */
+    .group_start = nccl_group_start, .group_end = nccl_group_end, .check = nccl_check, .abort = nccl_abort,
+    /* a communicator of an external launcher (torch.distributed's NCCL) */
+    .external_rank = nccl_external_rank, .external_bcast = nccl_external_bcast,
+    /* symmetric memory: windows every rank maps */
+    .mem_alloc = m2a_nccl_mem_alloc, .mem_free = m2a_nccl_mem_free, .mem_register = m2a_nccl_mem_register,
+    .mem_deregister = m2a_nccl_mem_deregister, .lsa_reachable = m2a_nccl_lsa_reachable,
 };

@@ -420,16 +420,10 @@ static void ucx_describe(void *tcomm, void *opaque, char *buf, size_t len)
 static void ucx_op_free(void *tcomm, void *op) { op_release(tcomm, op); }
 
 __attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transport_v1 = {
-    .name = "ucx",
-    .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
-    .init_local = ucx_init_local,
-    .connect = ucx_connect,
-    .finalize = ucx_finalize,
-    .alltoallv = ucx_alltoallv,
-    .allgather = ucx_allgather,
-    .bcast = ucx_bcast,
-    .barrier = ucx_barrier,
-    .test = ucx_test,
-    .describe = ucx_describe,
-    .op_free = ucx_op_free,
+    .name = "ucx", .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
+    /* setup */
+    .init_local = ucx_init_local, .connect = ucx_connect, .finalize = ucx_finalize,
+    /* collectives, and the operations they return */
+    .alltoallv = ucx_alltoallv, .allgather = ucx_allgather, .bcast = ucx_bcast, .barrier = ucx_barrier,
+    .test = ucx_test, .describe = ucx_describe, .op_free = ucx_op_free,
 };

@@ -14,11 +14,8 @@ static void cuda_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size
 }
 
 static const m2a_generic_steps_t steps = {
-    .route = m2a_moe_cuda_route,
-    .pack = m2a_moe_cuda_pack,
-    .sanitize = m2a_moe_cuda_sanitize,
-    .reduce = m2a_moe_cuda_combine,
-    .wait = m2a_moe_cuda_wait,
+    .route = m2a_moe_cuda_route, .pack = m2a_moe_cuda_pack, .sanitize = m2a_moe_cuda_sanitize,
+    .reduce = m2a_moe_cuda_combine, .wait = m2a_moe_cuda_wait,
 };
 
 static void cuda_release(moea2a_moe_t moe)
@@ -36,14 +33,11 @@ static moea2a_result_t cuda_alloc(moea2a_moe_t moe)
     return r;
 }
 
+/* by role: the context's memory; the collectives; the expert-major pass; capture */
 const m2a_moe_backend_t m2a_moe_backend_cuda = {
     .name = "cuda",
-    .size = cuda_size,
-    .alloc = cuda_alloc,
-    .release = cuda_release,
-    .dispatch = m2a_generic_dispatch,
-    .combine = m2a_generic_combine,
-    .expert_expand = m2a_moe_cuda_expand_view,
-    .expert_fold = m2a_moe_cuda_expert_fold,
+    .size = cuda_size, .alloc = cuda_alloc, .release = cuda_release,
+    .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
+    .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing,
 };

@@ -101,10 +101,7 @@ static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, vo
 }
 
 static const m2a_generic_steps_t steps = {
-    .route = host_route,
-    .pack = host_pack,
-    .sanitize = host_sanitize,
-    .reduce = host_reduce,
+    .route = host_route, .pack = host_pack, .sanitize = host_sanitize, .reduce = host_reduce,
 };
 
 static void host_release(moea2a_moe_t moe)
@@ -154,12 +151,10 @@ static moea2a_result_t host_expert_fold(moea2a_moe_t moe, int num_local, const u
     return MOEA2A_SUCCESS;
 }
 
+/* by role: the context's memory; the collectives; the expert-major pass */
 const m2a_moe_backend_t m2a_moe_backend_host = {
     .name = "host",
-    .alloc = host_alloc,
-    .release = host_release,
-    .dispatch = m2a_generic_dispatch,
-    .combine = m2a_generic_combine,
-    .expert_expand = host_expert_expand,
-    .expert_fold = host_expert_fold,
+    .alloc = host_alloc, .release = host_release,
+    .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
+    .expert_expand = host_expert_expand, .expert_fold = host_expert_fold,
 };

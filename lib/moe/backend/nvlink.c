@@ -534,17 +534,13 @@ static moea2a_result_t nvlink_drop(moea2a_moe_t moe, void *stream)
     return nvlink_combine(moe, MOEA2A_SUCCESS, NULL, NULL, M2A_MOE_BOTH, stream);
 }
 
+/* by role: the context's memory; the collectives and their status; the expert-major
+ * pass; capture; where a context goes when its peers cannot be mapped; modes */
 const m2a_moe_backend_t m2a_moe_backend_nvlink = {
     .name = "nvlink",
-    .size = nvlink_size,
-    .alloc = nvlink_alloc,
-    .release = nvlink_release,
-    .dispatch = nvlink_dispatch,
-    .combine = nvlink_combine,
-    .status = fast_status,
-    .drop = nvlink_drop,
-    .expert_expand = m2a_moe_cuda_expand_view,
-    .expert_fold = m2a_moe_cuda_expert_fold,
+    .size = nvlink_size, .alloc = nvlink_alloc, .release = nvlink_release,
+    .dispatch = nvlink_dispatch, .combine = nvlink_combine, .status = fast_status, .drop = nvlink_drop,
+    .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing,
     .fallback = &m2a_moe_backend_cuda,
     .copy_engine = 1,
