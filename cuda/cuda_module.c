@@ -1,4 +1,4 @@
-/* libmoea2a-cuda.so: the CUDA runtime and the kernels behind lib/cuda_module.h. The
+/* libmoea2a-cuda.so: the CUDA runtime and the kernels behind lib/comm/cuda_module.h. The
  * only file of moea2a, with the kernels, that sees the CUDA runtime's headers; the
  * core reaches it through moea2a_cuda_v1 below. */
 #include "config.h"

@@ -286,7 +286,7 @@ static int ipv6_loopback(void)
 static void test_init_env(void)
 {
     /* A port that is free now, below the ephemeral range (see is_self_connected in
-     * lib/socket.c for what happens otherwise; the library copes with both). */
+     * lib/wireup/socket.c for what happens otherwise; the library copes with both). */
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     for (unsigned p = 21000 + (unsigned)getpid() % 9000;; p = p >= 31999 ? 21000 : p + 1) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -4,10 +4,10 @@
  * several rows, only on 2+ GPUs. Here the peers' workspaces are buffers on this GPU: each
  * case fills ep of them as ep ranks' dispatches would have (send map, combine rows), sets
  * the control words as if every peer had signalled, and runs the receive half of the real
- * combine kernel (kernels/moe_fast.cu, included) in each of its three ways, then
+ * combine kernel (cuda/kernels/moe_fast.cu, included) in each of its three ways, then
  * copy-engine mode's sum (rows from a landing area) both ways, against a host reference
  * written here: each token's rows summed in fp32 from 0 in ascending rank order, rounded
- * once by lib/convert.h. Bit for bit; exit status 1 on any difference. */
+ * once by lib/base/convert.h. Bit for bit; exit status 1 on any difference. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* Every float through the combine's 16-bit rounding both ways (a maintainers' check;
- * bench/device/run.sh builds and runs it): kernels/elem.cuh's pair instruction
- * (cvt_pair) against lib/convert.h's rounding, the host reference's, on all 2^32
+ * bench/device/run.sh builds and runs it): cuda/kernels/elem.cuh's pair instruction
+ * (cvt_pair) against lib/base/convert.h's rounding, the host reference's, on all 2^32
  * bit patterns but NaN, and pack_vec (the kernels' vector rounding, NaN included:
  * vectors of 8 consecutive patterns) against Elem's store value by value (convert.h
  * after the canonical NaN). Prints the

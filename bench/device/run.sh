@@ -249,7 +249,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     IFS=';' read -ra vs <<<"$VARIANTS"
     for v in "${vs[@]}"; do
       echo "== variant NVCCFLAGS='$v', ${SMS_RANKS:-4} GPUs"
-      touch kernels/moe_fast.cu
+      touch cuda/kernels/moe_fast.cu
       make -j16 NVCCFLAGS="$prof $v" >>"$OUT/build.log" 2>&1 || { echo "make failed"; continue; }
       timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "${TOKENS:-128,1024,4096}" \
           ${VARIANT_SMS:+--sms "$VARIANT_SMS"} --iters "${ITERS:-30}" --warmup 10 2>&1 |

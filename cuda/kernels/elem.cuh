@@ -1,5 +1,5 @@
 /* One combine element of each combine dtype, as the kernels load, store and round it
- * (lib/convert.h's conversions: the host reference's bits; every NaN stored is the
+ * (lib/base/convert.h's conversions: the host reference's bits; every NaN stored is the
  * canonical one, m2a_canonical), and 16 bytes of them at once. Shared by the kernels that sum combine rows (moe_kernels.cu, expert_kernels.cu,
  * moe_fast.cu). */
 #ifndef M2A_ELEM_CUH

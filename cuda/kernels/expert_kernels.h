@@ -1,6 +1,6 @@
 /* CUDA kernels of the expert-major layout (moea2a_moe(3), "Expert-major layout"), on
  * the caller's stream after a dispatch landed and before a combine's send half. They
- * mirror lib/moe_host.c (m2a_host_expert_expand, m2a_host_expert_fold) bit for bit,
+ * mirror lib/moe/backend/host_kernels.c (m2a_host_expert_expand, m2a_host_expert_fold) bit for bit,
  * read every count on the device (graph-capturable) and let no atomic decide an
  * order. Each returns 0 or the cudaError_t of its launches. */
 #ifndef M2A_EXPERT_KERNELS_H
@@ -26,7 +26,7 @@ int m2a_cuda_expert_expand(const m2a_kexpert_t *x, int stride, void *stream);
 int m2a_cuda_expert_fold(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden, int weighted,
                          const unsigned char *rows, unsigned char *combine, void *stream);
 
-/* Loads this file's kernels now (kernels/load.cuh says why). */
+/* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_expert_load(void);
 #ifdef __cplusplus
 }

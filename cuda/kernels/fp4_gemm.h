@@ -1,4 +1,4 @@
-/* The FP4 expert GEMM on CUDA memory (moea2a_expert(3); lib/expert_gemm.c checks the
+/* The FP4 expert GEMM on CUDA memory (moea2a_expert(3); lib/quant/expert_gemm.c checks the
  * arguments and holds the host reference). For each local expert e,
  * C_e = A_e . dequant(W_e)^T with bf16 A rows, NVFP4 weights [n][k/2] with 128x4 E4M3
  * scales and one fp32 global scale per expert, fp32 accumulation on the tensor cores.

@@ -1,4 +1,4 @@
-/* NVFP4 kernels. They produce the bits of the host reference (lib/fp4_math.h) by
+/* NVFP4 kernels. They produce the bits of the host reference (lib/quant/fp4_math.h) by
  * cheaper means: a lookup table for E2M1 (sm_90 has no E2M1 conversion; sm_100a's
  * is used where built for it), the hardware E4M3 and 16-bit conversions, amax from
  * the bits. tests/test_gpu.c checks every path against the reference. */
@@ -335,7 +335,7 @@ static size_t rows_per_launch(size_t kb_n)
     return per_tile > limit ? 0 : limit / per_tile * 128;
 }
 
-/* lib/fp4.c has checked that the buffers are 16-byte aligned (rows are: k is a
+/* lib/quant/fp4.c has checked that the buffers are 16-byte aligned (rows are: k is a
  * multiple of 16 elements). */
 extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q,
                                      void *sf, int layout, void *stream)

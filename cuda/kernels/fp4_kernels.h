@@ -1,4 +1,4 @@
-/* CUDA kernels of the NVFP4 calls (lib/fp4.c checks the arguments). Each returns 0
+/* CUDA kernels of the NVFP4 calls (lib/quant/fp4.c checks the arguments). Each returns 0
  * or the cudaError_t of its launch. */
 #ifndef M2A_FP4_KERNELS_H
 #define M2A_FP4_KERNELS_H
@@ -18,7 +18,7 @@ int m2a_cuda_fp4_dequantize(const void *q, const void *sf, int layout, const flo
 /* counts == NULL: plain conversion of m rows; else m = ep x stride receive rows. */
 int m2a_cuda_fp4_sf_convert(const void *src, int src_layout, void *dst, int dst_layout, size_t m, size_t k,
                             const int32_t *counts, int stride, void *stream);
-/* Loads this file's kernels now (kernels/load.cuh says why). */
+/* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_fp4_load(void);
 #ifdef __cplusplus
 }

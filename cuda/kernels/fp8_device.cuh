@@ -1,6 +1,6 @@
 /* The FP8 block quantization's device arithmetic, shared by the standalone kernels
  * (fp8_kernels.cu) and the dispatch that quantizes inside its copies (moe_fast.cu), so
- * that both give the bits of the host reference (lib/fp8_math.h) by the same cheaper
+ * that both give the bits of the host reference (lib/quant/fp8_math.h) by the same cheaper
  * means: the amax from the values' bits (|x| orders like its bit pattern), the
  * hardware E4M3 conversion (round to nearest even, saturating: the reference's
  * rounding). */

@@ -1,6 +1,6 @@
 /* FP8 block quantization kernels: one thread per 16 consecutive values of a row (32
  * or 64 bytes in, 16 bytes of codes out), eight threads per block of 128. They give
- * the bits of the host reference (lib/fp8_math.h) with the arithmetic of
+ * the bits of the host reference (lib/quant/fp8_math.h) with the arithmetic of
  * fp8_device.cuh, and the hardware 16-bit conversions for dequantized values (NaN
  * results in the reference's canonical pattern). tests/test_gpu.c compares the bits. */
 #include <cuda_bf16.h>
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) quantize(const void *x, uint32_t gro
 }
 
 /* 16-bit results: the hardware's round to nearest even, NaN as the reference writes
- * the canonical NaN (lib/convert.h). */
+ * the canonical NaN (lib/base/convert.h). */
 template <moea2a_datatype_t T> __device__ __forceinline__ uint32_t pack2(float a, float b)
 {
     uint16_t h[2];
@@ -186,7 +186,7 @@ int quantize_rows(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, vo
 
 } // namespace
 
-/* lib/fp8.c has checked the alignment (values and codes 16 bytes, scales 4) and k. */
+/* lib/quant/fp8.c has checked the alignment (values and codes 16 bytes, scales 4) and k. */
 extern "C" int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
                                      int layout, int ue8m0, void *stream)
 {

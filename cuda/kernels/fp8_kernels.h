@@ -1,4 +1,4 @@
-/* CUDA kernels of the FP8 block quantization calls (lib/fp8.c checks the arguments).
+/* CUDA kernels of the FP8 block quantization calls (lib/quant/fp8.c checks the arguments).
  * Each returns 0 or the cudaError_t of its launch. layout: 0 row-major, 1 MN-major. */
 #ifndef M2A_FP8_KERNELS_H
 #define M2A_FP8_KERNELS_H
@@ -18,7 +18,7 @@ int m2a_cuda_fp8_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size
  * ready[chunk] = rows x k / 16. The bits of m2a_cuda_fp8_quantize. */
 int m2a_cuda_fp8_quantize_ready(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, void *q, void *scales,
                                 int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, void *stream);
-/* Loads this file's kernels now (kernels/load.cuh says why). */
+/* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_fp8_load(void);
 int m2a_cuda_fp8_dequantize(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k, void *out,
                             moea2a_datatype_t otype, void *stream);

@@ -117,7 +117,7 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
     return (int)cudaGetLastError();
 }
 
-/* Every kernel of this file, loaded now (kernels/load.cuh). */
+/* Every kernel of this file, loaded now (cuda/kernels/load.cuh). */
 template <moea2a_datatype_t DT> static int load_combine(int e)
 {
     return m2a_load_kernel(combine_kernel<DT, kTma>, m2a_load_kernel(combine_kernel<DT, kEven>, m2a_load_kernel(combine_kernel<DT, kLoads>, e)));

@@ -28,7 +28,7 @@ int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stride, const u
  * rank's arrival count for this rank moves by `blocks` (the peers wait for blocks per
  * dispatch). After a QUIET send half and the rows the host had copied. */
 int m2a_fast_signal(const m2a_fast_t *f, int blocks, void *stream);
-/* Loads this file's kernels now (kernels/load.cuh says why). */
+/* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_fast_load(void);
 /* Copy-engine mode's combine sum, once the rows are in this GPU's memory: out[t] = the
  * sum of token t's rows (this rank's own in its combine buffer, the others' in

@@ -1,5 +1,5 @@
 /* CUDA kernels of the MoE data path: routing, packing, sanitize, combine. Written to
- * give exactly the bits of the host reference (lib/moe_host.c). */
+ * give exactly the bits of the host reference (lib/moe/backend/host_kernels.c). */
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 

@@ -1,5 +1,5 @@
 /* CUDA kernels of the MoE data path, launched on the caller's stream. They mirror
- * lib/moe_host.c step for step and produce the same bits. Each returns 0 or a
+ * lib/moe/backend/host_kernels.c step for step and produce the same bits. Each returns 0 or a
  * cudaError_t of the launch. */
 #ifndef M2A_MOE_KERNELS_H
 #define M2A_MOE_KERNELS_H
@@ -32,7 +32,7 @@ int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_co
 int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                      const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
 
-/* Loads this file's kernels now (kernels/load.cuh says why). */
+/* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_moe_load(void);
 #ifdef __cplusplus
 }

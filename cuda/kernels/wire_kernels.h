@@ -1,6 +1,6 @@
-/* CUDA kernels of quantize on dispatch around the copies (lib/moe_cuda.c): the sender's
+/* CUDA kernels of quantize on dispatch around the copies (lib/moe/backend/cuda_steps.c): the sender's
  * NVFP4 global scale in every row it sends, and the receiver's finish of what landed.
- * They mirror lib/moe_host.c (m2a_host_wire_finish). Each returns 0 or the
+ * They mirror lib/moe/backend/host_kernels.c (m2a_host_wire_finish). Each returns 0 or the
  * cudaError_t of its launch. */
 #ifndef M2A_WIRE_KERNELS_H
 #define M2A_WIRE_KERNELS_H
@@ -19,7 +19,7 @@ int m2a_cuda_wire_finish(const m2a_kwire_t *w, int ep, int stride, const int32_t
 /* dst[1..n) = dst[0]: the sender's global scale in each of its n rows. */
 int m2a_cuda_wire_fill(float *dst, size_t n, void *stream);
 
-/* Loads this file's kernels now (kernels/load.cuh says why). */
+/* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_wire_load(void);
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* The one table of environment variables moea2a reads (lib/params.c). Reading a
+/* The one table of environment variables moea2a reads (lib/base/params.c). Reading a
  * name that is not in the table is a bug and aborts in debug builds. */
 #ifndef M2A_PARAMS_H
 #define M2A_PARAMS_H

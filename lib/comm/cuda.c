@@ -1,4 +1,4 @@
-/* The CUDA module, loaded on first use (cuda_loader.h). It stays loaded until the
+/* The CUDA module, loaded on first use (lib/comm/cuda.h). It stays loaded until the
  * process ends: device memory and kernels it owns may outlive any one context. */
 #include <dlfcn.h>
 #include <stddef.h>

@@ -269,7 +269,7 @@ typedef struct moea2a_cuda_v1 {
     /* *capturing = 1 while the stream is being captured into a graph */
     int (*stream_capturing)(void *stream, int *capturing);
 
-    /* The kernels (kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h, fp8_kernels.h, wire_kernels.h). */
+    /* The kernels (cuda/kernels/moe_kernels.h, moe_fast.h, fp4_kernels.h, fp8_kernels.h, wire_kernels.h). */
     int (*route)(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                  unsigned long long *stats, void *stream);
     int (*pack)(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
@@ -295,14 +295,14 @@ typedef struct moea2a_cuda_v1 {
                         int ue8m0, void *stream);
     int (*fp8_dequantize)(const void *q, const void *scales, int layout, int ue8m0, size_t m, size_t k, void *out,
                           moea2a_datatype_t otype, void *stream);
-    /* quantize on dispatch (kernels/wire_kernels.h) */
+    /* quantize on dispatch (cuda/kernels/wire_kernels.h) */
     int (*wire_finish)(const m2a_kwire_t *w, int ep, int stride, const int32_t *counts, void *stream);
     int (*wire_fill)(float *dst, size_t n, void *stream);
-    /* the expert-major layout (kernels/expert_kernels.h) */
+    /* the expert-major layout (cuda/kernels/expert_kernels.h) */
     int (*expert_expand)(const m2a_kexpert_t *x, int stride, void *stream);
     int (*expert_fold)(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden, int weighted,
                        const unsigned char *rows, unsigned char *combine, void *stream);
-    /* the FP4 expert GEMM (kernels/fp4_gemm.h) */
+    /* the FP4 expert GEMM (cuda/kernels/fp4_gemm.h) */
     int (*expert_gemm)(const m2a_kgemm_t *p, void *stream);
     /* count copies in stream order, by the copy engines as one batch where the runtime
      * can (cudaMemcpyBatchAsync; one cudaMemcpyAsync each otherwise) */
@@ -317,7 +317,7 @@ typedef struct moea2a_cuda_v1 {
                               int ue8m0, uint32_t *ready, uint32_t chunk_rows, int blocks, void *stream);
     /* Every kernel the MoE calls launch, loaded now rather than at its first launch:
      * with CUDA's lazy loading a first launch waits for every kernel running in the
-     * context, and these wait for each other (kernels/load.cuh). */
+     * context, and these wait for each other (cuda/kernels/load.cuh). */
     int (*load_kernels)(void);
     int (*stream_create)(void **stream); /* non-blocking: no implicit order with the legacy stream */
     void (*stream_destroy)(void *stream);
@@ -328,7 +328,7 @@ typedef struct moea2a_cuda_v1 {
     /* how the load/store combine reduces past the even split (m2a_fast_bulk: not a
      * cudaError_t but M2A_FAST_BULK_OK or why not) */
     int (*fast_bulk)(const m2a_fast_t *f, size_t *unit, int *stages, size_t *smem);
-    /* Symmetric memory by CUDA IPC (lib/moe_symmetric_ipc.c). device_uuid: the GPU's
+    /* Symmetric memory by CUDA IPC (lib/moe/backend/symmetric_ipc.c). device_uuid: the GPU's
      * identity across processes (16 bytes). ipc_export: the handle (M2A_CUDA_IPC_HANDLE_BYTES)
      * of a cudaMalloc'ed allocation; ipc_import maps another process's into this one
      * (peer access enabled where the GPUs differ), ipc_close unmaps it. peer_access:

@@ -1,5 +1,5 @@
 /* Module files (libmoea2a-<name>.so): where they are looked for and how they are
- * listed. Transports (transport.c) and the CUDA module (cuda_loader.c) live there. */
+ * listed. Transports (transport.c) and the CUDA module (lib/comm/cuda.c) live there. */
 #ifndef M2A_MODULES_H
 #define M2A_MODULES_H
 #include <stddef.h>

@@ -68,7 +68,7 @@ typedef struct {
 static void collect(const char *name, const char *path, void *arg)
 {
     found_t *f = arg;
-    /* the CUDA module is not a transport (cuda_loader.c loads it on demand) */
+    /* the CUDA module is not a transport (lib/comm/cuda.c loads it on demand) */
     if (f->n >= (int)(sizeof(f->names) / sizeof(f->names[0])) || !strcmp(name, M2A_CUDA_MODULE_NAME)) return;
     snprintf(f->names[f->n], M2A_NAME_LEN, "%s", name);
     snprintf(f->paths[f->n], sizeof(f->paths[0]), "%s", path);

@@ -1,4 +1,4 @@
-/* The shared core of the MoE layer (moe_core.h). */
+/* The shared core of the MoE layer (lib/moe/core.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -49,7 +49,7 @@ typedef struct {
 #define M2A_MOE_MAX_EX_ARRAYS (3 * MOEA2A_MOE_MAX_PAYLOADS)
 
 /* The device's expert-major kernels split the slots into at most this many parts
- * (kernels/expert_kernels.h has the same bound). */
+ * (cuda/kernels/expert_kernels.h has the same bound). */
 #define M2A_EXPERT_PARTS 16
 
 /* payloads (as given, or codes + scales [+ global scale] when quantized), ids, weights,

@@ -1,5 +1,5 @@
 /* moea2a_expert_gemm: argument checks, then the CUDA module's kernel
- * (kernels/fp4_gemm.cu) on device memory or the host reference below on host memory.
+ * (cuda/kernels/fp4_gemm.cu) on device memory or the host reference below on host memory.
  *
  * The host reference computes what the kernel computes, in more precision: per output,
  * the exact products a x (e2m1 x SF) summed in double, rounded to fp32, times 1/g

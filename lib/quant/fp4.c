@@ -1,4 +1,4 @@
-/* NVFP4 calls: argument checks, then the host reference loops (lib/fp4_math.h) or
+/* NVFP4 calls: argument checks, then the host reference loops (lib/quant/fp4_math.h) or
  * the CUDA kernels, chosen by where the pointers live (quant.h). */
 #include "config.h"
 

@@ -1,5 +1,5 @@
 /* FP8 block quantization calls: argument checks, then the host reference loops
- * (lib/fp8_math.h) or the CUDA module's kernels, chosen by where the pointers live. */
+ * (lib/quant/fp8_math.h) or the CUDA module's kernels, chosen by where the pointers live. */
 #include "config.h"
 
 #include <stdint.h>

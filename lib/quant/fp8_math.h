@@ -1,7 +1,7 @@
 /* FP8 block quantization arithmetic (DeepSeek-V3 / DeepGEMM activations), exactly as
  * moea2a_fp8(3) specifies it, shared by the host reference and the CUDA kernels so
  * that both produce the same bits. Blocks of 128 values of a row; E4M3 "fn" codes
- * (lib/fp4_math.h); one scale per block: fp32 (amax / 448) or, with UE8M0, a power of
+ * (lib/quant/fp4_math.h); one scale per block: fp32 (amax / 448) or, with UE8M0, a power of
  * two stored as its biased exponent byte. */
 #ifndef M2A_FP8_MATH_H
 #define M2A_FP8_MATH_H

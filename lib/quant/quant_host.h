@@ -1,6 +1,6 @@
 /* The host loops of the quantization calls, without their argument checks: for the
  * public calls on host memory (fp4.c, fp8.c) and for quantize on dispatch on the host
- * path (moe_host.c), so both produce the same bits. Layouts as in moea2a_fp4(3) and
+ * path (lib/moe/backend/host_kernels.c), so both produce the same bits. Layouts as in moea2a_fp4(3) and
  * moea2a_fp8(3); k a multiple of the block. */
 #ifndef M2A_QUANT_HOST_H
 #define M2A_QUANT_HOST_H

@@ -1,5 +1,5 @@
 /* The rendezvous service behind a unique id: a thread of the process that made the
- * id admits every rank that proves it holds the id's key (lib/handshake.c), then
+ * id admits every rank that proves it holds the id's key (lib/wireup/handshake.c), then
  * hands each the table of all ranks' addresses, authenticated with the same key. */
 #include <errno.h>
 #include <pthread.h>

@@ -12,7 +12,7 @@
  * The host wait makes dispatch and combine uncapturable in CUDA graphs: both refuse
  * a capturing stream.
  *
- * Called by the nvlink backend (moe_backend_nvlink.c) only, with what it needs. */
+ * Called by the nvlink backend (nvlink.c) only, with what it needs. */
 #ifndef M2A_MOE_COPY_ENGINE_H
 #define M2A_MOE_COPY_ENGINE_H
 #include "moe/core.h"

@@ -1,6 +1,6 @@
 /* The cuda backend: CUDA memory among ranks that do not all reach each other by
- * load/store. The generic flow (moe_generic.c) with the device's local steps
- * (moe_cuda.c): headers over the host transport, rows by NCCL send and receive; one
+ * load/store. The generic flow (lib/moe/backend/generic.c) with the device's local steps
+ * (lib/moe/backend/cuda_steps.c): headers over the host transport, rows by NCCL send and receive; one
  * host synchronization per dispatch, for the counts NCCL needs on the host. */
 #include "moe/backend.h"
 #include "moe/backend/cuda_steps.h"

@@ -1,4 +1,4 @@
-/* The CUDA pieces both CUDA backends use (moe_cuda.c): the context's device set-up
+/* The CUDA pieces both CUDA backends use (lib/moe/backend/cuda_steps.c): the context's device set-up
  * around its workspace, and the kernels of the generic path's local steps. Without
  * the CUDA module begin (and free_memory) return MOEA2A_ERR_UNAVAILABLE naming it;
  * stream: cudaStream_t. */

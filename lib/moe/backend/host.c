@@ -1,6 +1,6 @@
 /* The host backend: host memory. Workspace and staging are bound to the rank's NUMA
- * node; the generic flow (moe_generic.c) moves headers and packed rows over the host
- * transport, with the local steps of moe_host.c, which complete before they return. */
+ * node; the generic flow (lib/moe/backend/generic.c) moves headers and packed rows over the host
+ * transport, with the local steps of lib/moe/backend/host_kernels.c, which complete before they return. */
 #include <stdlib.h>
 #include <string.h>
 

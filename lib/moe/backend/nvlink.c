@@ -1,9 +1,9 @@
 /* The nvlink backend: CUDA memory on ranks that all reach each other by load/store.
  * The workspace is symmetric memory (every rank's reachable from every GPU); each half
  * of a dispatch or combine is one kernel launch that never waits on the host; errors
- * found on the device land in a record the host polls (kernels/moe_fast.cu has the
+ * found on the device land in a record the host polls (cuda/kernels/moe_fast.cu has the
  * protocol). In copy-engine mode (MOEA2A_MOE_COPY_ENGINE) the same kernels route,
- * signal, check and sanitize, and moe_copy_engine.c moves the rows. */
+ * signal, check and sanitize, and lib/moe/backend/copy_engine.c moves the rows. */
 #include "config.h"
 
 #include <stdio.h>

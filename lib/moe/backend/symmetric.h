@@ -5,7 +5,7 @@
  *              holds every rank (moe_symmetric_transport.c)
  *   cuda_ipc   cudaMalloc, with CUDA IPC handles exchanged over the bootstrap: every
  *              rank on one host, GPUs that reach each other (or the same GPU, shared
- *              by ranks in one process or several) (moe_symmetric_ipc.c)
+ *              by ranks in one process or several) (lib/moe/backend/symmetric_ipc.c)
  * MOEA2A_SYMMETRIC_MEMORY picks one; auto takes the transport's where there is a CUDA
  * transport with symmetric memory, else CUDA IPC. A new way is a new file and a line
  * in the table (moe_symmetric.c). */
