@@ -62,6 +62,16 @@ export PATH="/usr/local/cuda/bin:$PATH"
 cd "$B"
 export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$B/cuda/.libs"
 {
+  # The A/B's base build runs alongside everything before the A/B block: its compile of
+  # the large kernel files overlaps this build's
+  base_tar=$(ls "$K"/base/moea2a-*.tar.gz 2>/dev/null | head -1)
+  BB=/tmp/moea2a-base-build; base_pid=
+  if [ -n "$base_tar" ] && [ "${AB:-1}" != 0 ]; then
+    rm -rf "$BB"; mkdir -p "$BB"; tar -C "$BB" -xzf "$base_tar" --strip-components=1
+    (cd "$BB" && ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" \
+        --with-ucx="$D/ucx/usr" && make -j8) >"$OUT/build-base.log" 2>&1 &
+    base_pid=$!
+  fi
   echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
   nvidia-smi topo -m 2>/dev/null | head -8
   prof=""; [ "${PROFILE:-0}" = 1 ] && prof=-DM2A_FAST_PROFILE
@@ -72,10 +82,10 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
   echo "== built"
   if [ "${KCHECK:-1}" != 0 ]; then
     # the combine's 16-bit rounding: the pair instruction against convert.h on every float
-    nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o convert_check bench/device/convert_check.cu \
+    nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Icuda/kernels -o convert_check bench/device/convert_check.cu \
         >>"$OUT/build.log" 2>&1 && timeout 60 ./convert_check || echo "convert_check: failed (rc $?)"
     # the combine's sums of 2-4 rows (every way) with the peers' workspaces on this GPU
-    nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Ikernels -o combine_check bench/device/combine_check.cu \
+    nvcc -O3 -std=c++17 -arch=sm_"${ARCH:-90}" -I. -Iinclude -Ilib -Icuda/kernels -o combine_check bench/device/combine_check.cu \
         >>"$OUT/build.log" 2>&1 && timeout 300 ./combine_check || echo "combine_check: failed (rc $?)"
   fi
   if [ -n "${FLOORS:-}" ]; then
@@ -141,12 +151,8 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     MOEA2A_DEBUG=TRACE MOEA2A_DEBUG_SUBSYS=MOE timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "$PHASES" \
         --tokens 4096 --iters 3 --warmup 2 --check 0 2>&1 | grep -E "phases" | tail -8
   fi
-  base_tar=$(ls "$K"/base/moea2a-*.tar.gz 2>/dev/null | head -1)
-  if [ -n "$base_tar" ] && [ "${AB:-1}" != 0 ]; then
-    BB=/tmp/moea2a-base-build; rm -rf "$BB"; mkdir -p "$BB"
-    tar -C "$BB" -xzf "$base_tar" --strip-components=1
-    if (cd "$BB" && ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" \
-          --with-ucx="$D/ucx/usr" && make -j16) >"$OUT/build-base.log" 2>&1; then
+  if [ -n "$base_pid" ]; then
+    if wait "$base_pid"; then
       echo "== A/B: base $(basename "$base_tar") vs this build, ${AB_RANKS:-2} GPUs, alternating ${AB_ROUNDS:-3} rounds"
       for round in $(seq 1 "${AB_ROUNDS:-3}"); do
         for tree in "$BB" "$B"; do
