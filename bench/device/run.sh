@@ -22,8 +22,9 @@
 # numbers (NVLink ceilings, an event-timed empty kernel: bench/device/floors.cu) with
 # each of those settings, e.g. FLOORS="48:64:14336:3". NETWORK=0 skips the run with
 # NCCL forced onto its network transport (as ranks on two nodes see each other): the
-# GPU test and moea2a_perf --check 1 on the default path, which must fall back to the
-# generic path (done in every run unless turned off). With a base tarball staged
+# GPU tests (NETWORK_TESTS, default tests/test_gpu) and moea2a_perf --check 1 on the
+# default path, which must fall back to the generic path (done in every run unless
+# turned off). With a base tarball staged
 # (prepare.sh BASE=<rev>), the A/B block builds it too and runs the same benchmarks
 # with both builds, alternating, AB_ROUNDS times (default 3): AB_RANKS GPUs (default
 # 2), AB_TOKENS (default 128,4096), at the SM budgets AB_SMS when set (AB_ARGS: more
@@ -107,11 +108,14 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     net="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
     ngpu=$(nvidia-smi -L | wc -l)
     echo "== NCCL on its network transport ($net): make check's GPU test, default path"
-    env $net MOEA2A_TEST_EXPECT_NVLINK=0 timeout "${CHECK_TIMEOUT:-1500}" make check TESTS=tests/test_gpu \
-        >"$OUT/check-net.log" 2>&1
+    env $net MOEA2A_TEST_EXPECT_NVLINK=0 timeout "${CHECK_TIMEOUT:-1500}" make -j8 check \
+        TESTS="${NETWORK_TESTS:-tests/test_gpu}" >"$OUT/check-net.log" 2>&1
     echo "== make check (network) rc=$?"
-    grep -E '^(ok|not ok)' tests/test_gpu.log; grep '^# ' tests/test_gpu.log | head -12
-    grep -q '^not ok' tests/test_gpu.log && cp tests/test_gpu.log "$OUT/test_gpu-net.log"
+    grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR):|^(FAIL|ERROR):' "$OUT/check-net.log"
+    [ -f tests/test_gpu.log ] && { grep -E '^(ok|not ok)' tests/test_gpu.log; grep '^# ' tests/test_gpu.log | head -12; }
+    for r in $(grep -lE '^:global-test-result: (FAIL|ERROR)' tests/*.trs 2>/dev/null); do
+      l=${r%.trs}.log; cp "$l" "$OUT/net-$(basename "$l")"; echo "== $l (network):"; grep -vE '^ok ' "$l" | tail -25
+    done
     for n in 2 4; do
       [ "$n" -le "$ngpu" ] || continue
       echo "== moea2a_perf --mem cuda --ranks $n --check 1, NCCL on its network transport, default path"
