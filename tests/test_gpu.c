@@ -511,6 +511,60 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 
 /* A caller's NCCL communicator, adopted: made here with an id sent over a moea2a
  * host communicator, then handed to moea2a_comm_init_nccl. */
+/* The generic NCCL path on a stream being captured into a CUDA graph: dispatch, and
+ * after an uncaptured dispatch the combine, are MOEA2A_ERR_UNAVAILABLE on every rank
+ * with the reason, before anything is enqueued (the captured graph is empty); the
+ * context then takes the same calls outside the capture (moea2a_moe(3), CUDA graphs). */
+static int capture_generic_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    int ndev = *(int *)arg, fails = 0;
+    if (use_device(rank, ndev)) return 1;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
+    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+    mc.num_experts = 4 * n, mc.top_k = 2, mc.max_tokens_per_rank = 8, mc.hidden = 64;
+    mc.num_payloads = 1, mc.payloads[0].dtype = MOEA2A_BFLOAT16, mc.payloads[0].elems_per_token = 64;
+    mc.memory = MOEA2A_MEMORY_CUDA, mc.flags = MOEA2A_MOE_NO_NVLINK;
+    moea2a_moe_t moe;
+    moea2a_result_t r = moea2a_moe_create(&moe, comm, &mc);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "create: %s", moea2a_last_error(comm));
+    if (r != MOEA2A_SUCCESS) {
+        moea2a_comm_destroy(comm);
+        return fails;
+    }
+    int32_t ids[16];
+    uint16_t pay[8 * 64];
+    for (int i = 0; i < 16; i++) ids[i] = (rank + 3 * i) % (4 * n);
+    for (int i = 0; i < 8 * 64; i++) pay[i] = 0x3f80; /* bf16 1.0 */
+    void *d_ids = to_device(ids, sizeof(ids)), *d_pay = to_device(pay, sizeof(pay)), *d_out = NULL;
+    cudaMalloc(&d_out, sizeof(pay));
+    const void *pays[1] = {d_pay};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    for (int call = 0; call < 2; call++) { /* 0: dispatch, 1: combine */
+        cudaGraph_t g = NULL;
+        size_t nodes = 1;
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        r = call == 0 ? moea2a_dispatch(moe, 8, d_ids, NULL, pays, 0, &res, s) : moea2a_combine(moe, NULL, d_out, s);
+        const char *why = moea2a_last_error(comm);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(why, "cannot be captured"),
+                    "captured %s: %s (%s)", call ? "combine" : "dispatch", moea2a_strerror(r), why);
+        RANK_EXPECT(fails, rank, cudaStreamEndCapture(s, &g) == cudaSuccess && g &&
+                                     cudaGraphGetNodes(g, NULL, &nodes) == cudaSuccess && nodes == 0,
+                    "the refused %s left %zu node(s) in the capture", call ? "combine" : "dispatch", nodes);
+        if (g) cudaGraphDestroy(g);
+        r = call == 0 ? moea2a_dispatch(moe, 8, d_ids, NULL, pays, 0, &res, s) : moea2a_combine(moe, NULL, d_out, s);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && cudaStreamSynchronize(s) == cudaSuccess,
+                    "the same %s outside the capture: %s", call ? "combine" : "dispatch", moea2a_last_error(comm));
+    }
+    cudaStreamDestroy(s);
+    cudaFree(d_ids), cudaFree(d_pay), cudaFree(d_out);
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 static int adopt_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
     int ndev = *(int *)arg, fails = 0;
@@ -960,6 +1014,9 @@ int main(void)
     int n = ndev >= 2 ? 2 : 1;
     local_ranks_run(n, adopt_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "moea2a_comm_init_nccl adopts a caller's NCCL communicator (%d GPU(s))", n);
+    local_ranks_run(n, capture_generic_rank, &ndev, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "generic NCCL path, %d GPU(s): a captured dispatch or combine is MOEA2A_ERR_UNAVAILABLE on "
+                            "every rank with nothing enqueued; the same calls outside the capture succeed", n);
     volatile double *kill_time = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     for (int nvlink = 1; nvlink >= 0; nvlink--) {
         if (ndev < 2 || quick || kill_time == MAP_FAILED) {

@@ -71,6 +71,10 @@ typedef struct m2a_moe_backend {
     moea2a_result_t (*expert_fold)(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
     /* Whether stream is being captured into a CUDA graph (NULL: no device streams). */
     moea2a_result_t (*capturing)(moea2a_moe_t moe, void *stream, int *capturing);
+    /* With capturing: why a dispatch or combine on a capturing stream is refused before
+     * anything is enqueued (the calls wait on the host, which a graph cannot replay);
+     * NULL: the calls may be captured. */
+    const char *not_capturable;
     /* The backend that serves the context when alloc finds this one unavailable on every
      * rank (NULL: none, the create fails). */
     const struct m2a_moe_backend *fallback;

@@ -413,6 +413,20 @@ static moea2a_result_t enter(moea2a_moe_t moe, const char *fn, m2a_moe_step_t wa
 }
 
 
+/* A call on a stream being captured into a CUDA graph, where the backend's calls wait
+ * on the host: refused before anything is enqueued. The send halves carry it to the
+ * peers as this rank's check result, so every rank fails at once, and the context takes
+ * the same call outside the capture. */
+static moea2a_result_t check_capture(moea2a_moe_t moe, const char *fn, void *stream)
+{
+    if (!moe->backend->capturing || !moe->backend->not_capturable) return MOEA2A_SUCCESS;
+    int capturing = 0;
+    M2A_TRY(moe->backend->capturing(moe, stream, &capturing));
+    if (!capturing) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: the stream is being captured: %s", fn,
+                     moe->backend->not_capturable);
+}
+
 /* The dispatch's inputs for the backend: the receive stride resolved. */
 static m2a_dispatch_args_t dispatch_args(moea2a_moe_t moe, int n, const int32_t *ids, const float *weights,
                                          const void *const *payloads, int runtime_max)
@@ -431,6 +445,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     /* Every check, result's included, travels to the peers: a rejected call fails everywhere. */
     moea2a_result_t mine = check_result_arg(moe->comm, fn, result);
     if (mine == MOEA2A_SUCCESS) mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
+    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, result, M2A_MOE_BOTH, stream));
     if (m2a_moe_expert_major(moe)) M2A_TRY(m2a_moe_expert_dispatch(moe, result, stream)); /* a failure leaves it idle */
@@ -445,6 +460,7 @@ moea2a_result_t moea2a_dispatch_send(moea2a_moe_t moe, int n, const int32_t *ids
     M2A_TRY(enter(moe, fn, M2A_MOE_IDLE, 0));
     M2A_TRY(m2a_moe_expert_check_stream(moe, fn, stream)); /* local: nothing has started */
     moea2a_result_t mine = check_dispatch_args(moe, fn, n, ids, weights, payloads, runtime_max);
+    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, NULL, M2A_MOE_SEND, stream));
     moe->step = M2A_MOE_DISPATCH_SENT;
@@ -458,6 +474,7 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
     M2A_TRY(m2a_moe_expert_check_stream(moe, fn, stream)); /* local: nothing has started */
     /* local: a rejected receive leaves the dispatch pending (call it again) */
     M2A_TRY(check_result_arg(moe->comm, fn, result));
+    M2A_TRY(check_capture(moe, fn, stream));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));
     if (m2a_moe_expert_major(moe)) {
         moea2a_result_t r = m2a_moe_expert_dispatch(moe, result, stream);
@@ -502,6 +519,7 @@ moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *o
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_out(moe, fn, out);
     if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
+    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
     if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
         mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, out, M2A_MOE_BOTH, stream));
@@ -514,6 +532,7 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
     static const char fn[] = "moea2a_combine_send";
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
     moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
+    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
     if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
         mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
     M2A_TRY(moe->backend->combine(moe, mine, expert_out, NULL, M2A_MOE_SEND, stream));
@@ -528,6 +547,7 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
     /* local: a rejected receive leaves the combine pending (call it again); the peers'
      * rows it reads stay put until this rank's next dispatch */
     M2A_TRY(check_combine_out(moe, fn, out));
+    M2A_TRY(check_capture(moe, fn, stream));
     M2A_TRY(moe->backend->combine(moe, MOEA2A_SUCCESS, NULL, out, M2A_MOE_RECV, stream));
     moe->step = M2A_MOE_IDLE;
     return MOEA2A_SUCCESS;

@@ -40,4 +40,6 @@ const m2a_moe_backend_t m2a_moe_backend_cuda = {
     .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing,
+    .not_capturable = "the generic NCCL path cannot be captured in a CUDA graph (a dispatch waits on the host for "
+                      "the counts): call dispatch and combine outside the capture and capture what runs between them",
 };
