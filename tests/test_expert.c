@@ -247,6 +247,54 @@ static void got_free(got_t *g)
     free(g->pay);
 }
 
+/* The combine of a case whose dispatch delivered g (want_rows rows): the expert side's
+ * rows (padding rows hold NaN: they must be ignored), then every token's output against
+ * the oracle: per destination rank the fp32 sum of its experts' products in slot order,
+ * rounded to the combine dtype, then the ranks' rows summed in rank order. */
+static int check_combine(moea2a_comm_t comm, const cfg_t *c, moea2a_moe_t moe, const got_t *g, int64_t want_rows, int n,
+                         int me)
+{
+    int fails = 0, ep = c->ep, k = c->k;
+    size_t crow = c->hidden * (c->cdt == MOEA2A_FLOAT32 ? 4 : 2), nb = crow * (size_t)(want_rows + 1);
+    unsigned char *mine = malloc(nb), *dst = NULL;
+    void *buf;
+    for (int64_t row = 0; row < want_rows; row++)
+        for (size_t h = 0; h < c->hidden; h++) {
+            int src = g->src[row];
+            put(c->cdt, mine + (size_t)row * crow, h, src < 0 ? NAN : y_of(g->ids[row], src, g->tok[row], h));
+        }
+    if (c->own_buffer) dst = mem_put(on_cuda(c), mine, nb);
+    else moea2a_moe_combine_buffer(moe, &buf), mem_copy_in(on_cuda(c), buf, mine, (size_t)want_rows * crow);
+    unsigned char *d_out = mem_put(on_cuda(c), NULL, crow * (size_t)(n + 1));
+    call_t cc = {0, 0, NULL, NULL, NULL, NULL, c->own_buffer ? dst : NULL, d_out};
+    moea2a_result_t rc = run_call_or_plain(comm, c, moe, &cc, me, &fails); /* the split halves fold in the send half */
+    RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
+    unsigned char *out = mem_get(on_cuda(c), d_out, crow * (size_t)(n + 1));
+    int wrong = 0;
+    for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
+        for (size_t h = 0; h < c->hidden; h++) {
+            float total = 0.0f;
+            for (int q = 0; q < ep; q++) { /* each destination rank's row, ascending */
+                float acc = 0.0f;
+                int hit = 0;
+                for (int s = 0; s < k; s++) {
+                    int32_t e = id_of(c, me, t, s);
+                    if (!valid(c, e) || owner_of(c, e) != q) continue;
+                    float p = (c->weighted ? weight_of(c, me, t, s) : 1.0f) * y_of(e, me, t, h);
+                    acc += p, hit = 1;
+                }
+                if (hit) total += to_dtype(c->cdt, acc);
+            }
+            float want = to_dtype(c->cdt, total), got = get(c->cdt, out + (size_t)t * crow, h);
+            wrong += memcmp(&want, &got, 4) != 0;
+        }
+    RANK_EXPECT(fails, me, wrong == 0, "%d combined values differ from the oracle", wrong);
+    free(out), free(mine);
+    mem_drop(on_cuda(c), d_out);
+    if (dst) mem_drop(on_cuda(c), dst);
+    return fails;
+}
+
 static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
 {
     int fails = 0, ep = c->ep, k = c->k, n = tokens_of(c, me), elems = c->elems ? c->elems : 6;
@@ -357,46 +405,7 @@ static int run_case(moea2a_comm_t comm, const cfg_t *c, int me)
                     r.expert_weights ? "set" : "NULL");
     }
 
-    /* combine: the expert side's rows (padding rows hold NaN: they must be ignored) */
-    {
-        size_t crow = c->hidden * (c->cdt == MOEA2A_FLOAT32 ? 4 : 2), nb = crow * (size_t)(want_rows + 1);
-        unsigned char *mine = malloc(nb), *dst = NULL;
-        void *buf;
-        for (int64_t row = 0; row < want_rows; row++)
-            for (size_t h = 0; h < c->hidden; h++) {
-                int src = g.src[row];
-                put(c->cdt, mine + (size_t)row * crow, h, src < 0 ? NAN : y_of(g.ids[row], src, g.tok[row], h));
-            }
-        if (c->own_buffer) dst = mem_put(on_cuda(c), mine, nb);
-        else moea2a_moe_combine_buffer(moe, &buf), mem_copy_in(on_cuda(c), buf, mine, (size_t)want_rows * crow);
-        unsigned char *d_out = mem_put(on_cuda(c), NULL, crow * (size_t)(n + 1));
-        call_t cc = {0, 0, NULL, NULL, NULL, NULL, c->own_buffer ? dst : NULL, d_out};
-        rc = run_call_or_plain(comm, c, moe, &cc, me, &fails); /* the split halves fold in the send half */
-        RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
-        unsigned char *out = mem_get(on_cuda(c), d_out, crow * (size_t)(n + 1));
-        int wrong = 0;
-        for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
-            for (size_t h = 0; h < c->hidden; h++) {
-                float total = 0.0f;
-                for (int q = 0; q < ep; q++) { /* each destination rank's row, ascending */
-                    float acc = 0.0f;
-                    int hit = 0;
-                    for (int s = 0; s < k; s++) {
-                        int32_t e = id_of(c, me, t, s);
-                        if (!valid(c, e) || owner_of(c, e) != q) continue;
-                        float p = (c->weighted ? weight_of(c, me, t, s) : 1.0f) * y_of(e, me, t, h);
-                        acc += p, hit = 1;
-                    }
-                    if (hit) total += to_dtype(c->cdt, acc);
-                }
-                float want = to_dtype(c->cdt, total), got = get(c->cdt, out + (size_t)t * crow, h);
-                wrong += memcmp(&want, &got, 4) != 0;
-            }
-        RANK_EXPECT(fails, me, wrong == 0, "%d combined values differ from the oracle", wrong);
-        free(out), free(mine);
-        mem_drop(on_cuda(c), d_out);
-        if (dst) mem_drop(on_cuda(c), dst);
-    }
+    fails += check_combine(comm, c, moe, &g, want_rows, n, me);
 done:
     got_free(&g);
     free(rows), free(cnt);
