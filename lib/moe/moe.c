@@ -513,16 +513,24 @@ static moea2a_result_t check_combine_out(moea2a_moe_t moe, const char *fn, const
     return MOEA2A_SUCCESS;
 }
 
+/* A combine's send side, in both forms: the checks after mine (this rank's so far),
+ * then, in the expert-major layout, the expert rows folded into the rank-major rows the
+ * backend sends (the combine buffer). Every check travels to the peers. */
+static moea2a_result_t combine_sent(moea2a_moe_t moe, const char *fn, moea2a_result_t mine, const void *expert_out,
+                                    void *out, int phases, void *stream)
+{
+    if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
+    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
+    if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe))
+        mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
+    return moe->backend->combine(moe, mine, expert_out, out, phases, stream);
+}
+
 moea2a_result_t moea2a_combine(moea2a_moe_t moe, const void *expert_out, void *out, void *stream)
 {
     static const char fn[] = "moea2a_combine";
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
-    moea2a_result_t mine = check_combine_out(moe, fn, out);
-    if (mine == MOEA2A_SUCCESS) mine = check_combine_in(moe, fn, expert_out);
-    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
-    if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
-        mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
-    M2A_TRY(moe->backend->combine(moe, mine, expert_out, out, M2A_MOE_BOTH, stream));
+    M2A_TRY(combine_sent(moe, fn, check_combine_out(moe, fn, out), expert_out, out, M2A_MOE_BOTH, stream));
     moe->step = M2A_MOE_IDLE;
     return MOEA2A_SUCCESS;
 }
@@ -531,11 +539,7 @@ moea2a_result_t moea2a_combine_send(moea2a_moe_t moe, const void *expert_out, vo
 {
     static const char fn[] = "moea2a_combine_send";
     M2A_TRY(enter(moe, fn, M2A_MOE_DISPATCHED, 1));
-    moea2a_result_t mine = check_combine_in(moe, fn, expert_out);
-    if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
-    if (mine == MOEA2A_SUCCESS && m2a_moe_expert_major(moe)) /* then the rank-major rows go */
-        mine = m2a_moe_expert_combine(moe, expert_out, stream), expert_out = NULL;
-    M2A_TRY(moe->backend->combine(moe, mine, expert_out, NULL, M2A_MOE_SEND, stream));
+    M2A_TRY(combine_sent(moe, fn, MOEA2A_SUCCESS, expert_out, NULL, M2A_MOE_SEND, stream));
     moe->step = M2A_MOE_COMBINE_SENT;
     return MOEA2A_SUCCESS;
 }
