@@ -18,8 +18,6 @@ static int layout_ok(moea2a_sf_layout_t l)
     return l == MOEA2A_SF_LINEAR || l == MOEA2A_SF_128X4 || l == MOEA2A_SF_8X4;
 }
 
-/* The checks quantize and dequantize share: the type of the bf16/fp16/fp32 side
- * (named tname), whole 16-value blocks, a known scale layout. */
 /* The scale buffer's size, or 0 when an m x k tensor (fp32, the widest input) or its
  * tiled scales would not fit in a size_t: then every size derived below is exact. */
 static int shape_fits(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *sf_bytes)
@@ -30,14 +28,21 @@ static int shape_fits(moea2a_sf_layout_t layout, size_t m, size_t k, size_t *sf_
     return m2a_mul_ok(rows, kb4, sf_bytes) && (*sf_bytes = m2a_sf_bytes((int)layout, m, k / 16), 1);
 }
 
-static moea2a_result_t check_shape(const char *fn, const char *tname, moea2a_datatype_t t, size_t m, size_t k,
-                                   moea2a_sf_layout_t layout)
+/* The checks quantize and dequantize share, in order: the four buffers p (named by
+ * names) not NULL unless m is 0; the type of the bf16/fp16/fp32 side (named tname),
+ * whole 16-value blocks, a known scale layout, sizes that fit; the buffers all in one
+ * memory, which *cuda says. */
+static moea2a_result_t check_call(const char *fn, const char *names, const void *const p[4], const char *tname,
+                                  moea2a_datatype_t t, size_t m, size_t k, moea2a_sf_layout_t layout, int *cuda)
 {
     size_t sf;
+    M2A_CHECK_ARG(NULL, (p[0] && p[1] && p[2] && p[3]) || m == 0, "%s: %s must not be NULL", fn, names);
     M2A_CHECK_ARG(NULL, m2a_quant_float_type(t), "%s: %s must be bf16, fp16 or fp32", fn, tname);
     M2A_CHECK_ARG(NULL, k % 16 == 0, "%s: k=%zu must be a multiple of 16 (one scale per 16 values)", fn, k);
     M2A_CHECK_ARG(NULL, layout_ok(layout), "%s: unknown scale layout %d", fn, (int)layout);
     M2A_CHECK_ARG(NULL, shape_fits(layout, m, k, &sf), "%s: m=%zu x k=%zu overflows a size", fn, m, k);
+    *cuda = m2a_quant_space(p, 4);
+    M2A_QUANT_CHECK_SPACE(*cuda, fn);
     return MOEA2A_SUCCESS;
 }
 
@@ -68,11 +73,9 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
                                     void *sf, moea2a_sf_layout_t layout, void *stream)
 {
     static const char fn[] = "moea2a_fp4_quantize";
-    M2A_CHECK_ARG(NULL, (x && q && sf && g) || m == 0, "%s: x, g, q and sf must not be NULL", fn);
-    M2A_TRY(check_shape(fn, "xtype", xtype, m, k, layout));
     const void *p[4] = {x, g, q, sf};
-    int cuda = m2a_quant_space(p, 4);
-    M2A_QUANT_CHECK_SPACE(cuda, fn);
+    int cuda;
+    M2A_TRY(check_call(fn, "x, g, q and sf", p, "xtype", xtype, m, k, layout, &cuda));
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     M2A_QUANT_CHECK_ALIGNED(cuda, fn, x, q, sf);
     if (cuda) M2A_QUANT_CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
@@ -84,11 +87,9 @@ moea2a_result_t moea2a_fp4_dequantize(const void *q, const void *sf, moea2a_sf_l
                                       size_t k, void *out, moea2a_datatype_t otype, void *stream)
 {
     static const char fn[] = "moea2a_fp4_dequantize";
-    M2A_CHECK_ARG(NULL, (q && sf && g && out) || m == 0, "%s: q, sf, g and out must not be NULL", fn);
-    M2A_TRY(check_shape(fn, "otype", otype, m, k, layout));
     const void *p[4] = {q, sf, g, out};
-    int cuda = m2a_quant_space(p, 4);
-    M2A_QUANT_CHECK_SPACE(cuda, fn);
+    int cuda;
+    M2A_TRY(check_call(fn, "q, sf, g and out", p, "otype", otype, m, k, layout, &cuda));
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     M2A_QUANT_CHECK_ALIGNED(cuda, fn, out, q, sf);
     if (cuda) M2A_QUANT_CUDA_OR(fp4_dequantize(q, sf, (int)layout, g, m, k, out, otype, stream));
