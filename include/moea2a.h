@@ -99,17 +99,18 @@ typedef struct {
  * designated initializers; in C++ (before C++20 has them) calls of inline functions
  * that value-initialize the struct and set the same fields. Both compile clean under
  * -Wall -Wextra (-Wmissing-field-initializers) and keep working as structs grow.
- * Names ending in _ are this header's own helpers, not part of the API. */
+ * The functions live in namespace moea2a_detail and names ending in _ are this
+ * header's own helpers: neither is part of the API. */
 #ifdef __cplusplus
 #define MOEA2A_INIT_FN_(type, fn, sets) \
-    static inline type fn(void) { type v_ = type(); sets; return v_; }
+    namespace moea2a_detail { static inline type fn() { type v_ = type(); sets; return v_; } }
 #define MOEA2A_SIZE_VERSION_(type) v_.size = sizeof(type), v_.version = MOEA2A_VERSION_CODE
 #endif
 
 #ifdef __cplusplus
-MOEA2A_INIT_FN_(moea2a_config_t, moea2a_config_initializer_,
+MOEA2A_INIT_FN_(moea2a_config_t, config_initializer,
                 (MOEA2A_SIZE_VERSION_(moea2a_config_t), v_.timeout_s = -1.0, v_.cuda_device = -1))
-#define MOEA2A_CONFIG_INITIALIZER moea2a_config_initializer_()
+#define MOEA2A_CONFIG_INITIALIZER moea2a_detail::config_initializer()
 #else
 #define MOEA2A_CONFIG_INITIALIZER \
     { .size = sizeof(moea2a_config_t), .version = MOEA2A_VERSION_CODE, .timeout_s = -1.0, .transport = NULL, \
@@ -282,10 +283,10 @@ typedef struct {
 } moea2a_moe_config_t;
 
 #ifdef __cplusplus
-MOEA2A_INIT_FN_(moea2a_moe_config_t, moea2a_moe_config_initializer_,
+MOEA2A_INIT_FN_(moea2a_moe_config_t, moe_config_initializer,
                 (MOEA2A_SIZE_VERSION_(moea2a_moe_config_t), v_.combine_dtype = MOEA2A_BFLOAT16,
                  v_.invalid_expert_id = -1, v_.placement = MOEA2A_PLACEMENT_CONTIGUOUS, v_.memory = MOEA2A_MEMORY_AUTO))
-#define MOEA2A_MOE_CONFIG_INITIALIZER moea2a_moe_config_initializer_()
+#define MOEA2A_MOE_CONFIG_INITIALIZER moea2a_detail::moe_config_initializer()
 #else
 #define MOEA2A_MOE_CONFIG_INITIALIZER                                                                         \
     { .size = sizeof(moea2a_moe_config_t), .version = MOEA2A_VERSION_CODE, .combine_dtype = MOEA2A_BFLOAT16, \
@@ -318,9 +319,9 @@ typedef struct {
 } moea2a_moe_workspace_sizes_t;
 
 #ifdef __cplusplus
-MOEA2A_INIT_FN_(moea2a_moe_workspace_sizes_t, moea2a_moe_workspace_sizes_initializer_,
+MOEA2A_INIT_FN_(moea2a_moe_workspace_sizes_t, moe_workspace_sizes_initializer,
                 MOEA2A_SIZE_VERSION_(moea2a_moe_workspace_sizes_t))
-#define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER moea2a_moe_workspace_sizes_initializer_()
+#define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER moea2a_detail::moe_workspace_sizes_initializer()
 #else
 #define MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER \
     { .size = sizeof(moea2a_moe_workspace_sizes_t), .version = MOEA2A_VERSION_CODE }
@@ -401,9 +402,9 @@ typedef struct {
 } moea2a_dispatch_result_t;
 
 #ifdef __cplusplus
-MOEA2A_INIT_FN_(moea2a_dispatch_result_t, moea2a_dispatch_result_initializer_,
+MOEA2A_INIT_FN_(moea2a_dispatch_result_t, dispatch_result_initializer,
                 MOEA2A_SIZE_VERSION_(moea2a_dispatch_result_t))
-#define MOEA2A_DISPATCH_RESULT_INITIALIZER moea2a_dispatch_result_initializer_()
+#define MOEA2A_DISPATCH_RESULT_INITIALIZER moea2a_detail::dispatch_result_initializer()
 #else
 #define MOEA2A_DISPATCH_RESULT_INITIALIZER { .size = sizeof(moea2a_dispatch_result_t), .version = MOEA2A_VERSION_CODE }
 #endif
@@ -420,9 +421,9 @@ typedef struct {
 } moea2a_moe_layout_t;
 
 #ifdef __cplusplus
-MOEA2A_INIT_FN_(moea2a_moe_layout_t, moea2a_moe_layout_initializer_,
+MOEA2A_INIT_FN_(moea2a_moe_layout_t, moe_layout_initializer,
                 (MOEA2A_SIZE_VERSION_(moea2a_moe_layout_t), v_.ep = 1, v_.memory = MOEA2A_MEMORY_AUTO))
-#define MOEA2A_MOE_LAYOUT_INITIALIZER moea2a_moe_layout_initializer_()
+#define MOEA2A_MOE_LAYOUT_INITIALIZER moea2a_detail::moe_layout_initializer()
 #else
 #define MOEA2A_MOE_LAYOUT_INITIALIZER \
     { .size = sizeof(moea2a_moe_layout_t), .version = MOEA2A_VERSION_CODE, .ep = 1, .memory = MOEA2A_MEMORY_AUTO }
@@ -601,8 +602,8 @@ typedef struct {
     size_t workspace_size;
 } moea2a_expert_gemm_t;
 #ifdef __cplusplus
-MOEA2A_INIT_FN_(moea2a_expert_gemm_t, moea2a_expert_gemm_initializer_, MOEA2A_SIZE_VERSION_(moea2a_expert_gemm_t))
-#define MOEA2A_EXPERT_GEMM_INITIALIZER moea2a_expert_gemm_initializer_()
+MOEA2A_INIT_FN_(moea2a_expert_gemm_t, expert_gemm_initializer, MOEA2A_SIZE_VERSION_(moea2a_expert_gemm_t))
+#define MOEA2A_EXPERT_GEMM_INITIALIZER moea2a_detail::expert_gemm_initializer()
 #else
 #define MOEA2A_EXPERT_GEMM_INITIALIZER { .size = sizeof(moea2a_expert_gemm_t), .version = MOEA2A_VERSION_CODE }
 #endif
