@@ -9,9 +9,9 @@
  * owns timeouts. Counts are in bytes. Results are moea2a_result_t values; details go
  * through core->error so moea2a_last_error() shows them.
  *
- * When the struct changes incompatibly, it becomes moea2a_transport_v2_t with a new
- * symbol; the core may keep loading v1 modules. Optional members are only appended
- * (modules ship with the library they were built with).
+ * The struct is fixed: any change, an appended member included, makes
+ * moea2a_transport_v2_t with a symbol and ABI version of its own, and the core may keep
+ * loading v1 modules beside it. man moea2a_transport documents every member.
  */
 #ifndef MOEA2A_TRANSPORT_V1_H
 #define MOEA2A_TRANSPORT_V1_H
