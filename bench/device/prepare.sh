@@ -1,8 +1,8 @@
 #!/bin/bash
 # Run here, in a configured tree: stages what the GPU machine needs into .device/
 # (ignored by git): the `make dist` tarball, Debian's libucx-dev (that machine has
-# the UCX runtime but no headers), and run.sh. Then call the device tool with
-# carry [".device"] and: bash .device/run.sh   (variables: see run.sh)
+# the UCX runtime but no headers), and run.sh. Then copy .device/ to the GPU machine's
+# checkout and run there: bash .device/run.sh   (variables: see run.sh)
 # BASE=<rev> also stages the tarball of that revision (.device/base/), against which
 # run.sh then runs its A/B block: old and new builds in one device call.
 set -euo pipefail
