@@ -3,6 +3,11 @@
 #define MOEA2A_TAP_H
 #include <stdarg.h>
 
+/* TAP_POINTS="10-19,25" (or "20-") runs a long suite in parts, e.g. over several
+ * processes under compute-sanitizer: tap_selected() says whether the next test point is
+ * one of them, so the test can leave out its work, and tap_ok reports a point that is
+ * not as skipped. Without TAP_POINTS every point is selected. */
+int tap_selected(void);
 /* Prints "ok N - name" or "not ok N - name"; returns cond. */
 int tap_ok(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tap_skip(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -891,16 +891,27 @@ static int thread_ranks(int rank, int n_procs, moea2a_unique_id_t unused, void *
  * memory, 2 and 4 ranks; where the machine has fewer GPUs than ranks, ranks share them
  * (on one GPU this is what tests the kernels' exchange between ranks: each process
  * in its turn on the GPU, so slowly). */
+/* One test point's ranks; nothing runs when TAP_POINTS leaves the point out (tap_ok
+ * then reports it as skipped), so compute-sanitizer can take the suite in parts. */
+static void point_run(int n, local_rank_fn fn, void *arg, double watchdog_s, local_ranks_result_t *res)
+{
+    if (!tap_selected()) {
+        memset(res, 0, sizeof(*res));
+        return;
+    }
+    local_ranks_run(n, fn, arg, watchdog_s, res);
+}
+
 static void ipc_tests(int ndev, int quick)
 {
     static const char *const what[] = {"load/store path", "load/store path, large configs", "copy-engine mode",
                                        "a peer killed in a dispatch/combine loop"};
     if (have_ucx()) {
         local_ranks_result_t res;
-        local_ranks_run(2, symmetric_choice_rank, &ndev, WATCHDOG, &res);
+        point_run(2, symmetric_choice_rank, &ndev, WATCHDOG, &res);
         tap_ok(res.failed == 0, "without NCCL, MOEA2A_SYMMETRIC_MEMORY: an unknown way is MOEA2A_ERR_INVALID_ARGUMENT "
                "and the transport's MOEA2A_ERR_UNAVAILABLE on every rank, saying why; cuda_ipc and auto serve");
-        local_ranks_run(1, thread_ranks, &ndev, WATCHDOG, &res);
+        point_run(1, thread_ranks, &ndev, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, 2 ranks as threads of one process on %d GPU(s): 300 round trips "
                "each, checked, with FP8 and NVFP4 payloads quantized before each dispatch", ndev < 2 ? 1 : 2);
     } else {
@@ -916,15 +927,15 @@ static void ipc_tests(int ndev, int quick)
         }
         local_ranks_result_t res;
         moe_arg_t a = {ndev, quick ? 3 : 10, 4242u * (uint64_t)n, 1, 0, 0, 0, 1};
-        local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+        point_run(n, moe_rank, &a, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: %d random configs equal the host "
                "reference bit for bit", n, ndev < n ? ndev : n, what[0], a.cases);
         moe_arg_t big = {ndev, 1, 4343u * (uint64_t)n, 1, 0, 0, 1, 1};
-        local_ranks_run(n, moe_rank, &big, WATCHDOG, &res);
+        point_run(n, moe_rank, &big, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: 1,800-2,200 tokens at 16 / 24 / 48 "
                "SMs equal the host reference bit for bit", n, ndev < n ? ndev : n, what[1]);
         moe_arg_t ce = {ndev, quick ? 2 : 6, 4444u * (uint64_t)n, 1, 0, 1, 0, 1};
-        local_ranks_run(n, moe_rank, &ce, WATCHDOG, &res);
+        point_run(n, moe_rank, &ce, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: %d random configs equal the host "
                "reference bit for bit", n, ndev < n ? ndev : n, what[2], ce.cases);
         volatile double *kill_time = n == 2 && !quick ? mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE,
@@ -936,7 +947,7 @@ static void ipc_tests(int ndev, int quick)
         }
         *kill_time = 0;
         kill_arg_t ka = {ndev, 1, kill_time, 1};
-        local_ranks_run(2, killed_peer_rank, &ka, 120.0, &res);
+        point_run(2, killed_peer_rank, &ka, 120.0, &res);
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
                "CUDA IPC without NCCL, 2 ranks on %d GPU(s), %s: the survivor fails in time and destroys cleanly "
                "(exits %d, %d)", ndev < 2 ? 1 : 2, what[3], res.exit_codes[0], res.exit_codes[1]);
@@ -968,37 +979,37 @@ int main(void)
             continue;
         }
         local_ranks_result_t res;
-        local_ranks_run(n, coll_rank, &ndev, WATCHDOG, &res);
+        point_run(n, coll_rank, &ndev, WATCHDOG, &res);
         tap_ok(res.failed == 0, "alltoallv, allgather, bcast on CUDA memory over NCCL, %d GPU(s)", n);
         if (quick && i == 2) break;
         for (int nvlink = 1; nvlink >= 0; nvlink--) {
             moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + (uint64_t)nvlink, nvlink, 0, 0};
-            local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+            point_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), %s path: %d random configs equal the host reference bit for bit",
                    n, nvlink ? "load/store (NVLink)" : "generic NCCL", a.cases);
         }
         { /* the combine's reduce through the counter and through bulk copies */
             moe_arg_t big = {ndev, quick ? 1 : 3, 333u * (uint64_t)n, 1, 0, 0, 1};
-            local_ranks_run(n, moe_rank, &big, WATCHDOG, &res);
+            point_run(n, moe_rank, &big, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), load/store path, large configs: %d of 1,800-2,200 tokens at 16 / 24 / "
                                     "48 SMs equal the host reference bit for bit", n, big.cases);
         }
         { /* the same cases with the rows moved by the copy engines */
             moe_arg_t a = {ndev, quick ? 4 : n == 1 ? 30 : 20, 777u * (uint64_t)n + 1, 1, 0, 1};
-            local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+            point_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode: %d random configs equal the host reference bit "
                                     "for bit; capture refused", n, a.cases);
             /* batches of 4 MiB and more, cut over three lanes (edges inside copies) */
             moe_arg_t big = {ndev, quick ? 1 : 3, 555u * (uint64_t)n, 1, 0, 1, 1};
             setenv("MOEA2A_CE_LANES", "3", 1);
-            local_ranks_run(n, moe_rank, &big, WATCHDOG, &res);
+            point_run(n, moe_rank, &big, WATCHDOG, &res);
             unsetenv("MOEA2A_CE_LANES");
             tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode, MOEA2A_CE_LANES=3: %d configs with batches of "
                                     "4 MiB or more equal the host reference bit for bit", n, big.cases);
         }
         if (n > 1 && !quick) { /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order */
             moe_arg_t a = {ndev, 20, 991u * (uint64_t)n, 1, n / 2, 0};
-            local_ranks_run(n, moe_rank, &a, WATCHDOG, &res);
+            point_run(n, moe_rank, &a, WATCHDOG, &res);
             tap_ok(res.failed == 0, "MoE on %d GPU(s) in 2 emulated nodes: %d random configs on the generic path equal "
                                     "the host reference (node-grouped combine) bit for bit", n, a.cases);
         } else {
@@ -1007,14 +1018,14 @@ int main(void)
     }
     local_ranks_result_t res;
     ipc_tests(ndev, quick);
-    local_ranks_run(1, fp4_rank, &ndev, WATCHDOG, &res);
+    point_run(1, fp4_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "NVFP4 quantize, dequantize, global scale and scale layouts: device equals host bit for bit");
-    local_ranks_run(1, fp8_rank, &ndev, WATCHDOG, &res);
+    point_run(1, fp8_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "FP8 block quantize and dequantize, both layouts and scale kinds: device equals host bit for bit");
     int n = ndev >= 2 ? 2 : 1;
-    local_ranks_run(n, adopt_rank, &ndev, WATCHDOG, &res);
+    point_run(n, adopt_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "moea2a_comm_init_nccl adopts a caller's NCCL communicator (%d GPU(s))", n);
-    local_ranks_run(n, capture_generic_rank, &ndev, WATCHDOG, &res);
+    point_run(n, capture_generic_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "generic NCCL path, %d GPU(s): a captured dispatch or combine is MOEA2A_ERR_UNAVAILABLE on "
                             "every rank with nothing enqueued; the same calls outside the capture succeed", n);
     volatile double *kill_time = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -1026,7 +1037,7 @@ int main(void)
         }
         *kill_time = 0;
         kill_arg_t ka = {ndev, nvlink, kill_time};
-        local_ranks_run(2, killed_peer_rank, &ka, 120.0, &res);
+        point_run(2, killed_peer_rank, &ka, 120.0, &res);
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
                "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time and "
                "destroys cleanly (exits %d, %d)", nvlink ? "default" : "generic NCCL", res.exit_codes[0],

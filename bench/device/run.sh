@@ -13,7 +13,9 @@
 # 32 48") the load/store path at those SM budgets in one run (moea2a_perf --sms; SPLIT=1
 # adds --split: the split halves and their overlap with a GEMM), GENERIC=1 the generic path next to it,
 # SANITIZE_TESTS the tests run under compute-sanitizer, then combine_check quick (with
-# SANITIZE_TOOLS, default "memcheck racecheck", and SANITIZE_TIMEOUT per run), PROFILE=1 builds with the
+# SANITIZE_TOOLS, default "memcheck racecheck", and SANITIZE_TIMEOUT per run); SANITIZE_PARTS="tool:GPUs:points
+# ..." instead runs test_gpu's quick mode in those parts at once (e.g. "memcheck:0,1:1-17
+# memcheck:2,3:18- racecheck:0,1:1-", points as TAP_POINTS of tests/tap.h), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
 # with the load/store kernels rebuilt with each set of NVCCFLAGS (an A/B of kernel flags; at
@@ -124,7 +126,25 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
       echo "rc=${PIPESTATUS[0]}"
     done
   fi
-  if [ "${SANITIZE:-1}" != 0 ]; then
+  if [ -n "${SANITIZE_PARTS:-}" ] && [ "${SANITIZE:-1}" != 0 ]; then
+    # test_gpu's quick mode in parts at once, each "tool:GPUs:points" (TAP_POINTS of
+    # tests/tap.h) on its own GPUs, so that a whole sanitizer pass fits one run
+    [ -e tests/test_gpu ] || make -j16 tests/test_gpu >>"$OUT/build.log" 2>&1
+    pids=""
+    for p in $SANITIZE_PARTS; do
+      IFS=: read -r tool gpus points <<<"$p"
+      CUDA_VISIBLE_DEVICES=$gpus TAP_POINTS=$points TEST_GPU_QUICK=1 timeout "${SANITIZE_TIMEOUT:-300}" \
+          compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 9 --kernel-name-exclude kns=nccl \
+          --report-api-errors no ./tests/test_gpu >"$OUT/sanitizer-$tool-test_gpu-$points.log" 2>&1 &
+      pids="$pids $!"
+    done
+    for pid in $pids; do wait "$pid"; done
+    for p in $SANITIZE_PARTS; do
+      IFS=: read -r tool gpus points <<<"$p"; l="$OUT/sanitizer-$tool-test_gpu-$points.log"
+      echo "== compute-sanitizer $tool test_gpu points $points on GPUs $gpus: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$l" | sort | uniq -c | tr '\n' ' ')"
+      grep -E '^(ok|not ok)' "$l" | grep -v 'not in TAP_POINTS'; grep -E '^1\.\.' "$l" || echo "(no plan: cut off)"
+    done
+  elif [ "${SANITIZE:-1}" != 0 ]; then
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
       # moea2a's kernels only: NCCL's own kernels and its start-up probes of kernel
       # images for other GPUs are NCCL's business (and reported as hazards/errors).
