@@ -47,7 +47,19 @@ AS_IF([test "x$have_cuda" = xyes], [
         CUDA_ARCHS="${CUDA_ARCHS:+$CUDA_ARCHS }$moea2a_a"
     done
     AC_DEFINE([MOEA2A_HAVE_CUDA], [1], [Built with CUDA])
+    # CUPTI, for moea2a_perf's kernel times only: its headers at build time (with the
+    # runtime's, or in extras/CUPTI), the library loaded at run time (no link dependency)
+    moea2a_save_CPPFLAGS=$CPPFLAGS; CPPFLAGS="$CPPFLAGS $CUDA_CPPFLAGS"
+    AC_CHECK_HEADER([cupti.h], [have_cupti=yes], [have_cupti=no])
+    CPPFLAGS=$moea2a_save_CPPFLAGS
+    AS_IF([test "x$have_cupti" = xno && test -n "$moea2a_cuda_root" && test -f "$moea2a_cuda_root/extras/CUPTI/include/cupti.h"],
+          [CUPTI_CPPFLAGS="-I$moea2a_cuda_root/extras/CUPTI/include"; have_cupti=yes])
+    AS_IF([test "x$have_cupti" = xyes], [
+        AC_DEFINE([MOEA2A_HAVE_CUPTI], [1], [CUPTI headers found (moea2a_perf's kernel times)])
+        AC_DEFINE_UNQUOTED([MOEA2A_CUPTI_DIRS], ["${moea2a_cuda_root:+$moea2a_cuda_root/extras/CUPTI/lib64:$moea2a_cuda_root/lib64}"],
+                           [where moea2a_perf looks for libcupti.so after the library path])])
 ])
+AC_SUBST([CUPTI_CPPFLAGS])
 AC_SUBST([NVCC_ARCH_FLAGS])
 AM_CONDITIONAL([HAVE_CUDA], [test "x$have_cuda" = xyes])
 ])

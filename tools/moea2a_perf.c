@@ -434,6 +434,7 @@ static int launch(perf_opts_t *o, const cli_t *cli)
     int launched = getenv("MOEA2A_RANK") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") ||
                    getenv("SLURM_PROCID");
     if (launched && !cli->nranks) {
+        o->kernel_times = 1;
         moea2a_unique_id_t none;
         memset(&none, 0, sizeof(none));
         return perf_rank(0, 0, none, o);
@@ -446,6 +447,7 @@ static int launch(perf_opts_t *o, const cli_t *cli)
         fprintf(stderr, "moea2a_perf: warning: %d ranks on %ld cores: ranks take turns on the cores, so times and "
                 "'vs base' vary from run to run; --ranks %ld or fewer gives steady numbers\n", nranks, cores, cores);
     local_ranks_result_t res;
+    o->kernel_times = !cli->threads; /* CUPTI records per process: not for ranks as threads */
     if (cli->threads) local_ranks_run_threads(nranks, perf_rank, o, &res);
     else local_ranks_run(nranks, perf_rank, o, 3600.0, &res);
     int worst = 0;

@@ -32,6 +32,7 @@ typedef struct {
     int wire;                           /* --wire: payload 0 quantized on dispatch (PERF_WIRE_*) */
     int expert_align;                   /* --layout expert[:ALIGN]: the expert-major layout (0: rank-major) */
     int copy_engine;                    /* --engine ce: MOEA2A_MOE_COPY_ENGINE */
+    int kernel_times;                   /* ranks as processes: CUPTI's kernel times (perf_kernel_time.h) */
     /* --op expert-gemm: local experts (--experts), shapes n:k (--gemm-shapes); rows per
      * expert are --tokens */
     int gemm_experts, gemm_nshapes;

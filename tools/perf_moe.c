@@ -17,6 +17,7 @@
 
 #include "perf.h"
 #include "perf_gpu.h"
+#include "perf_kernel_time.h"
 #include "perf_mem.h"
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); return 1; } while (0)
@@ -384,6 +385,8 @@ typedef struct {
     double hd, hc;         /* the host's time in each call of those pairs (s): where it exceeds the
                               GPU's time per call, the GPU waits for the launches */
     double tg;             /* one round trip of a CUDA graph of iters round trips (s); 0: none */
+    double kd, kc;         /* kernel time of each call: first start to last end of its GPU work (s; 0: none) */
+    double ka;             /* kernel time of one round trip as a CUDA graph replayed alone (s; 0: none) */
     double qd;             /* --wire --baseline: quantize with the standalone calls, then dispatch (s) */
     double sd, sc;         /* --split: each call as its two halves, back to back (s) */
     double gemm, ovl[2];   /* --split: the GEMM alone; a round trip overlapped with two GEMMs launched
@@ -610,6 +613,87 @@ static int inputs_make(const moea2a_moe_config_t *cfg, perf_mem_t *m, const perf
     return 0;
 }
 
+/* Kernel-time tags: the call's kind in the high bits, the iteration in the low ones */
+enum { KT_DISPATCH = 1, KT_COMBINE = 2, KT_ALONE = 3 };
+#define KT_TAG(kind, i) ((uint64_t)(kind) << 32 | (uint64_t)(i))
+
+/* The mean span of iters tagged calls of one kind; 0 when any of them has no record. */
+static double kt_mean(int kind, int iters)
+{
+    double sum = 0;
+    for (int i = 0; i < iters; i++) {
+        double t = perf_kt_span(KT_TAG(kind, i));
+        if (t <= 0) return 0;
+        sum += t;
+    }
+    return sum / iters;
+}
+
+/* One round trip captured as a CUDA graph, replayed iters times alone: the stream idle
+ * before each replay and every rank launching it at one moment (a deadline agreed over
+ * the communicator, on the host's monotonic clock: exact for the ranks of one host, a
+ * host barrier's skew across hosts), so that its span holds no earlier call's tail and
+ * no peer's late start. 0 when the pair cannot be captured. */
+static moea2a_result_t alone_replays(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T,
+                                     const inputs_t *in)
+{
+    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    if (perf_graph_begin(m->stream)) return MOEA2A_SUCCESS;
+    moea2a_result_t r = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, &d, m->stream);
+    if (!r) r = moea2a_combine(moe, NULL, in->d_out, m->stream);
+    void *g = perf_graph_end(m->stream);
+    if (!g || r) {
+        perf_graph_free(g);
+        return r;
+    }
+    for (int i = 0; i < iters && !r; i++) {
+        double deadline = 0, sum;
+        if (perf_sync(m)) r = MOEA2A_ERR_CUDA;
+        if (!r) r = perf_reduce(comm, perf_now() + 1e-3, 0, &deadline, &sum);
+        while (!r && perf_now() < deadline) {
+        }
+        perf_kt_tag(KT_TAG(KT_ALONE, i));
+        if (!r && perf_graph_launch(g, m->stream)) r = MOEA2A_ERR_CUDA;
+        perf_kt_untag();
+    }
+    if (perf_sync(m) && !r) r = MOEA2A_ERR_CUDA;
+    perf_graph_free(g);
+    return r;
+}
+
+/* The kernel times (perf_kernel_time.h) of iters back-to-back round trips, each call
+ * tagged, and, where a round trip can be a CUDA graph, of its replays alone. Without
+ * CUPTI the reason is printed once and the rows are left out. */
+static int kernel_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const inputs_t *in,
+                        moea2a_dispatch_result_t *d, int graph, row_t *r)
+{
+    static int said;
+    int rank;
+    char why[1400];
+    moea2a_comm_rank(comm, &rank);
+    if (perf_kt_open(why, sizeof(why))) {
+        if (rank == 0 && !said++) printf("#   no kernel times: %s\n", why);
+        return 0;
+    }
+    if (perf_kt_begin()) return 0;
+    moea2a_result_t res = MOEA2A_SUCCESS;
+    for (int i = 0; i < iters && !res; i++) {
+        perf_kt_tag(KT_TAG(KT_DISPATCH, i));
+        res = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream);
+        perf_kt_untag();
+        perf_kt_tag(KT_TAG(KT_COMBINE, i));
+        if (!res) res = moea2a_combine(moe, NULL, in->d_out, m->stream);
+        perf_kt_untag();
+    }
+    if (perf_sync(m) && !res) res = MOEA2A_ERR_CUDA;
+    if (!res && graph) res = alone_replays(comm, moe, m, iters, T, in);
+    int ended = perf_kt_end();
+    if (res || moea2a_moe_status(moe)) FAIL("rank %d: the kernel-timed calls: %s\n", rank, moea2a_last_error(comm));
+    if (!ended) r->kd = kt_mean(KT_DISPATCH, iters), r->kc = kt_mean(KT_COMBINE, iters);
+    if (!ended && graph) r->ka = kt_mean(KT_ALONE, iters);
+    return 0;
+}
+
 /* The timed calls: dispatch and combine back to back on the stream, as an application
  * issues them, with events between them timing each one (up to 255 timed pairs); the
  * same pairs with no event between the calls (what an application sees: the events add
@@ -647,8 +731,9 @@ static int time_calls(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, const
     r->tp = perf_span(m, 0, 1) / iters;
     r->hd /= iters, r->hc /= iters;
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
-    if (m->cuda && d->nvlink && !o->copy_engine)
-        r->tg = graph_time(moe, m, iters, T, in->d_ids, in->d_w, in->pays, in->d_out);
+    int graph = m->cuda && d->nvlink && !o->copy_engine;
+    if (graph) r->tg = graph_time(moe, m, iters, T, in->d_ids, in->d_w, in->pays, in->d_out);
+    if (m->cuda && o->kernel_times && kernel_times(comm, moe, m, iters, T, in, d, graph, r)) return 1;
     if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, in->d_ids, in->d_w,
                                 in->pays, in->d_out, sms, r))
         return 1;
@@ -755,7 +840,7 @@ static int count_internode(moea2a_comm_t comm, const bench_t *b, const moea2a_di
 /* Every rank's measurements into one set of rows on rank 0: the slowest rank's times,
  * bytes averaged over ranks, wrong values summed. */
 typedef struct {
-    double td, tc, tp, tg, sd, sc, gemm, ovl[2], bd, bc, qd, hd, hc;
+    double td, tc, tp, tg, kd, kc, ka, sd, sc, gemm, ovl[2], bd, bc, qd, hd, hc;
     double bytes_d, remote_d, bytes_c, remote_c, wrong, flat, aware, sent;
 } totals_t;
 
@@ -768,6 +853,7 @@ static int reduce_row(moea2a_comm_t comm, int ep, const row_t *r, double flat, d
         double mine, sum_in, *max, *sum;
     } each[] = {
         {r->tp, 0, &s->tp, &tmp},         {r->hd, 0, &s->hd, &tmp},         {r->hc, 0, &s->hc, &tmp},
+        {r->kd, 0, &s->kd, &tmp},         {r->kc, 0, &s->kc, &tmp},         {r->ka, 0, &s->ka, &tmp},
         {r->qd, 0, &s->qd, &tmp},         {r->tg, 0, &s->tg, &tmp},         {r->sd, 0, &s->sd, &tmp},
         {r->sc, 0, &s->sc, &tmp},         {r->gemm, 0, &s->gemm, &tmp},     {r->ovl[0], 0, &s->ovl[0], &tmp},
         {r->ovl[1], 0, &s->ovl[1], &tmp}, {r->td, r->bytes_d, &s->td, &s->bytes_d},
@@ -804,6 +890,11 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
     print_row(T, "roundtrip", bytes, remote, s->td + s->tc, bd + bc, wcol);
     print_row(T, "roundtrip-b2b", bytes, remote, s->tp, bd + bc, wcol);
     if (s->tg > 0) print_row(T, "roundtrip-graph", bytes, remote, s->tg, bd + bc, wcol);
+    if (s->kd > 0 && s->kc > 0) {
+        print_row(T, "dispatch-kernel", s->bytes_d, s->remote_d, s->kd, 0, wcol);
+        print_row(T, "combine-kernel", s->bytes_c, s->remote_c, s->kc, 0, wcol);
+    }
+    if (s->ka > 0) print_row(T, "roundtrip-graph-alone", bytes, remote, s->ka, 0, wcol);
     printf("#   host %d tokens: %.2f us in a dispatch call, %.2f in a combine call (slowest rank)\n", T, s->hd * 1e6,
            s->hc * 1e6);
     if (o->split) {
@@ -919,6 +1010,9 @@ int perf_moe(moea2a_comm_t comm, const perf_opts_t *o, perf_mem_t *m)
         printf("#\n# time: the slowest rank's mean per call, CUDA events between calls (host memory: the clock);\n"
                "#   roundtrip-b2b: the pairs with no event between them; roundtrip-graph: one CUDA graph of every\n"
                "#   iteration, per iteration; split-*: each call as its send and receive halves\n"
+               "# *-kernel: CUPTI's kernel time of each call, from the first start to the last end of the GPU\n"
+               "#   work it enqueued (kernels, copies, memsets), back to back; roundtrip-graph-alone: the same for\n"
+               "#   one round trip as a CUDA graph replayed with the stream idle and every rank launching at once\n"
                "# bytes: payload rows one rank moves (its own included); algbw = bytes / time; busbw = the bytes\n"
                "#   that cross to other ranks / time; #wrong: elements that differed in the checked round\n"
                "# vs base: the baseline's time over the row's (above 1: moea2a is faster); path: the\n"

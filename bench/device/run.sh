@@ -38,7 +38,10 @@
 # options; GEMM_MMA=1 repeats it on mma.sync); BENCH=gemm runs only that one. CE=0 skips copy-engine mode next to the fused
 # kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
 # default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
-# that one. PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
+# that one. DECODE="2 4" times the decode sizes (DECODE_TOKENS, default 1,8,32,128,256,512,
+# 1024,4096) on those GPU counts with the CUPTI kernel times; PHASE_RANKS="2 4" builds the
+# tarball a second time with the phase profile, alongside, and prints the phases there at
+# PHASE_TOKENS (default 1,128,1024). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
 # default FP4RANKS, at PY_TOKENS, and its --overhead); BENCH=python runs only that one.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
@@ -74,6 +77,16 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
     (cd "$BB" && ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" \
         --with-ucx="$D/ucx/usr" && make -j8) >"$OUT/build-base.log" 2>&1 &
     base_pid=$!
+  fi
+  # PHASES_TREE: the same tarball built again with the load/store kernels' phase profile,
+  # alongside this build, for the phase table (PHASE_RANKS, PHASE_TOKENS) without a
+  # second call
+  PB=/tmp/moea2a-phase-build; phase_pid=
+  if [ -n "${PHASE_RANKS:-}" ]; then
+    rm -rf "$PB"; mkdir -p "$PB"; tar -C "$PB" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
+    (cd "$PB" && CPPFLAGS=-DM2A_FAST_PROFILE NVCCFLAGS=-DM2A_FAST_PROFILE ./configure --with-cuda=/usr/local/cuda \
+        --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" && make -j16) >"$OUT/build-phase.log" 2>&1 &
+    phase_pid=$!
   fi
   echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
   nvidia-smi topo -m 2>/dev/null | head -8
@@ -169,6 +182,27 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
       timeout 120 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "$t" --iters "${ITERS:-30}" \
           --warmup 10 --check 0 2>&1 | grep -E "profile rank 0| $t "
     done
+  fi
+  if [ -n "${DECODE:-}" ]; then # decode sizes: event, graph and CUPTI kernel times per call
+    for n in $DECODE; do
+      echo "== decode sizes, $n GPUs (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
+      timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${DECODE_TOKENS:-1,8,32,128,256,512,1024,4096}" \
+          --iters "${ITERS:-30}" --warmup 10 2>&1 | grep -E "^ +[0-9]+ |kernel times|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
+    done
+  fi
+  if [ -n "$phase_pid" ]; then
+    if wait "$phase_pid"; then
+      tp="$PB/transports/ucx/.libs:$PB/transports/nccl/.libs:$PB/cuda/.libs"
+      for n in $PHASE_RANKS; do
+        for t in $(echo "${PHASE_TOKENS:-1,128,1024}" | tr , ' '); do
+          echo "== load/store phase profile, $n GPUs, $t tokens (phase build; ns from each block's start)"
+          MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$PB/tools/moea2a_perf" --moe --mem cuda --ranks "$n" --tokens "$t" \
+              --iters "${ITERS:-30}" --warmup 10 --check 0 2>&1 | grep -E "profile rank 0|-kernel|graph"
+        done
+      done
+    else
+      echo "== the phase build failed"; tail -15 "$OUT/build-phase.log"
+    fi
   fi
   if [ -n "${PHASES:-}" ]; then
     echo "== dispatch/combine phases (MOEA2A_DEBUG=TRACE, stream synchronized at each phase)"
