@@ -66,6 +66,49 @@ void perf_graph_free(void *graph)
     if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
+/* ---- the gate ---------------------------------------------------------------------- */
+
+int perf_cuda_hold(const int *flag, void *stream); /* perf_kernels.cu */
+
+struct perf_gate {
+    volatile int *host; /* mapped: the hold kernel reads it through dev */
+    int *dev;
+};
+
+perf_gate_t *perf_gate_new(void)
+{
+    perf_gate_t *g = calloc(1, sizeof(*g));
+    void *h = NULL, *d = NULL;
+    if (!g || cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+        if (h) cudaFreeHost(h);
+        free(g);
+        cudaGetLastError();
+        return NULL;
+    }
+    g->host = h, g->dev = d;
+    return g;
+}
+
+int perf_gate_close(perf_gate_t *g, void *stream)
+{
+    *g->host = 0;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return perf_cuda_hold(g->dev, stream);
+}
+
+void perf_gate_open(perf_gate_t *g)
+{
+    __atomic_store_n(g->host, 1, __ATOMIC_RELEASE);
+}
+
+void perf_gate_free(perf_gate_t *g)
+{
+    if (!g) return;
+    cudaFreeHost((void *)g->host);
+    free(g);
+}
+
 /* ---- cuBLAS through dlopen ---------------------------------------------------------- */
 
 /* The few cuBLAS values used (cublas_api.h): CUBLAS_OP_N, CUDA_R_16BF,
@@ -254,6 +297,10 @@ void *perf_graph_end(void *stream) { (void)stream; return NULL; }
 int perf_graph_launch(void *graph, void *stream) { (void)graph, (void)stream; return -1; }
 void perf_graph_free(void *graph) { (void)graph; }
 int perf_device_sms(void) { return 0; }
+perf_gate_t *perf_gate_new(void) { return NULL; }
+int perf_gate_close(perf_gate_t *g, void *stream) { (void)g, (void)stream; return -1; }
+void perf_gate_open(perf_gate_t *g) { (void)g; }
+void perf_gate_free(perf_gate_t *g) { (void)g; }
 perf_gemm_t *perf_gemm_open(void *stream, int m, int n, int k, int sms, char *why, size_t why_len)
 {
     (void)stream, (void)m, (void)n, (void)k, (void)sms;

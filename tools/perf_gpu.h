@@ -18,6 +18,16 @@ void perf_graph_free(void *graph);
 
 int perf_device_sms(void); /* SMs of the current device; 0 without CUDA */
 
+/* A gate on a stream: what is enqueued after perf_gate_close waits until perf_gate_open
+ * (a one-thread kernel polls a flag in mapped host memory), so that the host enqueues a
+ * whole timed loop before the GPU starts it: no launch gaps inside the loop, whatever
+ * the host's time per call (a profiler's tracing included). NULL without CUDA. */
+typedef struct perf_gate perf_gate_t;
+perf_gate_t *perf_gate_new(void);
+int perf_gate_close(perf_gate_t *g, void *stream);
+void perf_gate_open(perf_gate_t *g);
+void perf_gate_free(perf_gate_t *g);
+
 /* C[m][n] = A[m][k] B[k][n], bf16 in and out, fp32 accumulation, on stream, on sms SMs
  * (cublasSetSmCountTarget; 0: all). NULL with the reason in why when cuBLAS cannot be
  * loaded. */

@@ -1,5 +1,6 @@
 /* The baseline's two kernels: what a framework would launch around a plain NCCL
- * all-to-all (pack rows per destination; gather-sum the rows that come back). */
+ * all-to-all (pack rows per destination; gather-sum the rows that come back); and the
+ * gate's hold kernel (perf_gpu.h). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -68,4 +69,16 @@ extern "C" void perf_cuda_sum_rows(uint16_t *out, const unsigned char *rows, con
                                    int tokens, int k, size_t hidden, void *stream)
 {
     if (tokens > 0) sum_rows<<<(unsigned)(tokens < 65535 ? tokens : 65535), 256, 0, (cudaStream_t)stream>>>(out, rows, pos, nd, tokens, k, hidden);
+}
+
+/* One thread polls a flag in mapped host memory until the host sets it. */
+__global__ void hold(const volatile int *flag)
+{
+    while (!*flag) __nanosleep(256);
+}
+
+extern "C" int perf_cuda_hold(const int *flag, void *stream)
+{
+    hold<<<1, 1, 0, (cudaStream_t)stream>>>(flag);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }

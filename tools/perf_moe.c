@@ -629,13 +629,28 @@ static double kt_mean(int kind, int iters)
     return sum / iters;
 }
 
-/* One round trip captured as a CUDA graph, replayed iters times alone: the stream idle
- * before each replay and every rank launching it at one moment (a deadline agreed over
- * the communicator, on the host's monotonic clock: exact for the ranks of one host, a
- * host barrier's skew across hosts), so that its span holds no earlier call's tail and
- * no peer's late start. 0 when the pair cannot be captured. */
-static moea2a_result_t alone_replays(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T,
-                                     const inputs_t *in)
+/* The gated loops hold at most this many pairs: the launch queue must take them all
+ * while the gate holds the stream (the host would wait on a full queue forever). */
+#define KT_MAX_GATED 64
+
+/* Agrees on a moment a millisecond from now on every rank (the latest rank's clock
+ * reading + 1 ms) and waits for it: the ranks of one host leave together (one
+ * monotonic clock); across hosts the skew of one exchange over the communicator stays. */
+static moea2a_result_t meet(moea2a_comm_t comm)
+{
+    double deadline = 0, sum;
+    moea2a_result_t r = perf_reduce(comm, perf_now() + 1e-3, 0, &deadline, &sum);
+    while (!r && perf_now() < deadline) {
+    }
+    return r;
+}
+
+/* One round trip captured as a CUDA graph and replayed iters times alone: each replay
+ * enqueued behind a closed gate once the stream is idle, the gate opened on every rank
+ * at one moment, so that its span holds no earlier call's tail, no launch latency and
+ * no peer's late start. Nothing recorded when the pair cannot be captured. */
+static moea2a_result_t alone_replays(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, perf_gate_t *gate,
+                                     int iters, int T, const inputs_t *in)
 {
     moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
     if (perf_graph_begin(m->stream)) return MOEA2A_SUCCESS;
@@ -647,23 +662,48 @@ static moea2a_result_t alone_replays(moea2a_comm_t comm, moea2a_moe_t moe, perf_
         return r;
     }
     for (int i = 0; i < iters && !r; i++) {
-        double deadline = 0, sum;
-        if (perf_sync(m)) r = MOEA2A_ERR_CUDA;
-        if (!r) r = perf_reduce(comm, perf_now() + 1e-3, 0, &deadline, &sum);
-        while (!r && perf_now() < deadline) {
-        }
+        if (perf_sync(m) || perf_gate_close(gate, m->stream)) r = MOEA2A_ERR_CUDA;
         perf_kt_tag(KT_TAG(KT_ALONE, i));
         if (!r && perf_graph_launch(g, m->stream)) r = MOEA2A_ERR_CUDA;
         perf_kt_untag();
+        moea2a_result_t met = meet(comm); /* the gate opens even when the launch failed */
+        perf_gate_open(gate);
+        if (!r) r = met;
     }
     if (perf_sync(m) && !r) r = MOEA2A_ERR_CUDA;
     perf_graph_free(g);
     return r;
 }
 
-/* The kernel times (perf_kernel_time.h) of iters back-to-back round trips, each call
- * tagged, and, where a round trip can be a CUDA graph, of its replays alone. Without
- * CUPTI the reason is printed once and the rows are left out. */
+/* iters dispatch + combine pairs, each call tagged; with a gate, all enqueued behind it
+ * and released on every rank at one moment, after one untagged pair that takes up what
+ * skew remains: the GPU then runs them back to back, never waiting for the host. */
+static moea2a_result_t tagged_pairs(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, perf_gate_t *gate,
+                                    int iters, int T, const inputs_t *in, moea2a_dispatch_result_t *d)
+{
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    if (gate && perf_gate_close(gate, m->stream)) return MOEA2A_ERR_CUDA;
+    for (int i = gate ? -1 : 0; i < iters && !r; i++) {
+        if (i >= 0) perf_kt_tag(KT_TAG(KT_DISPATCH, i));
+        r = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream);
+        if (i >= 0) perf_kt_untag();
+        if (i >= 0) perf_kt_tag(KT_TAG(KT_COMBINE, i));
+        if (!r) r = moea2a_combine(moe, NULL, in->d_out, m->stream);
+        if (i >= 0) perf_kt_untag();
+    }
+    if (gate) {
+        moea2a_result_t met = meet(comm);
+        perf_gate_open(gate);
+        if (!r) r = met;
+    }
+    if (perf_sync(m) && !r) r = MOEA2A_ERR_CUDA;
+    return r;
+}
+
+/* The kernel times (perf_kernel_time.h) of back-to-back round trips, each call tagged,
+ * and, where a round trip can be a CUDA graph (no host synchronization inside the calls,
+ * so the gate cannot hold what the host waits for), of its replays alone. Without CUPTI
+ * the reason is printed once and the rows are left out. */
 static int kernel_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const inputs_t *in,
                         moea2a_dispatch_result_t *d, int graph, row_t *r)
 {
@@ -675,22 +715,24 @@ static int kernel_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int
         if (rank == 0 && !said++) printf("#   no kernel times: %s\n", why);
         return 0;
     }
-    if (perf_kt_begin()) return 0;
-    moea2a_result_t res = MOEA2A_SUCCESS;
-    for (int i = 0; i < iters && !res; i++) {
-        perf_kt_tag(KT_TAG(KT_DISPATCH, i));
-        res = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream);
-        perf_kt_untag();
-        perf_kt_tag(KT_TAG(KT_COMBINE, i));
-        if (!res) res = moea2a_combine(moe, NULL, in->d_out, m->stream);
-        perf_kt_untag();
+    perf_gate_t *gate = graph ? perf_gate_new() : NULL;
+    if (graph && !gate) FAIL("rank %d: no mapped host memory for the kernel-timed loops\n", rank);
+    if (gate && iters > KT_MAX_GATED) iters = KT_MAX_GATED;
+    if (perf_kt_begin()) {
+        perf_gate_free(gate);
+        return 0;
     }
+    /* a first pair with tracing on, untimed: the tracer's own set-up stays out */
+    moea2a_result_t res = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream);
+    if (!res) res = moea2a_combine(moe, NULL, in->d_out, m->stream);
     if (perf_sync(m) && !res) res = MOEA2A_ERR_CUDA;
-    if (!res && graph) res = alone_replays(comm, moe, m, iters, T, in);
+    if (!res) res = tagged_pairs(comm, moe, m, gate, iters, T, in, d);
+    if (!res && gate) res = alone_replays(comm, moe, m, gate, iters, T, in);
     int ended = perf_kt_end();
+    perf_gate_free(gate);
     if (res || moea2a_moe_status(moe)) FAIL("rank %d: the kernel-timed calls: %s\n", rank, moea2a_last_error(comm));
     if (!ended) r->kd = kt_mean(KT_DISPATCH, iters), r->kc = kt_mean(KT_COMBINE, iters);
-    if (!ended && graph) r->ka = kt_mean(KT_ALONE, iters);
+    if (!ended && gate) r->ka = kt_mean(KT_ALONE, iters);
     return 0;
 }
 

@@ -44,6 +44,7 @@
 #include <cuda_runtime.h>
 #ifdef M2A_FAST_PROFILE
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #endif
 
@@ -65,11 +66,27 @@
 
 
 #ifdef M2A_FAST_PROFILE
-/* Means over the launches after the first 12 (warm-up and checks): span, then each
- * mark's mean and maximum over blocks, from each block's start. */
+static int by_value(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of n values (sorted in place). */
+static double median_of(double *v, unsigned n)
+{
+    qsort(v, n, sizeof(double), by_value);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Medians over the launches after the first 12 (warm-up and checks): span, the gap
+ * before the launch, then each mark's mean and maximum over blocks, from each block's
+ * start. Medians, not means: a benchmark's host-paced loops (a peer that starts late
+ * shows up as a long wait) stay out of the typical launch. */
 extern "C" void m2a_fast_profile_report(int rank)
 {
     static unsigned long long rec[2][kLaunches][2 + 2 * kMarks];
+    static double v[kLaunches];
     unsigned int launch[2], blocks[2];
     cudaDeviceSynchronize();
     cudaMemcpyFromSymbol(rec, g_rec, sizeof(rec));
@@ -78,20 +95,21 @@ extern "C" void m2a_fast_profile_report(int rank)
     static const char *names[2][kMarks] = {{"counts", "prefix+gate", "routed", "copies", "signal", "arrivals", "sanitize"},
                                            {"copy-in", "signal+wait", "reduce"}};
     for (int k = 0; k < 2; k++) {
-        unsigned first = 12, last = launch[k] < kLaunches ? launch[k] : kLaunches;
+        unsigned first = 12, last = launch[k] < kLaunches ? launch[k] : kLaunches, n = last - first;
         if (last <= first || !blocks[k]) continue;
-        double span = 0, mean[kMarks] = {0}, mx[kMarks] = {0};
-        for (unsigned l = first; l < last; l++) {
-            span += (double)(rec[k][l][1] - rec[k][l][0]);
-            for (int i = 0; i < kMarks; i++) mean[i] += (double)rec[k][l][2 + i] / blocks[k], mx[i] += (double)rec[k][l][2 + kMarks + i];
-        }
-        double nl = last - first, gap = 0;
+        for (unsigned l = first; l < last; l++) v[l - first] = (double)(rec[k][l][1] - rec[k][l][0]);
+        double span = median_of(v, n);
         for (unsigned l = first; l < last; l++) /* launches alternate: dispatch l, combine l */
-            gap += k ? (double)(rec[1][l][0] - rec[0][l][1]) : (double)(rec[0][l][0] - rec[1][l - 1][1]);
-        fprintf(stderr, "# profile rank %d %s: %u launches, span %.1f us, gap before %.1f us; mark mean/max over blocks (us):",
-                rank, k ? "combine" : "dispatch", last - first, span / 1e3 / nl, gap / 1e3 / nl);
-        for (int i = 0; i < kMarks && names[k][i]; i++)
-            fprintf(stderr, " %s %.1f/%.1f", names[k][i], mean[i] / 1e3 / nl, mx[i] / 1e3 / nl);
+            v[l - first] = k ? (double)rec[1][l][0] - (double)rec[0][l][1] : (double)rec[0][l][0] - (double)rec[1][l - 1][1];
+        double gap = median_of(v, n);
+        fprintf(stderr, "# profile rank %d %s: %u launches, median span %.1f us, gap before %.1f us; mark mean/max over "
+                        "blocks (us, medians):", rank, k ? "combine" : "dispatch", n, span / 1e3, gap / 1e3);
+        for (int i = 0; i < kMarks && names[k][i]; i++) {
+            for (unsigned l = first; l < last; l++) v[l - first] = (double)rec[k][l][2 + i] / blocks[k];
+            double mean = median_of(v, n);
+            for (unsigned l = first; l < last; l++) v[l - first] = (double)rec[k][l][2 + kMarks + i];
+            fprintf(stderr, " %s %.1f/%.1f", names[k][i], mean / 1e3, median_of(v, n) / 1e3);
+        }
         fprintf(stderr, "\n");
     }
     memset(rec, 0, sizeof(rec));
