@@ -119,35 +119,19 @@ extern "C" void m2a_fast_profile_report(int rank)
 }
 #endif
 
-/* Launches one of the kernels that begin with grid_dependency_wait with programmatic
- * stream serialization: its blocks may be scheduled while the kernel before it
- * finishes (moe_fast_sync.cuh says why that keeps the stream's order). Stream capture
- * keeps the attribute as a programmatic edge of the graph. */
-template <typename... Params, typename... Args>
-static void launch_early(void (*kernel)(Params...), int blocks, size_t smem, cudaStream_t s, Args... args)
-{
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks), cfg.blockDim = dim3(T), cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cfg.attrs = &attr, cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-}
-
 extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                                  const int32_t *ids, const float *weights, int phases, void *stream)
 {
     const bool small = (status ? 0 : n) <= kSmallPerBlock * blocks;
-    const cudaStream_t s = (cudaStream_t)stream;
     if (f->qfuse && !status) /* FP8 quantized inside the copies */
-        launch_early(small ? dispatch_kernel<true, kInCopy> : dispatch_kernel<false, kInCopy>, blocks, 0, s, *f, n, stride,
-                     status, payloads, ids, weights, phases);
+        (small ? dispatch_kernel<true, kInCopy> : dispatch_kernel<false, kInCopy>)<<<blocks, T, 0, (cudaStream_t)stream>>>(
+            *f, n, stride, status, payloads, ids, weights, phases);
     else if (f->qrows > 0 && !status && !small) /* the rows are quantized alongside */
-        launch_early(dispatch_kernel<false, kAlongside>, blocks, 0, s, *f, n, stride, status, payloads, ids, weights, phases);
+        dispatch_kernel<false, kAlongside><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+    else if (small)
+        dispatch_kernel<true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     else
-        launch_early(small ? dispatch_kernel<true> : dispatch_kernel<false>, blocks, 0, s, *f, n, stride, status, payloads,
-                     ids, weights, phases);
+        dispatch_kernel<false><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     return (int)cudaGetLastError();
 }
 
@@ -236,9 +220,9 @@ static void launch_combine(const m2a_fast_t *f, int blocks, cudaStream_t s, int 
 {
     const size_t smem = WAY == kTma ? tma_smem(rows_per_token(f)) : 0;
     switch (f->combine_dtype) {
-    case MOEA2A_FLOAT32: launch_early(combine_kernel<MOEA2A_FLOAT32, WAY>, blocks, smem, s, *f, n, stride, expert_rows, o, status, phases); break;
-    case MOEA2A_FLOAT16: launch_early(combine_kernel<MOEA2A_FLOAT16, WAY>, blocks, smem, s, *f, n, stride, expert_rows, o, status, phases); break;
-    default: launch_early(combine_kernel<MOEA2A_BFLOAT16, WAY>, blocks, smem, s, *f, n, stride, expert_rows, o, status, phases); break;
+    case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
+    case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
+    default: combine_kernel<MOEA2A_BFLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
     }
 }
 

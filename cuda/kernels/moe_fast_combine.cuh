@@ -11,8 +11,6 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
                                                        unsigned char *__restrict__ out, int status, int phases)
 {
     __shared__ uint32_t s_epoch;
-    grid_dependency_wait(); /* first: the kernel before this one complete (see moe_fast_sync.cuh) */
-    grid_dependents_launch();
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, me = p.me, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
     unsigned char *ws = f.peer[me];

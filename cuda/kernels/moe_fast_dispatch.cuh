@@ -131,8 +131,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
                                                         const float *__restrict__ weights, int phases)
 {
     __shared__ Shared s;
-    grid_dependency_wait(); /* first: the kernel before this one complete (see moe_fast_sync.cuh) */
-    grid_dependents_launch();
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, me = p.me, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     unsigned char *ws = f.peer[me];

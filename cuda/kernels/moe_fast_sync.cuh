@@ -34,30 +34,6 @@ __device__ __forceinline__ void add_release(uint32_t *p, uint32_t v, bool local)
     else asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-/* ---- programmatic dependent launch -------------------------------------------------
- * dispatch_kernel and combine_kernel are launched so that the GPU may schedule their
- * blocks while the kernel before them on the stream finishes (launch_early in
- * moe_fast.cu): the launch latency between two calls then overlaps the first call's
- * tail. Each starts with grid_dependency_wait, which returns once that kernel, whoever
- * launched it, has completed and its memory is visible: the stream's order holds for
- * everything after it. grid_dependents_launch lets the next such kernel be scheduled
- * early; every block of this kernel is resident by then (blocks trigger only once
- * running), so the next kernel's blocks never keep one of these from its SM. Both are
- * no-ops for a launch without the attribute and before sm_90. */
-__device__ __forceinline__ void grid_dependency_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void grid_dependents_launch()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 __device__ __forceinline__ unsigned long long now_ns()
 {
     unsigned long long t;
