@@ -112,42 +112,21 @@ template <QuantWay Q, bool SMALL> __host__ __device__ constexpr size_t unit_byte
     return Q == kInCopy && SMALL ? (size_t)M2A_QUANT_COPY_SMALL_SEG : kSeg;
 }
 
-/* Bytes of a unit with very few tokens: units that small while they still number no
- * more than the grid's warps, so that a token's rows leave over many SMs at once
- * instead of one warp's 4 KB segment to every destination (with one token, 3.5 us of
- * a 10.5 us dispatch on 4 GPUs was the busiest warp's copies). */
-#ifndef M2A_DISPATCH_TINY_SEG
-#define M2A_DISPATCH_TINY_SEG 1024
-#endif
-static_assert(M2A_DISPATCH_TINY_SEG % 512 == 0 && M2A_DISPATCH_TINY_SEG <= M2A_DISPATCH_SEG,
-              "a tiny unit is whole vectors of every lane, and no larger than a unit");
-
-__device__ __forceinline__ uint32_t segments_of(const m2a_kparams_t &p, size_t unit)
+template <QuantWay Q, bool SMALL> __device__ uint32_t segments_per_token(const m2a_kparams_t &p)
 {
     size_t bytes = 0;
     for (int a = 0; a < p.num_payloads; a++) bytes += span16(p.width[a]);
-    return (uint32_t)((bytes + unit - 1) / unit);
-}
-
-/* The unit a launch copies in: unit_bytes, or with few tokens of plain payloads the
- * tiny unit while n x its segments fit in the grid's warps (n is the launch's, the
- * same in every block). */
-template <QuantWay Q, bool SMALL> __device__ size_t launch_unit(const m2a_kparams_t &p, int n, int G)
-{
-    if (SMALL && Q == kBefore && (long long)n * segments_of(p, M2A_DISPATCH_TINY_SEG) <= (long long)kWarps * G)
-        return M2A_DISPATCH_TINY_SEG;
-    return unit_bytes<Q, SMALL>();
+    return (uint32_t)((bytes + unit_bytes<Q, SMALL>() - 1) / unit_bytes<Q, SMALL>());
 }
 
 /* Calls piece(a, t, off, len) for each payload array a that unit u (token t = u /
- * per_token, the bytes [lo, lo + unit) of its arrays end to end) overlaps: [off,
+ * per_token, the bytes [lo, lo + unit_bytes) of its arrays end to end) overlaps: [off,
  * off + len) the unit's bytes of the token's row of a. */
-template <typename Piece>
-__device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, unsigned long long u, uint32_t per_token, size_t unit,
-                                            Piece piece)
+template <QuantWay Q, bool SMALL, typename Piece>
+__device__ __forceinline__ void unit_pieces(const m2a_kparams_t &p, unsigned long long u, uint32_t per_token, Piece piece)
 {
     const int t = (int)(u / per_token);
-    const size_t lo = (size_t)(u % per_token) * unit, hi = lo + unit;
+    const size_t lo = (size_t)(u % per_token) * unit_bytes<Q, SMALL>(), hi = lo + unit_bytes<Q, SMALL>();
     size_t start = 0; /* of array a, end to end */
     for (int a = 0; a < p.num_payloads && start < hi; start += span16(p.width[a]), a++) {
         const size_t width = p.width[a];
@@ -259,11 +238,11 @@ __device__ void quantize_piece(const m2a_fast_t &f, int a, const unsigned char *
  * them. */
 template <QuantWay Q, bool SMALL, typename Dest>
 __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsigned long long u, uint32_t per_token,
-                          size_t unit, int nd, Dest dest)
+                          int nd, Dest dest)
 {
     const m2a_kparams_t &p = f.p;
     constexpr bool FUSE = Q == kInCopy;
-    unit_pieces(p, u, per_token, unit, [&](int a, int t, size_t off, size_t len) {
+    unit_pieces<Q, SMALL>(p, u, per_token, [&](int a, int t, size_t off, size_t len) {
         const size_t width = p.width[a];
         if (FUSE && ((f.qfuse >> a) & 1)) {
             const unsigned char *src = static_cast<const unsigned char *>(pay.p[a]) + (size_t)t * 2 * width;
@@ -307,8 +286,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
 {
     const m2a_kparams_t &p = f.p;
     const int lane = threadIdx.x % kWarpSize, D = p.k < p.ep ? p.k : p.ep;
-    constexpr size_t unit = unit_bytes<Q, false>();
-    const uint32_t per_token = segments_of(p, unit);
+    const uint32_t per_token = segments_per_token<Q, false>(p);
     const unsigned long long units = (unsigned long long)n * per_token;
     int ready = -1;  /* the last block whose send map this warp saw complete */
     int quantized = -1; /* kAlongside: the last chunk this warp saw quantized */
@@ -342,7 +320,7 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
         const int32_t *map = send_map + (size_t)t * p.k;
         const int32_t lo = lane < D ? __ldcg(map + lane) : -1, hi = lane + kWarpSize < D ? __ldcg(map + lane + kWarpSize) : -1;
         const int nd = __popc(__ballot_sync(kAllLanes, lo >= 0)) + __popc(__ballot_sync(kAllLanes, hi >= 0));
-        copy_unit<Q, false>(f, pay, u, per_token, unit, nd, [&](int d, int *rank, size_t *row) {
+        copy_unit<Q, false>(f, pay, u, per_token, nd, [&](int d, int *rank, size_t *row) {
             const int32_t cd = d < kWarpSize ? __shfl_sync(kAllLanes, lo, d) : __shfl_sync(kAllLanes, hi, d - kWarpSize);
             *rank = cd / p.cap, *row = (size_t)p.me * stride + cd % p.cap;
         });

@@ -66,12 +66,12 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner,
  * that starts at token first: one warp, slots from shared memory. */
 template <QuantWay Q>
 __device__ void copy_units(const m2a_fast_t &f, const Shared &s, const m2a_kpayloads_t &pay, long long u0, long long u1,
-                           uint32_t per_token, size_t unit, int first)
+                           uint32_t per_token, int first)
 {
     const int D = f.p.k < f.p.ep ? f.p.k : f.p.ep;
     for (long long u = u0; u < u1; u++) {
         const int tl = (int)(u / per_token) - first;
-        copy_unit<Q, true>(f, pay, (unsigned long long)u, per_token, unit, s.nd[tl], [&](int d, int *rank, size_t *row) {
+        copy_unit<Q, true>(f, pay, (unsigned long long)u, per_token, s.nd[tl], [&](int d, int *rank, size_t *row) {
             *rank = s.rank[tl * D + d], *row = (size_t)s.row[tl * D + d];
         });
     }
@@ -149,13 +149,11 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
      * before: their registers are spoken for. */
     constexpr bool kHead = SMALL && Q != kInCopy;
     uint32_t per_token = 0, S = 1;
-    size_t unit = unit_bytes<Q, SMALL>();
     BlockRange range = {};
     IdBatch head = {};
     const auto ranges = [&] {
         if (status || !send) n = 0;
-        unit = launch_unit<Q, SMALL>(p, n, G);
-        per_token = segments_of(p, unit), S = per_token ? per_token : 1;
+        per_token = segments_per_token<Q, SMALL>(p), S = per_token ? per_token : 1;
         range = block_range<SMALL>(n, S, b, G);
     };
     if constexpr (kHead) {
@@ -228,7 +226,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             if (c1 > c0) copy_small(f, s, owner, D, first, c0 - first, c1 - first, ids, weights);
             if (small && per_token) {
                 const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
-                copy_units<Q>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, unit, first);
+                copy_units<Q>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
             }
             __syncthreads();
         }
