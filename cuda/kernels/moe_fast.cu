@@ -102,15 +102,17 @@ extern "C" void m2a_fast_profile_report(int rank)
         for (unsigned l = first; l < last; l++) /* launches alternate: dispatch l, combine l */
             v[l - first] = k ? (double)rec[1][l][0] - (double)rec[0][l][1] : (double)rec[0][l][0] - (double)rec[1][l - 1][1];
         double gap = median_of(v, n);
-        fprintf(stderr, "# profile rank %d %s: %u launches, median span %.1f us, gap before %.1f us; mark mean/max over "
-                        "blocks (us, medians):", rank, k ? "combine" : "dispatch", n, span / 1e3, gap / 1e3);
-        for (int i = 0; i < kMarks && names[k][i]; i++) {
+        /* one write per line: the ranks of a job share the terminal */
+        char line[1024];
+        int o = snprintf(line, sizeof(line), "# profile rank %d %s: %u launches, median span %.1f us, gap before %.1f us; "
+                         "mark mean/max over blocks (us, medians):", rank, k ? "combine" : "dispatch", n, span / 1e3, gap / 1e3);
+        for (int i = 0; i < kMarks && names[k][i] && o > 0 && o < (int)sizeof(line); i++) {
             for (unsigned l = first; l < last; l++) v[l - first] = (double)rec[k][l][2 + i] / blocks[k];
             double mean = median_of(v, n);
             for (unsigned l = first; l < last; l++) v[l - first] = (double)rec[k][l][2 + kMarks + i];
-            fprintf(stderr, " %s %.1f/%.1f", names[k][i], mean / 1e3, median_of(v, n) / 1e3);
+            o += snprintf(line + o, sizeof(line) - (size_t)o, " %s %.1f/%.1f", names[k][i], mean / 1e3, median_of(v, n) / 1e3);
         }
-        fprintf(stderr, "\n");
+        fprintf(stderr, "%s\n", line);
     }
     memset(rec, 0, sizeof(rec));
     unsigned int z[2] = {0, 0};
