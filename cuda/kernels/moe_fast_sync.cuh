@@ -82,6 +82,17 @@ __device__ unsigned int g_launch[2], g_blocks[2], g_done[2];
 
 /* ---- the workspace's control regions --------------------------------------------- */
 
+/* How a call's costs grow with the peers (ep): every control region is one word per
+ * peer; a dispatch writes its count row to each peer once (ep threads at once), each
+ * block releases one counter per destination (G x ep small writes) and waits on ep
+ * counters; a combine signals ep counters from block 0 and every block polls ep. No
+ * step grows faster than the peers, and up to the M2A_FAST_MAX_PEERS a context may have
+ * each is one pass of one block's threads. What does grow: the bytes, with the distinct
+ * ranks a token reaches (top-8 of 256: 1.0 remote rows per token on 2 GPUs, 2.7 on 4,
+ * 4.6 on 8) over a GPU's NVLink bandwidth, which does not; and the wait for the
+ * slowest peer's last block, a maximum over more peers. The parts measured on 2 and 4
+ * GPUs, and what they predict for 8, are in bench/RESULTS.md ("Decode sizes"). */
+
 struct Ctl {
     uint32_t *arrive, *carrive; /* [ep], written by peers */
     int32_t *hdr;               /* [ep][2]: stride, status of each source's dispatch */
