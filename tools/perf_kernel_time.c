@@ -117,28 +117,15 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     pthread_mutex_lock(&kt.mu);
     while (kt.next(buffer, valid, &r) == CUPTI_SUCCESS) {
         switch (r->kind) {
-        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-            const kt_kernel_t *k = (const kt_kernel_t *)r;
-            keep_work(k->correlationId, k->start, k->end);
-            break;
-        }
-        case CUPTI_ACTIVITY_KIND_MEMCPY: {
-            const kt_memcpy_t *c = (const kt_memcpy_t *)r;
-            keep_work(c->correlationId, c->start, c->end);
-            break;
-        }
+/* the start, end and correlation id of one kind of work record */
+#define KEEP(type) keep_work(((const type *)r)->correlationId, ((const type *)r)->start, ((const type *)r)->end)
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: KEEP(kt_kernel_t); break;
+        case CUPTI_ACTIVITY_KIND_MEMCPY: KEEP(kt_memcpy_t); break;
+        case CUPTI_ACTIVITY_KIND_MEMSET: KEEP(kt_memset_t); break;
 #if KT_PEER_COPIES
-        case CUPTI_ACTIVITY_KIND_MEMCPY2: {
-            const kt_peer_t *c = (const kt_peer_t *)r;
-            keep_work(c->correlationId, c->start, c->end);
-            break;
-        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY2: KEEP(kt_peer_t); break;
 #endif
-        case CUPTI_ACTIVITY_KIND_MEMSET: {
-            const kt_memset_t *s = (const kt_memset_t *)r;
-            keep_work(s->correlationId, s->start, s->end);
-            break;
-        }
+#undef KEEP
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
             const CUpti_ActivityExternalCorrelation *x = (const CUpti_ActivityExternalCorrelation *)r;
             if (x->externalKind == KT_EXTERNAL_KIND) keep_link(x->correlationId, x->externalId);
