@@ -92,7 +92,7 @@ extern "C" void m2a_fast_profile_report(int rank)
     cudaMemcpyFromSymbol(rec, g_rec, sizeof(rec));
     cudaMemcpyFromSymbol(launch, g_launch, sizeof(launch));
     cudaMemcpyFromSymbol(blocks, g_blocks, sizeof(blocks));
-    static const char *names[2][kMarks] = {{"counts", "prefix+gate", "routed", "copies", "signal", "arrivals", "sanitize"},
+    static const char *names[2][kMarks] = {{"counts", "prefix+gate", "routed", "copies", "signal", "arrivals", "sanitize", "small-route", "small-meta"},
                                            {"copy-in", "signal+wait", "reduce"}};
     for (int k = 0; k < 2; k++) {
         unsigned first = 12, last = launch[k] < kLaunches ? launch[k] : kLaunches, n = last - first;

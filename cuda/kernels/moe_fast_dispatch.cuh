@@ -222,8 +222,10 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
                 __threadfence();
                 atomicExch(&c.routed[b], e);
             }
+            if (small) PROF_MARK(0, 7); /* few tokens: one piece per block, so one mark each */
             const int c0 = first > own_lo ? first : own_lo, c1 = first + ntok < own_hi ? first + ntok : own_hi;
             if (c1 > c0) copy_small(f, s, owner, D, first, c0 - first, c1 - first, ids, weights);
+            if (small) PROF_MARK(0, 8);
             if (small && per_token) {
                 const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
                 copy_units<Q>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);

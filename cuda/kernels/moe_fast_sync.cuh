@@ -48,7 +48,7 @@ __device__ __forceinline__ unsigned long long now_ns()
  * Ranks that share a process share the record: profile ranks as processes.
  * m2a_fast_profile_report() prints the means and starts over. */
 #ifdef M2A_FAST_PROFILE
-constexpr int kMarks = 8, kLaunches = 512;
+constexpr int kMarks = 10, kLaunches = 512;
 /* per launch: [0] first block start, [1] last block end, [2 + i] sum over blocks of
  * mark i (from the block's start), [2 + kMarks + i] its maximum over blocks */
 __device__ unsigned long long g_rec[2][kLaunches][2 + 2 * kMarks];
