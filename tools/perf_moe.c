@@ -657,7 +657,9 @@ static moea2a_result_t alone_replays(moea2a_comm_t comm, moea2a_moe_t moe, perf_
     moea2a_result_t r = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, &d, m->stream);
     if (!r) r = moea2a_combine(moe, NULL, in->d_out, m->stream);
     void *g = perf_graph_end(m->stream);
-    if (!g || r) {
+    double none = 0, sum;
+    if (!r) r = perf_reduce(comm, g ? 0 : 1, 0, &none, &sum); /* every rank replays, or none */
+    if (!g || r || none > 0) {
         perf_graph_free(g);
         return r;
     }
@@ -709,19 +711,22 @@ static int kernel_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int
 {
     static int said;
     int rank;
-    char why[1400];
+    char why[1400] = "";
     moea2a_comm_rank(comm, &rank);
-    if (perf_kt_open(why, sizeof(why))) {
-        if (rank == 0 && !said++) printf("#   no kernel times: %s\n", why);
-        return 0;
-    }
-    perf_gate_t *gate = graph ? perf_gate_new() : NULL;
-    if (graph && !gate) FAIL("rank %d: no mapped host memory for the kernel-timed loops\n", rank);
-    if (gate && iters > KT_MAX_GATED) iters = KT_MAX_GATED;
-    if (perf_kt_begin()) {
+    perf_gate_t *gate = NULL;
+    int unable = perf_kt_open(why, sizeof(why)) != 0;
+    if (!unable && graph && !(gate = perf_gate_new())) unable = 1, snprintf(why, sizeof(why), "no mapped host memory");
+    if (!unable && perf_kt_begin()) unable = 1, snprintf(why, sizeof(why), "CUPTI refused to record");
+    /* the loops below meet over the communicator: every rank takes them, or none */
+    double any = 0, sum;
+    TRY(perf_reduce(comm, unable, 0, &any, &sum));
+    if (any > 0) {
+        if (!unable) perf_kt_end();
         perf_gate_free(gate);
+        if (rank == 0 && !said++) printf("#   no kernel times: %s\n", unable ? why : "a rank could not take them");
         return 0;
     }
+    if (gate && iters > KT_MAX_GATED) iters = KT_MAX_GATED;
     /* a first pair with tracing on, untimed: the tracer's own set-up stays out */
     moea2a_result_t res = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, d, m->stream);
     if (!res) res = moea2a_combine(moe, NULL, in->d_out, m->stream);
