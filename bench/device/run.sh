@@ -17,7 +17,7 @@
 # ..." instead runs test_gpu's quick mode in those parts at once (e.g. "memcheck:0,1:1-17
 # memcheck:2,3:18- racecheck:0,1:1-", points as TAP_POINTS of tests/tap.h), PROFILE=1 builds with the
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
-# phase means to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
+# phase medians to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
 # with the load/store kernels rebuilt with each set of NVCCFLAGS (an A/B of kernel flags; at
 # the SM budgets VARIANT_SMS="16,24" when set),
 # FLOORS="sms:MiB:chunk:issuers ..." first measures the floors under the benchmark's
@@ -78,7 +78,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
         --with-ucx="$D/ucx/usr" && make -j8) >"$OUT/build-base.log" 2>&1 &
     base_pid=$!
   fi
-  # PHASES_TREE: the same tarball built again with the load/store kernels' phase profile,
+  # PHASE_RANKS: the same tarball built again with the load/store kernels' phase profile,
   # alongside this build, for the phase table (PHASE_RANKS, PHASE_TOKENS) without a
   # second call
   PB=/tmp/moea2a-phase-build; phase_pid=
@@ -195,7 +195,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
       tp="$PB/transports/ucx/.libs:$PB/transports/nccl/.libs:$PB/cuda/.libs"
       for n in $PHASE_RANKS; do
         for t in $(echo "${PHASE_TOKENS:-1,128,1024}" | tr , ' '); do
-          echo "== load/store phase profile, $n GPUs, $t tokens (phase build; ns from each block's start)"
+          echo "== load/store phase profile, $n GPUs, $t tokens (phase build; us from each block's start)"
           MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$PB/tools/moea2a_perf" --moe --mem cuda --ranks "$n" --tokens "$t" \
               --iters "${ITERS:-30}" --warmup 10 --check 0 2>&1 | grep -E "profile rank 0|-kernel|graph"
         done
