@@ -66,27 +66,28 @@ export LD_LIBRARY_PATH="$D/nccl/lib:/usr/local/cuda/lib64${CB:+:$CB/lib}${LD_LIB
 export PATH="/usr/local/cuda/bin:$PATH"
 [ "$reuse" = 1 ] || tar -C "$B" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
 cd "$B"
-export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$B/cuda/.libs"
+modules_of() { echo "$1/transports/ucx/.libs:$1/transports/nccl/.libs:$1/cuda/.libs"; } # a build tree's modules
+export MOEA2A_TRANSPORT_PATH=$(modules_of "$B")
+# A second build beside this one (its callers run it in the background): side_build DIR TARBALL LOG [CPPFLAGS]
+side_build() {
+  rm -rf "$1"; mkdir -p "$1"; tar -C "$1" -xzf "$2" --strip-components=1
+  (cd "$1" && CPPFLAGS="${4:-}" NVCCFLAGS="${4:-}" ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" \
+      --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" && make -j16) >"$3" 2>&1
+}
 {
   # The A/B's base build runs alongside everything before the A/B block: its compile of
   # the large kernel files overlaps this build's
   base_tar=$(ls "$K"/base/moea2a-*.tar.gz 2>/dev/null | head -1)
   BB=/tmp/moea2a-base-build; base_pid=
   if [ -n "$base_tar" ] && [ "${AB:-1}" != 0 ]; then
-    rm -rf "$BB"; mkdir -p "$BB"; tar -C "$BB" -xzf "$base_tar" --strip-components=1
-    (cd "$BB" && ./configure --with-cuda=/usr/local/cuda --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" \
-        --with-ucx="$D/ucx/usr" && make -j8) >"$OUT/build-base.log" 2>&1 &
-    base_pid=$!
+    side_build "$BB" "$base_tar" "$OUT/build-base.log" & base_pid=$!
   fi
   # PHASE_RANKS: the same tarball built again with the load/store kernels' phase profile,
   # alongside this build, for the phase table (PHASE_RANKS, PHASE_TOKENS) without a
   # second call
   PB=/tmp/moea2a-phase-build; phase_pid=
   if [ -n "${PHASE_RANKS:-}" ]; then
-    rm -rf "$PB"; mkdir -p "$PB"; tar -C "$PB" -xzf "$(ls "$K"/moea2a-*.tar.gz | head -1)" --strip-components=1
-    (cd "$PB" && CPPFLAGS=-DM2A_FAST_PROFILE NVCCFLAGS=-DM2A_FAST_PROFILE ./configure --with-cuda=/usr/local/cuda \
-        --with-cuda-arch="${ARCH:-90}" --with-nccl="$D/nccl" --with-ucx="$D/ucx/usr" && make -j16) >"$OUT/build-phase.log" 2>&1 &
-    phase_pid=$!
+    side_build "$PB" "$(ls "$K"/moea2a-*.tar.gz | head -1)" "$OUT/build-phase.log" -DM2A_FAST_PROFILE & phase_pid=$!
   fi
   echo "== $(date -u) $(nvidia-smi -L | wc -l) GPU(s): $(nvidia-smi -L | head -1)"
   nvidia-smi topo -m 2>/dev/null | head -8
@@ -192,7 +193,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
   fi
   if [ -n "$phase_pid" ]; then
     if wait "$phase_pid"; then
-      tp="$PB/transports/ucx/.libs:$PB/transports/nccl/.libs:$PB/cuda/.libs"
+      tp=$(modules_of "$PB")
       for n in $PHASE_RANKS; do
         for t in $(echo "${PHASE_TOKENS:-1,128,1024}" | tr , ' '); do
           echo "== load/store phase profile, $n GPUs, $t tokens (phase build; us from each block's start)"
@@ -215,7 +216,7 @@ export MOEA2A_TRANSPORT_PATH="$B/transports/ucx/.libs:$B/transports/nccl/.libs:$
       for round in $(seq 1 "${AB_ROUNDS:-3}"); do
         for tree in "$BB" "$B"; do
           tag=new; [ "$tree" = "$BB" ] && tag=base
-          tp="$tree/transports/ucx/.libs:$tree/transports/nccl/.libs:$tree/cuda/.libs"
+          tp=$(modules_of "$tree")
           MOEA2A_TRANSPORT_PATH="$tp" timeout 200 "$tree/tools/moea2a_perf" --moe --mem cuda --ranks "${AB_RANKS:-2}" \
               --tokens "${AB_TOKENS:-128,4096}" ${AB_SMS:+--sms "$AB_SMS"} ${AB_ARGS:-} --iters "${ITERS:-30}" --warmup 10 2>&1 |
             grep -E "num_sms|^ +[0-9]+ (dispatch|combine|roundtrip)" | sed "s/^/  $tag r$round /"
