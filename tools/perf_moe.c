@@ -440,20 +440,29 @@ static void print_row(int T, const char *op_in, double bytes, double remote, dou
            wrong, ratio);
 }
 
+/* pairs round trips captured in one CUDA graph; NULL when the capture failed, with the
+ * calls' result in *r. */
+static void *capture_pairs(moea2a_moe_t moe, perf_mem_t *m, int pairs, int T, const int32_t *ids, const float *w,
+                           const void *const *pays, void *out, moea2a_result_t *r)
+{
+    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    *r = MOEA2A_SUCCESS;
+    if (perf_graph_begin(m->stream)) return NULL;
+    for (int i = 0; i < pairs && !*r; i++) {
+        *r = moea2a_dispatch(moe, T, ids, w, pays, 0, &d, m->stream);
+        if (!*r) *r = moea2a_combine(moe, NULL, out, m->stream);
+    }
+    return perf_graph_end(m->stream);
+}
+
 /* iters round trips captured in one CUDA graph (load/store path: nothing waits on the
  * host), launched once untimed, then timed: the kernels back to back, without a
  * launch gap between calls, as peers' benchmarks report them. 0 when capture fails. */
 static double graph_time(moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const int32_t *ids, const float *w,
                          const void *const *pays, void *out)
 {
-    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    if (perf_graph_begin(m->stream)) return 0;
-    moea2a_result_t r = MOEA2A_SUCCESS;
-    for (int i = 0; i < iters && !r; i++) {
-        r = moea2a_dispatch(moe, T, ids, w, pays, 0, &d, m->stream);
-        if (!r) r = moea2a_combine(moe, NULL, out, m->stream);
-    }
-    void *g = perf_graph_end(m->stream);
+    moea2a_result_t r;
+    void *g = capture_pairs(moe, m, iters, T, ids, w, pays, out, &r);
     double t = 0;
     if (g && !r && !perf_graph_launch(g, m->stream) && !perf_sync(m)) {
         perf_mark(m, 0);
@@ -652,11 +661,8 @@ static moea2a_result_t meet(moea2a_comm_t comm)
 static moea2a_result_t alone_replays(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, perf_gate_t *gate,
                                      int iters, int T, const inputs_t *in)
 {
-    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    if (perf_graph_begin(m->stream)) return MOEA2A_SUCCESS;
-    moea2a_result_t r = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, &d, m->stream);
-    if (!r) r = moea2a_combine(moe, NULL, in->d_out, m->stream);
-    void *g = perf_graph_end(m->stream);
+    moea2a_result_t r;
+    void *g = capture_pairs(moe, m, 1, T, in->d_ids, in->d_w, in->pays, in->d_out, &r);
     double none = 0, sum;
     if (!r) r = perf_reduce(comm, g ? 0 : 1, 0, &none, &sum); /* every rank replays, or none */
     if (!g || r || none > 0) {
