@@ -26,16 +26,21 @@ int tap_selected(void)
     return 0;
 }
 
+static void vskip(const char *why, const char *fmt, va_list ap)
+{
+    printf("ok %d - ", ++tap_count);
+    vprintf(fmt, ap);
+    printf(" # SKIP %s\n", why);
+    fflush(stdout);
+}
+
 int tap_ok(int cond, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     if (!tap_selected()) {
-        printf("ok %d - ", ++tap_count);
-        vprintf(fmt, ap);
-        printf(" # SKIP not in TAP_POINTS\n");
+        vskip("not in TAP_POINTS", fmt, ap);
         va_end(ap);
-        fflush(stdout);
         return 1;
     }
     printf("%sok %d - ", cond ? "" : "not ", ++tap_count);
@@ -51,11 +56,8 @@ void tap_skip(const char *why, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    printf("ok %d - ", ++tap_count);
-    vprintf(fmt, ap);
-    printf(" # SKIP %s\n", why);
+    vskip(why, fmt, ap);
     va_end(ap);
-    fflush(stdout);
 }
 
 void tap_diag(const char *fmt, ...)
