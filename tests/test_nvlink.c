@@ -95,9 +95,11 @@ static int setup(ctx_t *c, moea2a_comm_t comm, unsigned flags)
     m.num_experts = NEXP, m.top_k = TOPK, m.max_tokens_per_rank = CAP, m.num_payloads = 1;
     m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, HID};
     m.hidden = HID, m.combine_dtype = MOEA2A_BFLOAT16, m.memory = MOEA2A_MEMORY_CUDA, m.flags = flags;
-    /* 6 blocks: a rank routes up to 4 tokens per block in every block (n <= 24 of the
-     * 0..CAP here) and more with the look-back, so the soak checks both ways */
+    /* 6 blocks and the few-token bound at 4 per block (read at create): a rank routes
+     * up to 24 of the 0..CAP tokens here in every block and more through the counter,
+     * so the soak checks both ways */
     m.num_sms = 6;
+    setenv("MOEA2A_DISPATCH_EVEN_TOKENS", "4", 1);
     if (moea2a_moe_create(&c->moe, comm, &m)) return -1;
     cudaStreamCreate(&c->s);
     cudaMalloc((void **)&c->d_ids, sizeof(c->ids));

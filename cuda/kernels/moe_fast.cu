@@ -8,7 +8,8 @@
  * complete before it began (zero copy) adds all of them from its block 0. The epoch e
  * lives in the workspace, so a CUDA graph replays correctly.
  *
- *  dispatch, many tokens (over 4 per block; blocks split them into contiguous chunks):
+ *  dispatch, many tokens (over m2a_fast_t.even_tokens per block; blocks split them into
+ *  contiguous chunks):
  *   1. count the tokens before the chunk per destination (every block for itself,
  *      no waiting on other blocks): the chunk's first slot at every destination.
  *      Slot order is token order, whatever the timing.
@@ -124,7 +125,7 @@ extern "C" void m2a_fast_profile_report(int rank)
 extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                                  const int32_t *ids, const float *weights, int phases, void *stream)
 {
-    const bool small = (status ? 0 : n) <= kSmallPerBlock * blocks;
+    const bool small = (long long)(status ? 0 : n) <= (long long)f->even_tokens * blocks;
     if (f->qfuse && !status) /* FP8 quantized inside the copies */
         (small ? dispatch_kernel<true, kInCopy> : dispatch_kernel<false, kInCopy>)<<<blocks, T, 0, (cudaStream_t)stream>>>(
             *f, n, stride, status, payloads, ids, weights, phases);

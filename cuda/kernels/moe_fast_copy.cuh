@@ -73,17 +73,11 @@ __device__ void copy_row(const unsigned char *src, unsigned char *const *dst, in
  * few-token units into L1 either: the gate's acquire load invalidates L1 anyway. */
 
 constexpr int kDst = 8;         /* destinations a warp writes per pass over a segment */
-/* Up to this many tokens per block, the dispatch's units are split evenly over the warps
- * (no counter). On one H200 (one rank), 48 SMs, 256 / 512 /
- * 1024 tokens: 4 per block 17.5 / 20.1 / 29.6 us, 16 per block 14.3 / 17.2 / 29.4, 32 per
- * block 14.4 / 17.2 / 26.7 (results checked, #wrong 0). Not raised yet: the test suite has
- * not run on such a build, and two GPUs may need the counter's balance across SMs that
- * the links serve unevenly (on 4 x H200 blocks ended up to 6 us apart with a static split
- * at 4096 tokens), which one GPU cannot show. */
-#ifndef M2A_DISPATCH_SMALL_PER_BLOCK
-#define M2A_DISPATCH_SMALL_PER_BLOCK 4
-#endif
-constexpr int kSmallPerBlock = M2A_DISPATCH_SMALL_PER_BLOCK;
+/* Up to m2a_fast_t.even_tokens tokens per block (MOEA2A_DISPATCH_EVEN_TOKENS), the
+ * dispatch's units are split evenly over the warps (no counter); past it, warps take
+ * them from a counter, whose balance across SMs that the links serve unevenly pays for
+ * its set-up once every warp has several units. The default is measured: see the
+ * variable's entry in lib/base/params.c. */
 
 /* The copy units: kSeg-byte segments of a token's payload rows, all byte arrays laid
  * end to end, so that a unit may span arrays. A payload quantized on dispatch carries
@@ -98,8 +92,8 @@ __device__ __forceinline__ size_t span16(size_t width) { return (width + 15) / 1
  * of tokens waited for, f.qrows), or inside the dispatch's copies (f.qfuse). */
 enum QuantWay { kBefore, kAlongside, kInCopy };
 
-/* Bytes of a unit. Quantizing in the copies with few tokens (up to kSmallPerBlock per
- * block), a unit is 2048 codes, one pass of the warp (quantize_piece): in 4096-code
+/* Bytes of a unit. Quantizing in the copies with few tokens (the even split of
+ * m2a_fast_t.even_tokens), a unit is 2048 codes, one pass of the warp (quantize_piece): in 4096-code
  * units each warp made two passes one after the other while most warps had no unit.
  * On one H100, 128 / 1024 / 4096 tokens: 2048 17.8 / 40.2 / 106.7 us, 4096 19.0 / 37.5
  * / 93.8. */

@@ -117,7 +117,7 @@ template <bool SMALL> __device__ __forceinline__ BlockRange block_range(int n, u
 /* Two ways to the same slots and the same bytes (a rank picks by its own n; the
  * receiving side cannot tell them apart). Both begin alike: every block counts the
  * tokens before its own range itself (replicated, no wait on other blocks).
- *  - few tokens (up to kSmallPerBlock per block): each block routes its range and
+ *  - few tokens (up to m2a_fast_t.even_tokens per block): each block routes its range and
  *    copies its share of (token, segment) units, split evenly over all warps of the
  *    grid: rows start moving a few microseconds into the kernel;
  *  - many tokens: a send map per chunk, and the units handed out by a counter
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     if (send) {
         if (b == 0 && tid == 0) c.next_unit[(e + 1) & 1] = 0; /* before this block's signal, which every block waits for */
         if constexpr (!kHead) ranges();
-        const bool small = SMALL; /* n <= kSmallPerBlock * G, decided at launch (two kernels, each
+        const bool small = SMALL; /* n <= even_tokens x G, decided at launch (two kernels, each
                                    * compiled for its own way, leave the other's code out) */
         const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
         int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);

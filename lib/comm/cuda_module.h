@@ -119,6 +119,10 @@ typedef struct {
         int32_t arr;
         size_t mn;
     } qfin[MOEA2A_MOE_MAX_PAYLOADS];
+    /* the dispatch takes its few-token way (units split evenly over the warps, each
+     * block routing its own tokens) up to this many tokens per block
+     * (MOEA2A_DISPATCH_EVEN_TOKENS), the counter's way past it */
+    int even_tokens;
     unsigned long long timeout_ns;
     m2a_fast_error_t *err;      /* device memory: the record the kernels race for */
     m2a_fast_error_t *host_err; /* mapped pinned memory: the copy the host reads */

@@ -66,8 +66,9 @@ static moea2a_result_t cuda_fail(moea2a_comm_t comm, int e, const char *what)
     return m2a_error(comm, MOEA2A_ERR_CUDA, "moea2a (load/store path): %s: %s", what, OPS->error_string(e));
 }
 
-/* The kernels' parameters, once the kernel tables exist. */
-static void fast_params(moea2a_moe_t moe)
+/* The kernels' parameters, once the kernel tables exist; even_tokens: the dispatch's
+ * few-token bound (MOEA2A_DISPATCH_EVEN_TOKENS). */
+static void fast_params(moea2a_moe_t moe, int even_tokens)
 {
     const m2a_moe_layout_t *l = &moe->l;
     fast_state_t *st = moe->state;
@@ -82,6 +83,7 @@ static void fast_params(moea2a_moe_t moe)
     f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
     f->rewrite = (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0;
     f->timeout_ns = (unsigned long long)(moe->comm->timeout_s * 1e9);
+    f->even_tokens = even_tokens;
     /* FP8 payloads' receive finish, done by the in-copy kernels' receive half (one
      * launch for the whole dispatch) */
     f->nqfin = 0;
@@ -274,14 +276,16 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
 
 /* Quantize on dispatch alongside the dispatch kernel, when the payloads sent quantized
  * are all FP8 (its kernels count finished rows per chunk), the batch takes the
- * counter's path (over 4 tokens per block) and the GPU has SMs the dispatch does not
- * hold: one row-major quantization per payload on the context's stream, forked from
+ * counter's path (over MOEA2A_DISPATCH_EVEN_TOKENS per block) and the GPU has SMs the
+ * dispatch does not hold: one row-major quantization per payload on the context's stream, forked from
  * the caller's after the counters are zeroed, on the SMs the dispatch leaves; the
  * dispatch copies a chunk of n / M2A_FAST_QCHUNKS tokens once it is quantized. */
 static int quant_alongside(const moea2a_moe_t moe, int n, int phases, const void *const *payloads)
 {
     const fast_state_t *st = moe->state;
-    if (!st->qstream || st->ce || !(phases & M2A_FAST_SEND) || !payloads || n <= 4 * st->blocks) return 0;
+    if (!st->qstream || st->ce || !(phases & M2A_FAST_SEND) || !payloads ||
+        (long long)n <= (long long)st->f.even_tokens * st->blocks) /* the few-token kernel waits for no chunk */
+        return 0;
     return st->sms - st->blocks >= 8;
 }
 
@@ -479,11 +483,15 @@ static void nvlink_release(moea2a_moe_t moe)
 
 static moea2a_result_t nvlink_alloc(moea2a_moe_t moe)
 {
-    /* fast_alloc is collective: a rank whose device set-up failed must not skip it alone */
-    moea2a_result_t r = m2a_moe_agree(moe->comm, m2a_moe_cuda_begin(moe), NULL);
+    /* fast_alloc is collective: a rank whose device set-up (or a variable) failed must
+     * not skip it alone */
+    long even = 0;
+    moea2a_result_t r = m2a_moe_cuda_begin(moe);
+    if (r == MOEA2A_SUCCESS) r = m2a_comm_record(moe->comm, m2a_param_int("MOEA2A_DISPATCH_EVEN_TOKENS", &even));
+    r = m2a_moe_agree(moe->comm, r, NULL);
     if (r == MOEA2A_SUCCESS) r = fast_alloc(moe);
     if (r == MOEA2A_SUCCESS) r = m2a_moe_cuda_finish(moe);
-    if (r == MOEA2A_SUCCESS) fast_params(moe), log_combine_way(moe);
+    if (r == MOEA2A_SUCCESS) fast_params(moe, (int)even), log_combine_way(moe);
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE) { /* every rank takes this branch (the config is agreed) */
         fast_state_t *st = moe->state;
         if (r == MOEA2A_SUCCESS) r = m2a_ce_create(moe, &st->f, st->blocks, sizeof(m2a_fast_error_t), &st->ce);
