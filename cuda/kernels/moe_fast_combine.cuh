@@ -11,7 +11,6 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
                                                        unsigned char *__restrict__ out, int status, int phases)
 {
     __shared__ uint32_t s_epoch;
-    __shared__ int s_cw[WAY == kEven ? T + 1 : 1], s_scan[kWarps]; /* the even reduce's weights (up to T tokens) */
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, me = p.me, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
     unsigned char *ws = f.peer[me];
@@ -61,10 +60,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const size_t out_row = f.hidden * Elem<DT>::size;
     long long even_u0 = 0, even_u1 = 0;
     MapCodes even_codes = {-1, -1};
-    if constexpr (WAY == kEven) { /* weighed up to T tokens (weighted_share) */
-        if (n <= T) even_weights(send_map, p.k, D, p.cap, me, n, s_cw, s_scan);
-        even_codes = even_first(send_map, p.k, D, out_row, n, &even_u0, &even_u1, n <= T ? s_cw : nullptr);
-    }
+    if constexpr (WAY == kEven) even_codes = even_first(send_map, p.k, D, out_row, n, &even_u0, &even_u1);
     if (tid < ep && ok) ok = wait_for(f, &c.carrive[tid], e * (uint32_t)G, tid, M2A_FAST_AT_COMBINE);
     if (tid < ep && ok) { /* 0 since that rank's last dispatch, unless its combine failed its checks (final) */
         const int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);

@@ -21,10 +21,7 @@ struct Shared {
     int nd[T];                     /* destinations of each token of the piece */
     unsigned char rank[kPieceSlots];
     int row[kPieceSlots];          /* receive row (src * stride + slot) at that rank */
-    unsigned long long pre[T];     /* few tokens: the block's tokens' masks, from the count (every token's, weighed) */
-    int cw[T + 1];                 /* few tokens, weighed: the tokens' weights summed (block_prefix) */
-    int scan[kWarps];
-    long long share[kWarps][2];    /* few tokens: each warp's units [first, end) (kept here, not in registers) */
+    unsigned long long pre[T];     /* few tokens: the block's tokens' masks, from the count */
     long long red[kWarps];
     uint32_t epoch;
     int recv_count[M2A_FAST_MAX_PEERS]; /* rows each source sent here (the receive step) */
@@ -269,53 +266,6 @@ __device__ void copy_unit(const m2a_fast_t &f, const m2a_kpayloads_t &pay, unsig
 __device__ long long warp_share(long long total, long long gw)
 {
     return total * gw / ((long long)gridDim.x * kWarps);
-}
-
-/* Shares weighed by what a unit costs, where a few tokens spread over every warp of the
- * grid: a unit of a token that reaches more peers moves more bytes over NVLink, so an
- * even split by units left some SMs with more of those bytes than others (4 x H100, 128
- * tokens: the slowest block's copies ended 3-4 us after the mean block's). A token's
- * weight counts its rows: kRemoteWeight for each at (or from) a peer, one for its own
- * GPU's (HBM, many times NVLink's rate), and one so that no weight is 0. */
-constexpr int kRemoteWeight = 4;
-__device__ __forceinline__ int token_weight(int remote, int local) { return 1 + kRemoteWeight * remote + local; }
-
-/* The block's threads hold a weight each (thread t token t's, 0 past n; n <= T): cw[t]
- * the sum of the weights before token t, cw[n] of all. scratch: kWarps ints. Every
- * thread of the block calls it; it ends with a barrier. */
-__device__ void block_prefix(int w, int *cw, int n, int *scratch)
-{
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    int v = w; /* inclusive within the warp */
-    for (int o = 1; o < kWarpSize; o *= 2) {
-        const int u = __shfl_up_sync(kAllLanes, v, o);
-        if (lane >= o) v += u;
-    }
-    if (lane == kWarpSize - 1) scratch[warp] = v;
-    __syncthreads();
-    for (int i = 0; i < warp; i++) v += scratch[i];
-    if ((int)threadIdx.x < n) cw[threadIdx.x] = v - w;
-    if ((int)threadIdx.x == (n > 0 ? n - 1 : 0)) cw[n] = n > 0 ? v : 0;
-    __syncthreads();
-}
-
-/* The first unit of share g of the grid's warps (gridDim.x x kWarps shares; the next
- * share's first ends it), each of n tokens S units of its weight (cw: block_prefix):
- * the first unit whose start, the weights of the units before it, reaches share g's
- * start, g / (shares) of all. Share b x kWarps starts block b's units, so a block's
- * warps split exactly its units. */
-__device__ long long weighted_share(const int *cw, int n, uint32_t S, long long g)
-{
-    const long long x = (long long)S * cw[n] * g / ((long long)gridDim.x * kWarps);
-    int t = 0, top = n; /* the last token whose first unit starts at or before x */
-    while (t < top) {
-        const int mid = (t + top + 1) / 2;
-        if ((long long)S * cw[mid] <= x) t = mid;
-        else top = mid - 1;
-    }
-    if (t == n) return (long long)n * S;
-    const long long w = cw[t + 1] - cw[t], r = x - (long long)S * cw[t];
-    return (long long)t * S + (r + w - 1) / w;
 }
 
 /* The payload rows, in units of (token, kSeg segment of its rows end to end) that warps

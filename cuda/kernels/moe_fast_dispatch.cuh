@@ -96,21 +96,13 @@ __device__ __noinline__ void finish_fp8(uint32_t *rows, uint32_t *mn, size_t wor
 
 /* The tokens a dispatch block routes, [lo, hi), and those it owns (send map, ids,
  * stats), [own_lo, own_hi); step 1 counts [0, top). Few tokens: the blocks split the
- * n x S units over every warp of the grid, and route the tokens of their units; up to T
- * tokens weighed (weighted_share): every block then takes every token's mask in step 1
- * and works out its range from their weights, [0, 0) until then. */
+ * n x S units evenly over every warp of the grid, and route the tokens of their units. */
 struct BlockRange {
     int lo, hi, own_lo, own_hi, top;
-    bool weighed;
 };
 template <bool SMALL> __device__ __forceinline__ BlockRange block_range(int n, uint32_t S, int b, int G)
 {
     BlockRange r;
-    r.weighed = SMALL && n <= T;
-    if (r.weighed) {
-        r.lo = r.hi = r.own_lo = r.own_hi = 0, r.top = n;
-        return r;
-    }
     if (SMALL) { /* the shares of this block's first warp and of the next block's */
         const long long u0 = warp_share((long long)n * S, (long long)b * kWarps), u1 = warp_share((long long)n * S, (long long)(b + 1) * kWarps);
         r.lo = (int)(u0 / S), r.hi = u1 > u0 ? (int)((u1 - 1) / S) + 1 : r.lo;
@@ -178,11 +170,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
                                    * compiled for its own way, leave the other's code out) */
         const int D = p.k < ep ? p.k : ep, piece = kPieceSlots / D < T ? kPieceSlots / D : T;
         int32_t *send_map = reinterpret_cast<int32_t *>(ws + f.send_map);
-        int lo = range.lo, hi = range.hi, own_lo = range.own_lo, own_hi = range.own_hi;
-        const int top = range.top;
-        const bool weighed = range.weighed;
-        const long long gw = (long long)b * kWarps + warp; /* small: this warp's share of the units */
-        if (small && !weighed && lane < 2) s.share[warp][lane] = warp_share((long long)n * S, gw + lane);
+        const int lo = range.lo, hi = range.hi, own_lo = range.own_lo, own_hi = range.own_hi, top = range.top;
+        const long long gw = (long long)b * kWarps + warp; /* small: this warp's units [wu0, wu1) */
+        const long long wu0 = warp_share((long long)n * S, gw), wu1 = warp_share((long long)n * S, gw + 1);
         /* few tokens: step 2 (the gate) by the last warp, which has no tokens to count
          * below unless the block's range reaches past T - 32, while the others count,
          * instead of a round trip to memory after the count */
@@ -198,31 +188,18 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * entries counted), so that their ids are not read a second time after it. */
         int inv = 0, merged = 0;
         {
-            int cnt_lo = 0, cnt_hi = 0, wt = 0; /* wt: weighed, this thread's token's weight */
-            const auto count = [&](unsigned long long m) { /* m's destinations into this lane's counts */
+            int cnt_lo = 0, cnt_hi = 0;
+            for (int t0 = warp * kWarpSize; t0 < top; t0 += T) {
+                const int t = t0 + lane;
+                const bool mine = t >= lo && t < top, owned = mine && t >= own_lo && t < own_hi;
+                int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
+                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm, head, kHead && t0 == warp * kWarpSize) : 0;
+                if (owned) inv += ti, merged += tm;
+                if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
                 for (int r = 0; r < ep; r++) {
                     const int cr = __popc(__ballot_sync(kAllLanes, (m >> r) & 1));
                     if (lane == (r % kWarpSize)) (r < kWarpSize ? cnt_lo : cnt_hi) += cr;
                 }
-            };
-            for (int t0 = warp * kWarpSize; t0 < top; t0 += T) {
-                const int t = t0 + lane;
-                /* weighed: every token's mask kept, the stats of all counted by block 0 */
-                const bool mine = t >= lo && t < top, owned = mine && (weighed ? b == 0 : t >= own_lo && t < own_hi);
-                int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
-                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm, head, kHead && t0 == warp * kWarpSize) : 0;
-                if (owned) inv += ti, merged += tm;
-                if (weighed && t < top) wt = token_weight(__popcll(m & ~(1ull << me)), (int)((m >> me) & 1));
-                if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
-                if (!weighed) count(m);
-            }
-            if (weighed) { /* the block's units and its warps' from the weights, then the tokens before them */
-                block_prefix(wt, s.cw, n, s.scan);
-                const long long u0 = weighted_share(s.cw, n, S, (long long)b * kWarps), u1 = weighted_share(s.cw, n, S, (long long)(b + 1) * kWarps);
-                lo = (int)(u0 / S), hi = u1 > u0 ? (int)((u1 - 1) / S) + 1 : lo;
-                own_lo = (int)((u0 + S - 1) / S), own_hi = (int)((u1 + S - 1) / S);
-                if (lane < 2) s.share[warp][lane] = weighted_share(s.cw, n, S, gw + lane);
-                for (int t0 = warp * kWarpSize; t0 < lo; t0 += T) count(t0 + lane < lo ? s.pre[t0 + lane] : 0);
             }
             if (lane < ep) s.warp_count[warp][lane] = cnt_lo;
             if (lane + kWarpSize < ep) s.warp_count[warp][lane + kWarpSize] = cnt_hi;
@@ -240,7 +217,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         for (int first = lo; first < hi && ok; first += piece) {
             const int ntok = hi - first < piece ? hi - first : piece;
             route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
-                        weighed ? s.pre + first : top == hi ? s.pre + (first - lo) : nullptr);
+                        top == hi ? s.pre + (first - lo) : nullptr);
             if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
                 __threadfence();
                 atomicExch(&c.routed[b], e);
@@ -250,7 +227,6 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             if (c1 > c0) copy_small(f, s, owner, D, first, c0 - first, c1 - first, ids, weights);
             if (small) PROF_MARK(0, 8);
             if (small && per_token) {
-                const long long wu0 = s.share[warp][0], wu1 = s.share[warp][1];
                 const long long p0 = (long long)first * S, p1 = (long long)(first + ntok) * S;
                 copy_units<Q>(f, s, pay, wu0 > p0 ? wu0 : p0, wu1 < p1 ? wu1 : p1, per_token, first);
             }

@@ -395,36 +395,14 @@ __host__ __device__ inline bool even_units(size_t out_row, int n, int blocks)
 /* This warp's units [*u0, *u1) of the even reduce, and the send map codes of the
  * first one's token: loaded before the kernel waits for its peers (this rank's dispatch
  * wrote the map before the launch), so that after the wait the rows are the one round
- * trip before the sum. cw: the tokens' weights summed (even_weights), or NULL for an
- * even split by units. */
+ * trip before the sum. */
 __device__ __forceinline__ MapCodes even_first(const int32_t *send_map, int k, int D, size_t out_row, int n,
-                                               long long *u0, long long *u1, const int *cw = nullptr)
+                                               long long *u0, long long *u1)
 {
     const uint32_t S = (uint32_t)((out_row + kSegEven - 1) / kSegEven);
     const long long units = (long long)n * S, gw = (long long)blockIdx.x * kWarps + (threadIdx.x / kWarpSize);
-    if (cw) *u0 = weighted_share(cw, n, S, gw), *u1 = weighted_share(cw, n, S, gw + 1);
-    else *u0 = warp_share(units, gw), *u1 = warp_share(units, gw + 1);
+    *u0 = warp_share(units, gw), *u1 = warp_share(units, gw + 1);
     return *u0 < *u1 ? map_codes(send_map, k, (int)(*u0 / S), D) : MapCodes{-1, -1};
-}
-
-/* The even reduce's weights (token_weight) from this rank's send map, n <= T tokens:
- * token t's rows at peers and on this GPU (its codes, rank x cap + slot, then -1),
- * summed into cw (block_prefix). Every thread of the block calls it. */
-__device__ void even_weights(const int32_t *send_map, int k, int D, int cap, int me, int n, int *cw, int *scratch)
-{
-    int w = 0;
-    if ((int)threadIdx.x < n) {
-        const int32_t *map = send_map + (size_t)threadIdx.x * k;
-        int remote = 0, local = 0;
-        for (int d = 0; d < D; d++) {
-            const int32_t c = map[d];
-            if (c < 0) break;
-            if (c / cap == me) local++;
-            else remote++;
-        }
-        w = token_weight(remote, local);
-    }
-    block_prefix(w, cw, n, scratch);
 }
 
 /* The even reduce of this warp's units [u0, u1) (even_first), first the codes of u0's
