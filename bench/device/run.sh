@@ -28,8 +28,8 @@
 # default path, which must fall back to the generic path (done in every run unless
 # turned off). With a base tarball staged
 # (prepare.sh BASE=<rev>), the A/B block builds it too and runs the same benchmarks
-# with both builds, alternating, AB_ROUNDS times (default 3): AB_RANKS GPUs (default
-# 2), AB_TOKENS (default 128,4096), at the SM budgets AB_SMS when set (AB_ARGS: more
+# with both builds, alternating, AB_ROUNDS times (default 3): on AB_RANKS GPUs (default
+# 2; "2 4": each), AB_TOKENS (default 128,4096), at the SM budgets AB_SMS when set (AB_ARGS: more
 # moea2a_perf options), and --op fp4 on one GPU; AB=0 skips it. WIRE=0 skips quantize
 # on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
@@ -39,9 +39,10 @@
 # kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
 # default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
 # that one. DECODE="2 4" times the decode sizes (DECODE_TOKENS, default 1,8,32,128,256,512,
-# 1024,4096) on those GPU counts with the CUPTI kernel times; PHASE_RANKS="2 4" builds the
+# 1024,4096) on those GPU counts with the CUPTI kernel times, once per assignment in DECODE_ENVS
+# ("MOEA2A_X=1 MOEA2A_X=2": a run with each in the environment); PHASE_RANKS="2 4" builds the
 # tarball a second time with the phase profile, alongside, and prints the phases there at
-# PHASE_TOKENS (default 1,128,1024). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
+# PHASE_TOKENS (default 1,128,1024), rank PHASE_RANK's lines (default 0; "[0-9]+": every rank's). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
 # default FP4RANKS, at PY_TOKENS, and its --overhead); BENCH=python runs only that one.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
@@ -186,9 +187,12 @@ side_build() {
   fi
   if [ -n "${DECODE:-}" ]; then # decode sizes: event, graph and CUPTI kernel times per call
     for n in $DECODE; do
-      echo "== decode sizes, $n GPUs (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"
-      timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${DECODE_TOKENS:-1,8,32,128,256,512,1024,4096}" \
-          --iters "${ITERS:-30}" --warmup 10 2>&1 | grep -E "^ +[0-9]+ |kernel times|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
+      for env in ${DECODE_ENVS:-DECODE_DEFAULTS=1}; do
+        echo "== decode sizes, $n GPUs (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48}, $env)"
+        env "$env" timeout 300 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" \
+            --tokens "${DECODE_TOKENS:-1,8,32,128,256,512,1024,4096}" --iters "${ITERS:-30}" --warmup 10 2>&1 |
+          grep -E "^ +[0-9]+ |kernel times|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
+      done
     done
   fi
   if [ -n "$phase_pid" ]; then
@@ -198,7 +202,7 @@ side_build() {
         for t in $(echo "${PHASE_TOKENS:-1,128,1024}" | tr , ' '); do
           echo "== load/store phase profile, $n GPUs, $t tokens (phase build; us from each block's start)"
           MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$PB/tools/moea2a_perf" --moe --mem cuda --ranks "$n" --tokens "$t" \
-              --iters "${ITERS:-30}" --warmup 10 --check 0 2>&1 | grep -E "profile rank 0|-kernel|graph"
+              --iters "${ITERS:-30}" --warmup 10 --check 0 2>&1 | grep -E "profile rank ${PHASE_RANK:-0}|-kernel|graph"
         done
       done
     else
@@ -217,9 +221,11 @@ side_build() {
         for tree in "$BB" "$B"; do
           tag=new; [ "$tree" = "$BB" ] && tag=base
           tp=$(modules_of "$tree")
-          MOEA2A_TRANSPORT_PATH="$tp" timeout 200 "$tree/tools/moea2a_perf" --moe --mem cuda --ranks "${AB_RANKS:-2}" \
-              --tokens "${AB_TOKENS:-128,4096}" ${AB_SMS:+--sms "$AB_SMS"} ${AB_ARGS:-} --iters "${ITERS:-30}" --warmup 10 2>&1 |
-            grep -E "num_sms|^ +[0-9]+ (dispatch|combine|roundtrip)" | sed "s/^/  $tag r$round /"
+          for n in ${AB_RANKS:-2}; do
+            MOEA2A_TRANSPORT_PATH="$tp" timeout 200 "$tree/tools/moea2a_perf" --moe --mem cuda --ranks "$n" \
+                --tokens "${AB_TOKENS:-128,4096}" ${AB_SMS:+--sms "$AB_SMS"} ${AB_ARGS:-} --iters "${ITERS:-30}" --warmup 10 2>&1 |
+              grep -E "num_sms|^ +[0-9]+ (dispatch|combine|roundtrip)" | sed "s/^/  $tag r$round ${n}g /"
+          done
           MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$tree/tools/moea2a_perf" --op fp4 --mem cuda --ranks 1 --rows 16384 \
               --hidden 7168 --iters 20 2>&1 | grep -E "^ +(copy|quantize|dequantize)" | sed "s/^/  $tag r$round /"
         done
