@@ -188,6 +188,14 @@ static void add_token_rows(const m2a_route_t *r, const int32_t *map, int nd, con
     }
 }
 
+void m2a_host_sum_rows(moea2a_datatype_t dtype, size_t hidden, const unsigned char *const *rows, int nrows, float *acc,
+                       void *out)
+{
+    memset(acc, 0, sizeof(float) * hidden);
+    for (int i = 0; i < nrows; i++) accumulate(dtype, rows[i], hidden, acc);
+    store_row(dtype, acc, hidden, out);
+}
+
 int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                             size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
                             const int *stage_index, const int *node, int nodes, void *out)

@@ -56,6 +56,12 @@ void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stri
 int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
                              size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
                              const int *stage_index, const int *node, int nodes, void *out);
+/* out = rows[0..nrows) (each hidden values of dtype) summed in fp32 in that order from
+ * 0, rounded once to dtype (every NaN the canonical one): a node's partial of a token
+ * from its ranks' rows in ascending rank order, and the sum of a token's partials in
+ * ascending node order, as m2a_host_combine_reduce computes them. acc: hidden floats. */
+void m2a_host_sum_rows(moea2a_datatype_t dtype, size_t hidden, const unsigned char *const *rows, int nrows, float *acc,
+                       void *out);
 /* The expert-major layout (moea2a_moe(3)), from the rank-major arrays a dispatch left
  * in ws at this stride: per local expert (ascending global id) its rows in ascending
  * (source rank, source token) order from an offset aligned to expert_alignment, the

@@ -1,0 +1,82 @@
+/* The hierarchical plan across nodes (hier.h). */
+#include "config.h"
+
+#include <stdlib.h>
+
+#include "moe/hier.h"
+
+int m2a_hier_init(m2a_hier_t *h, const m2a_nodemap_t *m, int ep)
+{
+    h->ep = ep, h->nnodes = m->nnodes, h->node = m->node;
+    h->rail = malloc(sizeof(int) * (size_t)ep * (size_t)(m->nnodes > 0 ? m->nnodes : 1));
+    int *at = calloc((size_t)(m->nnodes > 0 ? m->nnodes : 1), sizeof(int)); /* rank of each index, per node */
+    int *by = malloc(sizeof(int) * (size_t)ep);                               /* ranks grouped by node, in index order */
+    if (!h->rail || !at || !by) {
+        free(h->rail), free(at), free(by);
+        h->rail = NULL;
+        return -1;
+    }
+    for (int q = 0, off = 0; q < m->nnodes; off += m->size[q], q++) at[q] = off; /* where node q's ranks start in by */
+    for (int r = 0; r < ep; r++) by[at[m->node[r]] + m->local[r]] = r;
+    for (int src = 0; src < ep; src++)
+        for (int q = 0; q < m->nnodes; q++)
+            h->rail[(size_t)src * m->nnodes + q] = q == m->node[src] ? src : by[at[q] + m->local[src] % m->size[q]];
+    free(at), free(by);
+    return 0;
+}
+
+void m2a_hier_free(m2a_hier_t *h)
+{
+    free(h->rail);
+    h->rail = NULL;
+}
+
+int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap, const int32_t *send_map, int64_t *rows)
+{
+    int64_t across = 0;
+    const int home = h->node[src];
+    for (int t = 0; t < n; t++) {
+        const int32_t *map = send_map + (size_t)t * k;
+        for (int d = 0; d < k && map[d] >= 0; d++) {
+            const int dst = map[d] / cap, q = h->node[dst];
+            if (q == home) {
+                rows[dst]++;
+                continue;
+            }
+            int seen = 0; /* the token went to node q already (its ranks need not be consecutive) */
+            for (int e = 0; e < d && !seen; e++) seen = h->node[map[e] / cap] == q;
+            if (seen) continue;
+            rows[m2a_hier_rail(h, src, q)]++;
+            across++;
+        }
+    }
+    return across;
+}
+
+int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const int32_t *ids,
+                         int32_t *fwd, int32_t *next)
+{
+    int64_t pairs = 0;
+    for (int i = 0; i < nrows; i++) {
+        const int32_t *e = ids + (size_t)i * r->k;
+        int32_t *out = fwd + (size_t)i * r->k;
+        int nd = 0;
+        for (int j = 0; j < r->k; j++) { /* insert each owner in this node once, keeping ascending rank */
+            if (m2a_expert_invalid(r, e[j])) continue;
+            const int q = r->owner[e[j]];
+            if (h->node[q] != node) continue;
+            int at = 0;
+            while (at < nd && out[at] < q) at++;
+            if (at < nd && out[at] == q) continue;
+            for (int s = nd; s > at; s--) out[s] = out[s - 1];
+            out[at] = q, nd++;
+        }
+        for (int d = 0; d < nd; d++) {
+            const int q = out[d];
+            out[d] = q * r->cap + next[q]++;
+        }
+        for (int d = nd; d < r->k; d++) out[d] = -1;
+        pairs += nd;
+    }
+    return pairs;
+}
