@@ -40,7 +40,7 @@ check $? "moea2a_info -c extra: exit 2 before printing anything (got $rc)"
 [ $rc = 0 ] && grep -q "topology of .*cpu-only.xml: 1 package(s), 16 core(s)" "$out"
 check $? "moea2a_info -t FILE (a space between) reads the file (got $rc)"
 MOEA2A_TIMEOUT_S=abc MOEA2A_NUM_SMS=999 "$info" -c >"$out" 2>/dev/null; rc=$?
-[ $rc = 1 ] && grep -q "^# INVALID: MOEA2A_TIMEOUT_S='abc'" "$out" && grep -q "^# INVALID: MOEA2A_NUM_SMS=999 is outside 1..256" "$out"
+[ $rc = 1 ] && grep -q "^# INVALID: MOEA2A_TIMEOUT_S='abc'" "$out" && grep -q "^# INVALID: MOEA2A_NUM_SMS=999 is outside 0..256" "$out"
 check $? "moea2a_info -c flags values the library refuses, exit 1 (got $rc)"
 "$info" -c >"$out" 2>&1; rc=$?
 [ $rc = 0 ] && ! grep -q INVALID "$out"; check $? "moea2a_info -c with the defaults: no INVALID line, exit 0 (got $rc)"

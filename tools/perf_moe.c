@@ -516,9 +516,11 @@ static int split_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int 
     void *s2 = perf_stream_new();
     char why[128] = "";
     int M = 4096;
-    /* the GEMM gets the SMs the collective does not hold (num_sms; its default 48) */
+    /* the GEMM gets the SMs the collective does not hold (num_sms, else the variable, else the default) */
     const char *env = getenv("MOEA2A_NUM_SMS");
-    int held = sms ? sms : env && atoi(env) > 0 ? atoi(env) : 48, free_sms = perf_device_sms() - held;
+    int ep = 1;
+    moea2a_comm_size(comm, &ep);
+    int held = sms ? sms : env && atoi(env) > 0 ? atoi(env) : MOEA2A_MOE_DEFAULT_SMS(ep), free_sms = perf_device_sms() - held;
     r->gemm_sms = free_sms > 0 ? free_sms : 0;
     perf_gemm_t *g = s2 ? perf_gemm_open(s2, M, 4096, 4096, r->gemm_sms, why, sizeof(why)) : NULL;
     for (int pass = 0; g && pass < 2; pass++) { /* time it; resize it once to half the exchange */

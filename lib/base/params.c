@@ -38,13 +38,14 @@ static const moea2a_param_t params[] = {
     {"MOEA2A_NODE_SIZE", "int", "0",
      "0: a node is a host. N: the ranks of each host form nodes of N consecutive ranks (emulated nodes, "
      "for tests and benchmarks of multi-node behaviour on one machine); 0..ranks, the same on every rank."},
-    {"MOEA2A_NUM_SMS", "int", "48",
+    {"MOEA2A_NUM_SMS", "int", "0",
      "SMs (thread blocks) each fused dispatch or combine kernel of the load/store path uses, 1..256, "
      "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same. "
-     "48 is the smallest budget within 5% of the best time from 128 to 4096 tokens on 2 x H200 "
-     "(moea2a_perf --sms; at 4096 tokens 32 SMs cost 5% on dispatch and 2% on combine, 24 SMs 0% and 23%; "
-     "at 128 tokens 32 SMs cost 12% on combine), measured before the combine's reduce through bulk copies was shortened "
-     "(one H100, 4096 tokens, 16 / 24 / 48 SMs: 344 / 236 / 144 -> 96 / 70 / 50 us)."},
+     "0 (default): 32 where the context spans 4 or more ranks, 48 on fewer (MOEA2A_MOE_DEFAULT_SMS in "
+     "moea2a.h). On 4 x H100 (hidden 7168, top-8 of 256) 32 SMs beat 48 at every size, dispatch + combine "
+     "58.5 against 60.5 us at 128 tokens, 269.5 against 279.2 at 1024, 964.4 against 969.7 at 4096; on 2 of "
+     "them 48 stays ahead by up to 3% at 512-4096 tokens (moea2a_perf --sms or MOEA2A_NUM_SMS measure it "
+     "elsewhere)."},
     {"MOEA2A_DISPATCH_EVEN_TOKENS", "int", "16",
      "On the load/store path, the dispatch splits its copies evenly over the warps of its SMs (each SM routing "
      "its own tokens, no shared counter) while a rank sends at most this many tokens per SM, 1..64; past it, "
@@ -124,7 +125,7 @@ static const rule_t rules[] = {
     {"MOEA2A_NVLINK", 0, 1, NULL, 0},
     {"MOEA2A_SYMMETRIC_MEMORY", 0, 0, "auto transport cuda_ipc", 0},
     {"MOEA2A_NODE_SIZE", 0, 1 << 20, NULL, 0},
-    {"MOEA2A_NUM_SMS", 1, 256, NULL, 0},
+    {"MOEA2A_NUM_SMS", 0, 256, NULL, 0},
     {"MOEA2A_DISPATCH_EVEN_TOKENS", 1, 64, NULL, 0},
     {"MOEA2A_QUANT_OVERLAP", -1, 1, NULL, 0},
     {"MOEA2A_QUANT_IN_COPY", 0, 1, NULL, 0},

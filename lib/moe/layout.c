@@ -206,6 +206,7 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
     M2A_TRY(m2a_comm_record(comm, m2a_param_int("MOEA2A_NVLINK", &nvlink)));
     if (!nvlink) out->flags |= MOEA2A_MOE_NO_NVLINK;
     if (sms == 0) M2A_TRY(m2a_comm_record(comm, m2a_param_int("MOEA2A_NUM_SMS", &sms)));
+    if (sms == 0) sms = MOEA2A_MOE_DEFAULT_SMS(ep); /* ep is agreed, so every rank takes the same */
     out->num_sms = sms > 0 && sms <= 256 ? (int)sms : -1;
     M2A_CHECK_ARG(comm, out->num_sms >= 1 && out->num_sms <= 256,
                   "%s: num_sms (or MOEA2A_NUM_SMS=%ld) must be in 1..256", fn, sms);
