@@ -51,5 +51,12 @@ check $? "moea2a_info -w cap=99999999999 is refused, not cut to 32 bits (got $rc
 [ $rc = 3 ] && grep -q "does NOT fit" "$out"; check $? "moea2a_info -w ... mem=1G that does not fit: exit 3 (got $rc)"
 "$info" -w ep=8,cap=64,mem=1G >"$out" 2>&1; rc=$?
 [ $rc = 0 ] && grep -q "fits in" "$out"; check $? "moea2a_info -w ... mem=1G that fits: exit 0 (got $rc)"
+# the network memory of both schemes across unequal nodes (ranks 0-3 and 4-5): rank 5, index 1
+# of its node of 2, is the rail peer of sources 1 and 3 of the other node; rank 3 serves none
+# (its index 3 is beyond the other node's); records of 14372 B, combine rows 14336 B, cap 1024
+"$info" --workspace ep=6,ranks_per_node=4,rank=5 >"$out" 2>&1
+grep -q "flat 117587968 bytes (4 ranks on other nodes.*node-aware 88190976 bytes ((1 other nodes + 2 sources served" "$out" &&
+    "$info" --workspace ep=6,ranks_per_node=4,rank=3 | grep -q "node-aware 29396992 bytes ((1 other nodes + 0 sources"
+check $? "moea2a_info --workspace with ranks_per_node: both schemes' network memory, rail peers of unequal nodes"
 echo "1..$n"
 exit $failed

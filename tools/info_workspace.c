@@ -4,7 +4,8 @@
  * max_tokens_per_rank that fits; with ranks_per_node below ep, the rows and bytes a
  * token sends to other nodes, flat (one row per destination rank, today's generic
  * path) against node-aware (one row per destination node), modelled for uniform
- * routing. The last line is "total <N> bytes". */
+ * routing, and the memory each scheme holds for the network. The last line is "total
+ * <N> bytes". */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -233,6 +234,22 @@ int info_workspace(const char *spec_in)
                "combine %.0f / %.0f\n",
                a.topk, a.experts, a.rank, rpn, flat, node_aware, flat > 0 ? node_aware / flat : 0.0, flat * rec,
                node_aware * rec, flat * crow, node_aware * crow);
+        /* Memory for the network, cap tokens: flat, a block of cap records out and cap combine rows back per
+         * rank on another node; node-aware (the hierarchical plan, lib/moe/hier.h), a block per other node
+         * out (a token once per node) and its partials back, and, as a rail peer, a block from each source it
+         * serves (those of other nodes with its index in its node, modulo its node's size) and their
+         * partials out. */
+        const int me_node = a.rank / rpn, nodes = (a.ep + rpn - 1) / rpn, mine = a.ep - me_node * rpn < rpn ? a.ep - me_node * rpn : rpn;
+        long long served = 0;
+        for (int n = 0; n < nodes; n++) {
+            const int size = a.ep - n * rpn < rpn ? a.ep - n * rpn : rpn;
+            for (int l = 0; l < size && n != me_node; l++) served += l % mine == a.rank % rpn;
+        }
+        const double blk = (double)a.cap * (rec + crow);
+        printf("  network memory (model, per rank, cap %d): flat %.0f bytes (%d ranks on other nodes x cap x (record "
+               "+ combine row)), node-aware %.0f bytes ((%d other nodes + %lld sources served as rail peer) x cap x "
+               "(record + combine row))\n",
+               a.cap, (a.ep - mine) * blk, a.ep - mine, (double)(nodes - 1 + served) * blk, nodes - 1, served);
     }
     printf("total %zu bytes\n", s.total_bytes);
     return fits ? 0 : 3;
