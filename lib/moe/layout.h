@@ -134,9 +134,6 @@ typedef struct {
 void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, const m2a_moe_backend_size_t *backend,
                     m2a_moe_layout_t *l);
 
-/* Thread blocks (SMs) each load/store kernel uses unless num_sms or MOEA2A_NUM_SMS
- * says otherwise (at most the GPU's SM count). */
-#define M2A_LSA_DEFAULT_SMS 48
 /* Ranks the load/store path serves at most (one bit per destination). */
 #define M2A_LSA_MAX_RANKS 64
 /* Whether a config may use the load/store path: it needs a combine (its gate) and
