@@ -31,6 +31,25 @@ static moea2a_result_t judge_headers(moea2a_moe_t moe, moea2a_result_t mine, con
     return MOEA2A_SUCCESS;
 }
 
+moea2a_result_t m2a_generic_headers(moea2a_moe_t moe, moea2a_result_t mine, int n, int rt, const int32_t *send,
+                                    int32_t *recv)
+{
+    moea2a_comm_t comm = moe->comm;
+    const int ep = comm->nranks;
+    m2a_moe_header_t *hs = moe->h_hdr_send, *hr = moe->h_hdr_recv;
+    for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){mine == MOEA2A_SUCCESS ? send[q] : 0, rt, mine, n};
+    int64_t hc[512] = {0}, *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
+    if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
+    for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
+    moea2a_result_t r = m2a_alltoallv("moea2a_dispatch (headers)", hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32,
+                                      comm, NULL);
+    if (hcv != hc) free(hcv);
+    if (r != MOEA2A_SUCCESS) return r;
+    M2A_TRY(judge_headers(moe, mine, hr, rt));
+    for (int q = 0; q < ep; q++) recv[q] = hr[q].count;
+    return MOEA2A_SUCCESS;
+}
+
 /* Byte counts and displacements of one all-to-all with the staged peers (this rank
  * and load/store peers are served directly): send_rows[q] rows of `width` bytes go to
  * q, recv_rows[q] come from q. Peer q's send block starts at index x send_peer_bytes
@@ -96,7 +115,6 @@ static moea2a_result_t dispatch_send(moea2a_moe_t moe, const m2a_generic_steps_t
 {
     moea2a_comm_t comm = moe->comm;
     int ep = comm->nranks, n = a->n, rt = a->stride;
-    m2a_moe_header_t *hs = moe->h_hdr_send, *hr = moe->h_hdr_recv;
 
     m2a_phase_t ph;
     m2a_phase_start(&ph, st->wait, stream);
@@ -107,23 +125,14 @@ static moea2a_result_t dispatch_send(moea2a_moe_t moe, const m2a_generic_steps_t
      * no headers to travel with: return it, not the ABORTED of the exchange. */
     if (mine != MOEA2A_SUCCESS && comm->broken != MOEA2A_SUCCESS) return mine;
     if (mine != MOEA2A_SUCCESS) memset(moe->h_send_counts, 0, sizeof(int32_t) * (size_t)ep);
-    for (int q = 0; q < ep; q++) hs[q] = (m2a_moe_header_t){moe->h_send_counts[q], rt, mine, n};
     m2a_phase_mark(&ph, stream, "route");
 
     /* 2. Headers. */
-    int64_t hc[512], *hcv = ep <= 256 ? hc : malloc(sizeof(int64_t) * 2 * (size_t)ep);
-    if (!hcv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
-    for (int q = 0; q < ep; q++) hcv[q] = 4, hcv[ep + q] = 4 * (int64_t)q;
-    moea2a_result_t r = m2a_alltoallv("moea2a_dispatch (headers)", hs, hcv, hcv + ep, hr, hcv, hcv + ep, MOEA2A_INT32,
-                                      comm, NULL);
-    if (hcv != hc) free(hcv);
-    if (r != MOEA2A_SUCCESS) return r;
-    M2A_TRY(judge_headers(moe, mine, hr, rt));
-    for (int q = 0; q < ep; q++) moe->h_recv_counts[q] = hr[q].count;
+    M2A_TRY(m2a_generic_headers(moe, mine, n, rt, moe->h_send_counts, moe->h_recv_counts));
     m2a_phase_mark(&ph, stream, "headers");
 
     /* 3. Pack and move every array. */
-    r = st->pack(moe, a, stream);
+    moea2a_result_t r = st->pack(moe, a, stream);
     m2a_phase_mark(&ph, stream, "pack");
     if (r == MOEA2A_SUCCESS) r = exchange_arrays(moe, rt, stream);
     if (r != MOEA2A_SUCCESS) return r;
@@ -162,10 +171,9 @@ moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, c
 /* The send half of a combine: everyone learns whether everyone can go on, then the
  * expert side sends back each source's rows from [src][stride][hidden]; the token
  * side lands them per staged peer. */
-static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, const void *expert_out, void *stream)
+moea2a_result_t m2a_generic_combine_agree(moea2a_moe_t moe, moea2a_result_t mine)
 {
     moea2a_comm_t comm = moe->comm;
-    const m2a_moe_layout_t *l = &moe->l;
     int ep = comm->nranks;
     int32_t *st = calloc((size_t)ep, sizeof(int32_t));
     if (!st) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
@@ -175,6 +183,15 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
     for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) failed |= st[q] != MOEA2A_SUCCESS;
     if (failed) r = m2a_moe_tell_failures(comm, "moea2a_combine", mine, st, 1);
     free(st);
+    return r;
+}
+
+static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, const void *expert_out, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const m2a_moe_layout_t *l = &moe->l;
+    int ep = comm->nranks;
+    moea2a_result_t r = m2a_generic_combine_agree(moe, mine);
     if (r != MOEA2A_SUCCESS) return r;
 
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;

@@ -22,6 +22,16 @@ typedef struct {
     void (*wait)(void *stream); /* for phase tracing; NULL: nothing runs asynchronously */
 } m2a_generic_steps_t;
 
+/* The header exchange of a dispatch's send half: send[q] rows announced to each rank
+ * q (0 where this rank failed its checks, mine), with its stride rt and num_tokens n;
+ * every rank's verdict judged (a failed rank's reason, or a runtime_max
+ * disagreement, becomes every rank's error); recv[q] the rows q announced here. */
+moea2a_result_t m2a_generic_headers(moea2a_moe_t moe, moea2a_result_t mine, int n, int rt, const int32_t *send,
+                                    int32_t *recv);
+/* The first step of a combine's send half: every rank learns whether every rank can
+ * go on (a failed rank's reason becomes every rank's error). */
+moea2a_result_t m2a_generic_combine_agree(moea2a_moe_t moe, moea2a_result_t mine);
+
 /* The dispatch and combine operations of a generic backend, whose alloc sets
  * moe->steps to its steps (m2a_generic_steps_t). */
 moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,

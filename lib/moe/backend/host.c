@@ -6,6 +6,7 @@
 
 #include "moe/backend.h"
 #include "moe/backend/generic.h"
+#include "moe/backend/host.h"
 #include "moe/backend/host_kernels.h"
 #include "quant/quant_host.h"
 
@@ -19,9 +20,7 @@ static moea2a_result_t host_route(moea2a_moe_t moe, int n, const int32_t *ids, v
     return MOEA2A_SUCCESS;
 }
 
-/* Payloads sent quantized: NVFP4's global scale over this call's tokens, and room for
- * one token's codes and scales. NULL when every payload goes as is; *fail on no memory. */
-static m2a_wire_token_t *wire_begin(moea2a_moe_t moe, const m2a_dispatch_args_t *a, m2a_wire_token_t *w, int *fail)
+m2a_wire_token_t *m2a_host_wire_begin(moea2a_moe_t moe, const m2a_dispatch_args_t *a, m2a_wire_token_t *w, int *fail)
 {
     const moea2a_moe_config_t *c = &moe->cfg;
     const m2a_moe_layout_t *l = &moe->l;
@@ -44,7 +43,7 @@ static m2a_wire_token_t *wire_begin(moea2a_moe_t moe, const m2a_dispatch_args_t 
     return w;
 }
 
-static void wire_end(m2a_wire_token_t *w)
+void m2a_host_wire_end(m2a_wire_token_t *w)
 {
     if (w) free(w->buffer);
 }
@@ -57,7 +56,7 @@ static moea2a_result_t host_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a,
     int cap = moe->cfg.max_tokens_per_rank, k = moe->cfg.top_k, fail;
     unsigned char *self_base[M2A_MOE_MAX_ARRAYS], *peer_base[M2A_MOE_MAX_ARRAYS];
     for (int i = 0; i < l->narrays; i++) self_base[i] = moe->ws + l->array[i].ws;
-    m2a_wire_token_t wt, *w = wire_begin(moe, a, &wt, &fail);
+    m2a_wire_token_t wt, *w = m2a_host_wire_begin(moe, a, &wt, &fail);
     if (fail) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
     for (int t = 0; t < a->n; t++) {
         /* a quantized payload: once per token, whatever the number of destinations */
@@ -74,7 +73,7 @@ static moea2a_result_t host_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a,
             m2a_host_put_token(&moe->route, l, t, a->payloads, a->ids, a->weights, w, peer_base, (size_t)slot);
         }
     }
-    wire_end(w);
+    m2a_host_wire_end(w);
     return MOEA2A_SUCCESS;
 }
 
@@ -104,18 +103,16 @@ static const m2a_generic_steps_t steps = {
     .route = host_route, .pack = host_pack, .sanitize = host_sanitize, .reduce = host_reduce,
 };
 
-static void host_release(moea2a_moe_t moe)
+void m2a_host_release(moea2a_moe_t moe)
 {
     m2a_topo_free(moe->ws, moe->l.workspace);
     m2a_topo_free(moe->stage, moe->l.staging);
     moe->ws = moe->stage = NULL;
 }
 
-/* Counts and headers live in the workspace itself; every slot starts as padding. */
-static moea2a_result_t host_alloc(moea2a_moe_t moe)
+moea2a_result_t m2a_host_memory(moea2a_moe_t moe)
 {
     const m2a_moe_layout_t *l = &moe->l;
-    moe->steps = &steps;
     moe->ws = m2a_topo_alloc(l->workspace, moe->numa);
     moe->stage = l->staging ? m2a_topo_alloc(l->staging, moe->numa) : NULL;
     if (!moe->ws || (l->staging && !moe->stage))
@@ -131,8 +128,14 @@ static moea2a_result_t host_alloc(moea2a_moe_t moe)
     return MOEA2A_SUCCESS;
 }
 
+static moea2a_result_t host_alloc(moea2a_moe_t moe)
+{
+    moe->steps = &steps;
+    return m2a_host_memory(moe);
+}
+
 /* The expert-major layout: the host reference does it all at once, rows included. */
-static moea2a_result_t host_expert_expand(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
+moea2a_result_t m2a_host_expert_expand_op(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
                                           m2a_expert_view_t *out)
 {
     (void)need_rows, (void)stream;
@@ -143,7 +146,7 @@ static moea2a_result_t host_expert_expand(moea2a_moe_t moe, int num_local, int n
     return MOEA2A_SUCCESS;
 }
 
-static moea2a_result_t host_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream)
+moea2a_result_t m2a_host_expert_fold_op(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream)
 {
     (void)num_local, (void)stream;
     if (m2a_host_expert_fold(&moe->route, &moe->cfg, &moe->l, moe->stride, rows, moe->ws))
@@ -154,7 +157,7 @@ static moea2a_result_t host_expert_fold(moea2a_moe_t moe, int num_local, const u
 /* by role: the context's memory; the collectives; the expert-major pass */
 const m2a_moe_backend_t m2a_moe_backend_host = {
     .name = "host",
-    .alloc = host_alloc, .release = host_release,
+    .alloc = host_alloc, .release = m2a_host_release,
     .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
-    .expert_expand = host_expert_expand, .expert_fold = host_expert_fold,
+    .expert_expand = m2a_host_expert_expand_op, .expert_fold = m2a_host_expert_fold_op,
 };
