@@ -407,6 +407,12 @@ typedef struct {
      * scales and global scale 0. */
     void *expert_payload_scales[MOEA2A_MOE_MAX_PAYLOADS];
     const float *expert_global_scales[MOEA2A_MOE_MAX_PAYLOADS];
+    /* Rows this rank's dispatch handed its transport for ranks on other nodes, and their
+     * bytes: internode_rows and internode_bytes on the flat paths; on the hierarchical
+     * path (host memory across nodes) one row per token for each other node it reaches,
+     * sent to that node's rail peer, which relays it there. The combine brings as many
+     * rows back (of the combine dtype). 0 when every rank is on one node. */
+    int64_t network_rows, network_bytes;
 } moea2a_dispatch_result_t;
 
 #ifdef __cplusplus

@@ -238,6 +238,23 @@ static int check_dispatch(const cfg_t *c, uint64_t seed, int me, int stride, con
     RANK_EXPECT(fails, me, res->internode_rows == internode && res->internode_bytes == internode * record,
                 "rows to other nodes %lld (%lld bytes), expected %lld (%lld)", (long long)res->internode_rows,
                 (long long)res->internode_bytes, (long long)internode, (long long)(internode * record));
+    /* what crossed the network: across nodes on host memory the hierarchical path (unless
+     * MOEA2A_HIERARCHICAL=0) sends a token once per other node it reaches, else a row per
+     * destination rank there */
+    const char *hv = getenv("MOEA2A_HIERARCHICAL");
+    const int hier = per < c->ep && !(hv && !strcmp(hv, "0"));
+    int64_t per_node = 0;
+    for (int t = 0; t < n_me; t++)
+        for (int nd = 0; nd * per < c->ep; nd++) {
+            int reached = 0;
+            for (int dst = nd * per; dst < (nd + 1) * per && dst < c->ep && nd != me / per; dst++)
+                reached |= goes_to(c, seed, me, t, dst);
+            per_node += reached;
+        }
+    const int64_t network = hier ? per_node : internode;
+    RANK_EXPECT(fails, me, res->network_rows == network && res->network_bytes == network * record,
+                "network rows %lld (%lld bytes), expected %lld (%s path)", (long long)res->network_rows,
+                (long long)res->network_bytes, (long long)network, hier ? "hierarchical" : "flat");
     int sanitize = !(c->flags & MOEA2A_MOE_NO_SANITIZE);
     for (int src = 0; src < c->ep && fails < 5; src++) {
         int n_src = tokens_of(c, seed, src), i = 0;
@@ -393,6 +410,7 @@ typedef struct {
     uint64_t first_seed;
     int configs;
     int node_size; /* MOEA2A_NODE_SIZE for the run (0: hosts) */
+    int flat;      /* MOEA2A_HIERARCHICAL=0 */
 } sweep_t;
 
 static int sweep_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -405,6 +423,7 @@ static int sweep_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         snprintf(v, sizeof(v), "%d", s->node_size);
         setenv("MOEA2A_NODE_SIZE", v, 1);
     }
+    if (s->flat) setenv("MOEA2A_HIERARCHICAL", "0", 1);
     if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
     for (int i = 0; i < s->configs && fails < 10; i++) fails += run_config(comm, rank, n, s->first_seed + (uint64_t)i);
     moea2a_comm_destroy(comm);
@@ -756,18 +775,25 @@ int main(void)
 {
     static const int sizes[] = {1, 2, 3, 4, 5, 8};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        sweep_t s = {1000u * (uint64_t)sizes[i], sizes[i] <= 4 ? 40 : 20, 0};
+        sweep_t s = {1000u * (uint64_t)sizes[i], sizes[i] <= 4 ? 40 : 20, 0, 0};
         local_ranks_result_t res;
         local_ranks_run(sizes[i], sweep_rank, &s, WATCHDOG, &res);
         tap_ok(res.failed == 0, "%d random configurations on %d ranks match the oracle (dispatch, sanitize, combine)",
                s.configs, sizes[i]);
     }
-    { /* emulated nodes of 2 ranks: every rank of another node is remote; the same results */
-        sweep_t s = {77000, 20, 2};
+    /* emulated nodes (MOEA2A_NODE_SIZE): every rank of another node is remote; the same
+     * results on the flat path and on the hierarchical one, whose rail peers relay inside
+     * equal and unequal nodes (the last node smaller, a rank relaying for several) */
+    static const struct {
+        int ranks, node_size, flat;
+    } nodes[] = {{4, 2, 1}, {4, 2, 0}, {5, 2, 0}, {6, 4, 0}, {8, 3, 0}};
+    for (size_t i = 0; i < sizeof(nodes) / sizeof(nodes[0]); i++) {
+        sweep_t s = {77000 + 100u * (uint64_t)i, 20, nodes[i].node_size, nodes[i].flat};
         local_ranks_result_t res;
-        local_ranks_run(4, sweep_rank, &s, WATCHDOG, &res);
-        tap_ok(res.failed == 0, "%d random configurations on 4 ranks in 2 emulated nodes (MOEA2A_NODE_SIZE=2) match the "
-                                "oracle", s.configs);
+        local_ranks_run(nodes[i].ranks, sweep_rank, &s, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "%d random configurations on %d ranks in emulated nodes of %d (MOEA2A_NODE_SIZE), %s "
+                                "path, match the oracle, network rows included",
+               s.configs, nodes[i].ranks, nodes[i].node_size, nodes[i].flat ? "flat (MOEA2A_HIERARCHICAL=0)" : "hierarchical");
     }
     for (int grouped = 0; grouped < 2; grouped++) {
         local_ranks_result_t res;

@@ -1,6 +1,7 @@
 /* MoE backends: the families of paths a context can take, one table each, chosen once
  * at create (moe.c) and called only through the table:
  *   host    host memory; headers and packed rows over the host transport (backend/host.c)
+ *   hier    host memory across nodes: a row once per node, relayed inside it (backend/hier.c)
  *   cuda    CUDA memory; headers on the host, rows by NCCL send/receive (backend/cuda.c)
  *   nvlink  CUDA memory; one kernel per half over load/store peer pointers (backend/nvlink.c)
  * The MoE layer (moe.c: the public calls, their checks and order; expert.c: the
@@ -38,9 +39,9 @@ typedef struct {
 
 typedef struct m2a_moe_backend {
     const char *name;
-    /* pure: its additions to the formula for this config on ep ranks (NULL: none;
-     * moe_layout.h) */
-    void (*size)(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out);
+    /* pure: its additions to the formula for this config on ep ranks placed as nodes
+     * says (NULL: none; moe_layout.h) */
+    void (*size)(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_t *nodes, m2a_moe_backend_size_t *out);
     /* collective: the workspace, staging and tables of moe->l (the core's layout);
      * MOEA2A_ERR_UNAVAILABLE on every rank when it cannot serve this communicator */
     moea2a_result_t (*alloc)(moea2a_moe_t moe);
@@ -82,12 +83,15 @@ typedef struct m2a_moe_backend {
     int copy_engine;
 } m2a_moe_backend_t;
 
-extern const m2a_moe_backend_t m2a_moe_backend_host, m2a_moe_backend_cuda, m2a_moe_backend_nvlink;
+extern const m2a_moe_backend_t m2a_moe_backend_host, m2a_moe_backend_hier, m2a_moe_backend_cuda,
+    m2a_moe_backend_nvlink;
 
 /* The backend for a context in host or CUDA memory that does (lsa) or does not reach
- * every peer by load/store. */
-static inline const m2a_moe_backend_t *m2a_moe_backend_pick(int cuda, int lsa)
+ * every peer by load/store; hier: host memory across nodes, the hierarchical path
+ * allowed (MOEA2A_HIERARCHICAL). */
+static inline const m2a_moe_backend_t *m2a_moe_backend_pick(int cuda, int lsa, int hier)
 {
-    return !cuda ? &m2a_moe_backend_host : lsa ? &m2a_moe_backend_nvlink : &m2a_moe_backend_cuda;
+    return !cuda ? (hier ? &m2a_moe_backend_hier : &m2a_moe_backend_host)
+                 : lsa ? &m2a_moe_backend_nvlink : &m2a_moe_backend_cuda;
 }
 #endif

@@ -178,6 +178,8 @@ void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_d
         if (node[q] != me) result->internode_rows += moe->h_send_counts[q];
     }
     result->internode_bytes = result->internode_rows * (int64_t)moe->l.record;
+    result->network_rows = moe->network_own ? moe->network_rows : result->internode_rows;
+    result->network_bytes = result->network_rows * (int64_t)moe->l.record;
     result->invalid_entries = moe->pending_invalid;
     result->deduplicated = moe->pending_dedup;
     memcpy(caller, &full, caller_size);

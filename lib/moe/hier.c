@@ -31,6 +31,39 @@ void m2a_hier_free(m2a_hier_t *h)
     h->rail = NULL;
 }
 
+int m2a_hier_served(const m2a_hier_t *h, int rank)
+{
+    int served = 0;
+    for (int src = 0; src < h->ep; src++)
+        served += h->node[src] != h->node[rank] && m2a_hier_rail(h, src, h->node[rank]) == rank;
+    return served;
+}
+
+int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out)
+{
+    m2a_hier_t h;
+    if (m2a_hier_init(&h, m, ep)) return -1;
+    *out = (m2a_moe_nodes_t){m->nnodes, m->size[m->node[rank]], m2a_hier_served(&h, rank)};
+    m2a_hier_free(&h);
+    return 0;
+}
+
+int m2a_hier_nodes_blocks(int ep, int rpn, int rank, m2a_moe_nodes_t *out)
+{
+    const int per = rpn > 0 && rpn < ep ? rpn : ep, nnodes = (ep + per - 1) / per;
+    int *node = malloc(sizeof(int) * (size_t)ep * 2), *size = malloc(sizeof(int) * (size_t)nnodes);
+    if (!node || !size) {
+        free(node), free(size);
+        return -1;
+    }
+    for (int q = 0; q < nnodes; q++) size[q] = ep - q * per < per ? ep - q * per : per;
+    for (int r = 0; r < ep; r++) node[r] = r / per, node[ep + r] = r % per;
+    const m2a_nodemap_t m = {.nnodes = nnodes, .node = node, .local = node + ep, .size = size};
+    const int e = m2a_hier_nodes(&m, ep, rank, out);
+    free(node), free(size);
+    return e;
+}
+
 int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap, const int32_t *send_map, int64_t *rows)
 {
     int64_t across = 0;

@@ -46,6 +46,14 @@ int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap
  * after. next[ep]: that source's next slot at each rank, zero before its first row
  * (its rows reach a rank of this node only through here, in token order, so the count
  * so far is the flat path's slot). Returns the (row, destination) pairs. */
+/* The sources on other nodes that `rank` serves as their rail peer. */
+int m2a_hier_served(const m2a_hier_t *h, int rank);
+
+/* Where rank sits among the nodes of map m (ep ranks), or among nodes of rpn
+ * consecutive ranks (the last one may be smaller): -1 when out of memory. */
+int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out);
+int m2a_hier_nodes_blocks(int ep, int rpn, int rank, m2a_moe_nodes_t *out);
+
 int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const int32_t *ids,
                          int32_t *fwd, int32_t *next);
 #endif

@@ -130,6 +130,13 @@ typedef struct {
     int quantized_rows;
 } m2a_moe_backend_size_t;
 
+/* Where a rank sits among the nodes of its communicator's map, for the sizes of a path
+ * across them: the nodes, the ranks of its own node, and the sources on other nodes it
+ * relays for as their rail peer (moe/hier.h). */
+typedef struct {
+    int nnodes, node_size, served;
+} m2a_moe_nodes_t;
+
 /* backend: what the context's backend adds (m2a_moe_backend_t.size). */
 void m2a_moe_layout(const moea2a_moe_config_t *cfg, int ep, int staged_peers, const m2a_moe_backend_size_t *backend,
                     m2a_moe_layout_t *l);

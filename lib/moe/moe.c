@@ -12,19 +12,29 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/params.h"
 #include "comm/memtype.h"
 #include "moe/core.h"
 #include "moe/backend.h"
 #include "moe/backend/cuda_steps.h"
 #include "moe/expert.h"
+#include "moe/hier.h"
 #include "moe/backend/symmetric.h"
 
 /* ---- planning: config, placement, layout ------------------------------------ */
 
+/* Host memory across nodes takes the hierarchical path (a row once per node, relayed
+ * inside it) unless MOEA2A_HIERARCHICAL=0; one node, or CUDA memory, the flat paths. */
+static int hier_wanted(int cuda, int nnodes, int allowed)
+{
+    return !cuda && nnodes > 1 && allowed;
+}
+
 typedef struct {
     moea2a_moe_config_t cfg;
     const m2a_moe_backend_t *backend;
-    int cuda, staged, nvlink, lsa, rpn;
+    int cuda, staged, nvlink, lsa, rpn, hier;
+    m2a_moe_nodes_t nodes; /* where this rank sits among the nodes (the backends' sizes) */
     char no_lsa[240]; /* why the topology's load/store path has no symmetric memory, or "" */
     int *stage_index;
     m2a_topo_t topo;
@@ -34,10 +44,10 @@ typedef struct {
 
 /* The formula for a backend: the core's layout with the backend's additions. */
 static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const m2a_moe_backend_t *b,
-                       m2a_moe_layout_t *l)
+                       const m2a_moe_nodes_t *nodes, m2a_moe_layout_t *l)
 {
     m2a_moe_backend_size_t bs = {0, 0, 0, 0};
-    if (b->size) b->size(cfg, ep, &bs);
+    if (b->size) b->size(cfg, ep, nodes, &bs);
     m2a_moe_layout(cfg, ep, staged, &bs, l);
 }
 
@@ -90,9 +100,14 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
          * this rank has none. */
         for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
         p->place = m2a_topo_place(&p->topo, m->host_local[comm->rank], p->rpn, p->cuda);
-        p->backend = m2a_moe_backend_pick(p->cuda, p->lsa);
-        layout_for(&p->cfg, ep, p->staged, p->backend, &p->l);
-        r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
+        long hier = 1;
+        r = m2a_comm_record(comm, m2a_param_int("MOEA2A_HIERARCHICAL", &hier));
+        if (r == MOEA2A_SUCCESS && m2a_hier_nodes(m, ep, comm->rank, &p->nodes))
+            r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
+        p->hier = hier_wanted(p->cuda, p->nodes.nnodes, (int)hier);
+        p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
+        layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
+        if (r == MOEA2A_SUCCESS) r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
     }
     /* Without a transport that moves CUDA memory only the load/store path serves a CUDA
      * context (its symmetric memory may come from CUDA IPC), on a GPU the topology shows. */
@@ -150,9 +165,15 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         }
         int nvlink, lsa, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda,
                                                        m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
+        long hier = 1;
+        m2a_moe_nodes_t nodes;
+        if (r == MOEA2A_SUCCESS) r = m2a_param_int("MOEA2A_HIERARCHICAL", &hier);
+        if (r == MOEA2A_SUCCESS && m2a_hier_nodes_blocks(layout->ep, rpn, layout->rank, &nodes))
+            r = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, hier_wanted(cuda, nodes.nnodes, (int)hier));
         m2a_moe_layout_t l;
-        layout_for(&cfg, layout->ep, staged, m2a_moe_backend_pick(cuda, lsa), &l);
-        if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, m2a_moe_backend_pick(cuda, lsa), cuda, "");
+        if (r == MOEA2A_SUCCESS) layout_for(&cfg, layout->ep, staged, b, &nodes, &l);
+        if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, b, cuda, "");
         if (r == MOEA2A_SUCCESS)
             r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
                                    m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);
@@ -190,7 +211,7 @@ static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
     while (lo < hi) { /* largest cap whose per-rank total fits */
         c.max_tokens_per_rank = lo + (hi - lo + 1) / 2;
         m2a_moe_layout_t l;
-        layout_for(&c, comm->nranks, p->staged, p->backend, &l);
+        layout_for(&c, comm->nranks, p->staged, p->backend, &p->nodes, &l);
         if (l.workspace + l.staging <= avail / ranks) lo = c.max_tokens_per_rank;
         else hi = c.max_tokens_per_rank - 1;
     }
@@ -238,7 +259,8 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
              "moea2a_moe_workspace_size predicted", moe->backend->name, moea2a_last_error(comm), fallback->name);
     moe->backend->release(moe);
     moe->backend = fallback; /* stage_index already gives every peer a slot */
-    layout_for(&moe->cfg, ep, ep - 1, moe->backend, &moe->l);
+    const m2a_moe_nodes_t one = {1, ep, 0}; /* the fallback is the generic CUDA path, which sizes no nodes */
+    layout_for(&moe->cfg, ep, ep - 1, moe->backend, &one, &moe->l);
     return moe->backend->alloc(moe);
 }
 
@@ -254,6 +276,14 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     r = m2a_moe_agree_config(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
     /* Memory (or a missing CUDA module) may fail on one rank only; the backends'
      * allocations are collective, so every rank enters them or none does. */
+    /* The hierarchical path takes every rank or none (MOEA2A_HIERARCHICAL may differ) */
+    int hier = r == MOEA2A_SUCCESS ? p->hier : 0;
+    if (r == MOEA2A_SUCCESS) r = m2a_moe_agree(comm, r, &hier);
+    if (r == MOEA2A_SUCCESS && hier != p->hier) {
+        M2A_INFO(M2A_SUBSYS_MOE, "moea2a_moe_create: another rank has MOEA2A_HIERARCHICAL=0: the flat path");
+        p->hier = 0, p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, 0);
+        layout_for(&p->cfg, comm->nranks, p->staged, p->backend, &p->nodes, &p->l);
+    }
     if (r == MOEA2A_SUCCESS) r = m2a_moe_agree(comm, check_fits(comm, p), NULL);
     if (r == MOEA2A_SUCCESS) {
         moe->comm = comm;

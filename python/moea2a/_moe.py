@@ -90,7 +90,8 @@ class DispatchResult:
 
     def __getattr__(self, name):  # the counts and shape, read from the C result when asked
         if name in ("ep", "stride", "top_k", "total_recv", "invalid_entries", "sent_rows", "deduplicated",
-                    "internode_rows", "internode_bytes", "num_local_experts", "expert_rows"):
+                    "internode_rows", "internode_bytes", "network_rows", "network_bytes", "num_local_experts",
+                    "expert_rows"):
             return getattr(self._r, name)
         if name == "nvlink":
             return bool(self._r.nvlink)

@@ -7,9 +7,9 @@
 #include "moe/backend/generic.h"
 
 /* the sender's quantized rows (the pack kernel copies them as bytes) */
-static void cuda_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
+static void cuda_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_t *nodes, m2a_moe_backend_size_t *out)
 {
-    (void)c, (void)ep;
+    (void)c, (void)ep, (void)nodes;
     out->quantized_rows = 1;
 }
 

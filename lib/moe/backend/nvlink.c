@@ -23,8 +23,9 @@
 /* signals peers write, block scratch, counters, a failed check's reason (the formula:
  * A(16 ep) + A(1024) + A(384) + A(256)), and the device error record's host copy;
  * copy-engine mode's share after it */
-static void nvlink_size(const moea2a_moe_config_t *c, int ep, m2a_moe_backend_size_t *out)
+static void nvlink_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_t *nodes, m2a_moe_backend_size_t *out)
 {
+    (void)nodes; /* one node */
     out->ctl_bytes = m2a_align(M2A_FAST_SIG_BYTES(ep)) + m2a_align(M2A_FAST_BLOCK_BYTES) + m2a_align(M2A_FAST_CTL_BYTES) +
                      m2a_align(M2A_FAST_REASON_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
