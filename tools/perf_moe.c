@@ -862,7 +862,8 @@ static int time_baseline(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o
 
 /* Across nodes: the rows this rank's routing sends to other nodes, one per destination
  * rank (flat: what moea2a's result says it sent, checked: a disagreement counts as
- * wrong) and one per destination node (aware: what a node-aware scheme sends). */
+ * wrong) and one per destination node (aware: what a node-aware scheme sends); the
+ * result's network rows, what this path sent, must be one of the two. */
 static int count_internode(moea2a_comm_t comm, const bench_t *b, const moea2a_dispatch_result_t *d, int *nodes,
                            double *flat, double *aware, row_t *r)
 {
@@ -889,6 +890,7 @@ static int count_internode(moea2a_comm_t comm, const bench_t *b, const moea2a_di
     }
     free(node_of);
     if ((double)d->internode_rows != *flat) r->wrong++;
+    if ((double)d->network_rows != *flat && (double)d->network_rows != *aware) r->wrong++;
     return 0;
 }
 
@@ -896,10 +898,11 @@ static int count_internode(moea2a_comm_t comm, const bench_t *b, const moea2a_di
  * bytes averaged over ranks, wrong values summed. */
 typedef struct {
     double td, tc, tp, tg, kd, kc, ka, sd, sc, gemm, ovl[2], bd, bc, qd, hd, hc;
-    double bytes_d, remote_d, bytes_c, remote_c, wrong, flat, aware, sent;
+    double bytes_d, remote_d, bytes_c, remote_c, wrong, flat, aware, sent, net;
 } totals_t;
 
-static int reduce_row(moea2a_comm_t comm, int ep, const row_t *r, double flat, double aware, double sent, totals_t *s)
+static int reduce_row(moea2a_comm_t comm, int ep, const row_t *r, double flat, double aware, double sent, double net,
+                      totals_t *s)
 {
     int rank;
     double tmp;
@@ -915,6 +918,7 @@ static int reduce_row(moea2a_comm_t comm, int ep, const row_t *r, double flat, d
         {r->tc, r->bytes_c, &s->tc, &s->bytes_c}, {r->bd, r->remote_d, &s->bd, &s->remote_d},
         {r->bc, r->remote_c, &s->bc, &s->remote_c}, {0, (double)r->wrong, &tmp, &s->wrong},
         {0, flat, &tmp, &s->flat},       {0, aware, &tmp, &s->aware},       {0, sent, &tmp, &s->sent},
+        {0, net, &tmp, &s->net},
     };
     for (size_t i = 0; i < sizeof(each) / sizeof(each[0]); i++)
         TRY(perf_reduce(comm, each[i].mine, each[i].sum_in, each[i].max, each[i].sum));
@@ -934,9 +938,9 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
                                 : o->copy_engine ? "load/store (NVLink), rows by the copy engines (--engine ce)"
                                                  : "load/store (NVLink), fused kernels");
     if (nodes > 1)
-        printf("#   network %d tokens, %d nodes: rows to other nodes per rank: %.1f sent (one per destination "
-               "rank), %.1f node-aware (one per destination node): %.3fx\n",
-               T, nodes, s->sent / ep, s->aware / ep, s->flat > 0 ? s->aware / s->flat : 0.0);
+        printf("#   network %d tokens, %d nodes: rows to other nodes per rank: %.1f one per destination rank "
+               "(flat), %.1f one per destination node (hierarchical): %.3fx; this path sent %.1f\n",
+               T, nodes, s->sent / ep, s->aware / ep, s->flat > 0 ? s->aware / s->flat : 0.0, s->net / ep);
     if (o->check) snprintf(wcol, sizeof(wcol), "%.0f", s->wrong);
     double bytes = s->bytes_d + s->bytes_c, remote = s->remote_d + s->remote_c;
     /* quantizing on dispatch is measured against quantizing first, then dispatching */
@@ -1021,7 +1025,7 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     failed = failed || count_internode(comm, &b, &d, &nodes, &flat, &aware, &r);
     totals_t s;
     memset(&s, 0, sizeof(s));
-    failed = failed || reduce_row(comm, ep, &r, flat, aware, (double)d.internode_rows, &s);
+    failed = failed || reduce_row(comm, ep, &r, flat, aware, (double)d.internode_rows, (double)d.network_rows, &s);
     if (!failed) {
         if (rank == 0) print_size(o, m, T, ti, sms, ep, nodes, d.nvlink, &r, &s);
         *busbw += (s.remote_d + s.remote_c) / (s.td + s.tc) / 1e9;
