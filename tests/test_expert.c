@@ -271,19 +271,27 @@ static int check_combine(moea2a_comm_t comm, const cfg_t *c, moea2a_moe_t moe, c
     RANK_EXPECT(fails, me, rc == MOEA2A_SUCCESS, "combine: %s", moea2a_last_error(comm));
     unsigned char *out = mem_get(on_cuda(c), d_out, crow * (size_t)(n + 1));
     int wrong = 0;
+    /* MOEA2A_NODE_SIZE=N: nodes of N consecutive ranks, whose sums are rounded to the
+     * combine dtype and then added in ascending node order (moea2a_moe(3), Combine) */
+    const char *ns = getenv("MOEA2A_NODE_SIZE");
+    const int per = ns && atoi(ns) > 0 && atoi(ns) < ep ? atoi(ns) : ep;
     for (int t = 0; rc == MOEA2A_SUCCESS && t < n; t++)
         for (size_t h = 0; h < c->hidden; h++) {
             float total = 0.0f;
-            for (int q = 0; q < ep; q++) { /* each destination rank's row, ascending */
-                float acc = 0.0f;
-                int hit = 0;
-                for (int s = 0; s < k; s++) {
-                    int32_t e = id_of(c, me, t, s);
-                    if (!valid(c, e) || owner_of(c, e) != q) continue;
-                    float p = (c->weighted ? weight_of(c, me, t, s) : 1.0f) * y_of(e, me, t, h);
-                    acc += p, hit = 1;
+            for (int q0 = 0; q0 < ep; q0 += per) {
+                float node_sum = 0.0f;
+                for (int q = q0; q < q0 + per && q < ep; q++) { /* each destination rank's row, ascending */
+                    float acc = 0.0f;
+                    int hit = 0;
+                    for (int s = 0; s < k; s++) {
+                        int32_t e = id_of(c, me, t, s);
+                        if (!valid(c, e) || owner_of(c, e) != q) continue;
+                        float p = (c->weighted ? weight_of(c, me, t, s) : 1.0f) * y_of(e, me, t, h);
+                        acc += p, hit = 1;
+                    }
+                    if (hit) node_sum += to_dtype(c->cdt, acc);
                 }
-                if (hit) total += to_dtype(c->cdt, acc);
+                total += per < ep ? to_dtype(c->cdt, node_sum) : node_sum;
             }
             float want = to_dtype(c->cdt, total), got = get(c->cdt, out + (size_t)t * crow, h);
             wrong += memcmp(&want, &got, 4) != 0;
@@ -593,6 +601,16 @@ int main(void)
         local_ranks_run(ep, random_rank, (void *)&host, WATCHDOG, &res);
         tap_ok(res.failed == 0, "expert-major layout on %d rank(s): rows, offsets, per-row arrays, padding and the "
                                 "weighted combine equal the oracle bit for bit (24 random configurations)", ep);
+    }
+    for (int flat = 0; flat < 2 && quick; flat++) tap_skip("TEST_GPU_QUICK", "expert-major layout across nodes, host memory");
+    for (int flat = 0; flat < 2 && !quick; flat++) { /* across nodes: the node-grouped combine of both paths */
+        local_ranks_result_t res;
+        setenv("MOEA2A_NODE_SIZE", "2", 1); /* the ranks inherit them */
+        setenv("MOEA2A_HIERARCHICAL", flat ? "0" : "1", 1);
+        local_ranks_run(4, random_rank, (void *)&host, WATCHDOG, &res);
+        unsetenv("MOEA2A_HIERARCHICAL"), unsetenv("MOEA2A_NODE_SIZE");
+        tap_ok(res.failed == 0, "the same on 4 ranks in emulated nodes of 2 (MOEA2A_NODE_SIZE), %s path",
+               flat ? "flat" : "hierarchical");
     }
     local_ranks_result_t res;
     local_ranks_run(3, capacity_rank, (void *)&host, WATCHDOG, &res);

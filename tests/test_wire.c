@@ -494,6 +494,13 @@ int main(void)
                                 "and UE8M0 scales, row- and MN-major), NVFP4 (linear, 128x4, 8x4 scales, global scales)",
                sizes[i]);
     }
+    { /* across nodes: the rail peers relay the codes, scales and global scales as they came */
+        local_ranks_result_t res;
+        setenv("MOEA2A_NODE_SIZE", "2", 1); /* the ranks inherit it */
+        local_ranks_run(5, wire_rank, &host, WATCHDOG, &res);
+        unsetenv("MOEA2A_NODE_SIZE");
+        tap_ok(res.failed == 0, "the same on 5 ranks in emulated nodes of 2 (MOEA2A_NODE_SIZE), hierarchical path");
+    }
     local_ranks_result_t res;
     local_ranks_run(2, mismatch_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "ranks that disagree on a payload's wire format: MOEA2A_ERR_MISMATCH on every rank");
