@@ -189,13 +189,16 @@ int main(void)
     int survivors = 0, named = 0, timeouts = 0, signalled = 0;
     double worst = 0, sum_named = 0;
     for (int i = 0; i < runs; i++) {
-        int n = i % 2 ? 4 : 2, moe = (i / 2) % 2, default_tls = (i / 4) % 2;
+        /* every other 4-rank run in two emulated nodes: MoE on the hierarchical path */
+        int n = i % 2 ? 4 : 2, moe = (i / 2) % 2, default_tls = (i / 4) % 2, nodes = n == 4 && (i / 8) % 2;
         if (default_tls) unsetenv("UCX_TLS");
         else setenv("UCX_TLS", "self,sm", 1);
+        if (nodes) setenv("MOEA2A_NODE_SIZE", "2", 1); /* the ranks inherit it */
         memset(b, 0, sizeof(*b));
         run_t run = {b, rand() % n, moe, (unsigned)(rand() % 40000)};
         local_ranks_result_t res;
         local_ranks_run(n, looping_rank, &run, 60.0, &res);
+        unsetenv("MOEA2A_NODE_SIZE");
         int ok = res.hung == 0;
         for (int r = 0; r < n; r++) {
             if (r == run.victim) {
@@ -209,9 +212,9 @@ int main(void)
             else if (b->rank[r].result == MOEA2A_ERR_TIMEOUT) timeouts++;
             if (b->rank[r].after_kill > worst) worst = b->rank[r].after_kill;
         }
-        tap_ok(ok, "kill %d: %d ranks, %s, UCX_TLS=%s, rank %d killed after %.1f ms: survivors fail cleanly in time",
-               i + 1, n, moe ? "dispatch/combine" : "alltoallv", default_tls ? "(default)" : "self,sm", run.victim,
-               run.delay_us / 1000.0);
+        tap_ok(ok, "kill %d: %d ranks%s, %s, UCX_TLS=%s, rank %d killed after %.1f ms: survivors fail cleanly in time",
+               i + 1, n, nodes ? " in nodes of 2" : "", moe ? "dispatch/combine" : "alltoallv",
+               default_tls ? "(default)" : "self,sm", run.victim, run.delay_us / 1000.0);
     }
     if (*tls_saved) setenv("UCX_TLS", tls_saved, 1);
     for (int n = 2; n <= 4; n += 2) {
