@@ -1,4 +1,5 @@
-/* Soak: 4 ranks loop over dispatch + combine on host memory, re-creating the MoE
+/* Soak: 4 ranks loop over dispatch + combine on host memory (on one node, then in two
+ * emulated nodes: the hierarchical path), re-creating the MoE
  * context every RECREATE iterations, and check every result against a reference
  * computed independently on the source rank: each token carries small integers, the
  * expert side returns what it received, so out[t] must be the token's row times the
@@ -105,5 +106,14 @@ int main(void)
     tap_ok(res.failed == 0 && res.hung == 0,
            "soak: %d ranks, %ld dispatch/combine iterations, context re-created every %d: results exact, memory flat",
            RANKS, a.iters, (int)a.recreate);
+    /* the same in two emulated nodes (the hierarchical path), up to 10000 iterations */
+    soak_arg_t b = a;
+    if (b.iters > 10000) b.iters = 10000;
+    setenv("MOEA2A_NODE_SIZE", "2", 1); /* the ranks inherit it */
+    local_ranks_run(RANKS, soak_rank, &b, 3600.0, &res);
+    unsetenv("MOEA2A_NODE_SIZE");
+    tap_ok(res.failed == 0 && res.hung == 0,
+           "soak: %d ranks in nodes of 2 (hierarchical path), %ld dispatch/combine iterations, context re-created every "
+           "%d: results exact, memory flat", RANKS, b.iters, (int)b.recreate);
     return tap_done();
 }
