@@ -1,4 +1,4 @@
-/* The hierarchical plan across nodes (lib/moe/hier.c) against the flat path, on the
+/* The hierarchical plan across nodes (lib/moe/hier_plan.c) against the flat path, on the
  * host with no peers. For random routings (invalid ids, repeated experts, idle ranks)
  * and node maps (equal and unequal nodes; nodes of consecutive ranks, as
  * MOEA2A_NODE_SIZE makes them, and of interleaved ranks, as hosts may): every rank's
@@ -17,7 +17,7 @@
 
 #include "base/convert.h"
 #include "moe/backend/host_kernels.h"
-#include "moe/hier.h"
+#include "moe/hier_plan.h"
 #include "tap.h"
 
 #define MAX_EP 12

@@ -235,7 +235,7 @@ int info_workspace(const char *spec_in)
                a.topk, a.experts, a.rank, rpn, flat, node_aware, flat > 0 ? node_aware / flat : 0.0, flat * rec,
                node_aware * rec, flat * crow, node_aware * crow);
         /* Memory for the network, cap tokens: flat, a block of cap records out and cap combine rows back per
-         * rank on another node; node-aware (the hierarchical plan, lib/moe/hier.h), a block per other node
+         * rank on another node; node-aware (the hierarchical plan, lib/moe/hier_plan.h), a block per other node
          * out (a token once per node) and its partials back, and, as a rail peer, a block from each source it
          * serves (those of other nodes with its index in its node, modulo its node's size) and their
          * partials out. */

@@ -132,7 +132,7 @@ typedef struct {
 
 /* Where a rank sits among the nodes of its communicator's map, for the sizes of a path
  * across them: the nodes, the ranks of its own node, and the sources on other nodes it
- * relays for as their rail peer (moe/hier.h). */
+ * relays for as their rail peer (moe/hier_plan.h). */
 typedef struct {
     int nnodes, node_size, served;
 } m2a_moe_nodes_t;

@@ -18,7 +18,7 @@
 #include "moe/backend.h"
 #include "moe/backend/cuda_steps.h"
 #include "moe/expert.h"
-#include "moe/hier.h"
+#include "moe/hier_plan.h"
 #include "moe/backend/symmetric.h"
 
 /* ---- planning: config, placement, layout ------------------------------------ */

@@ -1,5 +1,5 @@
 /* The hierarchical backend: host memory across nodes, following the plan of
- * lib/moe/hier.h. A dispatch sends each token once to each other node it reaches, to
+ * lib/moe/hier_plan.h. A dispatch sends each token once to each other node it reaches, to
  * its rail peer there, and directly to the ranks of its own node; each rail peer
  * relays the rows it got to its node's destinations, in the slots the flat path gives
  * them. A combine goes back the same way: the destinations return the relayed rows to
@@ -20,7 +20,7 @@
 #include "comm/transport.h"
 #include "moe/backend/generic.h"
 #include "moe/backend/host.h"
-#include "moe/hier.h"
+#include "moe/hier_plan.h"
 
 /* The backend's staging, after the staged peers' blocks (which carry the first stage
  * and bring the home rows and partials back), in rows of cap:

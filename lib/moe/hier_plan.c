@@ -1,9 +1,9 @@
-/* The hierarchical plan across nodes (hier.h). */
+/* The hierarchical plan across nodes (hier_plan.h). */
 #include "config.h"
 
 #include <stdlib.h>
 
-#include "moe/hier.h"
+#include "moe/hier_plan.h"
 
 int m2a_hier_init(m2a_hier_t *h, const m2a_nodemap_t *m, int ep)
 {

@@ -10,8 +10,8 @@
  * row per (token, other node) instead of one per (token, rank on another node).
  * Host code, no communication: what a hierarchical backend executes, and what
  * tests/test_hier.c checks against the flat path. */
-#ifndef M2A_MOE_HIER_H
-#define M2A_MOE_HIER_H
+#ifndef M2A_MOE_HIER_PLAN_H
+#define M2A_MOE_HIER_PLAN_H
 #include <stdint.h>
 
 #include "comm/nodemap.h"
