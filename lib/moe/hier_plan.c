@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "moe/hier_plan.h"
 
@@ -86,17 +87,19 @@ int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap
     return across;
 }
 
-int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const int32_t *ids,
+int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const void *ids,
                          int32_t *fwd, int32_t *next)
 {
     int64_t pairs = 0;
     for (int i = 0; i < nrows; i++) {
-        const int32_t *e = ids + (size_t)i * r->k;
+        const unsigned char *row = (const unsigned char *)ids + (size_t)i * r->k * 4;
         int32_t *out = fwd + (size_t)i * r->k;
         int nd = 0;
         for (int j = 0; j < r->k; j++) { /* insert each owner in this node once, keeping ascending rank */
-            if (m2a_expert_invalid(r, e[j])) continue;
-            const int q = r->owner[e[j]];
+            int32_t e;
+            memcpy(&e, row + 4 * (size_t)j, 4); /* rows packed in a record need not be 4-byte aligned */
+            if (m2a_expert_invalid(r, e)) continue;
+            const int q = r->owner[e];
             if (h->node[q] != node) continue;
             int at = 0;
             while (at < nd && out[at] < q) at++;

@@ -40,7 +40,8 @@ int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap
                              int64_t *rows);
 
 /* The second stage at a rail peer of node `node`: one source's rows that reached it
- * across the network, in that source's token order, row i's ids at ids + i x k. For
+ * across the network, in that source's token order, row i's k ids (int32, any
+ * alignment: they may sit packed in a record) at byte i x k x 4 of ids. For
  * each row its destinations in this node (the owners of its valid ids there, each
  * once, ascending rank) and its slot at each: fwd[i x k + d] = rank x cap + slot, -1
  * after. next[ep]: that source's next slot at each rank, zero before its first row
@@ -54,6 +55,6 @@ int m2a_hier_served(const m2a_hier_t *h, int rank);
 int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out);
 int m2a_hier_nodes_blocks(int ep, int rpn, int rank, m2a_moe_nodes_t *out);
 
-int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const int32_t *ids,
+int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const void *ids,
                          int32_t *fwd, int32_t *next);
 #endif

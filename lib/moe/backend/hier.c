@@ -234,7 +234,7 @@ static moea2a_result_t plan_relay(moea2a_moe_t moe)
     for (int i = 0; i < st->S; i++) {
         const int s = st->served[i];
         memset(next, 0, sizeof(int32_t) * (size_t)ep);
-        const int32_t *ids = (const int32_t *)rec_row(l, fwd, st->g.n_fwd, st->ids_array, (size_t)i * cap);
+        const unsigned char *ids = rec_row(l, fwd, st->g.n_fwd, st->ids_array, (size_t)i * cap);
         m2a_hier_forward(&moe->route, &st->h, node[me], st->s1_recv[s], ids, st->fwd + (size_t)i * cap * k, next);
         for (int q = 0; q < ep; q++) st->c2s[(size_t)q * ep + s] = next[q];
     }
