@@ -152,7 +152,7 @@ static moea2a_result_t pack_first(moea2a_moe_t moe, const m2a_dispatch_args_t *a
     m2a_wire_token_t wt, *w = m2a_host_wire_begin(moe, a, &wt, &fail);
     if (fail) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
     unsigned char *base[M2A_MOE_MAX_ARRAYS];
-    int32_t *pos = st->s1_recv; /* rows so far to each rail peer (s1_recv is filled after the headers) */
+    int32_t *pos = (int32_t *)st->v; /* rows so far to each rail peer (scratch) */
     memset(pos, 0, sizeof(int32_t) * (size_t)moe->comm->nranks);
     for (int q = 0; q < st->h.nnodes; q++) st->mark[q] = -1;
     for (int t = 0; t < a->n; t++) {
@@ -330,12 +330,7 @@ static moea2a_result_t hier_dispatch(moea2a_moe_t moe, moea2a_result_t mine, con
         }
         for (int q = 0; q < ep; q++) st->s1_send[q] = (int32_t)rows[q];
         M2A_TRY(m2a_generic_headers(moe, mine, a->n, a->stride, st->s1_send, st->s1_recv));
-        int32_t *keep = malloc(sizeof(int32_t) * (size_t)ep); /* pack_first counts in s1_recv */
-        if (!keep) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_dispatch: out of memory");
-        memcpy(keep, st->s1_recv, sizeof(int32_t) * (size_t)ep);
         moea2a_result_t r = pack_first(moe, a);
-        memcpy(st->s1_recv, keep, sizeof(int32_t) * (size_t)ep);
-        free(keep);
         for (int q = 0; q < ep; q++) moe->h_recv_counts[q] = st->h.node[q] == st->h.node[me] ? st->s1_recv[q] : 0;
         if (r == MOEA2A_SUCCESS) r = move_first(moe, a->stride);
         if (r == MOEA2A_SUCCESS) r = plan_relay(moe);
