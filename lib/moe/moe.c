@@ -166,7 +166,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         int nvlink, lsa, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda,
                                                        m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
         long hier = 1;
-        m2a_moe_nodes_t nodes;
+        m2a_moe_nodes_t nodes = {1, layout->ep, 0};
         if (r == MOEA2A_SUCCESS) r = m2a_param_int("MOEA2A_HIERARCHICAL", &hier);
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes_blocks(layout->ep, rpn, layout->rank, &nodes))
             r = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -274,8 +274,6 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     moea2a_result_t r = moe && p ? plan(comm, config, p) : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     /* All ranks learn whether every rank's config checked out and is the same. */
     r = m2a_moe_agree_config(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
-    /* Memory (or a missing CUDA module) may fail on one rank only; the backends'
-     * allocations are collective, so every rank enters them or none does. */
     /* The hierarchical path takes every rank or none (MOEA2A_HIERARCHICAL may differ) */
     int hier = r == MOEA2A_SUCCESS ? p->hier : 0;
     if (r == MOEA2A_SUCCESS) r = m2a_moe_agree(comm, r, &hier);
@@ -284,6 +282,8 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
         p->hier = 0, p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, 0);
         layout_for(&p->cfg, comm->nranks, p->staged, p->backend, &p->nodes, &p->l);
     }
+    /* Memory (or a missing CUDA module) may fail on one rank only; the backends'
+     * allocations are collective, so every rank enters them or none does. */
     if (r == MOEA2A_SUCCESS) r = m2a_moe_agree(comm, check_fits(comm, p), NULL);
     if (r == MOEA2A_SUCCESS) {
         moe->comm = comm;
