@@ -95,10 +95,12 @@ __device__ __forceinline__ void copy_row(unsigned char *dst, const unsigned char
     }
 }
 
-/* One block per token: every destination gets every array of the token. */
+/* One block per token: every destination gets every array of the token. A row for
+ * this rank lands in source block `block` of the workspace; the source index is the
+ * token number, or src_index[t] where given (rows relayed for another rank). */
 __global__ void pack(m2a_kparams_t p, int n, int stride, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                      const float *__restrict__ weights, const int32_t *__restrict__ map, unsigned char *ws,
-                     unsigned char *stage)
+                     unsigned char *stage, int block, const unsigned char *src_index)
 {
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
         for (int d = 0; d < p.k; d++) {
@@ -110,9 +112,9 @@ __global__ void pack(m2a_kparams_t p, int n, int stride, m2a_kpayloads_t pay, co
                 const unsigned char *src;
                 if (a < p.num_payloads) src = (const unsigned char *)pay.p[a] + (size_t)t * w;
                 else if (a == p.num_payloads) src = (const unsigned char *)(ids + (size_t)t * p.k);
-                else if (a == p.narrays - 1) src = nullptr; /* source index: the token number */
+                else if (a == p.narrays - 1) src = src_index ? src_index + (size_t)t * 4 : nullptr; /* else t */
                 else src = (const unsigned char *)(weights + (size_t)t * p.k);
-                unsigned char *dst = s < 0 ? ws + p.ws_off[a] + ((size_t)rank * stride + slot) * w
+                unsigned char *dst = s < 0 ? ws + p.ws_off[a] + ((size_t)block * stride + slot) * w
                                            : stage + (size_t)s * p.cap * p.record + (size_t)p.cap * p.rec_off[a] + (size_t)slot * w;
                 if (src) {
                     copy_row(dst, src, w);
@@ -256,10 +258,11 @@ extern "C" int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids,
 
 extern "C" int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
                              const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
-                             void *stream)
+                             int block, const void *src_index, void *stream)
 {
     if (n <= 0) return 0;
-    pack<<<grid_for(n, 1), 256, 0, (cudaStream_t)stream>>>(*p, n, stride, payloads, ids, weights, send_map, ws, stage_send);
+    pack<<<grid_for(n, 1), 256, 0, (cudaStream_t)stream>>>(*p, n, stride, payloads, ids, weights, send_map, ws, stage_send,
+                                                           block, (const unsigned char *)src_index);
     return (int)cudaGetLastError();
 }
 

@@ -18,11 +18,13 @@ extern "C" {
  * through prefix sums: no atomic decides any order. */
 int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                    unsigned long long *stats, void *stream);
-/* Each token's arrays to its own receive slots (self) or the staging region of each
- * staged destination. */
+/* Each token's arrays to this rank's receive slots, in source block `block` (this
+ * rank's own number, or the source a relayed row came from), or the staging region of
+ * each staged destination (p->stage_index). The source index array gets the token
+ * number, or src_index's 4 bytes of the token where given (any alignment). */
 int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
                   const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
-                  void *stream);
+                  int block, const void *src_index, void *stream);
 /* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
 int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);

@@ -231,8 +231,9 @@ typedef struct {
 /* 2: the expert-major layout's kernels; 3: the FP4 expert GEMM; 4: copy-engine mode;
  * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin);
  * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL),
- * load_kernels for fast_load and quantize_alongside_load */
-#define MOEA2A_CUDA_ABI_VERSION 8
+ * load_kernels for fast_load and quantize_alongside_load; 9: pack's block and src_index (rows
+ * relayed inside a node by the hierarchical path) */
+#define MOEA2A_CUDA_ABI_VERSION 9
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -277,7 +278,8 @@ typedef struct moea2a_cuda_v1 {
     int (*route)(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                  unsigned long long *stats, void *stream);
     int (*pack)(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
-                const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send, void *stream);
+                const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send, int block,
+                const void *src_index, void *stream);
     int (*sanitize)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids, int32_t *src_index,
                     int sanitize, int rewrite_nonlocal, void *stream);
     int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,

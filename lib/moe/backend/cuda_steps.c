@@ -22,6 +22,11 @@ static moea2a_result_t cuda_fail(moea2a_comm_t comm, int err, const char *what)
     return m2a_error(comm, MOEA2A_ERR_CUDA, "%s: %s", what, OPS->error_string(err));
 }
 
+moea2a_result_t m2a_moe_cuda_check(moea2a_comm_t comm, int err, const char *what)
+{
+    return err == 0 ? MOEA2A_SUCCESS : cuda_fail(comm, err, what);
+}
+
 #define CU(comm, call) \
     do { int e_ = (call); if (e_ != 0) return cuda_fail((comm), e_, #call); } while (0)
 
@@ -173,6 +178,12 @@ static moea2a_result_t bounded_sync(moea2a_moe_t moe, void *s, const char *what)
 moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
                                    int64_t *dedup)
 {
+    return m2a_moe_cuda_route_map(moe, n, ids, stream, invalid, dedup, NULL);
+}
+
+moea2a_result_t m2a_moe_cuda_route_map(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
+                                       int64_t *dedup, int32_t *map_host)
+{
     moea2a_comm_t comm = moe->comm;
     const m2a_moe_layout_t *l = &moe->l;
     void *s = stream;
@@ -183,6 +194,8 @@ moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, 
                                          (int32_t *)(moe->ws + l->send_map), stats, s));
     CU(comm, OPS->copy_async(moe->h_send_counts, moe->ws + l->send_counts, 4 * (size_t)comm->nranks, M2A_CUDA_D2H, s));
     CU(comm, OPS->copy_async(h_stats, stats, 16, M2A_CUDA_D2H, s));
+    if (map_host && n > 0)
+        CU(comm, OPS->copy_async(map_host, moe->ws + l->send_map, 4 * (size_t)n * (size_t)moe->cfg.top_k, M2A_CUDA_D2H, s));
     M2A_TRY(bounded_sync(moe, s, "moea2a_dispatch (counts)"));
     *invalid = (int64_t)h_stats[0], *dedup = (int64_t)h_stats[1];
     return MOEA2A_SUCCESS;
@@ -281,7 +294,7 @@ moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a
     CU(comm, OPS->copy_async(moe->ws + l->recv_counts, moe->h_recv_counts, 4 * (size_t)comm->nranks, M2A_CUDA_H2D, s));
     CU(comm, OPS->pack(moe->kparams, a->n, a->stride, pay, a->ids, a->weights,
                                         (const int32_t *)(moe->ws + l->send_map), moe->ws,
-                                        moe->stage ? moe->stage + l->stage_send : NULL, s));
+                                        moe->stage ? moe->stage + l->stage_send : NULL, comm->rank, NULL, s));
     return MOEA2A_SUCCESS;
 }
 
@@ -299,9 +312,16 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
 {
     const m2a_moe_layout_t *l = &moe->l;
     size_t row = l->combine_row;
-    int rc = OPS->combine(moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
-                              moe->cfg.combine_dtype, moe->cfg.hidden, in + (size_t)moe->comm->rank * (size_t)moe->stride * row,
-                              moe->stage ? moe->stage + l->stage_recv : NULL, out, stream);
+    return m2a_moe_cuda_reduce(moe, moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
+                               in + (size_t)moe->comm->rank * (size_t)moe->stride * row,
+                               moe->stage ? moe->stage + l->stage_recv : NULL, out, stream);
+}
+
+moea2a_result_t m2a_moe_cuda_reduce(moea2a_moe_t moe, const m2a_kparams_t *kp, int n, const int32_t *map,
+                                    const unsigned char *self_rows, const unsigned char *landing, void *out,
+                                    void *stream)
+{
+    int rc = OPS->combine(kp, n, map, moe->cfg.combine_dtype, moe->cfg.hidden, self_rows, landing, out, stream);
     if (rc == M2A_CUDA_NOT_SUPPORTED)
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_combine: tokens with more than 64 destination ranks");
     CU(moe->comm, rc);

@@ -23,6 +23,10 @@ void m2a_moe_cuda_free_workspace(moea2a_moe_t moe);
  * the stream (the counts NCCL needs on the host), bounded by the timeout. */
 moea2a_result_t m2a_moe_cuda_route(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
                                    int64_t *dedup);
+/* The same, with the send map ([n][k], pinned host memory) copied to map_host in the
+ * same wait. */
+moea2a_result_t m2a_moe_cuda_route_map(moea2a_moe_t moe, int n, const int32_t *ids, void *stream, int64_t *invalid,
+                                       int64_t *dedup, int32_t *map_host);
 moea2a_result_t m2a_moe_cuda_pack(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream);
 /* sanitize, then m2a_moe_cuda_wire_finish */
 moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream);
@@ -51,6 +55,14 @@ moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const v
  * i with bit i of done was finished already (by the load/store dispatch kernel). */
 moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, unsigned done, void *stream);
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
+/* The combine's reduction with the kernels' view kp: out[t] for n tokens from map (rank x
+ * cap + slot per entry): this rank's rows at self_rows + slot, a peer's at landing's
+ * block kp->stage_index[rank] (cap rows each), summed as m2a_cuda_combine says. */
+moea2a_result_t m2a_moe_cuda_reduce(moea2a_moe_t moe, const m2a_kparams_t *kp, int n, const int32_t *map,
+                                    const unsigned char *self_rows, const unsigned char *landing, void *out,
+                                    void *stream);
+/* MOEA2A_SUCCESS for 0, else MOEA2A_ERR_CUDA naming the cudaError_t err and what failed. */
+moea2a_result_t m2a_moe_cuda_check(moea2a_comm_t comm, int err, const char *what);
 /* The expert-major layout on the stream (moe_expert.h): the kernels, and with
  * MOEA2A_MOE_HOST_EXPERT_COUNTS the copy of rows, counts and offsets to the pinned
  * mirror (l->pinned_expert). */
