@@ -109,6 +109,47 @@ static moea2a_result_t exchange_arrays(moea2a_moe_t moe, int stride, void *strea
     return r;
 }
 
+moea2a_result_t m2a_generic_move(moea2a_moe_t moe, const char *fn, const m2a_move_side_t *pairs, int npairs,
+                                 int narrays, const size_t *width, void *stream)
+{
+    moea2a_comm_t comm = moe->comm;
+    const int ep = comm->nranks, nmax = npairs * narrays;
+    const unsigned mem = moe->cuda ? MOEA2A_MEM_CUDA : MOEA2A_MEM_HOST;
+    int64_t *vv = malloc(sizeof(int64_t) * 4 * (size_t)ep * (size_t)(nmax > 0 ? nmax : 1));
+    moea2a_request_t *req = calloc((size_t)(nmax > 0 ? nmax : 1), sizeof(*req));
+    if (!vv || !req) {
+        free(vv), free(req);
+        return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    moea2a_result_t r = m2a_comm_fail(comm, m2a_transport_group(comm, mem, 1));
+    int nreq = 0;
+    for (int i = 0; i < npairs && r == MOEA2A_SUCCESS; i++)
+        for (int a = 0; a < narrays && r == MOEA2A_SUCCESS; a++) {
+            const m2a_move_side_t *s = &pairs[2 * i], *d = &pairs[2 * i + 1];
+            if (!s->buf[a]) continue;
+            int64_t *sc = vv + 4 * (size_t)ep * (size_t)nreq, *sd = sc + ep, *rc = sd + ep, *rd = rc + ep, any = 0;
+            for (int q = 0; q < ep; q++) {
+                sc[q] = (int64_t)s->rows[q] * (int64_t)width[a];
+                sd[q] = (s->byte0 ? s->byte0[q] : 0) + (s->row0 ? s->row0[q] : 0) * (int64_t)width[a];
+                rc[q] = (int64_t)d->rows[q] * (int64_t)width[a];
+                rd[q] = (d->byte0 ? d->byte0[q] : 0) + (d->row0 ? d->row0[q] : 0) * (int64_t)width[a];
+                any |= sc[q] | rc[q];
+            }
+            /* NCCL's sends and receives pair up by peer, so on CUDA memory a move with no
+             * rows here is left out (its buffers may be empty regions, past an allocation) */
+            if (!any && mem == MOEA2A_MEM_CUDA) continue;
+            r = m2a_ialltoallv(fn, s->buf[a], sc, sd, d->buf[a], rc, rd, MOEA2A_UINT8, comm, stream, &req[nreq++]);
+        }
+    moea2a_result_t g = m2a_comm_fail(comm, m2a_transport_group(comm, mem, 0));
+    if (r == MOEA2A_SUCCESS) r = g;
+    for (int i = 0; i < nreq; i++) {
+        moea2a_result_t w = req[i] ? moea2a_wait(&req[i]) : MOEA2A_SUCCESS;
+        if (r == MOEA2A_SUCCESS) r = w;
+    }
+    free(vv), free(req);
+    return r;
+}
+
 /* The send half: route locally, exchange headers, pack and move every array. */
 static moea2a_result_t dispatch_send(moea2a_moe_t moe, const m2a_generic_steps_t *st, moea2a_result_t mine,
                                      const m2a_dispatch_args_t *a, void *stream)

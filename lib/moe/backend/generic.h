@@ -32,6 +32,22 @@ moea2a_result_t m2a_generic_headers(moea2a_moe_t moe, moea2a_result_t mine, int 
  * go on (a failed rank's reason becomes every rank's error). */
 moea2a_result_t m2a_generic_combine_agree(moea2a_moe_t moe, moea2a_result_t mine);
 
+/* One side of a move: array a of peer q's block starts at buf[a] + byte0[q] + row0[q] x
+ * width[a] (NULL byte0 / row0: 0), rows[q] rows of it; a NULL buf[a] leaves array a out
+ * of this pair (on every rank alike). */
+typedef struct {
+    unsigned char *buf[M2A_MOE_MAX_ARRAYS + 1];
+    const int32_t *rows;
+    const int64_t *row0, *byte0;
+} m2a_move_side_t;
+
+/* The moves of pairs (send side, receive side) of narrays arrays (at most
+ * M2A_MOE_MAX_ARRAYS + 1), one non-blocking all-to-all per array and pair, all in one
+ * transport group (one NCCL group on CUDA memory, on stream), then waited for. Between
+ * two ranks the moves go in pair order, then array order, on both sides. */
+moea2a_result_t m2a_generic_move(moea2a_moe_t moe, const char *fn, const m2a_move_side_t *pairs, int npairs,
+                                 int narrays, const size_t *width, void *stream);
+
 /* The dispatch and combine operations of a generic backend, whose alloc sets
  * moe->steps to its steps (m2a_generic_steps_t). */
 moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,

@@ -77,50 +77,6 @@ typedef struct {
     const unsigned char **rows, **parts; /* [k] a token's rows of one node, [nnodes] its partials */
 } hier_state_t;
 
-/* ---- moving rows: every array of a record, or combine rows, as all-to-alls ---------- */
-
-/* One side of a move: array a of peer q's block starts at buf[a] + byte0[q] + row0[q] x
- * width[a] (NULL byte0 / row0: 0), rows[q] rows of it. */
-typedef struct {
-    unsigned char *buf[M2A_MOE_MAX_ARRAYS];
-    const int32_t *rows;
-    const int64_t *row0, *byte0;
-} side_t;
-
-/* The moves of pairs (send side, receive side), one non-blocking all-to-all per array
- * and pair, all in one transport group, then waited for. */
-static moea2a_result_t move(moea2a_moe_t moe, const char *fn, const side_t *pairs, int npairs, int narrays,
-                            const size_t *width)
-{
-    moea2a_comm_t comm = moe->comm;
-    const int ep = comm->nranks;
-    moea2a_request_t req[2 * M2A_MOE_MAX_ARRAYS] = {0};
-    int64_t *vv = malloc(sizeof(int64_t) * 4 * (size_t)ep * (size_t)(npairs * narrays));
-    if (!vv) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    moea2a_result_t r = m2a_comm_fail(comm, m2a_transport_group(comm, MOEA2A_MEM_HOST, 1));
-    int nreq = 0;
-    for (int i = 0; i < npairs && r == MOEA2A_SUCCESS; i++)
-        for (int a = 0; a < narrays && r == MOEA2A_SUCCESS; a++) {
-            const side_t *s = &pairs[2 * i], *d = &pairs[2 * i + 1];
-            int64_t *sc = vv + 4 * (size_t)ep * (size_t)nreq, *sd = sc + ep, *rc = sd + ep, *rd = rc + ep;
-            for (int q = 0; q < ep; q++) {
-                sc[q] = (int64_t)s->rows[q] * (int64_t)width[a];
-                sd[q] = (s->byte0 ? s->byte0[q] : 0) + (s->row0 ? s->row0[q] : 0) * (int64_t)width[a];
-                rc[q] = (int64_t)d->rows[q] * (int64_t)width[a];
-                rd[q] = (d->byte0 ? d->byte0[q] : 0) + (d->row0 ? d->row0[q] : 0) * (int64_t)width[a];
-            }
-            r = m2a_ialltoallv(fn, s->buf[a], sc, sd, d->buf[a], rc, rd, MOEA2A_UINT8, comm, NULL, &req[nreq++]);
-        }
-    moea2a_result_t g = m2a_comm_fail(comm, m2a_transport_group(comm, MOEA2A_MEM_HOST, 0));
-    if (r == MOEA2A_SUCCESS) r = g;
-    for (int i = 0; i < nreq; i++) {
-        moea2a_result_t w = req[i] ? moea2a_wait(&req[i]) : MOEA2A_SUCCESS;
-        if (r == MOEA2A_SUCCESS) r = w;
-    }
-    free(vv);
-    return r;
-}
-
 /* Row `row` of a record region of n rows (array-major), array a. */
 static unsigned char *rec_row(const m2a_moe_layout_t *l, unsigned char *region, size_t n, int a, size_t row)
 {
@@ -206,7 +162,7 @@ static moea2a_result_t move_first(moea2a_moe_t moe, int stride)
         sblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)l->record;
         wrow[q] = (int64_t)q * stride, frow[q] = st->sidx[q] < 0 ? 0 : (int64_t)st->sidx[q] * cap;
     }
-    side_t pairs[4] = {{.rows = hs, .byte0 = sblk}, {.rows = hr, .row0 = wrow},
+    m2a_move_side_t pairs[4] = {{.rows = hs, .byte0 = sblk}, {.rows = hr, .row0 = wrow},
                        {.rows = xs, .byte0 = sblk}, {.rows = xr, .row0 = frow}};
     unsigned char *send = moe->stage + l->stage_send, *fwd = moe->stage + l->stage_backend + st->g.fwd_in;
     for (int a = 0; a < l->narrays; a++) {
@@ -216,7 +172,7 @@ static moea2a_result_t move_first(moea2a_moe_t moe, int stride)
     }
     size_t width[M2A_MOE_MAX_ARRAYS];
     widths(l, width);
-    return move(moe, "moea2a_dispatch", pairs, 2, l->narrays, width);
+    return m2a_generic_move(moe, "moea2a_dispatch", pairs, 2, l->narrays, width, NULL);
 }
 
 /* Rows of each served source per rank of this node (m2a_hier_forward), told to those
@@ -294,12 +250,12 @@ static moea2a_result_t relay(moea2a_moe_t moe, int stride)
                     copy_records(l, moe->ws, fwd, st->g.n_fwd, (size_t)i * cap + r, out, st->g.n_s2s, (size_t)cur[q]++, 1);
             }
         }
-    side_t pairs[2] = {{.rows = srows, .row0 = sfirst}, {.rows = rrows, .row0 = rfirst}};
+    m2a_move_side_t pairs[2] = {{.rows = srows, .row0 = sfirst}, {.rows = rrows, .row0 = rfirst}};
     for (int a = 0; a < l->narrays; a++)
         pairs[0].buf[a] = out + st->g.n_s2s * l->array[a].rec, pairs[1].buf[a] = in + st->g.n_s2r * l->array[a].rec;
     size_t width[M2A_MOE_MAX_ARRAYS];
     widths(l, width);
-    M2A_TRY(move(moe, "moea2a_dispatch (relay)", pairs, 1, l->narrays, width));
+    M2A_TRY(m2a_generic_move(moe, "moea2a_dispatch (relay)", pairs, 1, l->narrays, width, NULL));
     for (int p = 0; p < ep; p++) { /* from each rank of the node: sources ascending, each in slot order */
         int64_t at = rfirst[p];
         for (int s = 0; rrows[p] && s < ep; s++) {
@@ -375,8 +331,8 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
             at += c;
         }
     }
-    side_t pairs[4] = {{.buf = {back}, .rows = srows, .row0 = sfirst}, {.buf = {got}, .rows = rrows, .row0 = rfirst}};
-    M2A_TRY(move(moe, "moea2a_combine (relay)", pairs, 1, 1, &crow));
+    m2a_move_side_t pairs[4] = {{.buf = {back}, .rows = srows, .row0 = sfirst}, {.buf = {got}, .rows = rrows, .row0 = rfirst}};
+    M2A_TRY(m2a_generic_move(moe, "moea2a_combine (relay)", pairs, 1, 1, &crow, NULL));
     /* each relayed row: its node's rows in ascending rank order (the code order) */
     memcpy(cur, rfirst, sizeof(int64_t) * (size_t)ep);
     float *acc = (float *)(st->scratch + m2a_align(crow));
@@ -405,9 +361,9 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
         dblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)crow;
     }
     unsigned char *landing = moe->stage + l->stage_recv;
-    side_t back_pairs[4] = {{.buf = {in}, .rows = hs, .row0 = hfirst}, {.buf = {landing}, .rows = hr, .byte0 = dblk},
+    m2a_move_side_t back_pairs[4] = {{.buf = {in}, .rows = hs, .row0 = hfirst}, {.buf = {landing}, .rows = hr, .byte0 = dblk},
                             {.buf = {parts}, .rows = ps, .row0 = pfirst}, {.buf = {landing}, .rows = pr, .byte0 = dblk}};
-    M2A_TRY(move(moe, "moea2a_combine", back_pairs, 2, 1, &crow));
+    M2A_TRY(m2a_generic_move(moe, "moea2a_combine", back_pairs, 2, 1, &crow, NULL));
     moe->combine_in = in;
     return MOEA2A_SUCCESS;
 }
