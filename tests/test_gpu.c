@@ -351,6 +351,10 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
                                      dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv,
                     "stats differ: invalid %lld/%lld merged %lld/%lld", (long long)dres.invalid_entries,
                     (long long)hres.invalid_entries, (long long)dres.deduplicated, (long long)hres.deduplicated);
+        /* the host context takes the same path across nodes: the same rows cross */
+        RANK_EXPECT(fails, rank, dres.internode_rows == hres.internode_rows && dres.network_rows == hres.network_rows,
+                    "rows across nodes differ: internode %lld/%lld network %lld/%lld", (long long)dres.internode_rows,
+                    (long long)hres.internode_rows, (long long)dres.network_rows, (long long)hres.network_rows);
         /* valid rows of payloads and weights (padding is left untouched: not compared) */
         for (int i = 0; i < np; i++) {
             unsigned char *got = to_host(dres.payloads[i], c.row[i] * slots);
@@ -434,6 +438,9 @@ typedef struct {
     int copy_engine;
     int large; /* large_case */
     int ipc;   /* no NCCL: UCX for the host side, CUDA IPC for the symmetric memory */
+    int flat;  /* with node_size: MOEA2A_HIERARCHICAL=0 (else the hierarchical path) */
+    int hosts; /* with node_size: each emulated node its own NCCL_HOSTID, so NCCL joins them
+                  through its network transport (sockets on loopback), as separate hosts */
 } moe_arg_t;
 
 
@@ -458,6 +465,12 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         snprintf(v, sizeof(v), "%d", a->node_size);
         setenv("MOEA2A_NODE_SIZE", v, 1);
         expect_nvlink = 0;
+        setenv("MOEA2A_HIERARCHICAL", a->flat ? "0" : "1", 1);
+        if (a->hosts) {
+            snprintf(v, sizeof(v), "m2a-node-%d", rank / a->node_size);
+            setenv("NCCL_HOSTID", v, 1);
+            setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+        }
     }
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
@@ -707,12 +720,93 @@ static int fp8_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* ---- a soak of the hierarchical path ------------------------------------------------ */
+
+typedef struct {
+    int ndev, node_size, iters;
+} soak_arg_t;
+
+/* Round trips on emulated nodes, each with a fresh routing (some ranks idle, some full,
+ * a few invalid ids) and payload; the expert rows are the dispatched rows themselves,
+ * so every combine output is a node-grouped sum the host context computes too. Both
+ * outputs, the receive counts and the rows across nodes must agree in every round. */
+static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    const soak_arg_t *a = arg;
+    int fails = 0;
+    if (use_device(rank, a->ndev)) return 1;
+    char v[16];
+    snprintf(v, sizeof(v), "%d", a->node_size);
+    setenv("MOEA2A_NODE_SIZE", v, 1);
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % a->ndev;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    enum { E = 64, K = 6, CAP = 96, H = 136 };
+    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+    mc.num_experts = E, mc.top_k = K, mc.max_tokens_per_rank = CAP, mc.hidden = H;
+    mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, H};
+    moea2a_moe_config_t hc = mc;
+    hc.memory = MOEA2A_MEMORY_HOST, mc.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_t hm = NULL, dm = NULL;
+    if (moea2a_moe_create(&hm, comm, &hc) || moea2a_moe_create(&dm, comm, &mc)) {
+        printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm));
+        return 1;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * CAP * K);
+    uint16_t *x = malloc(2 * CAP * H), *hout = malloc(2 * CAP * H), *dout_h = malloc(2 * CAP * H);
+    void *d_ids = NULL, *d_x = NULL, *d_out = NULL;
+    cudaMalloc(&d_ids, sizeof(int32_t) * CAP * K), cudaMalloc(&d_x, 2 * CAP * H), cudaMalloc(&d_out, 2 * CAP * H);
+    uint64_t st = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+    int64_t across = 0;
+    for (int it = 0; it < a->iters && fails < 3; it++) {
+        /* every rank draws the same round shape, then its own tokens */
+        const int shape = it % 5, cnt = shape == 0 ? 0 : shape == 1 ? CAP : 1 + (int)((unsigned)(it * 2654435761u + rank * 97u) % CAP);
+        for (int i = 0; i < cnt * K; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t r = (uint32_t)(st >> 33);
+            ids[i] = r % 97 == 0 ? -1 : (int32_t)(r % E);
+        }
+        for (int i = 0; i < cnt * H; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = (uint16_t)(0x3c00 + (int)((st >> 40) % 0x800) - 0x400); /* bf16 about 2^-7..2^1, both signs */
+            x[i] ^= (uint16_t)((st >> 20) & 0x8000);
+        }
+        if (cnt) cudaMemcpy(d_ids, ids, sizeof(int32_t) * cnt * K, cudaMemcpyHostToDevice);
+        if (cnt) cudaMemcpy(d_x, x, 2 * (size_t)cnt * H, cudaMemcpyHostToDevice);
+        const void *hp[1] = {x}, *dp[1] = {d_x};
+        moea2a_dispatch_result_t hr = MOEA2A_DISPATCH_RESULT_INITIALIZER, dr = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        moea2a_result_t r = moea2a_dispatch(hm, cnt, ids, NULL, hp, 0, &hr, NULL);
+        if (!r) r = moea2a_dispatch(dm, cnt, d_ids, NULL, dp, 0, &dr, NULL);
+        if (!r) r = moea2a_combine(hm, hr.payloads[0], hout, NULL);
+        if (!r) r = moea2a_combine(dm, dr.payloads[0], d_out, NULL);
+        if (!r && cnt) r = cudaMemcpy(dout_h, d_out, 2 * (size_t)cnt * H, cudaMemcpyDeviceToHost) ? MOEA2A_ERR_CUDA : r;
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "round %d: %s", it, moea2a_last_error(comm));
+        if (r) break;
+        int32_t got[8];
+        cudaMemcpy(got, dr.recv_counts, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+        RANK_EXPECT(fails, rank, !memcmp(got, hr.recv_counts, sizeof(int32_t) * (size_t)n), "round %d: receive counts differ", it);
+        RANK_EXPECT(fails, rank, dr.network_rows == hr.network_rows && dr.total_recv == hr.total_recv,
+                    "round %d: network rows %lld / %lld, received %lld / %lld", it, (long long)dr.network_rows,
+                    (long long)hr.network_rows, (long long)dr.total_recv, (long long)hr.total_recv);
+        RANK_EXPECT(fails, rank, !memcmp(dout_h, hout, 2 * (size_t)cnt * H), "round %d: combine output differs", it);
+        across += dr.network_rows;
+    }
+    printf("# rank %d: %d rounds, %lld rows sent across nodes\n", rank, a->iters, (long long)across);
+    cudaFree(d_ids), cudaFree(d_x), cudaFree(d_out);
+    free(ids), free(x), free(hout), free(dout_h);
+    moea2a_moe_destroy(dm), moea2a_moe_destroy(hm);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 /* ---- a dead peer on CUDA memory ---------------------------------------------------- */
 
 typedef struct {
     int ndev, nvlink;
     volatile double *kill_time; /* shared with the parent (MAP_SHARED) */
     int ipc;                    /* as moe_arg_t.ipc */
+    int node_size;              /* MOEA2A_NODE_SIZE (emulated nodes: the hierarchical path), 0: none */
 } kill_arg_t;
 
 static void *kill_later(void *arg)
@@ -735,6 +829,11 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     if (use_device(rank, a->ndev)) return 1;
     setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
     if (a->ipc) without_nccl();
+    if (a->node_size) {
+        char v[16];
+        snprintf(v, sizeof(v), "%d", a->node_size);
+        setenv("MOEA2A_NODE_SIZE", v, 1);
+    }
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.timeout_s = 3.0, cfg.cuda_device = rank % a->ndev;
     moea2a_comm_t comm;
@@ -774,8 +873,9 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS && *a->kill_time > 0 && after < cfg.timeout_s + 5.0,
                 "expected an error within %.0f s of the kill, got %s after %.2f s", cfg.timeout_s + 5.0,
                 moea2a_strerror(r), after);
-    printf("# rank %d (%s path): %s %.2f s after the kill: %s\n", rank, a->nvlink ? "default" : "generic",
-           moea2a_strerror(r), after, moea2a_last_error(comm));
+    printf("# rank %d (%s path): %s %.2f s after the kill: %s\n", rank,
+           a->node_size ? "hierarchical" : a->nvlink ? "default" : "generic", moea2a_strerror(r), after,
+           moea2a_last_error(comm));
     fflush(stdout);
     double t0 = now_s();
     moea2a_moe_destroy(moe);
@@ -975,7 +1075,9 @@ int main(void)
             tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode, MOEA2A_CE_LANES=3", n);
-            tap_skip("not enough GPUs", "MoE on %d GPUs in 2 emulated nodes", n);
+            for (int v = 0; v < 4; v++)
+                tap_skip("not enough GPUs", "MoE on %d GPUs in 2 emulated nodes, %s", n,
+                         v & 1 ? "flat generic path" : "hierarchical path");
             continue;
         }
         local_ranks_result_t res;
@@ -1007,13 +1109,20 @@ int main(void)
             tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode, MOEA2A_CE_LANES=3: %d configs with batches of "
                                     "4 MiB or more equal the host reference bit for bit", n, big.cases);
         }
-        if (n > 1 && !quick) { /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order */
-            moe_arg_t a = {ndev, 20, 991u * (uint64_t)n, 1, n / 2, 0};
-            point_run(n, moe_rank, &a, WATCHDOG, &res);
-            tap_ok(res.failed == 0, "MoE on %d GPU(s) in 2 emulated nodes: %d random configs on the generic path equal "
-                                    "the host reference (node-grouped combine) bit for bit", n, a.cases);
-        } else {
-            tap_skip(n > 1 ? "quick mode" : "one rank is one node", "MoE on %d GPU(s) in 2 emulated nodes", n);
+        /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order, on the
+         * hierarchical and the flat path, the nodes' NCCL apart (NCCL_HOSTID) or not */
+        for (int v = 0; v < 4; v++) {
+            const int flat = v & 1, hosts = v >> 1;
+            const char *what = flat ? "flat generic path" : "hierarchical path";
+            if (n > 1 && !quick) {
+                moe_arg_t a = {ndev, hosts ? 10 : 20, 991u * (uint64_t)n + (uint64_t)v, 1, n / 2, 0, 0, 0, flat, hosts};
+                point_run(n, moe_rank, &a, WATCHDOG, &res);
+                tap_ok(res.failed == 0, "MoE on %d GPU(s) in 2 emulated nodes%s, %s: %d random configs equal the host "
+                                        "reference (node-grouped combine, rows across nodes) bit for bit", n,
+                       hosts ? " joined by NCCL's network transport" : "", what, a.cases);
+            } else {
+                tap_skip(n > 1 ? "quick mode" : "one rank is one node", "MoE on %d GPU(s) in 2 emulated nodes, %s", n, what);
+            }
         }
     }
     local_ranks_result_t res;
@@ -1042,6 +1151,30 @@ int main(void)
                "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time and "
                "destroys cleanly (exits %d, %d)", nvlink ? "default" : "generic NCCL", res.exit_codes[0],
                res.exit_codes[1]);
+    }
+    /* the hierarchical path: 2 emulated nodes (of 2 GPUs, or 1), rank 1 killed */
+    const int kn = ndev >= 4 ? 4 : 2;
+    if (ndev < 2 || quick || kill_time == MAP_FAILED) {
+        tap_skip(ndev < 2 ? "not enough GPUs" : "quick mode", "a dead peer on CUDA memory (hierarchical path)");
+    } else {
+        *kill_time = 0;
+        kill_arg_t ka = {ndev, 1, kill_time, 0, kn / 2};
+        point_run(kn, killed_peer_rank, &ka, 120.0, &res);
+        int others = 1;
+        for (int q = 2; q < kn; q++) others &= res.exit_codes[q] == 0;
+        tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL && others,
+               "a peer killed in a dispatch/combine loop on %d GPUs in 2 emulated nodes (hierarchical path): every "
+               "survivor fails in time and destroys cleanly (exits %d, %d%s)", kn, res.exit_codes[0],
+               res.exit_codes[1], others ? "" : ", a third rank failed");
+    }
+    if (ndev < 2 || quick) {
+        tap_skip(ndev < 2 ? "not enough GPUs" : "quick mode", "hierarchical path soak");
+    } else {
+        soak_arg_t sa = {ndev, kn / 2, 2000};
+        point_run(kn, soak_rank, &sa, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "hierarchical path, %d GPUs in 2 emulated nodes: %d round trips of fresh random "
+                                "routings (idle and full ranks, invalid ids) equal the host reference bit for bit",
+               kn, sa.iters);
     }
     return tap_done();
 }

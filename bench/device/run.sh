@@ -44,6 +44,10 @@
 # tarball a second time with the phase profile, alongside, and prints the phases there at
 # PHASE_TOKENS (default 1,128,1024), rank PHASE_RANK's lines (default 0; "[0-9]+": every rank's). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
 # default FP4RANKS, at PY_TOKENS, and its --overhead); BENCH=python runs only that one.
+# NODES=N: emulated nodes of N GPUs, each its own NCCL_HOSTID (NCCL's network transport
+# between them): the transports NCCL chose, then the hierarchical path next to the flat
+# one and the base build's flat path (NODES_TOKENS, default 128,4096; NODES_ROUNDS,
+# default 2), checked.
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -233,6 +237,36 @@ side_build() {
     else
       echo "== A/B: the base build failed"; tail -15 "$OUT/build-base.log"
     fi
+  fi
+  if [ -n "${NODES:-}" ]; then
+    # Emulated nodes of NODES GPUs, each with its own NCCL_HOSTID, so NCCL joins them
+    # through its network transport (sockets on loopback) as separate hosts: the
+    # hierarchical path next to the flat one (MOEA2A_HIERARCHICAL=0) and, when the A/B
+    # built it, the base build's flat path, alternating NODES_ROUNDS times (default 2)
+    ngpu=$(nvidia-smi -L | wc -l)
+    nodes_run() { # nodes_run TREE HIERARCHICAL TAG TOKENS ITERS [VAR=value ...]
+      local tree=$1 h=$2 tag=$3 tok=$4 it=$5 port=$((20000 + RANDOM % 20000)) pids="" r rc=0 p
+      shift 5
+      for r in $(seq 0 $((ngpu - 1))); do
+        env "$@" MOEA2A_TRANSPORT_PATH="$(modules_of "$tree")" MOEA2A_RANK="$r" MOEA2A_NRANKS="$ngpu" \
+            MOEA2A_ROOT_ADDR="127.0.0.1:$port" MOEA2A_NODE_SIZE="$NODES" NCCL_HOSTID="m2a-node-$((r / NODES))" \
+            NCCL_SOCKET_IFNAME=lo MOEA2A_HIERARCHICAL="$h" timeout 300 "$tree/tools/moea2a_perf" --moe --mem cuda \
+            --tokens "$tok" --iters "$it" --warmup 5 --check 1 >"$OUT/nodes-$tag-$r.log" 2>&1 &
+        pids="$pids $!"
+      done
+      for p in $pids; do wait "$p" || rc=$?; done
+      grep -E "^ +[0-9]+ (dispatch|combine|roundtrip) |network|rror" "$OUT/nodes-$tag-0.log" | sed "s/^/  $tag /"
+      echo "  $tag rc=$rc"
+    }
+    echo "== emulated nodes of $NODES GPUs ($ngpu GPUs), NCCL_HOSTID per node: NCCL's transports (rank 0's log)"
+    nodes_run "$B" 1 info 128 3 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,NET >/dev/null
+    grep -oE "via (NET/[A-Za-z]+|P2P/[A-Za-z/]+|SHM)" "$OUT/nodes-info-0.log" | sort | uniq -c
+    grep -E "^ +[0-9]+ (dispatch|combine) |rror" "$OUT/nodes-info-0.log" | head -4
+    for round in $(seq 1 "${NODES_ROUNDS:-2}"); do
+      [ -x "$BB/tools/moea2a_perf" ] && nodes_run "$BB" 0 "base-flat-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+      nodes_run "$B" 0 "flat-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+      nodes_run "$B" 1 "hier-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+    done
   fi
   [ "${BENCH:-1}" = 0 ] && exit 0
   expert_block() {

@@ -3,6 +3,8 @@
  *   host    host memory; headers and packed rows over the host transport (backend/host.c)
  *   hier    host memory across nodes: a row once per node, relayed inside it (backend/hier.c)
  *   cuda    CUDA memory; headers on the host, rows by NCCL send/receive (backend/cuda.c)
+ *   cuda-hier  CUDA memory across nodes: hier's plan over NCCL, relayed by the pack kernel
+ *           (backend/cuda_hier.c)
  *   nvlink  CUDA memory; one kernel per half over load/store peer pointers (backend/nvlink.c)
  * The MoE layer (moe.c: the public calls, their checks and order; expert.c: the
  * expert-major pass) calls a backend and never asks which one it holds; a backend gets
@@ -84,14 +86,14 @@ typedef struct m2a_moe_backend {
 } m2a_moe_backend_t;
 
 extern const m2a_moe_backend_t m2a_moe_backend_host, m2a_moe_backend_hier, m2a_moe_backend_cuda,
-    m2a_moe_backend_nvlink;
+    m2a_moe_backend_cuda_hier, m2a_moe_backend_nvlink;
 
 /* The backend for a context in host or CUDA memory that does (lsa) or does not reach
- * every peer by load/store; hier: host memory across nodes, the hierarchical path
- * allowed (MOEA2A_HIERARCHICAL). */
+ * every peer by load/store; hier: across nodes, the hierarchical path allowed
+ * (MOEA2A_HIERARCHICAL). */
 static inline const m2a_moe_backend_t *m2a_moe_backend_pick(int cuda, int lsa, int hier)
 {
     return !cuda ? (hier ? &m2a_moe_backend_hier : &m2a_moe_backend_host)
-                 : lsa ? &m2a_moe_backend_nvlink : &m2a_moe_backend_cuda;
+                 : hier ? &m2a_moe_backend_cuda_hier : lsa ? &m2a_moe_backend_nvlink : &m2a_moe_backend_cuda;
 }
 #endif

@@ -23,11 +23,11 @@
 
 /* ---- planning: config, placement, layout ------------------------------------ */
 
-/* Host memory across nodes takes the hierarchical path (a row once per node, relayed
- * inside it) unless MOEA2A_HIERARCHICAL=0; one node, or CUDA memory, the flat paths. */
-static int hier_wanted(int cuda, int nnodes, int allowed)
+/* Across nodes a context takes the hierarchical path (a row once per node, relayed
+ * inside it) unless MOEA2A_HIERARCHICAL=0; on one node the flat paths. */
+static int hier_wanted(int nnodes, int allowed)
 {
-    return !cuda && nnodes > 1 && allowed;
+    return nnodes > 1 && allowed;
 }
 
 typedef struct {
@@ -104,7 +104,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         r = m2a_comm_record(comm, m2a_param_int("MOEA2A_HIERARCHICAL", &hier));
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes(m, ep, comm->rank, &p->nodes))
             r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
-        p->hier = hier_wanted(p->cuda, p->nodes.nnodes, (int)hier);
+        p->hier = hier_wanted(p->nodes.nnodes, (int)hier);
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
@@ -170,7 +170,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         if (r == MOEA2A_SUCCESS) r = m2a_param_int("MOEA2A_HIERARCHICAL", &hier);
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes_blocks(layout->ep, rpn, layout->rank, &nodes))
             r = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, hier_wanted(cuda, nodes.nnodes, (int)hier));
+        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, hier_wanted(nodes.nnodes, (int)hier));
         m2a_moe_layout_t l;
         if (r == MOEA2A_SUCCESS) layout_for(&cfg, layout->ep, staged, b, &nodes, &l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, b, cuda, "");
