@@ -438,7 +438,7 @@ typedef struct {
     int copy_engine;
     int large; /* large_case */
     int ipc;   /* no NCCL: UCX for the host side, CUDA IPC for the symmetric memory */
-    int flat;  /* with node_size: MOEA2A_HIERARCHICAL=0 (else the hierarchical path) */
+    int flat;  /* with node_size: MOEA2A_HIERARCHICAL=0 (else 1: the hierarchical path, on any node size) */
     int hosts; /* with node_size: each emulated node its own NCCL_HOSTID, so NCCL joins them
                   through its network transport (sockets on loopback), as separate hosts */
 } moe_arg_t;
@@ -738,6 +738,7 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     char v[16];
     snprintf(v, sizeof(v), "%d", a->node_size);
     setenv("MOEA2A_NODE_SIZE", v, 1);
+    setenv("MOEA2A_HIERARCHICAL", "1", 1); /* also on nodes of one GPU */
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % a->ndev;
     moea2a_comm_t comm;
@@ -829,10 +830,11 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     if (use_device(rank, a->ndev)) return 1;
     setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
     if (a->ipc) without_nccl();
-    if (a->node_size) {
+    if (a->node_size) { /* the hierarchical path, also on nodes of one GPU */
         char v[16];
         snprintf(v, sizeof(v), "%d", a->node_size);
         setenv("MOEA2A_NODE_SIZE", v, 1);
+        setenv("MOEA2A_HIERARCHICAL", "1", 1);
     }
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.timeout_s = 3.0, cfg.cuda_device = rank % a->ndev;

@@ -38,12 +38,14 @@ static const moea2a_param_t params[] = {
     {"MOEA2A_NODE_SIZE", "int", "0",
      "0: a node is a host. N: the ranks of each host form nodes of N consecutive ranks (emulated nodes, "
      "for tests and benchmarks of multi-node behaviour on one machine); 0..ranks, the same on every rank."},
-    {"MOEA2A_HIERARCHICAL", "int", "1",
-     "Host-memory MoE contexts whose ranks sit on several nodes (the node map: hosts, or MOEA2A_NODE_SIZE) take "
-     "the hierarchical path: a token crosses the network once per other node it reaches, to the rank there with "
-     "the sender's index in its node, which relays it inside its node and sums that node's rows of it in the "
-     "combine. 0: the flat path (a row per destination rank). The results are the same bits either way. Read at "
-     "create; it takes every rank or none (one rank's 0 makes every rank flat)."},
+    {"MOEA2A_HIERARCHICAL", "int", "-1",
+     "MoE contexts whose ranks sit on several nodes (the node map: hosts, or MOEA2A_NODE_SIZE) can take the "
+     "hierarchical path: a token crosses the network once per other node it reaches, to the rank there with the "
+     "sender's index in its node, which relays it inside its node and sums that node's rows of it in the "
+     "combine. -1 (default): where a node holds two or more ranks (with one rank per node nothing is saved); 1: "
+     "also with one rank per node; 0: the flat path (a row per destination rank). Host and CUDA memory; the "
+     "results are the same bits either way. Read at create; it takes every rank or none (one rank's flat choice "
+     "makes every rank flat)."},
     {"MOEA2A_NUM_SMS", "int", "0",
      "SMs (thread blocks) each fused dispatch or combine kernel of the load/store path uses, 1..256, "
      "at most the GPU's SM count; moea2a_moe_config_t.num_sms overrides it. Every rank must use the same. "
@@ -131,7 +133,7 @@ static const rule_t rules[] = {
     {"MOEA2A_NVLINK", 0, 1, NULL, 0},
     {"MOEA2A_SYMMETRIC_MEMORY", 0, 0, "auto transport cuda_ipc", 0},
     {"MOEA2A_NODE_SIZE", 0, 1 << 20, NULL, 0},
-    {"MOEA2A_HIERARCHICAL", 0, 1, NULL, 0},
+    {"MOEA2A_HIERARCHICAL", -1, 1, NULL, 0},
     {"MOEA2A_NUM_SMS", 0, 256, NULL, 0},
     {"MOEA2A_DISPATCH_EVEN_TOKENS", 1, 64, NULL, 0},
     {"MOEA2A_QUANT_OVERLAP", -1, 1, NULL, 0},

@@ -24,10 +24,11 @@
 /* ---- planning: config, placement, layout ------------------------------------ */
 
 /* Across nodes a context takes the hierarchical path (a row once per node, relayed
- * inside it) unless MOEA2A_HIERARCHICAL=0; on one node the flat paths. */
-static int hier_wanted(int nnodes, int allowed)
+ * inside it) where a node holds two or more ranks (largest: the largest node's ranks),
+ * or everywhere with MOEA2A_HIERARCHICAL=1; never with 0, nor on one node. */
+static int hier_wanted(int nnodes, int largest, long setting)
 {
-    return nnodes > 1 && allowed;
+    return nnodes > 1 && (setting == 1 || (setting < 0 && largest > 1));
 }
 
 typedef struct {
@@ -100,11 +101,13 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
          * this rank has none. */
         for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
         p->place = m2a_topo_place(&p->topo, m->host_local[comm->rank], p->rpn, p->cuda);
-        long hier = 1;
+        long hier = -1;
         r = m2a_comm_record(comm, m2a_param_int("MOEA2A_HIERARCHICAL", &hier));
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes(m, ep, comm->rank, &p->nodes))
             r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
-        p->hier = hier_wanted(p->nodes.nnodes, (int)hier);
+        int largest = 0;
+        for (int i = 0; i < m->nnodes; i++) largest = m->size[i] > largest ? m->size[i] : largest;
+        p->hier = hier_wanted(p->nodes.nnodes, largest, hier);
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
@@ -165,12 +168,12 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         }
         int nvlink, lsa, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda,
                                                        m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
-        long hier = 1;
+        long hier = -1;
         m2a_moe_nodes_t nodes = {1, layout->ep, 0};
         if (r == MOEA2A_SUCCESS) r = m2a_param_int("MOEA2A_HIERARCHICAL", &hier);
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes_blocks(layout->ep, rpn, layout->rank, &nodes))
             r = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, hier_wanted(nodes.nnodes, (int)hier));
+        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, hier_wanted(nodes.nnodes, rpn, hier));
         m2a_moe_layout_t l;
         if (r == MOEA2A_SUCCESS) layout_for(&cfg, layout->ep, staged, b, &nodes, &l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, b, cuda, "");
@@ -278,7 +281,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     int hier = r == MOEA2A_SUCCESS ? p->hier : 0;
     if (r == MOEA2A_SUCCESS) r = m2a_moe_agree(comm, r, &hier);
     if (r == MOEA2A_SUCCESS && hier != p->hier) {
-        M2A_INFO(M2A_SUBSYS_MOE, "moea2a_moe_create: another rank has MOEA2A_HIERARCHICAL=0: the flat path");
+        M2A_INFO(M2A_SUBSYS_MOE, "moea2a_moe_create: another rank takes the flat path (MOEA2A_HIERARCHICAL): the flat path");
         p->hier = 0, p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, 0);
         layout_for(&p->cfg, comm->nranks, p->staged, p->backend, &p->nodes, &p->l);
     }
