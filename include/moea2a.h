@@ -157,6 +157,28 @@ MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);
 MOEA2A_API moea2a_result_t moea2a_comm_node(moea2a_comm_t comm, int *node, int *num_nodes, int *local_rank,
                                             int *local_size);
 
+/* The bytes this rank has handed its transports to send by all-to-all since the
+ * communicator was created (moea2a_alltoallv, moea2a_ialltoallv and the MoE calls' moves,
+ * their headers included), by memory and by whether the receiving peer shares this
+ * rank's node (moea2a_comm_node). A rank's block to itself, copied locally, and the other
+ * collectives are not counted. Start from MOEA2A_COMM_TRAFFIC_INITIALIZER (size,
+ * version); later versions append fields. */
+typedef struct {
+    size_t size;
+    unsigned version;
+    int64_t host_same_node, host_other_nodes; /* host memory (the host transport) */
+    int64_t cuda_same_node, cuda_other_nodes; /* CUDA memory (the CUDA transport: NCCL) */
+} moea2a_comm_traffic_t;
+
+#ifdef __cplusplus
+MOEA2A_INIT_FN_(moea2a_comm_traffic_t, comm_traffic_initializer, MOEA2A_SIZE_VERSION_(moea2a_comm_traffic_t))
+#define MOEA2A_COMM_TRAFFIC_INITIALIZER moea2a_detail::comm_traffic_initializer()
+#else
+#define MOEA2A_COMM_TRAFFIC_INITIALIZER { .size = sizeof(moea2a_comm_traffic_t), .version = MOEA2A_VERSION_CODE }
+#endif
+
+MOEA2A_API moea2a_result_t moea2a_comm_traffic(moea2a_comm_t comm, moea2a_comm_traffic_t *traffic);
+
 /* The detailed message of the last failed call on comm, or, with comm == NULL, of
  * the calling thread's last failed call (e.g. an init that made no communicator).
  * Never NULL; "" if nothing failed. */

@@ -208,6 +208,42 @@ static int mismatch_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* moea2a_comm_traffic: 5 ranks in emulated nodes of 2 (MOEA2A_NODE_SIZE): rank r sends
+ * 8 (r + q + 1) int32 to each q; the counter splits what went to the rank's own node from
+ * what went to others, the block to itself not counted, and refuses a size too small. */
+static int traffic_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    int fails = 0;
+    setenv("MOEA2A_NODE_SIZE", "2", 1);
+    if (moea2a_comm_init_rank(&comm, n, id, rank, NULL)) return 1;
+    int64_t sc[8], sd[8], rc[8], rd[8], so = 0, ro = 0, same = 0, other = 0;
+    for (int q = 0; q < n; q++) {
+        sc[q] = 8 * (rank + q + 1), rc[q] = 8 * (q + rank + 1), sd[q] = so, rd[q] = ro, so += sc[q], ro += rc[q];
+        if (q != rank) *(q / 2 == rank / 2 ? &same : &other) += 4 * sc[q];
+    }
+    int32_t *s = calloc((size_t)so, 4), *r = calloc((size_t)ro, 4);
+    moea2a_comm_traffic_t before = MOEA2A_COMM_TRAFFIC_INITIALIZER, after = before, small = before;
+    moea2a_result_t res = moea2a_comm_traffic(comm, &before);
+    if (!res) res = moea2a_alltoallv(s, sc, sd, r, rc, rd, MOEA2A_INT32, comm, NULL);
+    if (!res) res = moea2a_comm_traffic(comm, &after);
+    RANK_EXPECT(fails, rank, res == MOEA2A_SUCCESS, "%s", moea2a_last_error(comm));
+    RANK_EXPECT(fails, rank, after.host_same_node - before.host_same_node == same &&
+                                 after.host_other_nodes - before.host_other_nodes == other &&
+                                 after.cuda_same_node == 0 && after.cuda_other_nodes == 0,
+                "traffic: same node %lld, other nodes %lld, expected %lld and %lld",
+                (long long)(after.host_same_node - before.host_same_node),
+                (long long)(after.host_other_nodes - before.host_other_nodes), (long long)same, (long long)other);
+    small.size = 4;
+    RANK_EXPECT(fails, rank, moea2a_comm_traffic(comm, &small) == MOEA2A_ERR_INVALID_ARGUMENT &&
+                                 moea2a_comm_traffic(comm, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
+                "a size below the initializer's and NULL are refused");
+    free(s), free(r);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 int main(void)
 {
     static const int sizes[] = {1, 2, 3, 4, 8};
@@ -220,5 +256,8 @@ int main(void)
     local_ranks_result_t res;
     local_ranks_run(2, mismatch_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "a receive count smaller than what the peer sends is MOEA2A_ERR_MISMATCH naming the peer");
+    local_ranks_run(5, traffic_rank, NULL, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "moea2a_comm_traffic on 5 ranks in nodes of 2: the bytes handed for this node and for "
+                            "others, the rank's own block not counted; a short size and NULL refused");
     return tap_done();
 }

@@ -232,6 +232,8 @@ moea2a_result_t m2a_ialltoallv(const char *fn, const void *sendbuf, const int64_
     b[me] = b[2 * n + me] = 0; /* the transport moves the peers' blocks only */
     if (rc == MOEA2A_SUCCESS && n > 1)
         rc = t->ops->alltoallv(t->tc, sendbuf, b, b + n, recvbuf, b + 2 * n, b + 3 * n, mem, stream, &req->op);
+    for (int i = 0; rc == MOEA2A_SUCCESS && i < n; i++) /* what was handed, by memory and node (b[me] is 0) */
+        comm->traffic[mem == MOEA2A_MEM_CUDA][comm->nodes.node[i] != comm->nodes.node[me]] += (int64_t)b[i];
     return started(req, rc, request);
 }
 

@@ -354,6 +354,19 @@ moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size)
     return MOEA2A_SUCCESS;
 }
 
+moea2a_result_t moea2a_comm_traffic(moea2a_comm_t comm, moea2a_comm_traffic_t *traffic)
+{
+    M2A_CHECK_ARG(comm, comm && traffic, "moea2a_comm_traffic: comm and traffic must not be NULL");
+    M2A_CHECK_ARG(comm, traffic->size >= offsetof(moea2a_comm_traffic_t, host_same_node),
+                  "moea2a_comm_traffic: traffic->size=%zu: start from MOEA2A_COMM_TRAFFIC_INITIALIZER", traffic->size);
+    moea2a_comm_traffic_t full = {sizeof(full), MOEA2A_VERSION_CODE, comm->traffic[0][0], comm->traffic[0][1],
+                                  comm->traffic[1][0], comm->traffic[1][1]};
+    size_t caller = traffic->size;
+    memcpy(traffic, &full, caller < sizeof(full) ? caller : sizeof(full));
+    traffic->size = caller;
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t moea2a_comm_node(moea2a_comm_t comm, int *node, int *num_nodes, int *local_rank, int *local_size)
 {
     M2A_CHECK_ARG(comm, comm, "moea2a_comm_node: comm is NULL");

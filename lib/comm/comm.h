@@ -18,6 +18,8 @@ struct moea2a_comm {
     int cuda_device;
     m2a_bootstrap_t *bs;
     m2a_nodemap_t nodes; /* which ranks share a node */
+    /* bytes handed to transports by all-to-all: [host, CUDA][same node, other nodes] */
+    int64_t traffic[2][2];
     m2a_transport_t tr[M2A_MAX_TRANSPORTS];
     int ntr;
     moea2a_core_v1_t core;
