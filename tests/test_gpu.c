@@ -777,10 +777,14 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         if (cnt) cudaMemcpy(d_x, x, 2 * (size_t)cnt * H, cudaMemcpyHostToDevice);
         const void *hp[1] = {x}, *dp[1] = {d_x};
         moea2a_dispatch_result_t hr = MOEA2A_DISPATCH_RESULT_INITIALIZER, dr = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        moea2a_comm_traffic_t t0 = MOEA2A_COMM_TRAFFIC_INITIALIZER, t1 = t0, t2 = t0;
         moea2a_result_t r = moea2a_dispatch(hm, cnt, ids, NULL, hp, 0, &hr, NULL);
+        if (!r) r = moea2a_comm_traffic(comm, &t0);
         if (!r) r = moea2a_dispatch(dm, cnt, d_ids, NULL, dp, 0, &dr, NULL);
+        if (!r) r = moea2a_comm_traffic(comm, &t1);
         if (!r) r = moea2a_combine(hm, hr.payloads[0], hout, NULL);
         if (!r) r = moea2a_combine(dm, dr.payloads[0], d_out, NULL);
+        if (!r) r = moea2a_comm_traffic(comm, &t2);
         if (!r && cnt) r = cudaMemcpy(dout_h, d_out, 2 * (size_t)cnt * H, cudaMemcpyDeviceToHost) ? MOEA2A_ERR_CUDA : r;
         RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "round %d: %s", it, moea2a_last_error(comm));
         if (r) break;
@@ -791,6 +795,32 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
                     "round %d: network rows %lld / %lld, received %lld / %lld", it, (long long)dr.network_rows,
                     (long long)hr.network_rows, (long long)dr.total_recv, (long long)hr.total_recv);
         RANK_EXPECT(fails, rank, !memcmp(dout_h, hout, 2 * (size_t)cnt * H), "round %d: combine output differs", it);
+        /* What NCCL was handed for other nodes, from the transport's count: the routing's
+         * node-dedup rows, each a record (payload, ids, source index) and its relay codes
+         * (k ids); back, one partial row per relayed row, summed over the ranks. */
+        int64_t dedup = 0;
+        for (int tk = 0; tk < cnt; tk++) {
+            unsigned seen = 0;
+            for (int j = 0; j < K; j++)
+                if (ids[tk * K + j] >= 0) {
+                    const int node = ids[tk * K + j] / (E / n) / a->node_size;
+                    if (node != rank / a->node_size) seen |= 1u << node;
+                }
+            dedup += __builtin_popcount(seen);
+        }
+        const int64_t row_bytes = 2 * H + 4 * K + 4 + 4 * K, sent = t1.cuda_other_nodes - t0.cuda_other_nodes;
+        RANK_EXPECT(fails, rank, dr.network_rows == dedup && sent == dedup * row_bytes,
+                    "round %d: NCCL was handed %lld bytes for other nodes, the routing's %lld rows make %lld (the "
+                    "path counted %lld rows)", it, (long long)sent, (long long)dedup, (long long)(dedup * row_bytes),
+                    (long long)dr.network_rows);
+        int64_t mine[2] = {dedup, t2.cuda_other_nodes - t1.cuda_other_nodes}, all[16];
+        if (moea2a_allgather(mine, all, 2, MOEA2A_INT64, comm, NULL) == MOEA2A_SUCCESS) {
+            int64_t rows = 0, back = 0;
+            for (int q = 0; q < n; q++) rows += all[2 * q], back += all[2 * q + 1];
+            RANK_EXPECT(fails, rank, back == rows * 2 * H, "round %d: the combines handed NCCL %lld bytes for other "
+                        "nodes, %lld partial rows make %lld", it, (long long)back, (long long)rows,
+                        (long long)(rows * 2 * H));
+        }
         across += dr.network_rows;
     }
     printf("# rank %d: %d rounds, %lld rows sent across nodes\n", rank, a->iters, (long long)across);
@@ -1175,7 +1205,8 @@ int main(void)
         soak_arg_t sa = {ndev, kn / 2, 2000};
         point_run(kn, soak_rank, &sa, WATCHDOG, &res);
         tap_ok(res.failed == 0, "hierarchical path, %d GPUs in 2 emulated nodes: %d round trips of fresh random "
-                                "routings (idle and full ranks, invalid ids) equal the host reference bit for bit",
+                                "routings (idle and full ranks, invalid ids) equal the host reference bit for bit; "
+                                "the bytes handed to NCCL for other nodes are the routing's node-dedup rows",
                kn, sa.iters);
     }
     return tap_done();
