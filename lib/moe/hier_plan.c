@@ -34,10 +34,19 @@ void m2a_hier_free(m2a_hier_t *h)
 
 int m2a_hier_served(const m2a_hier_t *h, int rank)
 {
-    int served = 0;
-    for (int src = 0; src < h->ep; src++)
-        served += h->node[src] != h->node[rank] && m2a_hier_rail(h, src, h->node[rank]) == rank;
-    return served;
+    return m2a_hier_sources(h, rank, NULL, NULL);
+}
+
+int m2a_hier_sources(const m2a_hier_t *h, int rank, int *served, int *index)
+{
+    int n = 0;
+    for (int src = 0; src < h->ep; src++) {
+        const int serve = h->node[src] != h->node[rank] && m2a_hier_rail(h, src, h->node[rank]) == rank;
+        if (index) index[src] = serve ? n : -1;
+        if (serve && served) served[n] = src;
+        n += serve;
+    }
+    return n;
 }
 
 int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out)

@@ -47,8 +47,6 @@ int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap
  * after. next[ep]: that source's next slot at each rank, zero before its first row
  * (its rows reach a rank of this node only through here, in token order, so the count
  * so far is the flat path's slot). Returns the (row, destination) pairs. */
-/* The sources on other nodes that `rank` serves as their rail peer. */
-int m2a_hier_served(const m2a_hier_t *h, int rank);
 
 /* Where rank sits among the nodes of map m (ep ranks), or among nodes of rpn
  * consecutive ranks (the last one may be smaller): -1 when out of memory. */
@@ -57,4 +55,10 @@ int m2a_hier_nodes_blocks(int ep, int rpn, int rank, m2a_moe_nodes_t *out);
 
 int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const void *ids,
                          int32_t *fwd, int32_t *next);
+
+/* The sources on other nodes that `rank` serves as their rail peer: how many; with
+ * m2a_hier_sources also which, ascending, in served[] and each rank's index among them
+ * (or -1) in index[ep] (either may be NULL). */
+int m2a_hier_served(const m2a_hier_t *h, int rank);
+int m2a_hier_sources(const m2a_hier_t *h, int rank, int *served, int *index);
 #endif

@@ -107,6 +107,15 @@ typedef struct {
     m2a_moe_array_t array[M2A_MOE_MAX_ARRAYS];
 } m2a_moe_layout_t;
 
+/* The record's array of a kind (M2A_ARR_IDS, M2A_ARR_INDEX: every record has one), the
+ * first of that kind, or -1. */
+static inline int m2a_moe_array_of(const m2a_moe_layout_t *l, int kind)
+{
+    for (int a = 0; a < l->narrays; a++)
+        if ((int)l->array[a].kind == kind) return a;
+    return -1;
+}
+
 /* Bytes of quantized payload i's scales in the wire's layout at this stride (the
  * dispatch result's payload_scale_bytes). */
 size_t m2a_wire_scale_bytes(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int i, int ep, int stride);

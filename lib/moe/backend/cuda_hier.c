@@ -165,33 +165,15 @@ static moea2a_result_t move_first(moea2a_moe_t moe, int stride, void *stream)
 {
     hier_state_t *st = moe->state;
     const m2a_moe_layout_t *l = &moe->l;
-    const int ep = moe->comm->nranks, me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank, *node = st->h.node;
-    int32_t *rows = (int32_t *)st->v; /* [4][ep] rows in the first 2 ep words, then [4][ep] offsets */
-    int32_t *hs = rows, *hr = rows + ep, *xs = rows + 2 * ep, *xr = rows + 3 * ep;
-    int64_t *sblk = st->v + 2 * ep, *wrow = sblk + ep, *frow = wrow + ep, *crow = frow + ep;
-    for (int q = 0; q < ep; q++) {
-        const int home = node[q] == node[me] && q != me, far = node[q] != node[me];
-        hs[q] = home ? st->s1_send[q] : 0, hr[q] = home ? st->s1_recv[q] : 0;
-        xs[q] = far ? st->s1_send[q] : 0, xr[q] = far ? st->s1_recv[q] : 0;
-        if (xr[q] && st->sidx[q] < 0)
-            return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: rank %d relays rows through rank %d, "
-                             "which is not its rail peer", q, me);
-        sblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)l->record;
-        wrow[q] = (int64_t)q * stride;
-        frow[q] = st->sidx[q] < 0 ? 0 : (int64_t)st->sidx[q] * cap;
-        crow[q] = far ? (int64_t)node[q] * cap : 0;
-    }
-    const int na = l->narrays;
-    m2a_move_side_t pairs[6] = {{.rows = hs, .byte0 = sblk}, {.rows = hr, .row0 = wrow},
-                                {.rows = xs, .byte0 = sblk}, {.rows = xr, .row0 = frow},
-                                {.rows = xs, .row0 = crow},  {.rows = xr, .row0 = frow}};
-    unsigned char *send = moe->stage + l->stage_send, *fwd = dev(moe, st->g.fwd_in);
-    const size_t nfwd = (size_t)st->S * (size_t)cap;
-    for (int i = 0; i < na; i++) {
-        pairs[0].buf[i] = pairs[2].buf[i] = send + (size_t)cap * l->array[i].rec;
-        pairs[1].buf[i] = moe->ws + l->array[i].ws;
-        pairs[3].buf[i] = fwd + nfwd * l->array[i].rec;
-    }
+    const int ep = moe->comm->nranks, cap = moe->cfg.max_tokens_per_rank, na = l->narrays;
+    m2a_move_side_t pairs[6];
+    M2A_TRY(m2a_generic_first_stage(moe, st->h.node, st->s1_send, st->s1_recv, st->sidx, stride,
+                                    dev(moe, st->g.fwd_in), (size_t)st->S * (size_t)cap, st->v, pairs));
+    /* the codes with the rows to the rail peers: from codes_out's block of their node */
+    int64_t *crow = st->v + 5 * ep;
+    for (int q = 0; q < ep; q++) crow[q] = (int64_t)st->h.node[q] * cap;
+    pairs[4] = (m2a_move_side_t){.rows = pairs[2].rows, .row0 = crow};
+    pairs[5] = (m2a_move_side_t){.rows = pairs[3].rows, .row0 = pairs[3].row0};
     pairs[4].buf[na] = dev(moe, st->g.codes_out), pairs[5].buf[na] = dev(moe, st->g.codes_in);
     size_t width[M2A_MOE_MAX_ARRAYS + 1];
     for (int i = 0; i < na; i++) width[i] = l->array[i].width;
@@ -408,17 +390,10 @@ static moea2a_result_t cuda_hier_alloc(moea2a_moe_t moe)
     if (!st->served || !st->sidx || !st->nidx || !st->s1_send || !st->s1_recv || !st->flat || !st->mark || !st->pos ||
         !st->v)
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    for (int q = 0, i = 0, b = 0; q < ep; q++) {
-        const int serve = st->h.node[q] != st->h.node[me] && m2a_hier_rail(&st->h, q, st->h.node[me]) == me;
-        st->sidx[q] = serve ? i : -1;
-        if (serve) st->served[i++] = q;
+    m2a_hier_sources(&st->h, me, st->served, st->sidx);
+    for (int q = 0, b = 0; q < ep; q++)
         st->nidx[q] = st->h.node[q] == st->h.node[me] && q != me ? b++ : -1;
-    }
-    st->ids_array = st->src_array = -1;
-    for (int a = 0; a < moe->l.narrays; a++) {
-        if (moe->l.array[a].kind == M2A_ARR_IDS) st->ids_array = a;
-        if (moe->l.array[a].kind == M2A_ARR_INDEX) st->src_array = a;
-    }
+    st->ids_array = m2a_moe_array_of(&moe->l, M2A_ARR_IDS), st->src_array = m2a_moe_array_of(&moe->l, M2A_ARR_INDEX);
     if (st->ids_array < 0 || st->src_array != moe->l.narrays - 1) /* every record carries both (layout.c) */
         return m2a_error(comm, MOEA2A_ERR_INTERNAL, "moea2a_moe_create: a record without ids or source index");
     const size_t codes = m2a_align(4 * (size_t)moe->cfg.max_tokens_per_rank * (size_t)moe->cfg.top_k);

@@ -150,6 +150,36 @@ moea2a_result_t m2a_generic_move(moea2a_moe_t moe, const char *fn, const m2a_mov
     return r;
 }
 
+moea2a_result_t m2a_generic_first_stage(moea2a_moe_t moe, const int *node, const int32_t *s1_send,
+                                        const int32_t *s1_recv, const int *index, int stride, unsigned char *fwd,
+                                        size_t n_fwd, int64_t *v, m2a_move_side_t *pairs)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    const int ep = moe->comm->nranks, me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank;
+    int32_t *hs = (int32_t *)v, *hr = hs + ep, *xs = hr + ep, *xr = xs + ep; /* 2 ep int64 words */
+    int64_t *sblk = v + 2 * ep, *wrow = sblk + ep, *frow = wrow + ep;
+    for (int q = 0; q < ep; q++) {
+        const int home = node[q] == node[me] && q != me, far = node[q] != node[me];
+        hs[q] = home ? s1_send[q] : 0, hr[q] = home ? s1_recv[q] : 0;
+        xs[q] = far ? s1_send[q] : 0, xr[q] = far ? s1_recv[q] : 0;
+        if (xr[q] && index[q] < 0)
+            return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: rank %d relays rows through rank %d, "
+                             "which is not its rail peer", q, me);
+        sblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)l->record;
+        wrow[q] = (int64_t)q * stride, frow[q] = index[q] < 0 ? 0 : (int64_t)index[q] * cap;
+    }
+    memset(pairs, 0, 4 * sizeof(*pairs));
+    pairs[0].rows = hs, pairs[0].byte0 = sblk, pairs[1].rows = hr, pairs[1].row0 = wrow;
+    pairs[2].rows = xs, pairs[2].byte0 = sblk, pairs[3].rows = xr, pairs[3].row0 = frow;
+    unsigned char *send = moe->stage + l->stage_send;
+    for (int a = 0; a < l->narrays; a++) {
+        pairs[0].buf[a] = pairs[2].buf[a] = send + (size_t)cap * l->array[a].rec;
+        pairs[1].buf[a] = moe->ws + l->array[a].ws;
+        pairs[3].buf[a] = fwd + n_fwd * l->array[a].rec;
+    }
+    return MOEA2A_SUCCESS;
+}
+
 /* The send half: route locally, exchange headers, pack and move every array. */
 static moea2a_result_t dispatch_send(moea2a_moe_t moe, const m2a_generic_steps_t *st, moea2a_result_t mine,
                                      const m2a_dispatch_args_t *a, void *stream)

@@ -48,6 +48,17 @@ typedef struct {
 moea2a_result_t m2a_generic_move(moea2a_moe_t moe, const char *fn, const m2a_move_side_t *pairs, int npairs,
                                  int narrays, const size_t *width, void *stream);
 
+/* The first stage of a hierarchical dispatch as two pairs of move sides (pairs[0..3]):
+ * the rows for the other ranks of this rank's node from their staging blocks into their
+ * slots, and the rows for the rail peers of other nodes into fwd, an array-major region
+ * of n_fwd rows holding cap rows per source served (index[q] its place, or -1); s1_send
+ * and s1_recv the rows to and from each rank, node[] each rank's node. v: scratch of 5
+ * ep int64 that the sides point into. MOEA2A_ERR_INTERNAL where a rank that this one
+ * does not serve sends it rows across nodes. */
+moea2a_result_t m2a_generic_first_stage(moea2a_moe_t moe, const int *node, const int32_t *s1_send,
+                                        const int32_t *s1_recv, const int *index, int stride, unsigned char *fwd,
+                                        size_t n_fwd, int64_t *v, m2a_move_side_t *pairs);
+
 /* The dispatch and combine operations of a generic backend, whose alloc sets
  * moe->steps to its steps (m2a_generic_steps_t). */
 moea2a_result_t m2a_generic_dispatch(moea2a_moe_t moe, moea2a_result_t status, const m2a_dispatch_args_t *a,

@@ -147,29 +147,9 @@ static moea2a_result_t move_first(moea2a_moe_t moe, int stride)
 {
     hier_state_t *st = moe->state;
     const m2a_moe_layout_t *l = &moe->l;
-    const int ep = moe->comm->nranks, me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank, *node = st->h.node;
-    int32_t *rows = (int32_t *)st->v; /* [4][ep] rows, then [4][ep] int64 offsets after them */
-    int64_t *off = st->v + 2 * ep;
-    int32_t *hs = rows, *hr = rows + ep, *xs = rows + 2 * ep, *xr = rows + 3 * ep;
-    int64_t *sblk = off, *wrow = off + ep, *frow = off + 2 * ep;
-    for (int q = 0; q < ep; q++) {
-        const int home = node[q] == node[me] && q != me, far = node[q] != node[me];
-        hs[q] = home ? st->s1_send[q] : 0, hr[q] = home ? st->s1_recv[q] : 0;
-        xs[q] = far ? st->s1_send[q] : 0, xr[q] = far ? st->s1_recv[q] : 0;
-        if (xr[q] && st->sidx[q] < 0)
-            return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: rank %d relays rows through rank %d, "
-                             "which is not its rail peer", q, me);
-        sblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)l->record;
-        wrow[q] = (int64_t)q * stride, frow[q] = st->sidx[q] < 0 ? 0 : (int64_t)st->sidx[q] * cap;
-    }
-    m2a_move_side_t pairs[4] = {{.rows = hs, .byte0 = sblk}, {.rows = hr, .row0 = wrow},
-                       {.rows = xs, .byte0 = sblk}, {.rows = xr, .row0 = frow}};
-    unsigned char *send = moe->stage + l->stage_send, *fwd = moe->stage + l->stage_backend + st->g.fwd_in;
-    for (int a = 0; a < l->narrays; a++) {
-        pairs[0].buf[a] = pairs[2].buf[a] = send + (size_t)cap * l->array[a].rec;
-        pairs[1].buf[a] = moe->ws + l->array[a].ws;
-        pairs[3].buf[a] = fwd + st->g.n_fwd * l->array[a].rec;
-    }
+    m2a_move_side_t pairs[4];
+    M2A_TRY(m2a_generic_first_stage(moe, st->h.node, st->s1_send, st->s1_recv, st->sidx, stride,
+                                    moe->stage + l->stage_backend + st->g.fwd_in, st->g.n_fwd, st->v, pairs));
     size_t width[M2A_MOE_MAX_ARRAYS];
     widths(l, width);
     return m2a_generic_move(moe, "moea2a_dispatch", pairs, 2, l->narrays, width, NULL);
@@ -456,14 +436,8 @@ static moea2a_result_t hier_alloc(moea2a_moe_t moe)
     if (!st->served || !st->sidx || !st->s1_send || !st->s1_recv || !st->fwd || !st->c2s || !st->c2r || !st->mark ||
         !st->v || !st->scratch || !st->rows || !st->parts)
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    for (int q = 0, i = 0; q < ep; q++) {
-        const int serve = st->h.node[q] != st->h.node[me] && m2a_hier_rail(&st->h, q, st->h.node[me]) == me;
-        st->sidx[q] = serve ? i : -1;
-        if (serve) st->served[i++] = q;
-    }
-    st->ids_array = -1;
-    for (int a = 0; a < moe->l.narrays; a++)
-        if (moe->l.array[a].kind == M2A_ARR_IDS) st->ids_array = a;
+    m2a_hier_sources(&st->h, me, st->served, st->sidx);
+    st->ids_array = m2a_moe_array_of(&moe->l, M2A_ARR_IDS);
     if (st->ids_array < 0) /* every record carries its ids (layout.c) */
         return m2a_error(comm, MOEA2A_ERR_INTERNAL, "moea2a_moe_create: a record without ids");
     moe->network_own = 1;
