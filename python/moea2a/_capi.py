@@ -34,6 +34,12 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
 
+class Traffic(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("version", ctypes.c_uint),
+                ("host_same_node", ctypes.c_int64), ("host_other_nodes", ctypes.c_int64),
+                ("cuda_same_node", ctypes.c_int64), ("cuda_other_nodes", ctypes.c_int64)]
+
+
 class Config(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("version", ctypes.c_uint), ("timeout_s", ctypes.c_double),
                 ("transport", ctypes.c_char_p), ("cuda_device", ctypes.c_int)]
@@ -148,6 +154,7 @@ def load():
         "moea2a_comm_abort": (I, [P]),
         "moea2a_comm_rank": (I, [P, ctypes.POINTER(I)]),
         "moea2a_comm_size": (I, [P, ctypes.POINTER(I)]),
+        "moea2a_comm_traffic": (I, [P, ctypes.POINTER(Traffic)]),
         "moea2a_moe_workspace_size": (I, [P, ctypes.POINTER(MoeConfig), ctypes.POINTER(WorkspaceSizes)]),
         "moea2a_moe_create": (I, [ctypes.POINTER(P), P, ctypes.POINTER(MoeConfig)]),
         "moea2a_moe_destroy": (I, [P]),

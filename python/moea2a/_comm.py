@@ -57,6 +57,13 @@ class Comm(_Handle):
         _check(_lib.moea2a_comm_size(self.handle, ctypes.byref(s)), self.handle)
         return s.value
 
+    def traffic(self):
+        """Bytes this rank handed its transports by all-to-all so far (moea2a_comm_traffic(3)):
+        a dict of host_same_node, host_other_nodes, cuda_same_node, cuda_other_nodes."""
+        t = C.Traffic(ctypes.sizeof(C.Traffic), _VERSION_CODE)
+        _check(_lib.moea2a_comm_traffic(self.handle, ctypes.byref(t)), self.handle)
+        return {name: getattr(t, name) for name, _ in C.Traffic._fields_[2:]}
+
     def last_error(self):
         return _lib.moea2a_last_error(self._h).decode(errors="replace")
 

@@ -12,7 +12,7 @@ from moea2a import _capi as C
 STRUCTS = {"moea2a_config_t": C.Config, "moea2a_payload_desc_t": C.PayloadDesc, "moea2a_wire_t": C.Wire,
            "moea2a_moe_config_t": C.MoeConfig, "moea2a_moe_workspace_sizes_t": C.WorkspaceSizes,
            "moea2a_dispatch_result_t": C.DispatchResult, "moea2a_unique_id_t": C.UniqueId,
-           "moea2a_expert_gemm_t": C.ExpertGemm}
+           "moea2a_expert_gemm_t": C.ExpertGemm, "moea2a_comm_traffic_t": C.Traffic}
 # moea2a_moe_config_t.flags, as moea2a/_capi.py spells them without the MOEA2A_ prefix
 FLAGS = ["MOE_NO_SANITIZE", "MOE_REWRITE_NONLOCAL", "MOE_CARRY_WEIGHTS", "MOE_NO_NVLINK", "MOE_WEIGHTED_COMBINE",
          "MOE_ZERO_PADDING", "MOE_HOST_EXPERT_COUNTS", "MOE_COPY_ENGINE"]

@@ -291,6 +291,25 @@ def test_version_matches_the_package():
         pytest.skip("the package is not installed (run from the source tree)")
 
 
+def test_traffic_counts_what_an_alltoall_hands_the_transport():
+    """Comm.traffic(): after one host dispatch and combine the bytes this rank handed for
+    its own node grew (2 ranks on one host: one node) and none went to other nodes."""
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            before = comm.traffic()
+            with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host") as moe:
+                ids = np.full((4, K), (rank + 1) % ep * (E // ep), dtype=np.int32)  # every token to the peer
+                moe.dispatch(np.ones((4, 8), np.float32), ids)
+                moe.combine()
+            after = comm.traffic()
+            if not (after["host_same_node"] > before["host_same_node"] and after["host_other_nodes"] == 0
+                    and after["cuda_same_node"] == 0 and after["cuda_other_nodes"] == 0):
+                return f"traffic {before} -> {after}"
+        return None
+    results = run_ranks(2, main)
+    assert all(v is None for v in results.values()), results
+
+
 def test_handles_release_once_and_refuse_use_after():
     def main(rank, ep, uid):
         with moea2a.Comm(ep, rank, uid) as comm:
