@@ -16,7 +16,8 @@
  * peer go the row's destinations in that node and its slot at each (the flat path's
  * codes, which the source's send map holds), so a rail peer relays with one kernel and
  * no wait, and every count the relay moves is one of the flat path's counts, which
- * every rank learns with the headers. A combine waits for nothing on the host. */
+ * every rank learns from one allgather of them after the headers. A combine waits for
+ * nothing on the host. */
 #include "config.h"
 
 #include <stdlib.h>
