@@ -18,9 +18,10 @@ static const char *srcdir(void)
 
 static size_t A(size_t x) { return (x + 127) / 128 * 128; }
 
-/* The formula of moea2a_moe_workspace_size(3). */
-static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, size_t *workspace, size_t *staging,
-                     size_t *pinned)
+/* The formula of moea2a_moe_workspace_size(3); N nodes of M ranks (N > 1, M > 1: the
+ * hierarchical path, whose staging differs by memory). */
+static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, int cuda, int N, int M,
+                     size_t *workspace, size_t *staging, size_t *pinned)
 {
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k;
     int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
@@ -40,6 +41,16 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     *workspace = sum;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
     *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
+    const size_t S = (size_t)N - 1, crow = c->hidden * es, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
+    if (cuda && N > 1 && M > 1) { /* the hierarchical path on CUDA memory */
+        *staging += A(4 * cap * k) + A(4 * n) + A(4 * nn * cap * k) + A(4 * S * cap * k) + A(S * cap * record) +
+                    A(S * m1 * cap * record) + A(S * m1 * cap * crow) + A(S * cap * crow);
+        *pinned += A(4 * cap * k) * (2 + nn);
+    } else if (N > 1 && M > 1) { /* on host memory: R ranks on other nodes, D = min(k, M) */
+        const size_t R = n - (size_t)M, D = k < (size_t)M ? k : (size_t)M;
+        *staging += A(S * cap * record) + A(D * S * cap * record) + A(R * cap * record) + A(R * cap * crow) +
+                    A(D * S * cap * crow) + A(S * cap * crow);
+    }
     if (lsa && (c->flags & MOEA2A_MOE_COPY_ENGINE)) { /* landing index and rows; send map and copy list */
         size_t d = k < n ? k : n;
         *staging += A(4 * n) + A((n - 1) * cap * c->hidden * es);
@@ -77,8 +88,9 @@ static void check_case(const case_t *k, const moea2a_moe_config_t *c)
     moea2a_result_t r = moea2a_moe_workspace_size_layout(&lay, c, &s);
     size_t ws, st, pin;
     /* the load/store path: CUDA, every peer NVLinked on this node, none staged */
-    expected(c, k->ep, k->staged, k->mem == MOEA2A_MEMORY_CUDA && k->staged == 0 && k->ep > 1, &ws, &st, &pin);
     int cuda = k->mem == MOEA2A_MEMORY_CUDA;
+    expected(c, k->ep, k->staged, cuda && k->staged == 0 && k->ep > 1, cuda, (k->ep + k->rpn - 1) / k->rpn, k->rpn,
+             &ws, &st, &pin);
     int ok = r == MOEA2A_SUCCESS && s.staged_peers == k->staged && s.nvlink_peers == k->nvlink &&
              s.numa_node == k->numa && s.gpu == k->gpu && !strcmp(s.nic, k->nic) && s.workspace_bytes == ws &&
              s.staging_bytes == st && s.total_bytes == ws + st + (cuda ? pin : 0) &&
@@ -97,12 +109,17 @@ static void test_topologies(void)
     static const case_t cases[] = {
         /* Peers are staged unless the load/store path serves them all: CUDA memory,
          * one node, every pair NVLinked. */
-        /* 4 GPUs, all pairs NVLinked: the load/store path, nothing staged */
+        /* 4 GPUs, all pairs NVLinked: the load/store path, nothing staged; across nodes
+         * (CUDA memory) every peer, and the hierarchical path's relay */
         {"4gpu-nvlink.xml", 4, 4, 1, MOEA2A_MEMORY_CUDA, 0, 3, 0, 1, "mlx5_0"},
         {"4gpu-nvlink.xml", 8, 4, 1, MOEA2A_MEMORY_CUDA, 7, 3, 0, 1, "mlx5_0"},
         {"4gpu-nvlink.xml", 8, 4, 6, MOEA2A_MEMORY_CUDA, 7, 3, 1, 2, "mlx5_1"},
-        /* host memory: no load/store peers; ranks spread over the sockets */
+        /* host memory: no load/store peers; ranks spread over the sockets; across
+         * nodes the hierarchical path stages the node's other ranks and one rail peer
+         * per other node */
         {"4gpu-nvlink.xml", 4, 4, 3, MOEA2A_MEMORY_HOST, 3, 0, 1, -1, "mlx5_1"},
+        {"4gpu-nvlink.xml", 8, 4, 5, MOEA2A_MEMORY_HOST, 4, 0, 0, -1, "mlx5_0"},
+        {"4gpu-nvlink.xml", 12, 4, 2, MOEA2A_MEMORY_HOST, 5, 0, 1, -1, "mlx5_1"},
         /* 8 GPUs in two NVLink islands: 3 NVLink peers each, NICs shared two GPUs apiece */
         {"8gpu-2socket-4nic.xml", 8, 8, 0, MOEA2A_MEMORY_CUDA, 7, 3, 0, 0, "mlx5_0"},
         {"8gpu-2socket-4nic.xml", 8, 8, 5, MOEA2A_MEMORY_CUDA, 7, 3, 1, 5, "mlx5_2"},

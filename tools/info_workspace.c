@@ -197,12 +197,20 @@ int info_workspace(const char *spec_in)
     line("combine", s.combine_bytes, "ep x cap x hidden (combine dtype)");
     if (s.expert_bytes) line("expert-major", s.expert_bytes, "local experts' rows, per-row arrays, combine rows");
     line("workspace", s.workspace_bytes, cuda ? "device memory" : "host memory");
+    /* beyond the staged peers' blocks: the hierarchical path's relay (or copy-engine mode's landing) */
+    size_t crow_es = 0;
+    if (c.hidden) moea2a_datatype_size(c.combine_dtype, &crow_es);
+    const size_t peers = (size_t)s.staged_peers * (size_t)a.cap, blocks = (peers * s.record_bytes + 127) / 128 * 128 +
+                                                                      (peers * c.hidden * crow_es + 127) / 128 * 128;
+    const char *more = s.staging_bytes > blocks ? (cuda && (c.flags & MOEA2A_MOE_COPY_ENGINE) ? ", + the combine's landing"
+                                                                                             : ", + the hierarchical relay")
+                                                : "";
     if (cuda)
-        snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), device memory", s.staged_peers,
-                 s.record_bytes);
+        snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back)%s, device memory", s.staged_peers,
+                 s.record_bytes, more);
     else
-        snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back), host on NUMA %d",
-                 s.staged_peers, s.record_bytes, s.numa_node);
+        snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back)%s, host on NUMA %d",
+                 s.staged_peers, s.record_bytes, more, s.numa_node);
     line("staging", s.staging_bytes, buf);
     if (cuda) line("pinned mirror", s.pinned_host_bytes, "counts, headers, stats [, error record] [, expert-major counts]: pinned host memory");
     if (a.mem_limit > 0) {

@@ -49,6 +49,19 @@ int m2a_hier_sources(const m2a_hier_t *h, int rank, int *served, int *index)
     return n;
 }
 
+int m2a_hier_staged(const m2a_nodemap_t *m, int ep, int rank, int *stage_index)
+{
+    m2a_hier_t h;
+    if (m2a_hier_init(&h, m, ep)) return -1;
+    for (int q = 0; q < ep; q++) stage_index[q] = q != rank && m->node[q] == m->node[rank];
+    for (int x = 0; x < m->nnodes; x++)
+        if (x != m->node[rank]) stage_index[m2a_hier_rail(&h, rank, x)] = 1;
+    int n = 0;
+    for (int q = 0; q < ep; q++) stage_index[q] = stage_index[q] ? n++ : -1;
+    m2a_hier_free(&h);
+    return n;
+}
+
 int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out)
 {
     m2a_hier_t h;

@@ -51,6 +51,10 @@ int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap
 /* Where rank sits among the nodes of map m (ep ranks), or among nodes of rpn
  * consecutive ranks (the last one may be smaller): -1 when out of memory. */
 int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out);
+/* The peers a hierarchical path stages (the other ranks of rank's node, and its rail
+ * peer in every other node), each given a staging slot in rank order in stage_index[ep]
+ * (-1: not staged); returns how many (node_size - 1 + nnodes - 1), -1 out of memory. */
+int m2a_hier_staged(const m2a_nodemap_t *m, int ep, int rank, int *stage_index);
 int m2a_hier_nodes_blocks(int ep, int rpn, int rank, m2a_moe_nodes_t *out);
 
 int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const void *ids,

@@ -34,7 +34,7 @@ static int hier_wanted(int nnodes, int largest, long setting)
 typedef struct {
     moea2a_moe_config_t cfg;
     const m2a_moe_backend_t *backend;
-    int cuda, staged, nvlink, lsa, rpn, hier;
+    int cuda, staged, flat_staged, nvlink, lsa, rpn, hier;
     m2a_moe_nodes_t nodes; /* where this rank sits among the nodes (the backends' sizes) */
     char no_lsa[240]; /* why the topology's load/store path has no symmetric memory, or "" */
     int *stage_index;
@@ -67,6 +67,26 @@ static moea2a_result_t copy_engine_possible(moea2a_comm_t comm, const moea2a_moe
                      : "has ranks that do not (another node, no NVLink between their GPUs, or MOEA2A_NVLINK=0)");
 }
 
+/* Staging slots, in rank order, this rank none: on the hierarchical path in host
+ * memory its node's other ranks and its rail peer in every other node (all it sends to
+ * and hears from); else every peer (used only by the paths that stage, and ready for
+ * the generic path should the load/store one fall back; the CUDA hierarchical path
+ * keeps them all too). p->staged follows; flat_staged keeps the flat paths' count. -1:
+ * out of memory. */
+static int set_staging(moea2a_comm_t comm, plan_t *p)
+{
+    const int ep = comm->nranks;
+    if (p->hier && !p->cuda) {
+        int n = m2a_hier_staged(&comm->nodes, ep, comm->rank, p->stage_index);
+        if (n < 0) return -1;
+        p->staged = n;
+        return 0;
+    }
+    for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
+    p->staged = p->flat_staged;
+    return 0;
+}
+
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
 {
     int ep = comm->nranks;
@@ -96,10 +116,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
          * chosen way cannot serve every rank, no mode takes the path, and the sizes are
          * the generic path's. */
         if (p->lsa && !m2a_symm_usable(comm, p->no_lsa, sizeof(p->no_lsa))) p->lsa = 0, p->staged = ep - 1;
-        /* Every peer gets a staging slot, in rank order (used only by the paths that
-         * stage, and ready for the generic path should the load/store one fall back);
-         * this rank has none. */
-        for (int q = 0, s = 0; q < ep; q++) p->stage_index[q] = q == comm->rank ? -1 : s++;
+        p->flat_staged = p->staged;
         p->place = m2a_topo_place(&p->topo, m->host_local[comm->rank], p->rpn, p->cuda);
         long hier = -1;
         r = m2a_comm_record(comm, m2a_param_int("MOEA2A_HIERARCHICAL", &hier));
@@ -108,6 +125,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         int largest = 0;
         for (int i = 0; i < m->nnodes; i++) largest = m->size[i] > largest ? m->size[i] : largest;
         p->hier = hier_wanted(p->nodes.nnodes, largest, hier);
+        if (r == MOEA2A_SUCCESS && set_staging(comm, p)) r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
@@ -173,7 +191,9 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         if (r == MOEA2A_SUCCESS) r = m2a_param_int("MOEA2A_HIERARCHICAL", &hier);
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes_blocks(layout->ep, rpn, layout->rank, &nodes))
             r = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, hier_wanted(nodes.nnodes, rpn, hier));
+        const int h = hier_wanted(nodes.nnodes, rpn, hier);
+        const m2a_moe_backend_t *b = m2a_moe_backend_pick(cuda, lsa, h);
+        if (h && !cuda) staged = nodes.node_size - 1 + nodes.nnodes - 1; /* set_staging, m2a_hier_staged */
         m2a_moe_layout_t l;
         if (r == MOEA2A_SUCCESS) layout_for(&cfg, layout->ep, staged, b, &nodes, &l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, b, cuda, "");
@@ -261,7 +281,7 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     M2A_INFO(M2A_SUBSYS_MOE, "%s path unavailable (%s); the %s path stages every peer, so this context is larger than "
              "moea2a_moe_workspace_size predicted", moe->backend->name, moea2a_last_error(comm), fallback->name);
     moe->backend->release(moe);
-    moe->backend = fallback; /* stage_index already gives every peer a slot */
+    moe->backend = fallback; /* a path with a fallback gives every peer a staging slot */
     const m2a_moe_nodes_t one = {1, ep, 0}; /* the fallback is the generic CUDA path, which sizes no nodes */
     layout_for(&moe->cfg, ep, ep - 1, moe->backend, &one, &moe->l);
     return moe->backend->alloc(moe);
@@ -283,6 +303,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     if (r == MOEA2A_SUCCESS && hier != p->hier) {
         M2A_INFO(M2A_SUBSYS_MOE, "moea2a_moe_create: another rank takes the flat path (MOEA2A_HIERARCHICAL): the flat path");
         p->hier = 0, p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, 0);
+        set_staging(comm, p); /* every peer: cannot fail */
         layout_for(&p->cfg, comm->nranks, p->staged, p->backend, &p->nodes, &p->l);
     }
     /* Memory (or a missing CUDA module) may fail on one rank only; the backends'

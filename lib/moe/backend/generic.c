@@ -165,7 +165,7 @@ moea2a_result_t m2a_generic_first_stage(moea2a_moe_t moe, const int *node, const
         if (xr[q] && index[q] < 0)
             return m2a_error(moe->comm, MOEA2A_ERR_INTERNAL, "moea2a_dispatch: rank %d relays rows through rank %d, "
                              "which is not its rail peer", q, me);
-        sblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)l->record;
+        sblk[q] = moe->stage_index[q] < 0 ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)l->record;
         wrow[q] = (int64_t)q * stride, frow[q] = index[q] < 0 ? 0 : (int64_t)index[q] * cap;
     }
     memset(pairs, 0, 4 * sizeof(*pairs));

@@ -338,7 +338,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
         hs[q] = home ? st->s1_recv[q] : 0, hr[q] = home ? st->s1_send[q] : 0;
         ps[q] = st->sidx[q] >= 0 ? st->s1_recv[q] : 0, pr[q] = node[q] != node[me] ? st->s1_send[q] : 0;
         hfirst[q] = (int64_t)q * stride, pfirst[q] = st->sidx[q] >= 0 ? (int64_t)st->sidx[q] * cap : 0;
-        dblk[q] = q == me ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)crow;
+        dblk[q] = moe->stage_index[q] < 0 ? 0 : (int64_t)moe->stage_index[q] * cap * (int64_t)crow;
     }
     unsigned char *landing = moe->stage + l->stage_recv;
     m2a_move_side_t back_pairs[4] = {{.buf = {in}, .rows = hs, .row0 = hfirst}, {.buf = {landing}, .rows = hr, .byte0 = dblk},
