@@ -418,4 +418,5 @@ const m2a_moe_backend_t m2a_moe_backend_cuda_hier = {
     .capturing = m2a_moe_cuda_capturing,
     .not_capturable = "the hierarchical path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
+    .fallback = &m2a_moe_backend_cuda,
 };
