@@ -302,6 +302,11 @@ typedef struct {
     moea2a_recv_layout_t layout; /* rank-major (default) or expert-major */
     int expert_alignment;        /* expert-major: each expert's rows start at a multiple; 1..1024, 0 = 1 */
     int64_t max_expert_rows;     /* expert-major: rows a rank may hold, padding included; 0 = the worst case */
+    /* the combine's rows on the wire: MOEA2A_WIRE_AS_IS (default: the combine dtype) or
+     * MOEA2A_WIRE_FP8 (E4M3 codes, one fp32 or, with flags MOEA2A_FP8_UE8M0, one UE8M0
+     * scale per 128 values; hidden % 128 == 0; scale_layout 0), host memory in this
+     * release (moea2a_moe(3), "FP8 combine") */
+    moea2a_wire_t combine_wire;
 } moea2a_moe_config_t;
 
 #ifdef __cplusplus

@@ -14,6 +14,7 @@ typedef struct {
     int64_t max_expert_rows;
     int32_t dtypes[MOEA2A_MOE_MAX_PAYLOADS];
     int32_t wire[MOEA2A_MOE_MAX_PAYLOADS]; /* format | scale layout << 8 | flags << 16 */
+    int32_t combine_wire, pad;             /* the same for the combine's rows */
     uint64_t elems[MOEA2A_MOE_MAX_PAYLOADS], hidden, map_hash;
 } digest_t;
 
@@ -32,6 +33,8 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
         d.dtypes[i] = c->payloads[i].dtype, d.elems[i] = c->payloads[i].elems_per_token;
         d.wire[i] = (int32_t)c->wire[i].format | c->wire[i].scale_layout << 8 | (int32_t)(c->wire[i].flags << 16);
     }
+    d.combine_wire = (int32_t)c->combine_wire.format | c->combine_wire.scale_layout << 8 |
+                     (int32_t)(c->combine_wire.flags << 16);
     d.map_hash = 1469598103934665603ULL;
     for (int e = 0; c->placement == MOEA2A_PLACEMENT_MAP && e < c->num_experts; e++)
         d.map_hash = (d.map_hash ^ (uint64_t)c->expert_to_rank[e]) * 1099511628211ULL;
@@ -84,6 +87,11 @@ moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, c
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
                           "moea2a_moe_create: rank %d sends payload %d in another wire format (format | scale layout "
                           "<< 8 | flags << 16: 0x%x here, 0x%x there)", q, i, all[comm->rank].wire[i], all[q].wire[i]);
+        } else if (mine == MOEA2A_SUCCESS && all[q].combine_wire != all[comm->rank].combine_wire) {
+            r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
+                          "moea2a_moe_create: rank %d combines in another wire format (combine_wire: format | scale "
+                          "layout << 8 | flags << 16: 0x%x here, 0x%x there)", q, all[comm->rank].combine_wire,
+                          all[q].combine_wire);
         } else if (mine == MOEA2A_SUCCESS && memcmp(&all[q], &all[comm->rank], sizeof(digest_t))) {
             const digest_t *a = &all[comm->rank], *b = &all[q];
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,

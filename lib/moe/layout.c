@@ -7,11 +7,21 @@
 #include "base/checked.h"
 #include "base/error.h"
 #include "quant/fp4_math.h"
+#include "quant/fp8_math.h"
 #include "moe/layout.h"
 #include "comm/last_error.h"
 #include "base/params.h"
 
 #define CONFIG_MIN_SIZE (offsetof(moea2a_moe_config_t, version) + sizeof(unsigned int))
+
+size_t m2a_combine_wire_bytes(const moea2a_moe_config_t *c)
+{
+    size_t es = 0;
+    if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
+    if (c->combine_wire.format != MOEA2A_WIRE_FP8) return c->hidden * es;
+    const size_t nkb = c->hidden / M2A_FP8_BLOCK;
+    return c->hidden + 4 * ((c->combine_wire.flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb);
+}
 
 size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i)
 {
@@ -142,6 +152,25 @@ static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config
     return MOEA2A_SUCCESS;
 }
 
+/* The combine's wire: as is, or FP8 blocks of 128 along hidden (scale_layout unused: a
+ * row's scales travel with it, row-major). */
+static moea2a_result_t check_combine_wire(moea2a_comm_t comm, const moea2a_moe_config_t *c)
+{
+    static const char fn[] = "moea2a_moe config";
+    const moea2a_wire_t *w = &c->combine_wire;
+    M2A_CHECK_ARG(comm, w->format == MOEA2A_WIRE_AS_IS || w->format == MOEA2A_WIRE_FP8,
+                  "%s: combine_wire.format=%d: the combine's rows travel as is (MOEA2A_WIRE_AS_IS) or as FP8 "
+                  "(MOEA2A_WIRE_FP8)", fn, (int)w->format);
+    M2A_CHECK_ARG(comm, w->scale_layout == 0 && (w->format == MOEA2A_WIRE_FP8 ? !(w->flags & ~MOEA2A_FP8_UE8M0) : !w->flags),
+                  "%s: combine_wire: scale_layout=%d flags=0x%x (scale_layout 0; flags MOEA2A_FP8_UE8M0 or 0 with FP8, "
+                  "0 as is)", fn, w->scale_layout, w->flags);
+    if (w->format == MOEA2A_WIRE_FP8)
+        M2A_CHECK_ARG(comm, c->hidden > 0 && c->hidden % M2A_FP8_BLOCK == 0,
+                      "%s: combine_wire FP8 quantizes blocks of %d values: hidden=%zu must be a positive multiple",
+                      fn, M2A_FP8_BLOCK, c->hidden);
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_t *in, int ep,
                                     moea2a_moe_config_t *out)
 {
@@ -181,6 +210,7 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
                       "%s: combine_dtype must be bf16, fp16 or fp32", fn);
         M2A_CHECK_ARG(comm, c->hidden <= (1u << 30), "%s: hidden=%zu is too large", fn, c->hidden);
     }
+    M2A_TRY(check_combine_wire(comm, c));
     M2A_CHECK_ARG(comm, c->placement == MOEA2A_PLACEMENT_CONTIGUOUS || c->placement == MOEA2A_PLACEMENT_MAP,
                   "%s: placement=%d is unknown", fn, (int)c->placement);
     if (c->placement == MOEA2A_PLACEMENT_MAP) {
@@ -235,6 +265,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     size_t combine_es = 0;
     if (c->hidden) moea2a_datatype_size(c->combine_dtype, &combine_es);
     l->combine_row = c->hidden * combine_es;
+    l->combine_wire = m2a_combine_wire_bytes(c);
     l->record = k * 4 + (weights ? k * 4 : 0) + 4; /* ids, weights, source index */
     for (int i = 0; i < c->num_payloads; i++) {
         size_t es;
@@ -337,8 +368,10 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
      * land straight in the workspace. */
     size_t s = 0, peers = (size_t)staged;
     l->stage_send = take(&s, peers * cap * l->record);
-    l->stage_recv = take(&s, peers * cap * l->combine_row);
+    l->stage_recv = take(&s, peers * cap * l->combine_wire);
     l->stage_backend = take(&s, backend->staging_bytes); /* e.g. the copy engines' combine landing */
+    /* the combine's rows quantized for the wire, every source's block ([ep][cap]) */
+    if (c->combine_wire.format != MOEA2A_WIRE_AS_IS) l->stage_cwire = take(&s, n * cap * l->combine_wire);
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned_stats = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;

@@ -59,6 +59,9 @@ typedef struct {
 /* Quantize on dispatch, per payload: the bytes of a token's codes and of its scales
  * on the wire. */
 size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i);
+/* A combine row on the wire: hidden x size(combine_dtype) as is; FP8: hidden codes, then
+ * the row's scales (4 x hidden / 128 bytes; UE8M0: 4 x ceil(hidden / 512)). */
+size_t m2a_combine_wire_bytes(const moea2a_moe_config_t *c);
 size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i);
 
 typedef struct {
@@ -75,6 +78,9 @@ typedef struct {
     size_t pinned_stats, pinned_backend;
     size_t pinned_expert; /* expert-major: rows (int64), counts, offsets as the host gets them */
     size_t row_bytes[MOEA2A_MOE_MAX_PAYLOADS], combine_row, record;
+    /* a combine row on the wire (combine_row unless combine_wire quantizes), and the
+     * staging of the rows quantized for it ([ep][cap]; with an FP8 combine wire only) */
+    size_t combine_wire, stage_cwire;
     size_t bytes_payload[MOEA2A_MOE_MAX_PAYLOADS], bytes_ids, bytes_weights, bytes_combine;
     /* quantize on dispatch, per payload sent quantized (else 0): its scales as they
      * land ([ep][cap][scale row]), NVFP4's global scale per row ([ep][cap][4]) and per

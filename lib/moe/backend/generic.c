@@ -266,7 +266,9 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
     if (r != MOEA2A_SUCCESS) return r;
 
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
-    size_t row = l->combine_row;
+    const m2a_generic_steps_t *st = moe->steps;
+    if (st->combine_rows) in = st->combine_rows(moe, in, stream);
+    size_t row = l->combine_wire;
     int64_t *v = vectors(ep, 1);
     if (!v) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     exchange_t x = {v, v + ep, v + 2 * ep, v + 3 * ep};

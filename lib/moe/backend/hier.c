@@ -59,7 +59,7 @@ static void hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_
     m2a_moe_layout_t l; /* the record and combine row of this config */
     m2a_moe_layout(c, ep, 0, &none, &l);
     regions_t g;
-    regions(c, l.record, l.combine_row, ep, nodes, &g);
+    regions(c, l.record, l.combine_wire, ep, nodes, &g);
     out->staging_bytes = g.end;
 }
 
@@ -295,10 +295,13 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
     const int ep = moe->comm->nranks, me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank, k = moe->cfg.top_k;
     const int *node = st->h.node, stride = moe->stride;
     M2A_TRY(m2a_generic_combine_agree(moe, mine));
-    unsigned char *in = (unsigned char *)(expert_out ? expert_out : moe->ws + l->combine);
+    /* the rows as they travel (quantized here with an FP8 combine wire) */
+    unsigned char *in = (unsigned char *)m2a_host_combine_rows(moe, expert_out ? expert_out : moe->ws + l->combine);
     unsigned char *stage = moe->stage + l->stage_backend;
     unsigned char *back = stage + st->g.c2_send, *got = stage + st->g.c2_recv, *parts = stage + st->g.p_out;
-    const size_t crow = l->combine_row;
+    const size_t crow = l->combine_wire;
+    m2a_crow_t f;
+    m2a_host_crow(&moe->cfg, &f);
     int32_t *srows = (int32_t *)st->v, *rrows = srows + ep;
     int64_t *sfirst = st->v + ep, *rfirst = st->v + 2 * ep, *cur = st->v + 3 * ep;
     blocks(moe, st->c2r, srows, sfirst); /* back to the rank that relayed them, in the order they came */
@@ -326,8 +329,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
                 const int q = code[d] / cap, slot = code[d] % cap;
                 rows[nr++] = q == me ? in + ((size_t)s * stride + slot) * crow : got + (size_t)cur[q]++ * crow;
             }
-            m2a_host_sum_rows(moe->cfg.combine_dtype, moe->cfg.hidden, rows, nr, acc,
-                              parts + ((size_t)i * cap + (size_t)r) * crow);
+            m2a_host_sum_rows(&f, rows, nr, acc, parts + ((size_t)i * cap + (size_t)r) * crow, 1);
         }
     }
     /* home rows from this rank's slots, partials from parts, into the senders' blocks */
@@ -356,8 +358,10 @@ static moea2a_result_t combine_recv(moea2a_moe_t moe, void *out)
     const m2a_moe_layout_t *l = &moe->l;
     const int me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank, k = moe->cfg.top_k, *node = st->h.node;
     const int32_t *send_map = (const int32_t *)(moe->ws + l->send_map);
-    const size_t crow = l->combine_row;
+    const size_t crow = l->combine_wire; /* rows as they travel; out's rows are l->combine_row */
     const unsigned char *landing = moe->stage + l->stage_recv, *self = moe->combine_in + (size_t)me * moe->stride * crow;
+    m2a_crow_t f;
+    m2a_host_crow(&moe->cfg, &f);
     unsigned char *home = st->scratch;
     float *acc = (float *)(st->scratch + m2a_align(crow));
     int32_t *pos = st->mark; /* partials so far from each node */
@@ -378,14 +382,14 @@ static moea2a_result_t combine_recv(moea2a_moe_t moe, void *out)
             }
             if (!reached) continue;
             if (q == node[me]) {
-                m2a_host_sum_rows(moe->cfg.combine_dtype, moe->cfg.hidden, rows, nr, acc, home);
+                m2a_host_sum_rows(&f, rows, nr, acc, home, 1);
                 parts[np++] = home;
             } else {
                 const int p = m2a_hier_rail(&st->h, me, q);
                 parts[np++] = landing + ((size_t)moe->stage_index[p] * cap + (size_t)pos[q]++) * crow;
             }
         }
-        m2a_host_sum_rows(moe->cfg.combine_dtype, moe->cfg.hidden, parts, np, acc, (unsigned char *)out + (size_t)t * crow);
+        m2a_host_sum_rows(&f, parts, np, acc, (unsigned char *)out + (size_t)t * l->combine_row, 0);
     }
     return MOEA2A_SUCCESS;
 }
@@ -424,14 +428,14 @@ static moea2a_result_t hier_alloc(moea2a_moe_t moe)
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     st->S = m2a_hier_served(&st->h, me);
     const m2a_moe_nodes_t nodes = {comm->nodes.nnodes, comm->nodes.size[comm->nodes.node[me]], st->S};
-    regions(&moe->cfg, moe->l.record, moe->l.combine_row, ep, &nodes, &st->g);
+    regions(&moe->cfg, moe->l.record, moe->l.combine_wire, ep, &nodes, &st->g);
     st->served = malloc(sizeof(int) * (size_t)(st->S + 1)), st->sidx = malloc(sizeof(int) * (size_t)ep);
     st->s1_send = malloc(sizeof(int32_t) * (size_t)ep), st->s1_recv = calloc((size_t)ep, sizeof(int32_t));
     st->fwd = malloc(sizeof(int32_t) * ((size_t)st->S * cap * k + 1));
     st->c2s = calloc((size_t)ep * ep, sizeof(int32_t)), st->c2r = calloc((size_t)ep * ep, sizeof(int32_t));
     st->mark = malloc(sizeof(int32_t) * (size_t)(ep + st->h.nnodes));
     st->v = malloc(sizeof(int64_t) * 8 * (size_t)ep);
-    st->scratch = malloc(m2a_align(moe->l.combine_row) + sizeof(float) * (moe->cfg.hidden + 1));
+    st->scratch = malloc(m2a_align(moe->l.combine_wire) + sizeof(float) * (moe->cfg.hidden + 1));
     st->rows = malloc(sizeof(*st->rows) * (size_t)k), st->parts = malloc(sizeof(*st->parts) * (size_t)st->h.nnodes);
     if (!st->served || !st->sidx || !st->s1_send || !st->s1_recv || !st->fwd || !st->c2s || !st->c2r || !st->mark ||
         !st->v || !st->scratch || !st->rows || !st->parts)

@@ -86,21 +86,43 @@ static moea2a_result_t host_sanitize(moea2a_moe_t moe, int stride, void *stream)
     return MOEA2A_SUCCESS;
 }
 
+const unsigned char *m2a_host_combine_rows(moea2a_moe_t moe, const unsigned char *in)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    if (moe->cfg.combine_wire.format == MOEA2A_WIRE_AS_IS) return in;
+    m2a_crow_t f;
+    m2a_host_crow(&moe->cfg, &f);
+    unsigned char *wire = moe->stage + l->stage_cwire;
+    for (int q = 0; q < moe->comm->nranks; q++) {
+        const size_t first = (size_t)q * (size_t)moe->stride;
+        m2a_host_crow_pack(&f, in + first * l->combine_row, (size_t)moe->h_recv_counts[q], wire + first * f.bytes);
+    }
+    return wire;
+}
+
+static const unsigned char *host_combine_rows(moea2a_moe_t moe, const unsigned char *in, void *stream)
+{
+    (void)stream;
+    return m2a_host_combine_rows(moe, in);
+}
+
 static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)
 {
     (void)stream;
     const m2a_moe_layout_t *l = &moe->l;
     const unsigned char *landing = moe->stage ? moe->stage + l->stage_recv : NULL;
-    if (m2a_host_combine_reduce(&moe->route, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
-                                moe->cfg.combine_dtype, moe->cfg.hidden,
-                                in + (size_t)moe->comm->rank * (size_t)moe->stride * l->combine_row, landing,
+    m2a_crow_t f;
+    m2a_host_crow(&moe->cfg, &f);
+    if (m2a_host_combine_reduce(&moe->route, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map), &f,
+                                in + (size_t)moe->comm->rank * (size_t)moe->stride * l->combine_wire, landing,
                                 moe->stage_index, moe->comm->nodes.node, moe->comm->nodes.nnodes, out))
         return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");
     return MOEA2A_SUCCESS;
 }
 
 static const m2a_generic_steps_t steps = {
-    .route = host_route, .pack = host_pack, .sanitize = host_sanitize, .reduce = host_reduce,
+    .route = host_route, .pack = host_pack, .sanitize = host_sanitize, .combine_rows = host_combine_rows,
+    .reduce = host_reduce,
 };
 
 void m2a_host_release(moea2a_moe_t moe)

@@ -18,6 +18,11 @@ void m2a_host_release(moea2a_moe_t moe);
 m2a_wire_token_t *m2a_host_wire_begin(moea2a_moe_t moe, const m2a_dispatch_args_t *a, m2a_wire_token_t *w, int *fail);
 void m2a_host_wire_end(m2a_wire_token_t *w);
 
+/* The rows the combine sends, from the expert side's rows in ([ep][stride] of the
+ * combine dtype): in itself as is; with an FP8 combine wire each source's valid rows
+ * (moe->h_recv_counts) quantized into staging (l->stage_cwire, [ep][stride] wire rows). */
+const unsigned char *m2a_host_combine_rows(moea2a_moe_t moe, const unsigned char *in);
+
 /* The expert-major pass on host memory (m2a_moe_backend_t.expert_expand, expert_fold). */
 moea2a_result_t m2a_host_expert_expand_op(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
                                           m2a_expert_view_t *out);

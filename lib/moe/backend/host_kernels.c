@@ -3,6 +3,7 @@
 
 #include "base/convert.h"
 #include "quant/fp4_math.h"
+#include "quant/fp8_math.h"
 #include "moe/backend/host_kernels.h"
 #include "quant/quant_host.h"
 
@@ -146,6 +147,44 @@ static void accumulate(moea2a_datatype_t dt, const unsigned char *row, size_t hi
     }
 }
 
+void m2a_host_crow(const moea2a_moe_config_t *c, m2a_crow_t *f)
+{
+    f->dtype = c->combine_dtype, f->hidden = c->hidden, f->bytes = m2a_combine_wire_bytes(c);
+    f->fp8 = c->combine_wire.format == MOEA2A_WIRE_FP8, f->ue8m0 = (c->combine_wire.flags & MOEA2A_FP8_UE8M0) != 0;
+}
+
+/* acc[h] += a wire row's values: the dtype's, or FP8 codes times their block's scale. */
+static void accumulate_wire(const m2a_crow_t *f, const unsigned char *row, float *acc)
+{
+    if (!f->fp8) {
+        accumulate(f->dtype, row, f->hidden, acc);
+        return;
+    }
+    const size_t nkb = f->hidden / M2A_FP8_BLOCK;
+    for (size_t kb = 0; kb < nkb; kb++) {
+        const unsigned char *sb = row + f->hidden + m2a_fp8_scale_offset(0, f->ue8m0, 0, kb, nkb, 1);
+        uint32_t bits = *sb;
+        if (!f->ue8m0) memcpy(&bits, sb, 4);
+        const float scale = m2a_fp8_scale_value(bits, f->ue8m0);
+        for (size_t i = kb * M2A_FP8_BLOCK; i < (kb + 1) * M2A_FP8_BLOCK; i++) acc[i] += m2a_fp8_value(row[i], scale);
+    }
+}
+
+/* A wire row from fp32 values: rounded to the dtype, or quantized to FP8 by the block
+ * rule of moea2a_fp8(3) (row-major scales after the codes). */
+static void store_wire(const m2a_crow_t *f, const float *acc, unsigned char *out);
+
+void m2a_host_crow_pack(const m2a_crow_t *f, const unsigned char *rows, size_t n, unsigned char *wire)
+{
+    const size_t es = f->dtype == MOEA2A_FLOAT32 ? 4 : 2;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *src = rows + i * f->hidden * es;
+        unsigned char *dst = wire + i * f->bytes;
+        if (f->fp8) m2a_fp8_quantize_host(src, f->dtype, 1, f->hidden, dst, dst + f->hidden, 0, f->ue8m0);
+        else memcpy(dst, src, f->bytes);
+    }
+}
+
 /* A combine output row: acc rounded to dt, every NaN the canonical one (convert.h). */
 static void store_row(moea2a_datatype_t dt, const float *acc, size_t hidden, unsigned char *out)
 {
@@ -161,13 +200,25 @@ static void store_row(moea2a_datatype_t dt, const float *acc, size_t hidden, uns
     }
 }
 
-/* total[h] += the partial rounded to dt (what travels between nodes), as fp32. */
-static void add_rounded(moea2a_datatype_t dt, const float *partial, size_t hidden, float *total)
+static void store_wire(const m2a_crow_t *f, const float *acc, unsigned char *out)
 {
-    for (size_t h = 0; h < hidden; h++) {
+    if (f->fp8) m2a_fp8_quantize_host(acc, MOEA2A_FLOAT32, 1, f->hidden, out, out + f->hidden, 0, f->ue8m0);
+    else store_row(f->dtype, acc, f->hidden, out);
+}
+
+/* total[h] += the partial as it travels between nodes (rounded to the dtype, or
+ * quantized to FP8 in wire, a row of scratch), as fp32. */
+static void add_rounded(const m2a_crow_t *f, const float *partial, unsigned char *wire, float *total)
+{
+    if (f->fp8) {
+        store_wire(f, partial, wire);
+        accumulate_wire(f, wire, total);
+        return;
+    }
+    for (size_t h = 0; h < f->hidden; h++) {
         float p = partial[h];
-        if (dt == MOEA2A_BFLOAT16) p = m2a_bf16_to_f32(m2a_f32_to_bf16(p));
-        else if (dt == MOEA2A_FLOAT16) p = m2a_f16_to_f32(m2a_f32_to_f16(p));
+        if (f->dtype == MOEA2A_BFLOAT16) p = m2a_bf16_to_f32(m2a_f32_to_bf16(p));
+        else if (f->dtype == MOEA2A_FLOAT16) p = m2a_f16_to_f32(m2a_f32_to_f16(p));
         total[h] += p;
     }
 }
@@ -175,33 +226,35 @@ static void add_rounded(moea2a_datatype_t dt, const float *partial, size_t hidde
 /* acc[h] += the rows of the token's destinations (map[0..nd)) on node `only` (all of
  * them when only < 0), in the map's ascending rank order. */
 static void add_token_rows(const m2a_route_t *r, const int32_t *map, int nd, const int *node, int only,
-                           moea2a_datatype_t dtype, size_t hidden, size_t row_bytes, const unsigned char *self_rows,
-                           const unsigned char *landing, const int *stage_index, float *acc)
+                           const m2a_crow_t *f, const unsigned char *self_rows, const unsigned char *landing,
+                           const int *stage_index, float *acc)
 {
     for (int d = 0; d < nd; d++) {
         int rank = map[d] / r->cap, slot = map[d] % r->cap;
         if (only >= 0 && node[rank] != only) continue;
         const unsigned char *row = rank == r->me
-                                       ? self_rows + (size_t)slot * row_bytes
-                                       : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * row_bytes;
-        accumulate(dtype, row, hidden, acc);
+                                       ? self_rows + (size_t)slot * f->bytes
+                                       : landing + ((size_t)stage_index[rank] * (size_t)r->cap + (size_t)slot) * f->bytes;
+        accumulate_wire(f, row, acc);
     }
 }
 
-void m2a_host_sum_rows(moea2a_datatype_t dtype, size_t hidden, const unsigned char *const *rows, int nrows, float *acc,
-                       void *out)
+void m2a_host_sum_rows(const m2a_crow_t *f, const unsigned char *const *rows, int nrows, float *acc, void *out,
+                       int wire)
 {
-    memset(acc, 0, sizeof(float) * hidden);
-    for (int i = 0; i < nrows; i++) accumulate(dtype, rows[i], hidden, acc);
-    store_row(dtype, acc, hidden, out);
+    memset(acc, 0, sizeof(float) * f->hidden);
+    for (int i = 0; i < nrows; i++) accumulate_wire(f, rows[i], acc);
+    if (wire) store_wire(f, acc, out);
+    else store_row(f->dtype, acc, f->hidden, out);
 }
 
-int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
-                            size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
-                            const int *stage_index, const int *node, int nodes, void *out)
+int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, const m2a_crow_t *f,
+                            const unsigned char *self_rows, const unsigned char *landing, const int *stage_index,
+                            const int *node, int nodes, void *out)
 {
-    size_t row_bytes = (dtype == MOEA2A_FLOAT32 ? 4 : 2) * hidden;
-    float *acc = malloc(sizeof(float) * (hidden ? hidden : 1) * 2), *total = acc + (hidden ? hidden : 1);
+    const size_t hidden = f->hidden, row_bytes = (f->dtype == MOEA2A_FLOAT32 ? 4 : 2) * hidden, h1 = hidden ? hidden : 1;
+    float *acc = malloc(sizeof(float) * h1 * 2 + f->bytes + 1), *total = acc + h1;
+    unsigned char *wire = (unsigned char *)(total + h1); /* a partial as it travels */
     if (!acc) return -1;
     for (int t = 0; t < n; t++) {
         const int32_t *map = send_map + (size_t)t * r->k;
@@ -209,7 +262,7 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
         while (nd < r->k && map[nd] >= 0) nd++;
         memset(total, 0, sizeof(float) * hidden);
         if (nodes <= 1) { /* one node: the ranks in ascending order, rounded once */
-            add_token_rows(r, map, nd, node, -1, dtype, hidden, row_bytes, self_rows, landing, stage_index, total);
+            add_token_rows(r, map, nd, node, -1, f, self_rows, landing, stage_index, total);
         } else { /* per node holding rows of t, in ascending node order: the node-grouped order of moea2a_moe(3) */
             for (int cur = -1;;) {
                 int next = -1; /* the smallest node above cur among the token's ranks */
@@ -219,12 +272,12 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
                 }
                 if (next < 0) break;
                 memset(acc, 0, sizeof(float) * hidden);
-                add_token_rows(r, map, nd, node, next, dtype, hidden, row_bytes, self_rows, landing, stage_index, acc);
-                add_rounded(dtype, acc, hidden, total);
+                add_token_rows(r, map, nd, node, next, f, self_rows, landing, stage_index, acc);
+                add_rounded(f, acc, wire, total);
                 cur = next;
             }
         }
-        store_row(dtype, total, hidden, (unsigned char *)out + (size_t)t * row_bytes);
+        store_row(f->dtype, total, hidden, (unsigned char *)out + (size_t)t * row_bytes);
     }
     free(acc);
     return 0;

@@ -47,21 +47,36 @@ void m2a_host_wire_finish(const moea2a_moe_config_t *c, const m2a_moe_layout_t *
 void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stride, int sanitize,
                        int rewrite_nonlocal, unsigned char *ws);
 
+/* A combine row as it travels (moea2a_moe_config_t.combine_wire): hidden values of the
+ * combine dtype, or FP8: hidden E4M3 codes, then the row's scales, row-major (one fp32,
+ * or one UE8M0 byte of a little-endian word of four, per 128 values). bytes: a row's. */
+typedef struct {
+    moea2a_datatype_t dtype;
+    size_t hidden, bytes;
+    int fp8, ue8m0;
+} m2a_crow_t;
+void m2a_host_crow(const moea2a_moe_config_t *c, m2a_crow_t *f);
+/* n rows of the combine dtype -> n wire rows (a copy as is; FP8: moea2a_fp8(3)'s block
+ * rule, each row quantized on its own). */
+void m2a_host_crow_pack(const m2a_crow_t *f, const unsigned char *rows, size_t n, unsigned char *wire);
+
 /* out[t] = sum over the token's destinations in ascending rank order, in fp32, of
- * their rows, rounded once; across nodes (nodes > 1, node[rank] each rank's node) the
- * node-grouped order: each node's partial so, rounded to dtype, the partials added in
- * ascending node order. Rows of this rank are read from self_rows (slot-indexed),
- * the others' from landing[stage_index[rank]][slot]. Tokens with no destination get
- * zeros. Returns -1 if it could not allocate its accumulators. */
-int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, moea2a_datatype_t dtype,
-                             size_t hidden, const unsigned char *self_rows, const unsigned char *landing,
-                             const int *stage_index, const int *node, int nodes, void *out);
-/* out = rows[0..nrows) (each hidden values of dtype) summed in fp32 in that order from
- * 0, rounded once to dtype (every NaN the canonical one): a node's partial of a token
- * from its ranks' rows in ascending rank order, and the sum of a token's partials in
- * ascending node order, as m2a_host_combine_reduce computes them. acc: hidden floats. */
-void m2a_host_sum_rows(moea2a_datatype_t dtype, size_t hidden, const unsigned char *const *rows, int nrows, float *acc,
-                       void *out);
+ * their rows (wire rows, dequantized), rounded once to the dtype; across nodes (nodes >
+ * 1, node[rank] each rank's node) the node-grouped order: each node's partial so, as it
+ * travels (rounded to the dtype, or quantized to FP8 again), the partials added in
+ * ascending node order. Rows of this rank are read from self_rows (slot-indexed), the
+ * others' from landing[stage_index[rank]][slot]. Tokens with no destination get zeros.
+ * Returns -1 if it could not allocate its accumulators. */
+int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map, const m2a_crow_t *f,
+                            const unsigned char *self_rows, const unsigned char *landing, const int *stage_index,
+                            const int *node, int nodes, void *out);
+/* out = wire rows[0..nrows) summed in fp32 in that order from 0, then stored as a wire
+ * row (wire: a node's partial as it travels) or rounded to the dtype (every NaN the
+ * canonical one): a node's partial of a token from its ranks' rows in ascending rank
+ * order, and the sum of a token's partials in ascending node order, as
+ * m2a_host_combine_reduce computes them. acc: hidden floats. */
+void m2a_host_sum_rows(const m2a_crow_t *f, const unsigned char *const *rows, int nrows, float *acc, void *out,
+                       int wire);
 /* The expert-major layout (moea2a_moe(3)), from the rank-major arrays a dispatch left
  * in ws at this stride: per local expert (ascending global id) its rows in ascending
  * (source rank, source token) order from an offset aligned to expert_alignment, the
