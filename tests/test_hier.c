@@ -199,12 +199,13 @@ static void one_case(uint64_t seed, tally_t *tl)
         got[MAX_CAP * MAX_HIDDEN * 4], partial[MAX_EP][MAX_HIDDEN * 4];
     float acc[MAX_HIDDEN];
     int stage_index[MAX_EP];
+    const m2a_crow_t f = {dt, (size_t)hidden, row_bytes, 0, 0}; /* the combine dtype on the wire */
     for (int s = 0; s < ep; s++) {
         for (int q = 0; q < ep; q++) {
             stage_index[q] = q;
             for (int i = 0; i < cap; i++) memcpy(landing + ((size_t)q * cap + i) * row_bytes, rows_at[q][s][i], row_bytes);
         }
-        if (m2a_host_combine_reduce(&r[s], n[s], map[s], dt, (size_t)hidden, landing + (size_t)s * cap * row_bytes,
+        if (m2a_host_combine_reduce(&r[s], n[s], map[s], &f, landing + (size_t)s * cap * row_bytes,
                                     landing, stage_index, nm.node, nm.map.nnodes, want)) {
             tl->combine_bad++;
             continue;
@@ -226,11 +227,11 @@ static void one_case(uint64_t seed, tally_t *tl)
                     for (int d = 0; d < k && c[d] >= 0; d++) rows[nr++] = rows_at[c[d] / cap][s][c[d] % cap];
                 }
                 if (!nr) continue;
-                m2a_host_sum_rows(dt, (size_t)hidden, rows, nr, acc, partial[np]);
+                m2a_host_sum_rows(&f, rows, nr, acc, partial[np], 1);
                 parts[np] = partial[np], np++;
             }
             unsigned char *out = got + (size_t)t * row_bytes;
-            if (nm.map.nnodes > 1 || np == 0) m2a_host_sum_rows(dt, (size_t)hidden, parts, np, acc, out);
+            if (nm.map.nnodes > 1 || np == 0) m2a_host_sum_rows(&f, parts, np, acc, out, 0);
             else memcpy(out, parts[0], row_bytes); /* one node: its sum rounded once */
         }
         tl->combine_bad += memcmp(want, got, (size_t)n[s] * row_bytes) != 0;

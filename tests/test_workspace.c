@@ -39,7 +39,11 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
     sum += A(n * cap * c->hidden * es);
     *workspace = sum;
-    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * c->hidden * es);
+    /* a combine row on the wire: the dtype's, or FP8 codes and scales */
+    const size_t nkb = c->hidden / 128, fp8 = c->combine_wire.format == MOEA2A_WIRE_FP8;
+    const size_t cw = fp8 ? c->hidden + 4 * ((c->combine_wire.flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb)
+                          : c->hidden * es;
+    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * cw) + (fp8 ? A(n * cap * cw) : 0);
     *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
     const size_t S = (size_t)N - 1, crow = c->hidden * es, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
     if (cuda && N > 1 && M > 1) { /* the hierarchical path on CUDA memory */
@@ -48,8 +52,8 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
         *pinned += A(4 * cap * k) * (2 + nn);
     } else if (N > 1 && M > 1) { /* on host memory: R ranks on other nodes, D = min(k, M) */
         const size_t R = n - (size_t)M, D = k < (size_t)M ? k : (size_t)M;
-        *staging += A(S * cap * record) + A(D * S * cap * record) + A(R * cap * record) + A(R * cap * crow) +
-                    A(D * S * cap * crow) + A(S * cap * crow);
+        *staging += A(S * cap * record) + A(D * S * cap * record) + A(R * cap * record) + A(R * cap * cw) +
+                    A(D * S * cap * cw) + A(S * cap * cw);
     }
     if (lsa && (c->flags & MOEA2A_MOE_COPY_ENGINE)) { /* landing index and rows; send map and copy list */
         size_t d = k < n ? k : n;
@@ -140,6 +144,24 @@ static void test_topologies(void)
     odd.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT16, 7};
     odd.payloads[2] = (moea2a_payload_desc_t){MOEA2A_INT64, 1};
     check_case(&cases[8], &odd);
+    /* the FP8 combine wire on host memory, one node and across nodes (hierarchical), both
+     * scale kinds; refused on CUDA memory */
+    moea2a_moe_config_t cw = deepseek(4096, 1, MOEA2A_BFLOAT16);
+    cw.combine_wire.format = MOEA2A_WIRE_FP8;
+    check_case(&cases[3], &cw);
+    check_case(&cases[4], &cw);
+    cw.combine_wire.flags = MOEA2A_FP8_UE8M0;
+    check_case(&cases[5], &cw);
+    {
+        char xml[1024];
+        snprintf(xml, sizeof(xml), "%s/tests/topologies/%s", srcdir(), cases[0].xml);
+        moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+        lay.ep = cases[0].ep, lay.ranks_per_node = cases[0].rpn, lay.topology_xml = xml, lay.memory = MOEA2A_MEMORY_CUDA;
+        moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+        tap_ok(moea2a_moe_workspace_size_layout(&lay, &cw, &s) == MOEA2A_ERR_UNAVAILABLE &&
+                   strstr(moea2a_last_error(NULL), "combine_wire"),
+               "the FP8 combine wire on CUDA memory is refused at sizing: %s", moea2a_last_error(NULL));
+    }
     /* copy-engine mode: its landing and host-side terms on the load/store path; refused elsewhere */
     moea2a_moe_config_t ce = deepseek(4096, 1, MOEA2A_BFLOAT16);
     ce.flags |= MOEA2A_MOE_COPY_ENGINE;
