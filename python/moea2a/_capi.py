@@ -60,7 +60,8 @@ class MoeConfig(ctypes.Structure):
                 ("invalid_expert_id", ctypes.c_int32), ("placement", ctypes.c_int),
                 ("expert_to_rank", ctypes.POINTER(ctypes.c_int32)), ("flags", ctypes.c_uint), ("memory", ctypes.c_int),
                 ("num_sms", ctypes.c_int), ("wire", Wire * MAX_PAYLOADS),
-                ("layout", ctypes.c_int), ("expert_alignment", ctypes.c_int), ("max_expert_rows", ctypes.c_int64)]
+                ("layout", ctypes.c_int), ("expert_alignment", ctypes.c_int), ("max_expert_rows", ctypes.c_int64),
+                ("combine_wire", Wire)]
 
 
 class WorkspaceSizes(ctypes.Structure):

@@ -22,7 +22,7 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                 combine_dtype=None, weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
                 expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
                 expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False,
-                host_expert_counts=False, copy_engine=False):
+                host_expert_counts=False, copy_engine=False, combine_wire=None):
     c = C.MoeConfig()
     c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
     c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
@@ -46,6 +46,9 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
         raise InvalidArgument(1, "layout must be 'rank' or 'expert'")
     c.layout = C.LAYOUT_EXPERT_MAJOR if layout == "expert" else C.LAYOUT_RANK_MAJOR
     c.expert_alignment, c.max_expert_rows = int(expert_alignment), int(max_expert_rows)
+    if combine_wire not in (None, "fp8", "fp8-ue8m0"):
+        raise InvalidArgument(1, f"unknown combine_wire {combine_wire!r}; one of None, fp8, fp8-ue8m0")
+    c.combine_wire.format, c.combine_wire.scale_layout, c.combine_wire.flags = _WIRES[combine_wire]
     if memory not in _MEMORY:
         raise InvalidArgument(1, f"memory must be one of {', '.join(_MEMORY)}")
     c.memory, c.num_sms = _MEMORY[memory], num_sms
@@ -194,7 +197,8 @@ class MoE(_Handle):
     then takes one row per expert row (moea2a_moe(3), "Expert-major layout"; NumPy
     views on host memory, addresses in .ptr on CUDA memory); copy_engine=True moves the
     rows of the load/store path with the GPU's copy engines (moea2a_moe(3), "Copy-engine
-    mode": not capturable in a CUDA graph)."""
+    mode": not capturable in a CUDA graph); combine_wire="fp8" | "fp8-ue8m0" sends the
+    combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory)."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"
 

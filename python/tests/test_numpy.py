@@ -291,6 +291,29 @@ def test_version_matches_the_package():
         pytest.skip("the package is not installed (run from the source tree)")
 
 
+def test_fp8_combine_wire_is_close_to_the_plain_combine():
+    """MoE(combine_wire="fp8"): the same round trip as the plain combine, each output
+    within a few FP8 steps of it (moea2a_moe(3), "FP8 combine", bounds it exactly;
+    test_combine_wire checks the bits), and not the same numbers."""
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            outs = []
+            for wire in (None, "fp8"):
+                with moea2a.MoE(comm, E, K, CAP, hidden=128, dtype="fp32", memory="host", combine_wire=wire) as moe:
+                    rng = np.random.default_rng(rank)
+                    ids = rng.integers(0, E, size=(CAP, K)).astype(np.int32)
+                    x = rng.standard_normal((CAP, 128)).astype(np.float32)
+                    res = moe.dispatch(x, ids)
+                    outs.append(np.array(moe.combine(res.payloads[0])))
+            plain, fp8 = outs
+            scale = np.abs(plain).max()
+            if not (np.abs(fp8 - plain).max() <= 2 * K * scale / 16 and not np.array_equal(fp8, plain)):
+                return f"FP8 combine off by {np.abs(fp8 - plain).max()} (scale {scale})"
+        return None
+    results = run_ranks(2, main)
+    assert all(v is None for v in results.values()), results
+
+
 def test_traffic_counts_what_an_alltoall_hands_the_transport():
     """Comm.traffic(): after one host dispatch and combine the bytes this rank handed for
     its own node grew (2 ranks on one host: one node) and none went to other nodes."""
