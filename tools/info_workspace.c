@@ -23,6 +23,7 @@ typedef struct {
     const char *topology;
     double mem_limit;
     moea2a_wire_t wire; /* wire=fp8|fp8-ue8m0|nvfp4: the payload quantized on dispatch */
+    moea2a_wire_t cwire; /* combine_wire=fp8|fp8-ue8m0: the combine's rows as FP8 */
     int copy_engine;    /* engine=ce: MOEA2A_MOE_COPY_ENGINE */
 } ws_args_t;
 
@@ -81,6 +82,8 @@ static int parse_args(char *spec, ws_args_t *a)
         else if (!strcmp(kv, "combine") && !parse_dtype(v, &a->combine)) continue;
         else if (!strcmp(kv, "topology")) a->topology = v;
         else if (!strcmp(kv, "wire") && !parse_wire(v, &a->wire)) continue;
+        else if (!strcmp(kv, "combine_wire") && (!strcmp(v, "fp8") || !strcmp(v, "fp8-ue8m0")))
+            a->cwire = (moea2a_wire_t){MOEA2A_WIRE_FP8, 0, strcmp(v, "fp8") ? MOEA2A_FP8_UE8M0 : 0u};
         else if (!strcmp(kv, "engine") && (!strcmp(v, "sm") || !strcmp(v, "ce"))) a->copy_engine = !strcmp(v, "ce");
         else if (!strcmp(kv, "mem") && (a->mem_limit = parse_bytes(v)) > 0) continue;
         else if (!strcmp(kv, "memory") && (!strcmp(v, "cuda") || !strcmp(v, "host") || !strcmp(v, "auto")))
@@ -107,6 +110,7 @@ static moea2a_moe_config_t config_of(const ws_args_t *a)
     if (a->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
     if (a->copy_engine) c.flags |= MOEA2A_MOE_COPY_ENGINE;
     c.wire[0] = a->wire;
+    c.combine_wire = a->cwire;
     if (a->align > 0 || a->expert_rows > 0) {
         c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, c.expert_alignment = a->align, c.max_expert_rows = a->expert_rows;
         if (a->weights) c.flags |= MOEA2A_MOE_WEIGHTED_COMBINE;
@@ -202,9 +206,10 @@ int info_workspace(const char *spec_in)
     if (c.hidden) moea2a_datatype_size(c.combine_dtype, &crow_es);
     const size_t peers = (size_t)s.staged_peers * (size_t)a.cap, blocks = (peers * s.record_bytes + 127) / 128 * 128 +
                                                                       (peers * c.hidden * crow_es + 127) / 128 * 128;
-    const char *more = s.staging_bytes > blocks ? (cuda && (c.flags & MOEA2A_MOE_COPY_ENGINE) ? ", + the combine's landing"
-                                                                                             : ", + the hierarchical relay")
-                                                : "";
+    const char *more = s.staging_bytes <= blocks                    ? ""
+                       : cuda && (c.flags & MOEA2A_MOE_COPY_ENGINE) ? ", + the combine's landing"
+                       : c.combine_wire.format != MOEA2A_WIRE_AS_IS ? ", + the combine's FP8 rows [, + the hierarchical relay]"
+                                                                     : ", + the hierarchical relay";
     if (cuda)
         snprintf(buf, sizeof(buf), "%d peer(s) x cap x (%zu B sent + combine row back)%s, device memory", s.staged_peers,
                  s.record_bytes, more);
