@@ -107,6 +107,19 @@ static void check_case(const case_t *k, const moea2a_moe_config_t *c)
     if (r) tap_diag("%s", moea2a_last_error(NULL));
 }
 
+/* Sizing config c on CUDA memory in case k's layout is MOEA2A_ERR_UNAVAILABLE, its
+ * message naming what. */
+static int refused_on_cuda(const case_t *k, const moea2a_moe_config_t *c, const char *what)
+{
+    char xml[1024];
+    snprintf(xml, sizeof(xml), "%s/tests/topologies/%s", srcdir(), k->xml);
+    moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+    lay.ep = k->ep, lay.ranks_per_node = k->rpn, lay.topology_xml = xml, lay.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+    return moea2a_moe_workspace_size_layout(&lay, c, &s) == MOEA2A_ERR_UNAVAILABLE &&
+           strstr(moea2a_last_error(NULL), what) != NULL;
+}
+
 static void test_topologies(void)
 {
     moea2a_moe_config_t c = deepseek(8192, 0, MOEA2A_BFLOAT16);
@@ -152,29 +165,14 @@ static void test_topologies(void)
     check_case(&cases[4], &cw);
     cw.combine_wire.flags = MOEA2A_FP8_UE8M0;
     check_case(&cases[5], &cw);
-    {
-        char xml[1024];
-        snprintf(xml, sizeof(xml), "%s/tests/topologies/%s", srcdir(), cases[0].xml);
-        moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
-        lay.ep = cases[0].ep, lay.ranks_per_node = cases[0].rpn, lay.topology_xml = xml, lay.memory = MOEA2A_MEMORY_CUDA;
-        moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
-        tap_ok(moea2a_moe_workspace_size_layout(&lay, &cw, &s) == MOEA2A_ERR_UNAVAILABLE &&
-                   strstr(moea2a_last_error(NULL), "combine_wire"),
-               "the FP8 combine wire on CUDA memory is refused at sizing: %s", moea2a_last_error(NULL));
-    }
+    tap_ok(refused_on_cuda(&cases[0], &cw, "combine_wire"), "the FP8 combine wire on CUDA memory is refused at "
+                                                            "sizing: %s", moea2a_last_error(NULL));
     /* copy-engine mode: its landing and host-side terms on the load/store path; refused elsewhere */
     moea2a_moe_config_t ce = deepseek(4096, 1, MOEA2A_BFLOAT16);
     ce.flags |= MOEA2A_MOE_COPY_ENGINE;
     check_case(&cases[0], &ce);
-    {
-        char xml[1024];
-        snprintf(xml, sizeof(xml), "%s/tests/topologies/%s", srcdir(), cases[1].xml);
-        moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
-        lay.ep = cases[1].ep, lay.ranks_per_node = cases[1].rpn, lay.topology_xml = xml, lay.memory = MOEA2A_MEMORY_CUDA;
-        moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
-        tap_ok(moea2a_moe_workspace_size_layout(&lay, &ce, &s) == MOEA2A_ERR_UNAVAILABLE,
-               "copy-engine mode across two nodes (no load/store path) is refused at sizing: %s", moea2a_last_error(NULL));
-    }
+    tap_ok(refused_on_cuda(&cases[1], &ce, ""),
+           "copy-engine mode across two nodes (no load/store path) is refused at sizing: %s", moea2a_last_error(NULL));
 
     /* CUDA memory on a node without GPUs is an error, not a silent host plan. */
     char path[1024];
