@@ -208,6 +208,8 @@ static void usage(FILE *f)
             "  -q, --wire F         quantize the payload on dispatch: fp8, fp8-ue8m0 (MN-major scales)\n"
             "                       or nvfp4 (128x4 scales); with --baseline also quantize, then dispatch\n"
             "                       the codes and scales as plain payloads (the q+dispatch row)\n"
+            "  -C, --combine-wire F the combine's rows as FP8: fp8 or fp8-ue8m0 (host memory; --check\n"
+            "                       counts outputs outside twice the documented error bound as wrong)\n"
             "  -L, --layout L       rank (default) or expert[:ALIGN] (the expert-major layout, its rows\n"
             "                       aligned to ALIGN, default 128; the rank-major rows follow, same run)\n"
             "  -x, --engine E       sm (default): the load/store kernels move the rows; ce: the GPU's copy\n"
@@ -341,6 +343,11 @@ static int set_moe_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *sta
         else if (!strcmp(arg, "nvfp4")) o->wire = PERF_WIRE_NVFP4;
         else return exit_with(status, bad_option("--wire", arg, "takes fp8, fp8-ue8m0 or nvfp4"));
         return OPT_TAKEN;
+    case 'C':
+        if (!strcmp(arg, "fp8")) o->combine_wire = 1;
+        else if (!strcmp(arg, "fp8-ue8m0")) o->combine_wire = 2;
+        else return exit_with(status, bad_option("--combine-wire", arg, "takes fp8 or fp8-ue8m0"));
+        return OPT_TAKEN;
     case 'L':
         if (!strcmp(arg, "rank")) o->expert_align = 0;
         else if (!strcmp(arg, "expert")) o->expert_align = 128;
@@ -371,11 +378,12 @@ static int parse_args(int argc, char **argv, perf_opts_t *o, cli_t *cli)
         {"skew", required_argument, 0, 's'}, {"rows", required_argument, 0, 'r'}, {"sms", required_argument, 0, 'S'},
         {"wire", required_argument, 0, 'q'}, {"layout", required_argument, 0, 'L'},
         {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
+        {"combine-wire", required_argument, 0, 'C'},
         /* the switches */
         {"moe", no_argument, 0, 'M'}, {"weights", no_argument, 0, 'W'}, {"baseline", no_argument, 0, 'B'},
         {"help", no_argument, 0, 'h'}, {"split", no_argument, 0, 'P'}, {"threads", no_argument, 0, 'T'}, {0, 0, 0, 0}};
     int c, status = 0;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:T", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:TC:", opts, NULL)) != -1) {
         int took = set_int_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_common_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_moe_option(c, optarg, o, cli, &status);
@@ -396,6 +404,10 @@ static int settle_options(perf_opts_t *o, const cli_t *cli)
         if (!cli->dtype_set) o->dtype = MOEA2A_BFLOAT16;
         if (o->hidden < 1 || o->topk < 1 || o->experts < 1 || o->skew < 0 || o->skew > 1) {
             fprintf(stderr, "moea2a_perf: need hidden, topk, experts >= 1 and 0 <= skew <= 1\n");
+            return 2;
+        }
+        if (o->combine_wire && o->hidden % 128) {
+            fprintf(stderr, "moea2a_perf --combine-wire: needs --hidden a multiple of 128\n");
             return 2;
         }
         if (o->wire && (o->dtype != MOEA2A_BFLOAT16 || o->hidden % (o->wire == PERF_WIRE_NVFP4 ? 16 : 128))) {

@@ -30,6 +30,7 @@ typedef struct {
     int sms[PERF_MAX_TOKEN_SIZES], nsms; /* --sms: SM budgets (num_sms) to run each size at */
     int split;                          /* --split: the split halves, and their overlap with a GEMM */
     int wire;                           /* --wire: payload 0 quantized on dispatch (PERF_WIRE_*) */
+    int combine_wire;                   /* --combine-wire: 0 as is, 1 FP8, 2 FP8 with UE8M0 scales */
     int expert_align;                   /* --layout expert[:ALIGN]: the expert-major layout (0: rank-major) */
     int copy_engine;                    /* --engine ce: MOEA2A_MOE_COPY_ENGINE */
     int kernel_times;                   /* ranks as processes: CUPTI's kernel times (perf_kernel_time.h) */

@@ -11,6 +11,7 @@
  * (nccl-tests' "bus" notion for an all-to-all). Times are the slowest rank's mean,
  * measured by events on the stream around each call (a dispatch on the generic path
  * includes its count synchronization; the baseline its count read-back). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,6 +258,8 @@ static moea2a_moe_config_t config_of(const perf_opts_t *o, int T, int cuda)
         c.payloads[1] = (moea2a_payload_desc_t){MOEA2A_FLOAT8_E4M3, (size_t)o->hidden / 16};
     }
     c.wire[0] = wire_of(o->wire);
+    if (o->combine_wire)
+        c.combine_wire = (moea2a_wire_t){MOEA2A_WIRE_FP8, 0, o->combine_wire == 2 ? MOEA2A_FP8_UE8M0 : 0u};
     if (o->expert_align) c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, c.expert_alignment = o->expert_align;
     c.hidden = (size_t)o->hidden, c.combine_dtype = MOEA2A_BFLOAT16;
     c.memory = cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
@@ -301,6 +304,24 @@ static int64_t expert_rows_of(const perf_mem_t *m, const moea2a_dispatch_result_
     perf_sync(m);
     perf_download(m, &rows, d->expert_offsets + d->num_local_experts, 4);
     return rows;
+}
+
+/* --combine-wire: twice the error bound of moea2a_moe(3), "FP8 combine", of element h
+ * of token t (exact sum `sum`): per row max(2^-4 |v|, 2^-10 s), s its block's scale,
+ * doubled for the partials across nodes, plus bf16's rounding. */
+static double fp8_combine_bound(const bench_t *b, const perf_opts_t *o, int t, size_t h, int sum)
+{
+    double rows = 0, mag = fabs((double)sum);
+    for (int i = 0; i < b->nd[t]; i++) {
+        const int dest = b->dests[(size_t)t * b->k + i];
+        double amax = 1e-4;
+        for (size_t x = h / 128 * 128; x < h / 128 * 128 + 128; x++)
+            amax = fmax(amax, fabs((double)ret_value(b->rank, t, dest, x)));
+        double s = amax / 448.0, v = fabs((double)ret_value(b->rank, t, dest, h));
+        if (o->combine_wire == 2) s = ldexp(1.0, (int)ceil(log2(s)));
+        rows += fmax(ldexp(v, -4), ldexp(s, -10)), mag += v;
+    }
+    return 2 * rows + ldexp(mag + 2 * rows, -8);
 }
 
 /* One dispatch + combine checked exactly (results read back to the host); returns
@@ -372,7 +393,15 @@ static long check_round(moea2a_moe_t moe, const perf_mem_t *m, const bench_t *b,
             for (size_t h = 0; h < hidden; h++) {
                 int sum = 0;
                 for (int i = 0; i < b->nd[t]; i++) sum += ret_value(b->rank, t, b->dests[(size_t)t * b->k + i], h);
-                wrong += out[(size_t)t * hidden + h] != bf16_of_int(sum);
+                const uint16_t got = out[(size_t)t * hidden + h];
+                if (!o->combine_wire) {
+                    wrong += got != bf16_of_int(sum);
+                    continue;
+                }
+                uint32_t u = (uint32_t)got << 16;
+                float f;
+                memcpy(&f, &u, 4);
+                wrong += fabs((double)f - sum) > fp8_combine_bound(b, o, t, h, sum);
             }
     }
     free(counts), free(src), free(got), free(rows), free(out), free(g);
@@ -831,8 +860,12 @@ static int count_bytes(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, 
     }
     r->bytes_d = (double)d->sent_rows * (double)total_row;
     r->remote_d = (double)(d->sent_rows - self_rows) * (double)total_row;
-    r->bytes_c = (double)d->total_recv * (double)b->crow;
-    r->remote_c = (double)(d->total_recv - self_rows) * (double)b->crow;
+    /* a combine row as it travels: bf16, or FP8 codes and their scales */
+    const size_t nkb = b->hidden / 128;
+    const double wire_c = !o->combine_wire ? (double)b->crow
+                                           : (double)(b->hidden + 4 * (o->combine_wire == 2 ? (nkb + 3) / 4 : nkb));
+    r->bytes_c = (double)d->total_recv * wire_c;
+    r->remote_c = (double)(d->total_recv - self_rows) * wire_c;
     return 0;
 }
 
