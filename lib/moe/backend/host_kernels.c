@@ -170,10 +170,6 @@ static void accumulate_wire(const m2a_crow_t *f, const unsigned char *row, float
     }
 }
 
-/* A wire row from fp32 values: rounded to the dtype, or quantized to FP8 by the block
- * rule of moea2a_fp8(3) (row-major scales after the codes). */
-static void store_wire(const m2a_crow_t *f, const float *acc, unsigned char *out);
-
 void m2a_host_crow_pack(const m2a_crow_t *f, const unsigned char *rows, size_t n, unsigned char *wire)
 {
     const size_t es = f->dtype == MOEA2A_FLOAT32 ? 4 : 2;
@@ -200,6 +196,8 @@ static void store_row(moea2a_datatype_t dt, const float *acc, size_t hidden, uns
     }
 }
 
+/* A wire row from fp32 values: rounded to the dtype, or quantized to FP8 by the block
+ * rule of moea2a_fp8(3) (row-major scales after the codes). */
 static void store_wire(const m2a_crow_t *f, const float *acc, unsigned char *out)
 {
     if (f->fp8) m2a_fp8_quantize_host(acc, MOEA2A_FLOAT32, 1, f->hidden, out, out + f->hidden, 0, f->ue8m0);
@@ -207,7 +205,7 @@ static void store_wire(const m2a_crow_t *f, const float *acc, unsigned char *out
 }
 
 /* total[h] += the partial as it travels between nodes (rounded to the dtype, or
- * quantized to FP8 in wire, a row of scratch), as fp32. */
+ * quantized to FP8 into wire, a row of scratch, and read back), as fp32. */
 static void add_rounded(const m2a_crow_t *f, const float *partial, unsigned char *wire, float *total)
 {
     if (f->fp8) {
