@@ -307,6 +307,10 @@ typedef struct {
      * scale per 128 values; hidden % 128 == 0; scale_layout 0), host memory in this
      * release (moea2a_moe(3), "FP8 combine") */
     moea2a_wire_t combine_wire;
+    /* the most experts a rank may hold under a placement set later with
+     * moea2a_moe_set_placement (0: what the create's placement gives the fullest rank);
+     * the expert-major layout is sized for it */
+    int max_local_experts;
 } moea2a_moe_config_t;
 
 #ifdef __cplusplus
@@ -482,6 +486,11 @@ MOEA2A_API moea2a_result_t moea2a_moe_create(moea2a_moe_t *moe, moea2a_comm_t co
 MOEA2A_API moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe);
 /* ep * cap: the receive rows any dispatch may deliver; size consumer buffers by it. */
 MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows);
+/* Collective, with no dispatch pending: experts move to the ranks expert_to_rank[E]
+ * names (every rank passes the same map), in place: no new context, no allocation.
+ * A rank given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY;
+ * host memory in this release (moea2a_moe(3), "Placement in place"). */
+MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream);
 /* The workspace's combine input buffer, [ep][stride][hidden] of combine_dtype: expert
  * kernels may write there and pass NULL (or this pointer) to moea2a_combine. */
 MOEA2A_API moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer);

@@ -14,7 +14,7 @@ typedef struct {
     int64_t max_expert_rows;
     int32_t dtypes[MOEA2A_MOE_MAX_PAYLOADS];
     int32_t wire[MOEA2A_MOE_MAX_PAYLOADS]; /* format | scale layout << 8 | flags << 16 */
-    int32_t combine_wire, pad;             /* the same for the combine's rows */
+    int32_t combine_wire, max_local;       /* the same for the combine's rows; max_local_experts */
     uint64_t elems[MOEA2A_MOE_MAX_PAYLOADS], hidden, map_hash;
 } digest_t;
 
@@ -35,6 +35,7 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     }
     d.combine_wire = (int32_t)c->combine_wire.format | c->combine_wire.scale_layout << 8 |
                      (int32_t)(c->combine_wire.flags << 16);
+    d.max_local = c->max_local_experts;
     d.map_hash = 1469598103934665603ULL;
     for (int e = 0; c->placement == MOEA2A_PLACEMENT_MAP && e < c->num_experts; e++)
         d.map_hash = (d.map_hash ^ (uint64_t)c->expert_to_rank[e]) * 1099511628211ULL;
@@ -97,12 +98,13 @@ moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, c
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH,
                           "moea2a_moe_create: rank %d passed a different config (experts %d/%d, top_k %d/%d, "
                           "max_tokens_per_rank %d/%d, payloads %d/%d, hidden %llu/%llu, flags 0x%x/0x%x, num_sms %d/%d, "
-                          "layout %d/%d, expert_alignment %d/%d, max_expert_rows %lld/%lld: this rank/rank %d; "
-                          "MOEA2A_NVLINK and MOEA2A_NUM_SMS count too)",
+                          "layout %d/%d, expert_alignment %d/%d, max_expert_rows %lld/%lld, max_local_experts %d/%d: "
+                          "this rank/rank %d; MOEA2A_NVLINK and MOEA2A_NUM_SMS count too)",
                           q, a->num_experts, b->num_experts, a->top_k, b->top_k, a->cap, b->cap, a->num_payloads,
                           b->num_payloads, (unsigned long long)a->hidden, (unsigned long long)b->hidden, a->flags,
                           b->flags, a->num_sms, b->num_sms, a->layout, b->layout, a->expert_alignment,
-                          b->expert_alignment, (long long)a->max_expert_rows, (long long)b->max_expert_rows, q);
+                          b->expert_alignment, (long long)a->max_expert_rows, (long long)b->max_expert_rows,
+                          a->max_local, b->max_local, q);
         }
     }
     free(all);

@@ -36,6 +36,7 @@ struct moea2a_moe {
     int32_t *h_send_counts, *h_recv_counts;
     m2a_moe_header_t *h_hdr_send, *h_hdr_recv;
     int32_t *h_owner;           /* [E], host memory */
+    int max_local;              /* the most experts a placement may give a rank (create's bound) */
     int *stage_index;           /* [ep], host memory: staging slot of each peer, -1 direct */
     void *kparams;              /* CUDA: kernel parameters (m2a_kparams_t) */
     int numa;

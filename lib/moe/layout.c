@@ -106,8 +106,12 @@ static int workspace_fits(const moea2a_moe_config_t *c, int ep)
 
 int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep)
 {
-    if (c->placement != MOEA2A_PLACEMENT_MAP) return (c->num_experts + ep - 1) / ep;
-    int *n = calloc((size_t)ep, sizeof(int)), most = 0;
+    int most = c->max_local_experts; /* a later placement's bound */
+    if (c->placement != MOEA2A_PLACEMENT_MAP) {
+        const int even = (c->num_experts + ep - 1) / ep;
+        return even > most ? even : most;
+    }
+    int *n = calloc((size_t)ep, sizeof(int));
     if (!n) return c->num_experts; /* a bound all the same */
     for (int e = 0; e < c->num_experts; e++) n[c->expert_to_rank[e]]++;
     for (int r = 0; r < ep; r++) most = n[r] > most ? n[r] : most;
@@ -211,6 +215,8 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
         M2A_CHECK_ARG(comm, c->hidden <= (1u << 30), "%s: hidden=%zu is too large", fn, c->hidden);
     }
     M2A_TRY(check_combine_wire(comm, c));
+    M2A_CHECK_ARG(comm, c->max_local_experts >= 0 && c->max_local_experts <= c->num_experts,
+                  "%s: max_local_experts=%d must be in 0..num_experts (%d)", fn, c->max_local_experts, c->num_experts);
     M2A_CHECK_ARG(comm, c->placement == MOEA2A_PLACEMENT_CONTIGUOUS || c->placement == MOEA2A_PLACEMENT_MAP,
                   "%s: placement=%d is unknown", fn, (int)c->placement);
     if (c->placement == MOEA2A_PLACEMENT_MAP) {

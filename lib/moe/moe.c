@@ -279,6 +279,7 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     moe->stage_index = p->stage_index, p->stage_index = NULL;
     if (!moe->h_owner) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     m2a_moe_owner_table(&p->cfg, ep, moe->h_owner); /* p->cfg still holds the caller's map */
+    moe->max_local = m2a_moe_max_local_experts(&p->cfg, ep);
     m2a_moe_set_route(moe);
     moe->backend = p->backend;
     moea2a_result_t r = moe->backend->alloc(moe);
@@ -620,5 +621,65 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
     M2A_TRY(check_capture(moe, fn, stream));
     M2A_TRY(moe->backend->combine(moe, MOEA2A_SUCCESS, NULL, out, M2A_MOE_RECV, stream));
     moe->step = M2A_MOE_IDLE;
+    return MOEA2A_SUCCESS;
+}
+
+/* ---- placement in place ---------------------------------------------------------- */
+
+/* This rank's verdict on a new map: the state, the memory, every entry a rank, no rank
+ * over the bound. */
+static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int32_t *map)
+{
+    moea2a_comm_t comm = moe->comm;
+    const int ep = comm->nranks, E = moe->cfg.num_experts;
+    M2A_TRY(expect_step(moe, fn, M2A_MOE_IDLE));
+    if (moe->cuda)
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory keeps its placement in this "
+                         "release (host memory changes it in place)", fn);
+    M2A_CHECK_ARG(comm, map, "%s: expert_to_rank is NULL", fn);
+    int *held = calloc((size_t)ep, sizeof(int));
+    if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int e = 0; e < E && r == MOEA2A_SUCCESS; e++) {
+        if (map[e] < 0 || map[e] >= ep)
+            r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: expert_to_rank[%d]=%d is not a rank (0..%d)", fn, e,
+                          map[e], ep - 1);
+        else if (++held[map[e]] > moe->max_local)
+            r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the map gives rank %d more than %d experts, the most a rank "
+                          "of this context may hold (max_local_experts at create)", fn, map[e], moe->max_local);
+    }
+    free(held);
+    return r;
+}
+
+moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream)
+{
+    static const char fn[] = "moea2a_moe_set_placement";
+    (void)stream; /* host memory: nothing is enqueued */
+    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_TRY(m2a_comm_check(moe->comm, fn));
+    moea2a_comm_t comm = moe->comm;
+    const int ep = comm->nranks, E = moe->cfg.num_experts;
+    moea2a_result_t mine = placement_ok(moe, fn, expert_to_rank);
+    /* every rank's verdict and map (a hash of it), so that all apply the same one or none */
+    int32_t *all = calloc((size_t)ep * 3, sizeof(int32_t));
+    if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    uint64_t h = 1469598103934665603ULL;
+    for (int e = 0; mine == MOEA2A_SUCCESS && e < E; e++) h = (h ^ (uint64_t)(uint32_t)expert_to_rank[e]) * 1099511628211ULL;
+    int32_t *me = all + 3 * (size_t)comm->rank;
+    me[0] = mine, me[1] = (int32_t)(uint32_t)h, me[2] = (int32_t)(uint32_t)(h >> 32);
+    moea2a_result_t r = m2a_comm_allgather(comm, all, 3 * sizeof(int32_t));
+    int failed = 0;
+    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) failed |= all[3 * q] != MOEA2A_SUCCESS;
+    if (r == MOEA2A_SUCCESS && failed) r = m2a_moe_tell_failures(comm, fn, mine, all, 3);
+    for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++)
+        if (all[3 * q + 1] != me[1] || all[3 * q + 2] != me[2])
+            r = m2a_error(comm, MOEA2A_ERR_MISMATCH, "%s: rank %d passed another map; every rank must pass the same",
+                          fn, q);
+    free(all);
+    if (r != MOEA2A_SUCCESS) return m2a_peer_lost(r) ? m2a_comm_fail(comm, r) : r;
+    memcpy(moe->h_owner, expert_to_rank, sizeof(int32_t) * (size_t)E);
+    moe->cfg.placement = MOEA2A_PLACEMENT_MAP, moe->cfg.expert_to_rank = moe->h_owner;
+    m2a_moe_set_route(moe);
     return MOEA2A_SUCCESS;
 }
