@@ -1,0 +1,250 @@
+/* moea2a_moe_set_placement on host memory: a context whose experts move every few
+ * round trips gives, after each move, exactly what a context freshly created with that
+ * map gives (receive counts, ids, source indexes, payload rows, combine output, and in
+ * the expert-major layout its per-expert counts), and its combine output equals an
+ * oracle that knows the map; the refusals (a rank over the bound, ranks that disagree,
+ * a rank that is not one, a dispatch pending, CUDA memory) leave the old placement in
+ * force on every rank. The time of a change (256 experts, 4 ranks) is printed, not
+ * asserted. */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "local_ranks.h"
+#include "moea2a.h"
+#include "tap.h"
+
+#define WATCHDOG 300.0
+enum { EP = 4, E = 32, K = 4, CAP = 24, H = 16, BOUND = 12, ROUNDS = 24 };
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 31, x *= 0x7fb5d329728ea185ull, x ^= x >> 27, x *= 0x81dadef4bc2dd44dull;
+    return x ^ (x >> 33);
+}
+
+/* The same random map on every rank for a round: at most BOUND experts per rank. */
+static void random_map(uint64_t seed, int ep, int E_, int bound, int32_t *map)
+{
+    int held[64] = {0};
+    for (int e = 0; e < E_; e++) {
+        int r;
+        do r = (int)(mix(seed * 1000003u + (uint64_t)e * 7919u + (uint64_t)held[0] * 31u) % (uint64_t)ep), seed++;
+        while (held[r] >= bound);
+        map[e] = r, held[r]++;
+    }
+}
+
+static moea2a_moe_config_t config(int expert_major, const int32_t *map)
+{
+    moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
+    c.num_experts = E, c.top_k = K, c.max_tokens_per_rank = CAP, c.hidden = H, c.combine_dtype = MOEA2A_FLOAT32;
+    c.num_payloads = 1, c.payloads[0] = (moea2a_payload_desc_t){MOEA2A_FLOAT32, H};
+    c.memory = MOEA2A_MEMORY_HOST, c.max_local_experts = BOUND;
+    if (expert_major) c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR;
+    if (map) c.placement = MOEA2A_PLACEMENT_MAP, c.expert_to_rank = map;
+    return c;
+}
+
+typedef struct {
+    int32_t counts[EP], ids[EP * CAP * K], src[EP * CAP];
+    float rows[EP * CAP * H], out[CAP * H];
+    int32_t ex_counts[E];
+    int num_local;
+} got_t;
+
+/* One round trip of this rank's tokens for round `round`: the receive arrays, and the
+ * combine of the received payload rows themselves (rank-major), or of one row per
+ * expert row (expert-major); out as it came. */
+static moea2a_result_t round_trip(moea2a_moe_t moe, int me, int round, int n, int expert_major, got_t *g)
+{
+    int32_t ids[CAP * K];
+    float x[CAP * H];
+    for (int i = 0; i < n * K; i++) {
+        uint64_t r = mix((uint64_t)me << 40 ^ (uint64_t)round << 20 ^ (uint64_t)i);
+        ids[i] = r % 13 == 0 ? -1 : (int32_t)(r % E);
+    }
+    for (int i = 0; i < n * H; i++) x[i] = (float)((int)(mix((uint64_t)me * 31 + (uint64_t)i + 977u * (uint64_t)round) % 17) - 8) / 4.0f;
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    const void *p[1] = {x};
+    moea2a_result_t r = moea2a_dispatch(moe, n, ids, NULL, p, 0, &res, NULL);
+    if (r != MOEA2A_SUCCESS) return r;
+    memset(g, 0, sizeof(*g));
+    memcpy(g->counts, res.recv_counts, sizeof(int32_t) * EP);
+    for (int q = 0; q < EP; q++)
+        for (int i = 0; i < res.recv_counts[q]; i++) {
+            const size_t s = (size_t)q * (size_t)res.stride + (size_t)i, d = (size_t)q * CAP + (size_t)i;
+            memcpy(g->ids + d * K, res.topk_ids + s * K, sizeof(int32_t) * K);
+            g->src[d] = res.src_token_index[s];
+            memcpy(g->rows + d * H, (const float *)res.payloads[0] + s * H, sizeof(float) * H);
+        }
+    if (expert_major) {
+        g->num_local = res.num_local_experts;
+        memcpy(g->ex_counts, res.expert_counts, sizeof(int32_t) * (size_t)res.num_local_experts);
+        /* each expert row: its token's payload row (the fold sums a token's rows here) */
+        float *xr = calloc((size_t)res.expert_rows * H + 1, sizeof(float));
+        for (int64_t row = 0; xr && row < res.expert_rows; row++) {
+            const int q = res.expert_src_rank[row];
+            if (q < 0) continue;
+            for (int i = 0; i < res.recv_counts[q]; i++)
+                if (res.src_token_index[(size_t)q * (size_t)res.stride + (size_t)i] == res.expert_src_token[row])
+                    memcpy(xr + row * H, (const float *)res.payloads[0] + ((size_t)q * (size_t)res.stride + (size_t)i) * H,
+                           sizeof(float) * H);
+        }
+        r = xr ? moea2a_combine(moe, xr, g->out, NULL) : MOEA2A_ERR_NO_MEMORY;
+        free(xr);
+        return r;
+    }
+    return moea2a_combine(moe, res.payloads[0], g->out, NULL);
+}
+
+/* out[t] = the token's row once per distinct rank its valid ids reach under map (and,
+ * expert-major, once per slot naming an expert there: the fold), summed in fp32 in
+ * ascending rank order: what both contexts must give. */
+static int oracle_bad(int me, int round, int n, const int32_t *map, int expert_major, const float *out)
+{
+    for (int t = 0; t < n; t++) {
+        int32_t ids[K];
+        for (int j = 0; j < K; j++) {
+            uint64_t r = mix((uint64_t)me << 40 ^ (uint64_t)round << 20 ^ (uint64_t)(t * K + j));
+            ids[j] = r % 13 == 0 ? -1 : (int32_t)(r % E);
+        }
+        for (int h = 0; h < H; h++) {
+            const float v = (float)((int)(mix((uint64_t)me * 31 + (uint64_t)(t * H + h) + 977u * (uint64_t)round) % 17) - 8) / 4.0f;
+            float acc = 0.0f;
+            for (int q = 0; q < EP; q++) {
+                int slots = 0; /* the token's slots naming an expert of q (a repeat adds its row again) */
+                for (int j = 0; j < K; j++) slots += ids[j] >= 0 && map[ids[j]] == q;
+                float fold = 0.0f;
+                for (int i = 0; i < slots; i++) fold += v;
+                if (slots) acc += expert_major ? fold : v;
+            }
+            if (acc != out[t * H + h])
+                return printf("# rank %d round %d token %d h %d: %g, the oracle %g\n", me, round, t, h,
+                              (double)out[t * H + h], (double)acc), 1;
+        }
+    }
+    return 0;
+}
+
+static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    const int expert_major = *(const int *)arg;
+    int fails = 0;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    moea2a_moe_config_t c = config(expert_major, NULL);
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &c)) return printf("# rank %d: create: %s\n", me, moea2a_last_error(comm)), 1;
+    int32_t map[E];
+    for (int e = 0; e < E; e++) map[e] = e / (E / EP); /* the contiguous placement it starts with */
+    got_t *a = malloc(sizeof(got_t)), *b = malloc(sizeof(got_t));
+    for (int round = 0; a && b && round < ROUNDS && !fails; round++) {
+        const int n = CAP - (me + round) % 7;
+        if (round % 3 == 1) {
+            random_map((uint64_t)round, EP, E, BOUND, map);
+            moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: set_placement: %s", round, moea2a_last_error(comm));
+        }
+        moea2a_moe_config_t fc = config(expert_major, map);
+        moea2a_moe_t fresh;
+        moea2a_result_t r = moea2a_moe_create(&fresh, comm, &fc);
+        RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: the fresh context: %s", round, moea2a_last_error(comm));
+        if (r) break;
+        r = round_trip(moe, me, round, n, expert_major, a);
+        moea2a_result_t r2 = round_trip(fresh, me, round, n, expert_major, b);
+        RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "round %d: %s", round, moea2a_last_error(comm));
+        RANK_EXPECT(fails, me, !r && !r2 && !memcmp(a, b, sizeof(*a)),
+                    "round %d: the moved context differs from a fresh one with the same map", round);
+        RANK_EXPECT(fails, me, !r && !oracle_bad(me, round, n, map, expert_major, a->out),
+                    "round %d: the combine differs from the oracle", round);
+        moea2a_moe_destroy(fresh);
+        /* refusals, on every rank alike, leave this placement in force */
+        if (round % 6 == 4) {
+            int32_t bad[E];
+            memcpy(bad, map, sizeof(bad));
+            for (int e = 0; e < BOUND + 1; e++) bad[e] = 0; /* rank 0 over the bound */
+            r = moea2a_moe_set_placement(moe, bad, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_CAPACITY && strstr(moea2a_last_error(comm), "rank 0"),
+                        "over the bound: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            memcpy(bad, map, sizeof(bad));
+            for (int e = 1; me == 1 && e < E; e++) /* two experts trade ranks: no rank over the bound */
+                if (bad[e] != bad[0]) {
+                    int32_t x = bad[e];
+                    bad[e] = bad[0], bad[0] = x;
+                    break;
+                }
+            r = moea2a_moe_set_placement(moe, bad, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_MISMATCH && strstr(moea2a_last_error(comm), "rank"),
+                        "rank 1 passes another map: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            memcpy(bad, map, sizeof(bad));
+            bad[7] = EP;
+            r = moea2a_moe_set_placement(moe, bad, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "expert_to_rank[7]"),
+                        "a rank that is not one: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            RANK_EXPECT(fails, me, moea2a_moe_set_placement(moe, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL map");
+        }
+    }
+    if (!expert_major && !fails) { /* a change between a dispatch and its combine */
+        int32_t ids[K] = {0, 1, 2, 3};
+        float x[H] = {0};
+        const void *p[1] = {x};
+        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        moea2a_result_t r = moea2a_dispatch(moe, 1, ids, NULL, p, 0, &res, NULL);
+        moea2a_result_t s = r ? r : moea2a_moe_set_placement(moe, map, NULL);
+        RANK_EXPECT(fails, me, s == MOEA2A_ERR_STATE, "a dispatch pending: %s", moea2a_strerror(s));
+        float out[H];
+        if (!r) moea2a_combine(moe, NULL, out, NULL);
+    }
+    free(a), free(b);
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+/* The time of a change: 256 experts over 4 ranks, 200 changes (every rank's mean). */
+static int timing_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
+{
+    (void)arg;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    moea2a_moe_config_t c = config(0, NULL);
+    c.num_experts = 256, c.max_local_experts = 96;
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, comm, &c)) return 1;
+    int32_t map[256];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int bad = 0;
+    for (int i = 0; i < 200; i++) {
+        random_map((uint64_t)i, ep, 256, 96, map);
+        bad += moea2a_moe_set_placement(moe, map, NULL) != MOEA2A_SUCCESS;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (me == 0)
+        printf("# set_placement, 256 experts, %d ranks: %.1f us per change, agreement included\n", ep,
+               ((double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3) / 200);
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    return bad;
+}
+
+int main(void)
+{
+    for (int expert_major = 0; expert_major <= 1; expert_major++) {
+        local_ranks_result_t res;
+        local_ranks_run(EP, placement_rank, &expert_major, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "moea2a_moe_set_placement on %d ranks, %s layout: %d rounds, the experts moved every "
+                                "third: each round equals a freshly created context with that map and the oracle; "
+                                "over the bound, disagreeing ranks, a non-rank, NULL%s refused on every rank",
+               EP, expert_major ? "expert-major" : "rank-major", ROUNDS, expert_major ? "" : ", a pending dispatch");
+    }
+    local_ranks_result_t res;
+    local_ranks_run(EP, timing_rank, NULL, WATCHDOG, &res);
+    tap_ok(res.failed == 0, "200 placement changes of 256 experts on %d ranks", EP);
+    return tap_done();
+}
