@@ -61,7 +61,7 @@ class MoeConfig(ctypes.Structure):
                 ("expert_to_rank", ctypes.POINTER(ctypes.c_int32)), ("flags", ctypes.c_uint), ("memory", ctypes.c_int),
                 ("num_sms", ctypes.c_int), ("wire", Wire * MAX_PAYLOADS),
                 ("layout", ctypes.c_int), ("expert_alignment", ctypes.c_int), ("max_expert_rows", ctypes.c_int64),
-                ("combine_wire", Wire)]
+                ("combine_wire", Wire), ("max_local_experts", ctypes.c_int)]
 
 
 class WorkspaceSizes(ctypes.Structure):
@@ -160,6 +160,7 @@ def load():
         "moea2a_moe_create": (I, [ctypes.POINTER(P), P, ctypes.POINTER(MoeConfig)]),
         "moea2a_moe_destroy": (I, [P]),
         "moea2a_moe_max_recv_rows": (I, [P, ctypes.POINTER(SZ)]),
+        "moea2a_moe_set_placement": (I, [P, ctypes.POINTER(ctypes.c_int32), P]),
         "moea2a_moe_combine_buffer": (I, [P, ctypes.POINTER(P)]),
         "moea2a_dispatch": (I, [P, I, P, P, ctypes.POINTER(P), I, ctypes.POINTER(DispatchResult), P]),
         "moea2a_combine": (I, [P, P, P, P]),

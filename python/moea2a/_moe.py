@@ -22,7 +22,7 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                 combine_dtype=None, weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
                 expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
                 expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False,
-                host_expert_counts=False, copy_engine=False, combine_wire=None):
+                host_expert_counts=False, copy_engine=False, combine_wire=None, max_local_experts=0):
     c = C.MoeConfig()
     c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
     c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
@@ -49,6 +49,7 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
     if combine_wire not in (None, "fp8", "fp8-ue8m0"):
         raise InvalidArgument(1, f"unknown combine_wire {combine_wire!r}; one of None, fp8, fp8-ue8m0")
     c.combine_wire.format, c.combine_wire.scale_layout, c.combine_wire.flags = _WIRES[combine_wire]
+    c.max_local_experts = int(max_local_experts)
     if memory not in _MEMORY:
         raise InvalidArgument(1, f"memory must be one of {', '.join(_MEMORY)}")
     c.memory, c.num_sms = _MEMORY[memory], num_sms
@@ -198,7 +199,8 @@ class MoE(_Handle):
     views on host memory, addresses in .ptr on CUDA memory); copy_engine=True moves the
     rows of the load/store path with the GPU's copy engines (moea2a_moe(3), "Copy-engine
     mode": not capturable in a CUDA graph); combine_wire="fp8" | "fp8-ue8m0" sends the
-    combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory)."""
+    combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory); max_local_experts
+    bounds what set_placement may give a rank."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"
 
@@ -208,7 +210,7 @@ class MoE(_Handle):
         self.payload_dtypes = [p[0] for p in plist]
         wire = kw.get("wire")
         self.wires = list(wire) if isinstance(wire, (list, tuple)) else [wire] + [None] * (len(plist) - 1)
-        self.hidden, self.top_k = int(hidden), top_k
+        self.hidden, self.top_k, self._num_experts = int(hidden), top_k, int(num_experts)
         self.combine_dtype = _combine_dtype(dtype, kw.get("combine_dtype"))
         self._expert_major = kw.get("layout", "rank") == "expert"
         # where the buffers live: as asked, or for memory="auto" as the library decides
@@ -246,6 +248,14 @@ class MoE(_Handle):
             make = _cuda_view if self.memory_kind == "cuda" else _view
             v = self._views[key] = make(self, ptr, shape, np_dtype)
         return v
+
+    def set_placement(self, expert_to_rank):
+        """Moves the experts (moea2a_moe_set_placement; collective, no dispatch pending):
+        expert e to rank expert_to_rank[e], the same map on every rank, in place."""
+        m = (ctypes.c_int32 * len(expert_to_rank))(*[int(r) for r in expert_to_rank])
+        if len(expert_to_rank) != self._num_experts:
+            raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")
+        _check(_lib.moea2a_moe_set_placement(self.handle, m, None), self.comm)
 
     def max_recv_rows(self):
         rows = ctypes.c_size_t()

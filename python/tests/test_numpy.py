@@ -314,6 +314,35 @@ def test_fp8_combine_wire_is_close_to_the_plain_combine():
     assert all(v is None for v in results.values()), results
 
 
+def test_set_placement_moves_experts_in_place():
+    """MoE.set_placement: after moving every expert to the other rank, a round trip
+    equals that of a context created with the moved map; a map over the bound raises."""
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            moved = [(e * ep // E + 1) % ep for e in range(E)]
+            rng = np.random.default_rng(7 + rank)
+            ids = rng.integers(0, E, size=(CAP, K)).astype(np.int32)
+            x = rng.standard_normal((CAP, 8)).astype(np.float32)
+            outs = []
+            for mapped in (False, True):
+                kw = {"expert_to_rank": moved} if mapped else {"max_local_experts": E // ep}
+                with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host", **kw) as moe:
+                    if not mapped:
+                        moe.set_placement(moved)
+                        try:
+                            moe.set_placement([0] * E)
+                            return "a map over the bound was taken"
+                        except moea2a.Error:
+                            pass
+                    res = moe.dispatch(x, ids)
+                    outs.append((np.array(res.recv_counts), np.array(moe.combine(res.payloads[0]))))
+            if not (np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])):
+                return "the moved context differs from the one created with the map"
+        return None
+    results = run_ranks(2, main)
+    assert all(v is None for v in results.values()), results
+
+
 def test_traffic_counts_what_an_alltoall_hands_the_transport():
     """Comm.traffic(): after one host dispatch and combine the bytes this rank handed for
     its own node grew (2 ranks on one host: one node) and none went to other nodes."""
