@@ -14,13 +14,19 @@
 
 #define CONFIG_MIN_SIZE (offsetof(moea2a_moe_config_t, version) + sizeof(unsigned int))
 
+/* One row's FP8 scales on the wire, row-major: fp32 per block, or UE8M0 four to a word. */
+static size_t fp8_scale_row(size_t elems, unsigned flags)
+{
+    const size_t nkb = elems / M2A_FP8_BLOCK;
+    return 4 * ((flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb);
+}
+
 size_t m2a_combine_wire_bytes(const moea2a_moe_config_t *c)
 {
     size_t es = 0;
     if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
     if (c->combine_wire.format != MOEA2A_WIRE_FP8) return c->hidden * es;
-    const size_t nkb = c->hidden / M2A_FP8_BLOCK;
-    return c->hidden + 4 * ((c->combine_wire.flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb);
+    return c->hidden + fp8_scale_row(c->hidden, c->combine_wire.flags);
 }
 
 size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i)
@@ -31,9 +37,9 @@ size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i)
 
 size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i)
 {
-    size_t e = c->payloads[i].elems_per_token, nkb = e / 128;
+    size_t e = c->payloads[i].elems_per_token;
     if (c->wire[i].format == MOEA2A_WIRE_NVFP4) return e / 16; /* one E4M3 byte per 16 */
-    return 4 * ((c->wire[i].flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb);
+    return fp8_scale_row(e, c->wire[i].flags);
 }
 
 /* A payload's quantize-on-dispatch settings against its type and size. */
