@@ -372,7 +372,6 @@ static moea2a_result_t cuda_hier_alloc(moea2a_moe_t moe)
 {
     moea2a_comm_t comm = moe->comm;
     const int ep = comm->nranks, me = comm->rank;
-    moe->steps = NULL;
     M2A_TRY(m2a_moe_cuda_begin(moe));
     M2A_TRY(m2a_moe_cuda_alloc_workspace(moe));
     M2A_TRY(m2a_moe_cuda_finish(moe));
