@@ -321,26 +321,123 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
     }
 }
 
+/* Entry j of token t's ids (sanitized for the destination rank) and weights into
+ * receive row row at rank, and with entry 0 the row's source index. */
+__device__ __forceinline__ void put_entry(const m2a_fast_t &f, const Owners &owner, const int32_t *ids,
+                                          const float *weights, int t, int j, int rank, size_t row)
+{
+    const m2a_kparams_t &p = f.p;
+    const int k = p.k, P = p.num_payloads;
+    unsigned char *base = f.peer[rank];
+    int32_t e = ids[(size_t)t * k + j];
+    if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(e) != rank))) e = p.invalid_id;
+    reinterpret_cast<int32_t *>(base + p.ws_off[P])[row * k + j] = e;
+    if (p.weights) reinterpret_cast<float *>(base + p.ws_off[P + 1])[row * k + j] = weights[(size_t)t * k + j];
+    if (j == 0) reinterpret_cast<int32_t *>(base + p.ws_off[p.narrays - 1])[row] = t;
+}
+
 /* ids (sanitized for each destination), weights and the source index of the piece's
  * tokens tl0..tl1-1 (indices in the piece that starts at token first). */
 __device__ void copy_small(const m2a_fast_t &f, const Shared &s, const Owners &owner, int D, int first, int tl0, int tl1,
                            const int32_t *ids, const float *weights)
 {
-    const m2a_kparams_t &p = f.p;
-    const int k = p.k, P = p.num_payloads;
-    const size_t ids_off = p.ws_off[P], src_off = p.ws_off[p.narrays - 1], w_off = p.weights ? p.ws_off[P + 1] : 0;
+    const int k = f.p.k;
     const int items = (tl1 - tl0) * D * k; /* piece x D <= kPieceSlots, k <= 1024 */
     for (int i = threadIdx.x; i < items; i += T) {
         const int tl = tl0 + i / (D * k), d = i / k % D, j = i % k;
         if (d >= s.nd[tl]) continue;
-        int slot = tl * D + d, rank = s.rank[slot], t = first + tl;
-        unsigned char *base = f.peer[rank];
-        size_t row = (size_t)s.row[slot];
-        int32_t e = ids[(size_t)t * k + j];
-        if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(e) != rank))) e = p.invalid_id;
-        reinterpret_cast<int32_t *>(base + ids_off)[row * k + j] = e;
-        if (p.weights) reinterpret_cast<float *>(base + w_off)[row * k + j] = weights[(size_t)t * k + j];
-        if (j == 0) reinterpret_cast<int32_t *>(base + src_off)[row] = t;
+        const int slot = tl * D + d;
+        put_entry(f, owner, ids, weights, first + tl, j, s.rank[slot], (size_t)s.row[slot]);
+    }
+}
+
+/* ---- a block's few tokens routed by each warp alone ------------------------------------
+ * Where a block's tokens fit one warp's lanes (the few-token dispatch's range, hi - lo
+ * <= 32, at the default bound up to 17 tokens), no block-wide routing pass is needed:
+ * a token's slot at rank r is the base there (s.base, from the count) plus the block's
+ * earlier tokens that go to r (their masks are s.pre, from the count), which any warp
+ * reads from shared memory. So each warp routes just the tokens of its own units, in
+ * registers, and starts its copies at once; the block's own tokens' send map rows and
+ * ids, weights and source index are spread over its warps. The slots, the send
+ * map and every byte are those of route_piece + copy_small + copy_units. */
+
+/* Token tl (of the block's range)'s destinations, as send map codes (rank x cap +
+ * slot, ascending rank): destination d in lane d's lo (d < 32) or hi (d - 32), -1 past
+ * the last. */
+struct TokenCodes {
+    int nd;
+    int32_t lo, hi;
+};
+__device__ __forceinline__ int32_t nth_code(const m2a_fast_t &f, const Shared &s, unsigned long long m, int tl, int d)
+{
+    if (d >= __popcll(m)) return -1;
+    for (int i = 0; i < d; i++) m &= m - 1; /* the d-th destination: the lowest bit left */
+    const int r = __ffsll((long long)m) - 1;
+    int slot = s.base[r];
+    for (int l = 0; l < tl; l++) slot += (int)((s.pre[l] >> r) & 1);
+    return r * f.p.cap + slot;
+}
+__device__ __forceinline__ TokenCodes token_codes(const m2a_fast_t &f, const Shared &s, int tl)
+{
+    const int lane = threadIdx.x % kWarpSize;
+    const unsigned long long m = s.pre[tl];
+    return {__popcll(m), nth_code(f, s, m, tl, lane), nth_code(f, s, m, tl, lane + kWarpSize)};
+}
+__device__ __forceinline__ int32_t code_at(const TokenCodes &c, int d)
+{
+    const int32_t lo = __shfl_sync(kAllLanes, c.lo, d % kWarpSize), hi = __shfl_sync(kAllLanes, c.hi, d % kWarpSize);
+    return d < kWarpSize ? lo : hi;
+}
+
+/* The send map row and entries of the block's own token t (its range starts at lo),
+ * by one warp. */
+__device__ void tiny_entries(const m2a_fast_t &f, const Shared &s, const Owners &owner, const int32_t *ids,
+                             const float *weights, int32_t *send_map, size_t mine, int lo, int t)
+{
+    const m2a_kparams_t &p = f.p;
+    const int lane = threadIdx.x % kWarpSize, k = p.k;
+    const TokenCodes c = token_codes(f, s, t - lo);
+    int32_t *map = send_map + (size_t)t * k;
+    for (int j0 = 0; j0 < k; j0 += kWarpSize) { /* warp-uniform: code_at shuffles */
+        const int j = j0 + lane;
+        const int32_t code = code_at(c, j % M2A_FAST_MAX_PEERS);
+        if (j < k) map[j] = j < c.nd ? code : -1;
+    }
+    for (int i0 = 0; i0 < c.nd * k; i0 += kWarpSize) {
+        const int i = i0 + lane, d = i / k;
+        const int32_t code = code_at(c, d < c.nd ? d : 0);
+        if (i < c.nd * k) put_entry(f, owner, ids, weights, t, i % k, code / p.cap, mine + code % p.cap);
+    }
+}
+
+/* One warp: the block's own tokens [own_lo, own_hi) from own_lo + warp on, every
+ * kWarps-th (their send map rows and entries), then its share [u0, u1) of the grid's
+ * even split of n x S units (S per token, per_token of them with payload bytes, 0:
+ * none) in the block's range, which starts at token lo. The entries and a unit each
+ * begin with a read of memory (the ids and weights, the row): given to the warp that
+ * holds the token's first unit, they cost 0.5 us at 1 token on 2 GPUs; spread this way
+ * they go to other warps where the block has few tokens. Entries first (4 x H200,
+ * dispatch at 128 tokens, 4 GPUs: 2.6 us less than the block-wide routing; with the
+ * entries after the payload, 0.4). Choosing warps without units for the entries cost
+ * more in arithmetic (0.5 us at 1 token) than it saved. */
+template <QuantWay Q>
+__device__ void copy_tiny(const m2a_fast_t &f, const Shared &s, const Owners &owner, const m2a_kpayloads_t &pay,
+                          const int32_t *ids, const float *weights, int32_t *send_map, int stride, int lo, int own_lo,
+                          int own_hi, long long u0, long long u1, uint32_t per_token, uint32_t S)
+{
+    const m2a_kparams_t &p = f.p;
+    const size_t mine = (size_t)p.me * stride;
+    for (int t = own_lo + (int)(threadIdx.x / kWarpSize); t < own_hi; t += kWarps)
+        tiny_entries(f, s, owner, ids, weights, send_map, mine, lo, t);
+    int t_prev = -1;
+    TokenCodes c = {0, -1, -1};
+    for (long long u = u0; u < u1 && per_token; u++) {
+        const int t = (int)(u / S);
+        if (t != t_prev) c = token_codes(f, s, t - lo), t_prev = t;
+        copy_unit<Q, true>(f, pay, (unsigned long long)u, per_token, c.nd, [&](int d, int *rank, size_t *row) {
+            const int32_t code = code_at(c, d);
+            *rank = code / p.cap, *row = mine + code % p.cap;
+        });
     }
 }
 

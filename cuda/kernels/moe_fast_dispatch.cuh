@@ -213,8 +213,16 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         ok = __syncthreads_and(ok);
         PROF_MARK(0, 1);
 
-        /* 3. route (and, small, copy) a piece of tokens at a time */
-        for (int first = lo; first < hi && ok; first += piece) {
+        /* 3. route (and, small, copy) a piece of tokens at a time; or, a block's few
+         * tokens within one warp's lanes, each warp its own units' tokens (copy_tiny;
+         * not with the in-copy quantization, whose kernel is at its register bound) */
+        const bool tiny = small && Q != kInCopy && top == hi && hi - lo <= kWarpSize;
+        if (tiny && ok) {
+            PROF_MARK(0, 7);
+            copy_tiny<Q>(f, s, owner, pay, ids, weights, send_map, stride, lo, own_lo, own_hi, wu0, wu1, per_token, S);
+            PROF_MARK(0, 8);
+        }
+        for (int first = lo; first < hi && ok && !tiny; first += piece) {
             const int ntok = hi - first < piece ? hi - first : piece;
             route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
                         top == hi ? s.pre + (first - lo) : nullptr);
@@ -244,7 +252,13 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         }
         ok = __syncthreads_and(ok);
         PROF_MARK(0, 3);
-        /* 5. counts and headers (last block: its bases are the totals), then the signal */
+        /* 5. counts and headers (last block: its bases are the totals; copy_tiny left them
+         * before its range), then the signal */
+        if (tiny && b == G - 1) {
+            if (tid < ep)
+                for (int l = 0; l < hi - lo; l++) s.base[tid] += (int)((s.pre[l] >> tid) & 1);
+            __syncthreads();
+        }
         if (b == G - 1 && tid < ep) {
             unsigned char *peer = f.peer[tid];
             const Ctl pc = ctl_of(f, peer);
