@@ -27,7 +27,8 @@
  *  dispatch, few tokens (a kernel of its own): the (token, segment) units are split
  *   evenly over all warps; 1 (the block's own tokens routed from the same pass over
  *   the ids) with 2 waited for by the last warp meanwhile, then 3 for the block's
- *   range with its warps copying their units, 5, 6.
+ *   range with its warps copying their units (where the range fits one warp's lanes,
+ *   no routing pass: each warp finds its units' slots from 1's masks and bases), 5, 6.
  *  combine:
  *   1. (caller rows) copy the valid rows into the workspace's combine buffer;
  *      signal every peer that this rank's rows are ready; wait for every peer's;

@@ -119,7 +119,8 @@ template <bool SMALL> __device__ __forceinline__ BlockRange block_range(int n, u
  * tokens before its own range itself (replicated, no wait on other blocks).
  *  - few tokens (up to m2a_fast_t.even_tokens per block): each block routes its range and
  *    copies its share of (token, segment) units, split evenly over all warps of the
- *    grid: rows start moving a few microseconds into the kernel;
+ *    grid: rows start moving a few microseconds into the kernel (a range within one
+ *    warp's lanes is routed by each warp for its own units: copy_tiny);
  *  - many tokens: a send map per chunk, and the units handed out by a counter
  *    (balance across SMs that the links serve unevenly matters more than the set-up
  *    then).
