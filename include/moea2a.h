@@ -444,6 +444,11 @@ typedef struct {
      * sent to that node's rail peer, which relays it there. The combine brings as many
      * rows back (of the combine dtype). 0 when every rank is on one node. */
     int64_t network_rows, network_bytes;
+    /* This rank's input entries naming an expert that no rank holds (-1 in the map of
+     * moea2a_moe_set_placement): skipped as invalid ids are, and counted here instead
+     * of in invalid_entries. 0 on CUDA memory, whose placement names a rank for every
+     * expert in this release. */
+    int64_t dropped_entries;
 } moea2a_dispatch_result_t;
 
 #ifdef __cplusplus
@@ -488,7 +493,8 @@ MOEA2A_API moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe);
 MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows);
 /* Collective, with no dispatch pending: experts move to the ranks expert_to_rank[E]
  * names (every rank passes the same map), in place: no new context, no allocation.
- * A rank given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY;
+ * -1: no rank holds the expert (its entries are dropped: dropped_entries). A rank
+ * given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY;
  * host memory in this release (moea2a_moe(3), "Placement in place"). */
 MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream);
 /* The workspace's combine input buffer, [ep][stride][hidden] of combine_dtype: expert

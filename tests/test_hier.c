@@ -120,8 +120,8 @@ static void one_case(uint64_t seed, tally_t *tl)
             ids[s][i] = pick == 0 ? -1 : pick == 1 ? E + below(&rng, 3) : pick == 2 ? invalid : below(&rng, E);
         }
         r[s] = (m2a_route_t){.ep = ep, .me = s, .k = k, .num_experts = E, .cap = cap, .invalid_id = invalid, .owner = owner};
-        int64_t inv = 0, dedup = 0;
-        m2a_host_route(&r[s], n[s], ids[s], counts[s], map[s], &inv, &dedup);
+        int64_t inv = 0, dedup = 0, dropped = 0;
+        m2a_host_route(&r[s], n[s], ids[s], counts[s], map[s], &inv, &dedup, &dropped);
     }
     memset(flat_tok, 0xff, sizeof(flat_tok)), memset(hier_tok, 0xff, sizeof(hier_tok)); /* -1: no row */
 
@@ -276,8 +276,8 @@ int main(void)
             } while (dup);
             ids[t * 8 + j] = e;
         }
-    int64_t inv = 0, dedup = 0, rows[32] = {0}, flat = 0;
-    m2a_host_route(&r, 1024, ids, counts, map, &inv, &dedup);
+    int64_t inv = 0, dedup = 0, dropped = 0, rows[32] = {0}, flat = 0;
+    m2a_host_route(&r, 1024, ids, counts, map, &inv, &dedup, &dropped);
     for (int q = 0; q < 32; q++) flat += nm.node[q] != nm.node[3] ? counts[q] : 0;
     const int64_t across = ok ? m2a_hier_first_stage(&h, 3, 1024, 8, 1024, map, rows) : -1;
     tap_ok(ok && across > 0 && across * 10 < flat * 6,

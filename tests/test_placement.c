@@ -4,7 +4,9 @@
  * the expert-major layout its per-expert counts), and its combine output equals an
  * oracle that knows the map; the refusals (a rank over the bound, ranks that disagree,
  * a rank that is not one, a dispatch pending, CUDA memory) leave the old placement in
- * force on every rank. The time of a change (256 experts, 4 ranks) is printed, not
+ * force on every rank. Some moves mark a rank inactive (its experts -1: held by no
+ * rank): entries naming them are dropped, counted in dropped_entries apart from the
+ * invalid ids, and the combine equals the oracle without them. The time of a change (256 experts, 4 ranks) is printed, not
  * asserted. */
 #include "config.h"
 
@@ -55,6 +57,7 @@ typedef struct {
     float rows[EP * CAP * H], out[CAP * H];
     int32_t ex_counts[E];
     int num_local;
+    int64_t invalid, dropped;
 } got_t;
 
 /* One round trip of this rank's tokens for round `round`: the receive arrays, and the
@@ -74,6 +77,7 @@ static moea2a_result_t round_trip(moea2a_moe_t moe, int me, int round, int n, in
     moea2a_result_t r = moea2a_dispatch(moe, n, ids, NULL, p, 0, &res, NULL);
     if (r != MOEA2A_SUCCESS) return r;
     memset(g, 0, sizeof(*g));
+    g->invalid = res.invalid_entries, g->dropped = res.dropped_entries;
     memcpy(g->counts, res.recv_counts, sizeof(int32_t) * EP);
     for (int q = 0; q < EP; q++)
         for (int i = 0; i < res.recv_counts[q]; i++) {
@@ -105,6 +109,18 @@ static moea2a_result_t round_trip(moea2a_moe_t moe, int me, int round, int n, in
 /* out[t] = the token's row once per distinct rank its valid ids reach under map (and,
  * expert-major, once per slot naming an expert there: the fold), summed in fp32 in
  * ascending rank order: what both contexts must give. */
+/* The entries of this rank's round that are invalid (-1) and that name an expert held
+ * by no rank. */
+static void oracle_entries(int me, int round, int n, const int32_t *map, int64_t *invalid, int64_t *dropped)
+{
+    *invalid = *dropped = 0;
+    for (int i = 0; i < n * K; i++) {
+        uint64_t r = mix((uint64_t)me << 40 ^ (uint64_t)round << 20 ^ (uint64_t)i);
+        if (r % 13 == 0) ++*invalid;
+        else *dropped += map[r % E] < 0;
+    }
+}
+
 static int oracle_bad(int me, int round, int n, const int32_t *map, int expert_major, const float *out)
 {
     for (int t = 0; t < n; t++) {
@@ -145,24 +161,35 @@ static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     got_t *a = malloc(sizeof(got_t)), *b = malloc(sizeof(got_t));
     for (int round = 0; a && b && round < ROUNDS && !fails; round++) {
         const int n = CAP - (me + round) % 7;
+        /* every third move marks a rank inactive: its experts held by no rank */
+        const int inactive = round % 9 == 7 ? round / 9 % EP : -1;
         if (round % 3 == 1) {
             random_map((uint64_t)round, EP, E, BOUND, map);
+            for (int e = 0; e < E && inactive >= 0; e++)
+                if (map[e] == inactive) map[e] = -1;
             moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
             RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: set_placement: %s", round, moea2a_last_error(comm));
         }
+        int unheld = 0;
+        for (int e = 0; e < E; e++) unheld += map[e] < 0;
+        moea2a_moe_t fresh = NULL; /* create takes a rank for every expert: none to compare with then */
         moea2a_moe_config_t fc = config(expert_major, map);
-        moea2a_moe_t fresh;
-        moea2a_result_t r = moea2a_moe_create(&fresh, comm, &fc);
+        moea2a_result_t r = unheld ? MOEA2A_SUCCESS : moea2a_moe_create(&fresh, comm, &fc);
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: the fresh context: %s", round, moea2a_last_error(comm));
         if (r) break;
         r = round_trip(moe, me, round, n, expert_major, a);
-        moea2a_result_t r2 = round_trip(fresh, me, round, n, expert_major, b);
+        moea2a_result_t r2 = fresh ? round_trip(fresh, me, round, n, expert_major, b) : MOEA2A_SUCCESS;
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "round %d: %s", round, moea2a_last_error(comm));
-        RANK_EXPECT(fails, me, !r && !r2 && !memcmp(a, b, sizeof(*a)),
+        RANK_EXPECT(fails, me, !r && !r2 && (!fresh || !memcmp(a, b, sizeof(*a))),
                     "round %d: the moved context differs from a fresh one with the same map", round);
         RANK_EXPECT(fails, me, !r && !oracle_bad(me, round, n, map, expert_major, a->out),
                     "round %d: the combine differs from the oracle", round);
-        moea2a_moe_destroy(fresh);
+        int64_t inv, drop;
+        oracle_entries(me, round, n, map, &inv, &drop);
+        RANK_EXPECT(fails, me, !r && a->invalid == inv && a->dropped == drop && (!unheld || drop > 0),
+                    "round %d (%d experts held by no rank): invalid %lld dropped %lld, the oracle %lld %lld", round,
+                    unheld, (long long)a->invalid, (long long)a->dropped, (long long)inv, (long long)drop);
+        if (fresh) moea2a_moe_destroy(fresh);
         /* refusals, on every rank alike, leave this placement in force */
         if (round % 6 == 4) {
             int32_t bad[E];
@@ -186,6 +213,10 @@ static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
             r = moea2a_moe_set_placement(moe, bad, NULL);
             RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "expert_to_rank[7]"),
                         "a rank that is not one: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            bad[7] = -2;
+            r = moea2a_moe_set_placement(moe, bad, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "nor -1"),
+                        "-2: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
             RANK_EXPECT(fails, me, moea2a_moe_set_placement(moe, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL map");
         }
     }
@@ -235,13 +266,20 @@ static int timing_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 
 int main(void)
 {
-    for (int expert_major = 0; expert_major <= 1; expert_major++) {
+    /* rank-major, expert-major, and rank-major in 2 emulated nodes of 2 (the host
+     * hierarchical path, whose relays look the experts up again) */
+    for (int mode = 0; mode <= 2; mode++) {
+        int expert_major = mode == 1;
+        if (mode == 2) setenv("MOEA2A_NODE_SIZE", "2", 1);
         local_ranks_result_t res;
         local_ranks_run(EP, placement_rank, &expert_major, WATCHDOG, &res);
-        tap_ok(res.failed == 0, "moea2a_moe_set_placement on %d ranks, %s layout: %d rounds, the experts moved every "
+        unsetenv("MOEA2A_NODE_SIZE");
+        tap_ok(res.failed == 0, "moea2a_moe_set_placement on %d ranks%s, %s layout: %d rounds, the experts moved every "
                                 "third: each round equals a freshly created context with that map and the oracle; "
+                                "a rank marked inactive (its experts -1): its entries dropped and counted apart; "
                                 "over the bound, disagreeing ranks, a non-rank, NULL%s refused on every rank",
-               EP, expert_major ? "expert-major" : "rank-major", ROUNDS, expert_major ? "" : ", a pending dispatch");
+               EP, mode == 2 ? " in 2 nodes of 2" : "", expert_major ? "expert-major" : "rank-major", ROUNDS,
+               expert_major ? "" : ", a pending dispatch");
     }
     local_ranks_result_t res;
     local_ranks_run(EP, timing_rank, NULL, WATCHDOG, &res);

@@ -192,6 +192,7 @@ void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_d
     result->network_bytes = result->network_rows * (int64_t)moe->l.record;
     result->invalid_entries = moe->pending_invalid;
     result->deduplicated = moe->pending_dedup;
+    result->dropped_entries = moe->pending_dropped;
     memcpy(caller, &full, caller_size);
 }
 

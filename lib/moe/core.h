@@ -45,6 +45,7 @@ struct moea2a_moe {
     m2a_moe_step_t step;
     int num_tokens, stride;
     int64_t pending_invalid, pending_dedup; /* generic paths: counts between dispatch's halves */
+    int64_t pending_dropped; /* host memory: entries naming experts no rank holds (set by the route) */
     int network_own;      /* the backend counts the rows its dispatch sends across nodes ... */
     int64_t network_rows; /* ... here (else they are the flat count, internode_rows) */
     const unsigned char *combine_in;        /* generic paths: the rows combine's send half sent */

@@ -122,7 +122,7 @@ int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, in
             memcpy(&e, row + 4 * (size_t)j, 4); /* rows packed in a record need not be 4-byte aligned */
             if (m2a_expert_invalid(r, e)) continue;
             const int q = r->owner[e];
-            if (h->node[q] != node) continue;
+            if (q < 0 || h->node[q] != node) continue; /* q < 0: held by no rank */
             int at = 0;
             while (at < nd && out[at] < q) at++;
             if (at < nd && out[at] == q) continue;

@@ -119,7 +119,8 @@ int m2a_moe_max_local_experts(const moea2a_moe_config_t *c, int ep)
     }
     int *n = calloc((size_t)ep, sizeof(int));
     if (!n) return c->num_experts; /* a bound all the same */
-    for (int e = 0; e < c->num_experts; e++) n[c->expert_to_rank[e]]++;
+    for (int e = 0; e < c->num_experts; e++)
+        if (c->expert_to_rank[e] >= 0) n[c->expert_to_rank[e]]++; /* -1: held by no rank (set_placement) */
     for (int r = 0; r < ep; r++) most = n[r] > most ? n[r] : most;
     free(n);
     return most;

@@ -641,10 +641,11 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
     if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
     moea2a_result_t r = MOEA2A_SUCCESS;
     for (int e = 0; e < E && r == MOEA2A_SUCCESS; e++) {
-        if (map[e] < 0 || map[e] >= ep)
-            r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: expert_to_rank[%d]=%d is not a rank (0..%d)", fn, e,
-                          map[e], ep - 1);
-        else if (++held[map[e]] > moe->max_local)
+        if (map[e] < -1 || map[e] >= ep)
+            r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                          "%s: expert_to_rank[%d]=%d is neither a rank (0..%d) nor -1 (held by no rank)", fn, e, map[e],
+                          ep - 1);
+        else if (map[e] >= 0 && ++held[map[e]] > moe->max_local)
             r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the map gives rank %d more than %d experts, the most a rank "
                           "of this context may hold (max_local_experts at create)", fn, map[e], moe->max_local);
     }

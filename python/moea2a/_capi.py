@@ -108,7 +108,8 @@ class DispatchResult(ctypes.Structure):
                 ("expert_offsets_host", ctypes.POINTER(ctypes.c_int32)),
                 ("expert_payload_scales", ctypes.c_void_p * MAX_PAYLOADS),
                 ("expert_global_scales", ctypes.POINTER(ctypes.c_float) * MAX_PAYLOADS),
-                ("network_rows", ctypes.c_int64), ("network_bytes", ctypes.c_int64)]
+                ("network_rows", ctypes.c_int64), ("network_bytes", ctypes.c_int64),
+                ("dropped_entries", ctypes.c_int64)]
 
 
 def _candidates():

@@ -94,7 +94,8 @@ class DispatchResult:
 
     def __getattr__(self, name):  # the counts and shape, read from the C result when asked
         if name in ("ep", "stride", "top_k", "total_recv", "invalid_entries", "sent_rows", "deduplicated",
-                    "internode_rows", "internode_bytes", "network_rows", "network_bytes", "num_local_experts",
+                    "internode_rows", "internode_bytes", "network_rows", "network_bytes", "dropped_entries",
+                    "num_local_experts",
                     "expert_rows"):
             return getattr(self._r, name)
         if name == "nvlink":
@@ -251,7 +252,8 @@ class MoE(_Handle):
 
     def set_placement(self, expert_to_rank):
         """Moves the experts (moea2a_moe_set_placement; collective, no dispatch pending):
-        expert e to rank expert_to_rank[e], the same map on every rank, in place."""
+        expert e to rank expert_to_rank[e], the same map on every rank, in place; -1: no
+        rank holds e (its entries are dropped, counted in dropped_entries)."""
         m = (ctypes.c_int32 * len(expert_to_rank))(*[int(r) for r in expert_to_rank])
         if len(expert_to_rank) != self._num_experts:
             raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")

@@ -256,12 +256,12 @@ static moea2a_result_t hier_dispatch(moea2a_moe_t moe, moea2a_result_t mine, con
     const int ep = moe->comm->nranks, me = moe->comm->rank;
     if (phases & M2A_MOE_SEND) {
         int32_t *send_map = (int32_t *)(moe->ws + l->send_map);
-        int64_t invalid = 0, dedup = 0, across = 0;
+        int64_t invalid = 0, dedup = 0, dropped = 0, across = 0;
         int64_t *rows = st->v;
         memset(rows, 0, sizeof(int64_t) * (size_t)ep);
         memset(moe->h_send_counts, 0, sizeof(int32_t) * (size_t)ep);
         if (mine == MOEA2A_SUCCESS) {
-            m2a_host_route(&moe->route, a->n, a->ids, moe->h_send_counts, send_map, &invalid, &dedup);
+            m2a_host_route(&moe->route, a->n, a->ids, moe->h_send_counts, send_map, &invalid, &dedup, &dropped);
             across = m2a_hier_first_stage(&st->h, me, a->n, moe->cfg.top_k, moe->cfg.max_tokens_per_rank, send_map, rows);
         }
         for (int q = 0; q < ep; q++) st->s1_send[q] = (int32_t)rows[q];
@@ -273,7 +273,8 @@ static moea2a_result_t hier_dispatch(moea2a_moe_t moe, moea2a_result_t mine, con
         if (r == MOEA2A_SUCCESS) r = relay(moe, a->stride);
         if (r != MOEA2A_SUCCESS) return r;
         moe->num_tokens = a->n, moe->stride = a->stride;
-        moe->pending_invalid = invalid, moe->pending_dedup = dedup, moe->network_rows = across;
+        moe->pending_invalid = invalid, moe->pending_dedup = dedup, moe->pending_dropped = dropped;
+        moe->network_rows = across;
     }
     if (phases & M2A_MOE_RECV) {
         m2a_host_sanitize(&moe->route, l, moe->stride, !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE),

@@ -16,7 +16,9 @@ static moea2a_result_t host_route(moea2a_moe_t moe, int n, const int32_t *ids, v
                                   int64_t *dedup)
 {
     (void)stream;
-    m2a_host_route(&moe->route, n, ids, moe->h_send_counts, (int32_t *)(moe->ws + moe->l.send_map), invalid, dedup);
+    moe->pending_dropped = 0;
+    m2a_host_route(&moe->route, n, ids, moe->h_send_counts, (int32_t *)(moe->ws + moe->l.send_map), invalid, dedup,
+                   &moe->pending_dropped);
     return MOEA2A_SUCCESS;
 }
 

@@ -8,7 +8,7 @@
 #include "quant/quant_host.h"
 
 void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
-                    int64_t *invalid_entries, int64_t *deduplicated)
+                    int64_t *invalid_entries, int64_t *deduplicated, int64_t *dropped_entries)
 {
     int k = r->k;
     memset(send_counts, 0, sizeof(int32_t) * (size_t)r->ep);
@@ -22,6 +22,10 @@ void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *se
                 continue;
             }
             int dest = r->owner[e], seen = 0;
+            if (dest < 0) { /* held by no rank (moea2a_moe_set_placement) */
+                (*dropped_entries)++;
+                continue;
+            }
             for (int d = 0; d < nd; d++) seen |= map[d] == dest;
             if (seen) {
                 (*deduplicated)++;

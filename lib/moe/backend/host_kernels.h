@@ -12,7 +12,7 @@
  * (rank * cap + slot) in ascending rank order, then -1. Slots are handed out in
  * ascending token order, so receivers see source order. */
 void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
-                    int64_t *invalid_entries, int64_t *deduplicated);
+                    int64_t *invalid_entries, int64_t *deduplicated, int64_t *dropped_entries);
 
 /* A token's payloads quantized on dispatch (m2a_host_quantize_token): made once, then
  * copied to each of its destinations. */
