@@ -259,6 +259,7 @@ typedef enum {
 #define MOEA2A_MOE_ZERO_PADDING (1u << 5)      /* expert-major: alignment padding rows' payloads written 0 */
 #define MOEA2A_MOE_HOST_EXPERT_COUNTS (1u << 6) /* expert-major, CUDA memory: counts and offsets copied to the host too */
 #define MOEA2A_MOE_COPY_ENGINE (1u << 7)        /* load/store path: rows moved by the GPU's copy engines (moea2a_moe(3)) */
+#define MOEA2A_MOE_EXPERT_WIRE_SCALES (1u << 8) /* expert-major: expert_payload_scales in each wire's scale_layout */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */
@@ -435,7 +436,11 @@ typedef struct {
      * row-major ([max_expert_rows][scale row bytes]: FP8 row-major scales, NVFP4 linear
      * E4M3 scales, whatever the wire's scale_layout, which applies to payload_scales),
      * expert_global_scales[i] (NVFP4) each row's source global scale. Padding rows:
-     * scales and global scale 0. */
+     * scales and global scale 0. With MOEA2A_MOE_EXPERT_WIRE_SCALES (host memory in
+     * this release) the scales follow the wire's scale_layout over the expert_rows
+     * rows instead, as grouped GEMMs read them: FP8 MN-major [scale words][rows rounded
+     * up to 4]; NVFP4 128x4 / 8x4 tiles over the rows rounded up to 128 / 8 (each
+     * expert starting a tile: expert_alignment a multiple of 128 / 8). */
     void *expert_payload_scales[MOEA2A_MOE_MAX_PAYLOADS];
     const float *expert_global_scales[MOEA2A_MOE_MAX_PAYLOADS];
     /* Rows this rank's dispatch handed its transport for ranks on other nodes, and their

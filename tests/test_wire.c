@@ -138,11 +138,33 @@ static unsigned char *expected_scales(const wire_case_t *w, const unsigned char 
     return padded;
 }
 
+/* Rows rows of row-major scales (srow bytes each) in the wire's tiled layout, as
+ * MOEA2A_MOE_EXPERT_WIRE_SCALES promises: FP8 MN-major, word w of row r at w x R4 + r
+ * (R4: rows rounded up to 4, padding 0); NVFP4 through moea2a_fp4_sf_convert (its own
+ * tests hold it to the tile layout). */
+static unsigned char *tiled_scales(const wire_case_t *w, const unsigned char *rows_sc, size_t rows, size_t srow,
+                                   size_t *bytes)
+{
+    if (w->format == MOEA2A_WIRE_NVFP4) {
+        moea2a_fp4_sf_bytes((moea2a_sf_layout_t)w->layout, rows, w->elems, bytes);
+        unsigned char *t = calloc(*bytes + 1, 1);
+        moea2a_fp4_sf_convert(rows_sc, MOEA2A_SF_LINEAR, t, (moea2a_sf_layout_t)w->layout, rows, w->elems, NULL);
+        return t;
+    }
+    const size_t words = srow / 4, r4 = (rows + 3) / 4 * 4;
+    *bytes = 4 * words * r4;
+    unsigned char *t = calloc(*bytes + 1, 1);
+    for (size_t wd = 0; wd < words; wd++)
+        for (size_t r = 0; r < rows; r++) memcpy(t + 4 * (wd * r4 + r), rows_sc + r * srow + 4 * wd, 4);
+    return t;
+}
+
 /* The expert-major rows of the quantizing context (rq) against those of the context that
  * dispatched the caller's codes, row scales [and global scales] as plain payloads (rp):
- * the same rows, codes, scales and global scales; gap rows' scales 0. */
+ * the same rows, codes, scales and global scales; gap rows' scales 0. tiled: rq's
+ * scales come in the wire's tiled layout (MOEA2A_MOE_EXPERT_WIRE_SCALES). */
 static int check_expert(const where_t *m, const wire_case_t *w, int me, int ci, const moea2a_dispatch_result_t *rq,
-                        const moea2a_dispatch_result_t *rp)
+                        const moea2a_dispatch_result_t *rp, int tiled)
 {
     int fails = 0, el = rq->num_local_experts;
     int32_t *oq = mem_get(m->cuda, rq->expert_offsets, 4 * (size_t)(el + 1)), *op = mem_get(m->cuda, rp->expert_offsets, 4 * (size_t)(el + 1));
@@ -152,7 +174,16 @@ static int check_expert(const where_t *m, const wire_case_t *w, int me, int ci, 
     int nv = w->format == MOEA2A_WIRE_NVFP4;
     int32_t *src = mem_get(m->cuda, rp->expert_src_rank, 4 * R);
     unsigned char *cq = mem_get(m->cuda, rq->expert_payloads[0], R * cr), *cp = mem_get(m->cuda, rp->expert_payloads[0], R * cr);
-    unsigned char *sq = mem_get(m->cuda, rq->expert_payload_scales[0], R * sr), *sp = mem_get(m->cuda, rp->expert_payloads[2], R * sr);
+    unsigned char *sp = mem_get(m->cuda, rp->expert_payloads[2], R * sr), *sq;
+    if (tiled) { /* rp's row scales put in the tiled layout must be rq's bytes; then compare rows as before */
+        size_t tb = 0;
+        unsigned char *want = tiled_scales(w, sp, R, sr, &tb), *got = mem_get(m->cuda, rq->expert_payload_scales[0], tb);
+        RANK_EXPECT(fails, me, !memcmp(want, got, tb), "case %d: expert-major scales in the wire's layout differ", ci);
+        free(want), free(got);
+        sq = malloc(R * sr + 1), memcpy(sq, sp, R * sr);
+    } else {
+        sq = mem_get(m->cuda, rq->expert_payload_scales[0], R * sr);
+    }
     unsigned char *xq = mem_get(m->cuda, rq->expert_payloads[1], R * 12), *xp = mem_get(m->cuda, rp->expert_payloads[1], R * 12);
     float *gq = nv ? mem_get(m->cuda, rq->expert_global_scales[0], 4 * R) : NULL, *gp = nv ? mem_get(m->cuda, rp->expert_payloads[3], 4 * R) : NULL;
     int bad = 0, gap = 0;
@@ -185,6 +216,15 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     if (expert) {
         cq.layout = cp.layout = MOEA2A_LAYOUT_EXPERT_MAJOR;
         cq.expert_alignment = cp.expert_alignment = 8;
+    }
+    /* host memory, every other expert-major seed: the scales in the wire's tiled layout
+     * (NVFP4's tiles: every expert starts one) */
+    const int nv_tiles = w->format == MOEA2A_WIRE_NVFP4 && w->layout != MOEA2A_SF_LINEAR;
+    const int tiled = expert && !m->cuda && (seed / 11) % 2 == 0 &&
+                      (nv_tiles || (w->format == MOEA2A_WIRE_FP8 && w->layout == MOEA2A_FP8_SCALES_MN_MAJOR));
+    if (tiled) {
+        cq.flags |= MOEA2A_MOE_EXPERT_WIRE_SCALES;
+        if (nv_tiles) cq.expert_alignment = cp.expert_alignment = w->layout == MOEA2A_SF_128X4 ? 128 : 8;
     }
     if (m->cuda && !m->nvlink) cq.flags |= MOEA2A_MOE_NO_NVLINK, cp.flags |= MOEA2A_MOE_NO_NVLINK;
     /* every other seed on CUDA: one block per kernel, so that more than 4 tokens take
@@ -222,9 +262,19 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
     if (expert) { /* codes, row scales [, global scales] per expert row: the caller-quantized context's rows */
         moea2a_moe_workspace_sizes_t szp = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
         moea2a_moe_workspace_size(comm, &cp, &szp);
-        RANK_EXPECT(fails, me, sz.expert_bytes == szp.expert_bytes && sz.expert_bytes > 0,
-                    "case %d: expert-major bytes %zu, with the caller's quantized rows %zu", ci, sz.expert_bytes,
-                    szp.expert_bytes);
+        /* tiled: plus the scales in the wire's layout over max_expert_rows (the worst
+         * case: ep x cap x min(k, local experts) + the local experts' alignment gaps) */
+        size_t extra = 0;
+        if (tiled) {
+            const size_t el = (size_t)(E + ep - 1) / (size_t)ep, per = (size_t)k < el ? (size_t)k : el;
+            const size_t R = (size_t)ep * cap * per + el * (size_t)(cq.expert_alignment - 1);
+            if (w->format == MOEA2A_WIRE_NVFP4) moea2a_fp4_sf_bytes((moea2a_sf_layout_t)w->layout, R, w->elems, &extra);
+            else extra = scale_row(w) * ((R + 3) / 4 * 4);
+            extra = A(extra);
+        }
+        RANK_EXPECT(fails, me, sz.expert_bytes == szp.expert_bytes + extra && sz.expert_bytes > 0,
+                    "case %d: expert-major bytes %zu, with the caller's quantized rows %zu (+ %zu in the wire's "
+                    "layout)", ci, sz.expert_bytes, szp.expert_bytes, extra);
     }
 
     /* this rank's tokens: idle ranks, invalid ids, a smaller stride sometimes */
@@ -320,7 +370,7 @@ static int run_case(moea2a_comm_t comm, const where_t *m, int me, int ep, int ci
         RANK_EXPECT(fails, me, rq.payload_scales[1] == NULL && rq.payload_scale_bytes[1] == 0,
                     "case %d: a payload sent as is has no scales", ci);
         free(cq_), free(cp_), free(codes_q), free(codes_p), free(side_q), free(side_p), free(rows_p);
-        if (expert) fails += check_expert(m, w, me, ci, &rq, &rp);
+        if (expert) fails += check_expert(m, w, me, ci, &rq, &rp, tiled);
     }
     moea2a_moe_destroy(mq), moea2a_moe_destroy(mp);
     mem_drop(m->cuda, dx), mem_drop(m->cuda, dside), mem_drop(m->cuda, dq), mem_drop(m->cuda, ds), mem_drop(m->cuda, dgs), mem_drop(m->cuda, dids), mem_drop(m->cuda, dall), mem_drop(m->cuda, dxf);
@@ -431,6 +481,26 @@ static int config_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
                                sz.payload_bytes[0] == host.payload_bytes[0] + A(4 * code_row(&cases[0])) +
                                                           A(4 * scale_row(&cases[0])),
                 "FP8 on CUDA memory, sized: payload bytes %zu, host %zu", sz.payload_bytes[0], host.payload_bytes[0]);
+    /* MOEA2A_MOE_EXPERT_WIRE_SCALES: expert-major only; NVFP4's tiles need every expert
+     * to start one; host memory in this release */
+    c = config_for(&cases[1], 8, 2, 4, 1);
+    c.flags |= MOEA2A_MOE_EXPERT_WIRE_SCALES, c.memory = MOEA2A_MEMORY_HOST;
+    r = moea2a_moe_workspace_size(comm, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "EXPERT_MAJOR"),
+                "MOEA2A_MOE_EXPERT_WIRE_SCALES on the rank-major layout: %s", moea2a_last_error(comm));
+    c = config_for(&cases[5], 8, 2, 4, 1);
+    c.flags |= MOEA2A_MOE_EXPERT_WIRE_SCALES, c.memory = MOEA2A_MEMORY_HOST;
+    c.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, c.expert_alignment = 64;
+    r = moea2a_moe_workspace_size(comm, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "multiple of 128"),
+                "NVFP4 128x4 expert scales at alignment 64: %s", moea2a_last_error(comm));
+    c.expert_alignment = 256;
+    r = moea2a_moe_workspace_size(comm, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "NVFP4 128x4 expert scales at alignment 256: %s", moea2a_last_error(comm));
+    c.memory = MOEA2A_MEMORY_CUDA;
+    r = moea2a_moe_workspace_size_layout(&lay, &c, &sz);
+    RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(NULL), "host memory"),
+                "MOEA2A_MOE_EXPERT_WIRE_SCALES on CUDA memory: %s (%s)", moea2a_strerror(r), moea2a_last_error(NULL));
     moea2a_comm_destroy(comm);
     return fails;
 }
@@ -491,7 +561,8 @@ int main(void)
         local_ranks_result_t res;
         local_ranks_run(sizes[i], wire_rank, &host, WATCHDOG, &res);
         tap_ok(res.failed == 0, "quantize on dispatch equals quantize-then-dispatch bit for bit on %d rank(s): FP8 (fp32 "
-                                "and UE8M0 scales, row- and MN-major), NVFP4 (linear, 128x4, 8x4 scales, global scales)",
+                                "and UE8M0 scales, row- and MN-major), NVFP4 (linear, 128x4, 8x4 scales, global scales); "
+                                "expert-major rows, their scales row-major or in the wire's layout",
                sizes[i]);
     }
     { /* across nodes: the rail peers relay the codes, scales and global scales as they came */
@@ -505,7 +576,8 @@ int main(void)
     local_ranks_run(2, mismatch_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "ranks that disagree on a payload's wire format: MOEA2A_ERR_MISMATCH on every rank");
     local_ranks_run(1, config_rank, NULL, WATCHDOG, &res);
-    tap_ok(res.failed == 0, "config checks: block multiples, float dtypes, layouts, flags, unused wire entries; CUDA "
+    tap_ok(res.failed == 0, "config checks: block multiples, float dtypes, layouts, flags, unused wire entries, expert "
+                            "scales in the wire's layout; CUDA "
                             "memory's sizes");
     cuda_runs();
     return tap_done();

@@ -82,7 +82,9 @@ moea2a_result_t m2a_moe_expert_dispatch(moea2a_moe_t moe, moea2a_dispatch_result
     full.expert_rows = view.rows;
     for (int i = 0; i < moe->cfg.num_payloads; i++) {
         full.expert_payloads[i] = ws + l->ex_payload[i];
-        full.expert_payload_scales[i] = l->ex_scales[i] ? ws + l->ex_scales[i] : NULL;
+        full.expert_payload_scales[i] = l->ex_scales_wire[i] ? ws + l->ex_scales_wire[i]
+                                        : l->ex_scales[i]    ? ws + l->ex_scales[i]
+                                                             : NULL;
         full.expert_global_scales[i] = l->ex_global[i] ? (const float *)(ws + l->ex_global[i]) : NULL;
     }
     full.expert_ids = (const int32_t *)(ws + l->ex_ids);

@@ -42,6 +42,24 @@ size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i)
     return fp8_scale_row(e, c->wire[i].flags);
 }
 
+int m2a_expert_scale_tile(const moea2a_moe_config_t *c, int i)
+{
+    const moea2a_wire_t *w = &c->wire[i];
+    if (!(c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES) || c->layout != MOEA2A_LAYOUT_EXPERT_MAJOR) return 0;
+    if (w->format == MOEA2A_WIRE_FP8) return w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR;
+    if (w->format != MOEA2A_WIRE_NVFP4 || w->scale_layout == MOEA2A_SF_LINEAR) return 0;
+    return w->scale_layout == MOEA2A_SF_128X4 ? 128 : 8;
+}
+
+size_t m2a_expert_wire_scale_bytes(const moea2a_moe_config_t *c, int i, size_t rows)
+{
+    const size_t e = c->payloads[i].elems_per_token;
+    if (c->wire[i].format == MOEA2A_WIRE_FP8) return m2a_wire_scale_row_bytes(c, i) * ((rows + 3) / 4 * 4);
+    size_t bytes = 0;
+    moea2a_fp4_sf_bytes((moea2a_sf_layout_t)c->wire[i].scale_layout, rows, e, &bytes);
+    return bytes;
+}
+
 /* A payload's quantize-on-dispatch settings against its type and size. */
 static moea2a_result_t check_wire(moea2a_comm_t comm, const moea2a_moe_config_t *c, int i)
 {
@@ -138,13 +156,14 @@ long long m2a_moe_expert_worst_rows(const moea2a_moe_config_t *c, int ep)
 static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config_t *c, int ep)
 {
     static const char fn[] = "moea2a_moe config";
-    const unsigned only = MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING | MOEA2A_MOE_HOST_EXPERT_COUNTS;
+    const unsigned only = MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING | MOEA2A_MOE_HOST_EXPERT_COUNTS |
+                          MOEA2A_MOE_EXPERT_WIRE_SCALES;
     M2A_CHECK_ARG(comm, c->layout == MOEA2A_LAYOUT_RANK_MAJOR || c->layout == MOEA2A_LAYOUT_EXPERT_MAJOR,
                   "%s: layout=%d is unknown", fn, (int)c->layout);
     if (c->layout == MOEA2A_LAYOUT_RANK_MAJOR) {
         M2A_CHECK_ARG(comm, !(c->flags & only) && c->expert_alignment == 0 && c->max_expert_rows == 0,
-                      "%s: expert_alignment, max_expert_rows, MOEA2A_MOE_WEIGHTED_COMBINE, MOEA2A_MOE_ZERO_PADDING and "
-                      "MOEA2A_MOE_HOST_EXPERT_COUNTS "
+                      "%s: expert_alignment, max_expert_rows, MOEA2A_MOE_WEIGHTED_COMBINE, MOEA2A_MOE_ZERO_PADDING, "
+                      "MOEA2A_MOE_HOST_EXPERT_COUNTS and MOEA2A_MOE_EXPERT_WIRE_SCALES "
                       "belong to layout=MOEA2A_LAYOUT_EXPERT_MAJOR", fn);
         return MOEA2A_SUCCESS;
     }
@@ -153,6 +172,13 @@ static moea2a_result_t check_expert_layout(moea2a_comm_t comm, moea2a_moe_config
                   "%s: expert_alignment=%d must be in 1..1024", fn, c->expert_alignment);
     M2A_CHECK_ARG(comm, !(c->flags & MOEA2A_MOE_WEIGHTED_COMBINE) || (c->flags & MOEA2A_MOE_CARRY_WEIGHTS),
                   "%s: MOEA2A_MOE_WEIGHTED_COMBINE needs the router weights: set MOEA2A_MOE_CARRY_WEIGHTS", fn);
+    for (int i = 0; i < c->num_payloads && (c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES); i++) {
+        const int tile = m2a_expert_scale_tile(c, i); /* NVFP4 tiles: every expert starts one */
+        M2A_CHECK_ARG(comm, tile <= 1 || c->expert_alignment % tile == 0,
+                      "%s: MOEA2A_MOE_EXPERT_WIRE_SCALES puts wire[%d]'s scales in tiles of %d rows, so each expert "
+                      "must start one: expert_alignment=%d is not a multiple of %d",
+                      fn, i, tile, c->expert_alignment, tile);
+    }
     long long worst = m2a_moe_expert_worst_rows(c, ep);
     M2A_CHECK_ARG(comm, c->max_expert_rows >= 0, "%s: max_expert_rows=%lld is negative", fn,
                   (long long)c->max_expert_rows);
@@ -234,7 +260,8 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
     }
     M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
                                        MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING |
-                                       MOEA2A_MOE_HOST_EXPERT_COUNTS | MOEA2A_MOE_COPY_ENGINE)),
+                                       MOEA2A_MOE_HOST_EXPERT_COUNTS | MOEA2A_MOE_COPY_ENGINE |
+                                       MOEA2A_MOE_EXPERT_WIRE_SCALES)),
                   "%s: unknown flags 0x%x", fn, c->flags);
     for (int i = 0; i < c->num_payloads && (c->flags & MOEA2A_MOE_COPY_ENGINE); i++)
         M2A_CHECK_ARG(comm, c->wire[i].format == MOEA2A_WIRE_AS_IS,
@@ -349,6 +376,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
             if (c->wire[i].format == MOEA2A_WIRE_AS_IS) continue;
             l->ex_scales[i] = take(&at, R * l->wire_scale_row[i]); /* the row scales as they landed */
             EX_ARRAY(l->wire_scales[i], l->ex_scales[i], l->wire_scale_row[i], 1);
+            l->ex_scales_wire[i] = m2a_expert_scale_tile(c, i) ? take(&at, m2a_expert_wire_scale_bytes(c, i, R)) : 0;
             if (c->wire[i].format != MOEA2A_WIRE_NVFP4) continue;
             l->ex_global[i] = take(&at, 4 * R);
             EX_ARRAY(l->wire_global_rows[i], l->ex_global[i], 4, 1);

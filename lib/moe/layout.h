@@ -63,6 +63,11 @@ size_t m2a_wire_code_bytes(const moea2a_moe_config_t *c, int i);
  * the row's scales (4 x hidden / 128 bytes; UE8M0: 4 x ceil(hidden / 512)). */
 size_t m2a_combine_wire_bytes(const moea2a_moe_config_t *c);
 size_t m2a_wire_scale_row_bytes(const moea2a_moe_config_t *c, int i);
+/* MOEA2A_MOE_EXPERT_WIRE_SCALES: payload i's expert-major scales in its wire's tiled
+ * layout: 1 (FP8 MN-major), 128 / 8 (NVFP4's tiles: rows per tile), 0 (row-major,
+ * linear, not quantized, or the flag off); and their bytes over rows rows. */
+int m2a_expert_scale_tile(const moea2a_moe_config_t *c, int i);
+size_t m2a_expert_wire_scale_bytes(const moea2a_moe_config_t *c, int i, size_t rows);
 
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
@@ -105,6 +110,8 @@ typedef struct {
     /* payloads quantized on dispatch (else 0): each expert row's scales, row-major
      * ([R][scale row]: FP8 row-major, NVFP4 linear), and NVFP4's global scale ([R]) */
     size_t ex_scales[MOEA2A_MOE_MAX_PAYLOADS], ex_global[MOEA2A_MOE_MAX_PAYLOADS];
+    /* MOEA2A_MOE_EXPERT_WIRE_SCALES with a tiled wire layout: the scales in it (0: none) */
+    size_t ex_scales_wire[MOEA2A_MOE_MAX_PAYLOADS];
     int ex_narrays;
     m2a_moe_ex_array_t ex_array[M2A_MOE_MAX_EX_ARRAYS];
     size_t ex_ids, ex_src_rank, ex_src_token, ex_slot, ex_weights, ex_combine, bytes_expert;

@@ -22,7 +22,8 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                 combine_dtype=None, weights=False, memory="auto", wire=None, num_sms=0, invalid_expert_id=-1,
                 expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
                 expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False,
-                host_expert_counts=False, copy_engine=False, combine_wire=None, max_local_experts=0):
+                host_expert_counts=False, copy_engine=False, combine_wire=None, max_local_experts=0,
+                expert_wire_scales=False):
     c = C.MoeConfig()
     c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
     c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
@@ -41,7 +42,8 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
     c.flags = ((0 if sanitize else C.MOE_NO_SANITIZE) | (C.MOE_REWRITE_NONLOCAL if rewrite_nonlocal else 0) |
                (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK) |
                (C.MOE_WEIGHTED_COMBINE if weighted_combine else 0) | (C.MOE_ZERO_PADDING if zero_padding else 0) |
-               (C.MOE_HOST_EXPERT_COUNTS if host_expert_counts else 0) | (C.MOE_COPY_ENGINE if copy_engine else 0))
+               (C.MOE_HOST_EXPERT_COUNTS if host_expert_counts else 0) | (C.MOE_COPY_ENGINE if copy_engine else 0) |
+               (C.MOE_EXPERT_WIRE_SCALES if expert_wire_scales else 0))
     if layout not in ("rank", "expert"):
         raise InvalidArgument(1, "layout must be 'rank' or 'expert'")
     c.layout = C.LAYOUT_EXPERT_MAJOR if layout == "expert" else C.LAYOUT_RANK_MAJOR
@@ -195,7 +197,7 @@ class MoE(_Handle):
     "nvfp4-128x4" | "nvfp4-8x4" quantizes payload 0 on dispatch (or a list, one entry
     per payload); weights=True carries router weights; memory "auto", "host", "cuda";
     layout="expert" (expert_alignment, max_expert_rows, weighted_combine, zero_padding,
-    host_expert_counts) also delivers each local expert's rows contiguously, and combine
+    host_expert_counts, expert_wire_scales) also delivers each local expert's rows contiguously, and combine
     then takes one row per expert row (moea2a_moe(3), "Expert-major layout"; NumPy
     views on host memory, addresses in .ptr on CUDA memory); copy_engine=True moves the
     rows of the load/store path with the GPU's copy engines (moea2a_moe(3), "Copy-engine

@@ -165,6 +165,7 @@ moea2a_result_t m2a_host_expert_expand_op(moea2a_moe_t moe, int num_local, int n
     (void)need_rows, (void)stream;
     const m2a_moe_layout_t *l = &moe->l;
     out->rows = m2a_host_expert_expand(&moe->route, &moe->cfg, l, moe->stride, moe->ws, &num_local);
+    if (out->rows >= 0) m2a_host_expert_wire_scales(&moe->cfg, l, moe->ws, out->rows);
     out->counts_host = (const int32_t *)(moe->ws + l->ex_counts);
     out->offsets_host = (const int32_t *)(moe->ws + l->ex_offsets);
     return MOEA2A_SUCCESS;

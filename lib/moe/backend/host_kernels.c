@@ -419,3 +419,26 @@ int m2a_host_expert_fold(const m2a_route_t *r, const moea2a_moe_config_t *c, con
     free(acc);
     return 0;
 }
+
+void m2a_host_expert_wire_scales(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, unsigned char *ws,
+                                 int64_t rows)
+{
+    for (int i = 0; i < c->num_payloads; i++) {
+        if (!l->ex_scales_wire[i]) continue;
+        const unsigned char *src = ws + l->ex_scales[i];
+        unsigned char *dst = ws + l->ex_scales_wire[i];
+        if (c->wire[i].format == MOEA2A_WIRE_NVFP4) { /* host memory: the converter cannot fail here */
+            (void)moea2a_fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (moea2a_sf_layout_t)c->wire[i].scale_layout,
+                                        (size_t)rows, c->payloads[i].elems_per_token, NULL);
+            continue;
+        }
+        /* FP8 MN-major: word w of row r at w x R4 + r (fp32 scales or UE8M0 words alike) */
+        const size_t words = l->wire_scale_row[i] / 4, r4 = ((size_t)rows + 3) / 4 * 4;
+        for (size_t w = 0; w < words; w++)
+            for (size_t r = 0; r < r4; r++) {
+                uint32_t v = 0;
+                if (r < (size_t)rows) memcpy(&v, src + (r * words + w) * 4, 4);
+                memcpy(dst + (w * r4 + r) * 4, &v, 4);
+            }
+    }
+}

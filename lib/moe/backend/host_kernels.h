@@ -85,6 +85,11 @@ void m2a_host_sum_rows(const m2a_crow_t *f, const unsigned char *const *rows, in
  * written). *num_local: this rank's experts. */
 int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *c, const m2a_moe_layout_t *l,
                                int stride, unsigned char *ws, int *num_local);
+/* MOEA2A_MOE_EXPERT_WIRE_SCALES: each payload's expert-major row scales (rows rows
+ * used) copied into its wire's tiled layout (l->ex_scales_wire; FP8 MN-major, NVFP4
+ * 128x4 / 8x4), padding 0. */
+void m2a_host_expert_wire_scales(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, unsigned char *ws,
+                                 int64_t rows);
 /* The expert side's rows ([rows][hidden] of combine_dtype) folded into each valid
  * slot's rank-major combine row (ws + l->combine): over the slot's top-k entries in
  * ascending order, the row of each local one times its router weight (1 without
