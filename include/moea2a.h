@@ -502,6 +502,14 @@ MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *ro
  * given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY;
  * host memory in this release (moea2a_moe(3), "Placement in place"). */
 MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream);
+/* Collective, as moea2a_moe_set_placement, with replicas: expert e is held by the ranks
+ * holders[e x max_replicas + j] for j below its count n_e (distinct ranks, then -1;
+ * n_e = 0: held by no rank), and a token's entry naming e goes to holder number
+ * (source rank + source token index) mod n_e: a rule every rank applies, so results
+ * stay reproducible. Replicas count against the bound on local experts;
+ * moea2a_moe_set_placement drops them. Host memory in this release. */
+MOEA2A_API moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders,
+                                                   void *stream);
 /* The workspace's combine input buffer, [ep][stride][hidden] of combine_dtype: expert
  * kernels may write there and pass NULL (or this pointer) to moea2a_combine. */
 MOEA2A_API moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer);

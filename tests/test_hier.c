@@ -171,11 +171,14 @@ static void one_case(uint64_t seed, tally_t *tl)
     for (int s = 0; s < ep; s++)
         for (int q = 0; q < nm.map.nnodes; q++) {
             if (q == nm.node[s] || !nlist[s][q]) continue;
-            int32_t rows_ids[MAX_CAP * MAX_K], next_slot[MAX_EP] = {0};
-            for (int i = 0; i < nlist[s][q]; i++) memcpy(rows_ids + i * k, ids[s] + list[s][q][i] * k, sizeof(int32_t) * k);
+            int32_t rows_ids[MAX_CAP * MAX_K], rows_tok[MAX_CAP], next_slot[MAX_EP] = {0};
+            for (int i = 0; i < nlist[s][q]; i++) {
+                memcpy(rows_ids + i * k, ids[s] + list[s][q][i] * k, sizeof(int32_t) * k);
+                rows_tok[i] = list[s][q][i];
+            }
             const int p = m2a_hier_rail(&h, s, q);
             m2a_route_t rp = r[p];
-            m2a_hier_forward(&rp, &h, q, nlist[s][q], rows_ids, fwd[s][q], next_slot);
+            m2a_hier_forward(&rp, &h, q, s, nlist[s][q], rows_ids, rows_tok, fwd[s][q], next_slot);
             for (int i = 0; i < nlist[s][q]; i++) {
                 int nd = 0;
                 for (int d = 0; d < k && fwd[s][q][i * k + d] >= 0; d++, nd++) {

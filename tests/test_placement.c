@@ -6,7 +6,9 @@
  * a rank that is not one, a dispatch pending, CUDA memory) leave the old placement in
  * force on every rank. Some moves mark a rank inactive (its experts -1: held by no
  * rank): entries naming them are dropped, counted in dropped_entries apart from the
- * invalid ids, and the combine equals the oracle without them. The time of a change (256 experts, 4 ranks) is printed, not
+ * invalid ids, and the combine equals the oracle without them. Others place replicas
+ * (moea2a_moe_set_replicas): the oracle sends token t of rank s to holder (s + t) mod
+ * n of each expert it names. The time of a change (256 experts, 4 ranks) is printed, not
  * asserted. */
 #include "config.h"
 
@@ -38,6 +40,24 @@ static void random_map(uint64_t seed, int ep, int E_, int bound, int32_t *map)
         do r = (int)(mix(seed * 1000003u + (uint64_t)e * 7919u + (uint64_t)held[0] * 31u) % (uint64_t)ep), seed++;
         while (held[r] >= bound);
         map[e] = r, held[r]++;
+    }
+}
+
+/* Replicas for a round, the same on every rank: each expert 1 to 3 distinct holders
+ * (-1 after), expert 5 none; no rank over BOUND. */
+static void replicas_for(uint64_t seed, int32_t *hold, int *nrep)
+{
+    int held[EP] = {0};
+    for (int i = 0; i < E * EP; i++) hold[i] = -1;
+    for (int e = 0; e < E; e++) {
+        const uint64_t x = mix(seed * 7777 + (uint64_t)e);
+        const int want = e == 5 ? 0 : 1 + (int)(x % 5 == 0) + (int)(x % 7 == 0);
+        nrep[e] = 0;
+        for (int j = 0; j < EP && nrep[e] < want; j++) {
+            const int q = (int)(((x >> 8) + (uint64_t)j) % EP);
+            if (held[q] >= BOUND) continue;
+            hold[e * EP + nrep[e]++] = q, held[q]++;
+        }
     }
 }
 
@@ -109,19 +129,31 @@ static moea2a_result_t round_trip(moea2a_moe_t moe, int me, int round, int n, in
 /* out[t] = the token's row once per distinct rank its valid ids reach under map (and,
  * expert-major, once per slot naming an expert there: the fold), summed in fp32 in
  * ascending rank order: what both contexts must give. */
+/* Where expert e goes for token t of rank s: map[e], or with replicas (hold: [E][EP],
+ * nrep[e] of them) holder (s + t) mod nrep[e]; -1 nowhere. */
+typedef struct {
+    const int32_t *map, *hold;
+    const int *nrep;
+} place_t;
+static int rank_of(const place_t *pl, int e, int s, int t)
+{
+    if (!pl->hold) return pl->map[e];
+    return pl->nrep[e] ? pl->hold[e * EP + (s + t) % pl->nrep[e]] : -1;
+}
+
 /* The entries of this rank's round that are invalid (-1) and that name an expert held
  * by no rank. */
-static void oracle_entries(int me, int round, int n, const int32_t *map, int64_t *invalid, int64_t *dropped)
+static void oracle_entries(int me, int round, int n, const place_t *pl, int64_t *invalid, int64_t *dropped)
 {
     *invalid = *dropped = 0;
     for (int i = 0; i < n * K; i++) {
         uint64_t r = mix((uint64_t)me << 40 ^ (uint64_t)round << 20 ^ (uint64_t)i);
         if (r % 13 == 0) ++*invalid;
-        else *dropped += map[r % E] < 0;
+        else *dropped += rank_of(pl, (int)(r % E), me, i / K) < 0;
     }
 }
 
-static int oracle_bad(int me, int round, int n, const int32_t *map, int expert_major, const float *out)
+static int oracle_bad(int me, int round, int n, const place_t *pl, int expert_major, const float *out)
 {
     for (int t = 0; t < n; t++) {
         int32_t ids[K];
@@ -134,7 +166,7 @@ static int oracle_bad(int me, int round, int n, const int32_t *map, int expert_m
             float acc = 0.0f;
             for (int q = 0; q < EP; q++) {
                 int slots = 0; /* the token's slots naming an expert of q (a repeat adds its row again) */
-                for (int j = 0; j < K; j++) slots += ids[j] >= 0 && map[ids[j]] == q;
+                for (int j = 0; j < K; j++) slots += ids[j] >= 0 && rank_of(pl, ids[j], me, t) == q;
                 float fold = 0.0f;
                 for (int i = 0; i < slots; i++) fold += v;
                 if (slots) acc += expert_major ? fold : v;
@@ -156,25 +188,36 @@ static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     moea2a_moe_config_t c = config(expert_major, NULL);
     moea2a_moe_t moe;
     if (moea2a_moe_create(&moe, comm, &c)) return printf("# rank %d: create: %s\n", me, moea2a_last_error(comm)), 1;
-    int32_t map[E];
+    int32_t map[E], hold[E * EP];
+    int nrep[E];
     for (int e = 0; e < E; e++) map[e] = e / (E / EP); /* the contiguous placement it starts with */
+    place_t pl = {map, NULL, nrep};
     got_t *a = malloc(sizeof(got_t)), *b = malloc(sizeof(got_t));
     for (int round = 0; a && b && round < ROUNDS && !fails; round++) {
         const int n = CAP - (me + round) % 7;
-        /* every third move marks a rank inactive: its experts held by no rank */
+        /* every third move marks a rank inactive: its experts held by no rank; another
+         * places replicas */
         const int inactive = round % 9 == 7 ? round / 9 % EP : -1;
-        if (round % 3 == 1) {
+        if (round % 3 == 1 && round % 9 == 4) {
+            replicas_for((uint64_t)round, hold, nrep);
+            moea2a_result_t r = moea2a_moe_set_replicas(moe, EP, hold, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: set_replicas: %s", round, moea2a_last_error(comm));
+            pl.hold = hold;
+            for (int e = 0; e < E; e++) map[e] = nrep[e] ? hold[e * EP] : -1;
+        } else if (round % 3 == 1) {
             random_map((uint64_t)round, EP, E, BOUND, map);
             for (int e = 0; e < E && inactive >= 0; e++)
                 if (map[e] == inactive) map[e] = -1;
             moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
             RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: set_placement: %s", round, moea2a_last_error(comm));
+            pl.hold = NULL;
         }
         int unheld = 0;
         for (int e = 0; e < E; e++) unheld += map[e] < 0;
+        const int no_fresh = unheld || pl.hold; /* create has no form of either */
         moea2a_moe_t fresh = NULL; /* create takes a rank for every expert: none to compare with then */
         moea2a_moe_config_t fc = config(expert_major, map);
-        moea2a_result_t r = unheld ? MOEA2A_SUCCESS : moea2a_moe_create(&fresh, comm, &fc);
+        moea2a_result_t r = no_fresh ? MOEA2A_SUCCESS : moea2a_moe_create(&fresh, comm, &fc);
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round %d: the fresh context: %s", round, moea2a_last_error(comm));
         if (r) break;
         r = round_trip(moe, me, round, n, expert_major, a);
@@ -182,11 +225,12 @@ static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "round %d: %s", round, moea2a_last_error(comm));
         RANK_EXPECT(fails, me, !r && !r2 && (!fresh || !memcmp(a, b, sizeof(*a))),
                     "round %d: the moved context differs from a fresh one with the same map", round);
-        RANK_EXPECT(fails, me, !r && !oracle_bad(me, round, n, map, expert_major, a->out),
+        RANK_EXPECT(fails, me, !r && !oracle_bad(me, round, n, &pl, expert_major, a->out),
                     "round %d: the combine differs from the oracle", round);
         int64_t inv, drop;
-        oracle_entries(me, round, n, map, &inv, &drop);
-        RANK_EXPECT(fails, me, !r && a->invalid == inv && a->dropped == drop && (!unheld || drop > 0),
+        oracle_entries(me, round, n, &pl, &inv, &drop);
+        /* a whole rank's experts unheld: some of this rank's entries name them */
+        RANK_EXPECT(fails, me, !r && a->invalid == inv && a->dropped == drop && (unheld < E / EP || drop > 0),
                     "round %d (%d experts held by no rank): invalid %lld dropped %lld, the oracle %lld %lld", round,
                     unheld, (long long)a->invalid, (long long)a->dropped, (long long)inv, (long long)drop);
         if (fresh) moea2a_moe_destroy(fresh);
@@ -218,6 +262,23 @@ static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
             RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "nor -1"),
                         "-2: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
             RANK_EXPECT(fails, me, moea2a_moe_set_placement(moe, NULL, NULL) == MOEA2A_ERR_INVALID_ARGUMENT, "NULL map");
+            int32_t rh[2 * E];
+            for (int e = 0; e < E; e++) rh[2 * e] = rh[2 * e + 1] = e % EP; /* a rank twice */
+            r = moea2a_moe_set_replicas(moe, 2, rh, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "holders[0][1]"),
+                        "replicas: a rank twice: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            r = moea2a_moe_set_replicas(moe, 0, rh, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "max_replicas"),
+                        "replicas: max_replicas 0: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            for (int e = 0; e < E; e++) rh[2 * e] = 0, rh[2 * e + 1] = 1; /* ranks 0 and 1 over the bound */
+            r = moea2a_moe_set_replicas(moe, 2, rh, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_CAPACITY && strstr(moea2a_last_error(comm), "rank 0"),
+                        "replicas over the bound: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+            rh[0] = -1, rh[1] = 2; /* a holder after a -1 */
+            for (int e = 1; e < E; e++) rh[2 * e] = e % EP, rh[2 * e + 1] = -1;
+            r = moea2a_moe_set_replicas(moe, 2, rh, NULL);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_INVALID_ARGUMENT && strstr(moea2a_last_error(comm), "after the last"),
+                        "replicas: a holder after -1: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
         }
     }
     if (!expert_major && !fails) { /* a change between a dispatch and its combine */
@@ -277,6 +338,7 @@ int main(void)
         tap_ok(res.failed == 0, "moea2a_moe_set_placement on %d ranks%s, %s layout: %d rounds, the experts moved every "
                                 "third: each round equals a freshly created context with that map and the oracle; "
                                 "a rank marked inactive (its experts -1): its entries dropped and counted apart; "
+                                "replicas, each token to holder (source + token) mod n; "
                                 "over the bound, disagreeing ranks, a non-rank, NULL%s refused on every rank",
                EP, mode == 2 ? " in 2 nodes of 2" : "", expert_major ? "expert-major" : "rank-major", ROUNDS,
                expert_major ? "" : ", a pending dispatch");

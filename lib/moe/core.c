@@ -146,7 +146,7 @@ void m2a_moe_set_route(moea2a_moe_t moe)
     const moea2a_moe_config_t *c = &moe->cfg;
     moe->route = (m2a_route_t){moe->comm->nranks, moe->comm->rank, c->top_k, c->num_experts, c->max_tokens_per_rank,
                                c->num_payloads, (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, c->invalid_expert_id,
-                               moe->h_owner};
+                               moe->h_owner, moe->h_holders, moe->h_nrep, moe->max_rep};
 }
 
 void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_dispatch_result_t *result)

@@ -36,6 +36,8 @@ struct moea2a_moe {
     int32_t *h_send_counts, *h_recv_counts;
     m2a_moe_header_t *h_hdr_send, *h_hdr_recv;
     int32_t *h_owner;           /* [E], host memory */
+    int32_t *h_holders, *h_nrep; /* replicas (moea2a_moe_set_replicas): [E][max_rep], [E]; NULL: none */
+    int max_rep;
     int max_local;              /* the most experts a placement may give a rank (create's bound) */
     int *stage_index;           /* [ep], host memory: staging slot of each peer, -1 direct */
     void *kparams;              /* CUDA: kernel parameters (m2a_kparams_t) */

@@ -35,11 +35,11 @@ static moea2a_result_t agree_rows(moea2a_moe_t moe, int64_t mine)
     return r;
 }
 
-/* This rank's experts (ascending global id are its local indexes). */
+/* This rank's experts, replicas included (ascending global id are its local indexes). */
 static int local_experts(const moea2a_moe_t moe)
 {
     int el = 0;
-    for (int e = 0; e < moe->cfg.num_experts; e++) el += moe->h_owner[e] == moe->comm->rank;
+    for (int e = 0; e < moe->cfg.num_experts; e++) el += m2a_expert_held(&moe->route, e, moe->comm->rank);
     return el;
 }
 

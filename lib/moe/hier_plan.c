@@ -109,8 +109,8 @@ int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap
     return across;
 }
 
-int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const void *ids,
-                         int32_t *fwd, int32_t *next)
+int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int src, int nrows, const void *ids,
+                         const void *tokens, int32_t *fwd, int32_t *next)
 {
     int64_t pairs = 0;
     for (int i = 0; i < nrows; i++) {
@@ -121,7 +121,9 @@ int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, in
             int32_t e;
             memcpy(&e, row + 4 * (size_t)j, 4); /* rows packed in a record need not be 4-byte aligned */
             if (m2a_expert_invalid(r, e)) continue;
-            const int q = r->owner[e];
+            int32_t t;
+            memcpy(&t, (const unsigned char *)tokens + 4 * (size_t)i, 4);
+            const int q = m2a_expert_rank(r, e, src, t);
             if (q < 0 || h->node[q] != node) continue; /* q < 0: held by no rank */
             int at = 0;
             while (at < nd && out[at] < q) at++;

@@ -39,15 +39,6 @@ static inline int m2a_hier_rail(const m2a_hier_t *h, int src, int node) { return
 int64_t m2a_hier_first_stage(const m2a_hier_t *h, int src, int n, int k, int cap, const int32_t *send_map,
                              int64_t *rows);
 
-/* The second stage at a rail peer of node `node`: one source's rows that reached it
- * across the network, in that source's token order, row i's k ids (int32, any
- * alignment: they may sit packed in a record) at byte i x k x 4 of ids. For
- * each row its destinations in this node (the owners of its valid ids there, each
- * once, ascending rank) and its slot at each: fwd[i x k + d] = rank x cap + slot, -1
- * after. next[ep]: that source's next slot at each rank, zero before its first row
- * (its rows reach a rank of this node only through here, in token order, so the count
- * so far is the flat path's slot). Returns the (row, destination) pairs. */
-
 /* Where rank sits among the nodes of map m (ep ranks), or among nodes of rpn
  * consecutive ranks (the last one may be smaller): -1 when out of memory. */
 int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *out);
@@ -57,8 +48,17 @@ int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *ou
 int m2a_hier_staged(const m2a_nodemap_t *m, int ep, int rank, int *stage_index);
 int m2a_hier_nodes_blocks(int ep, int rpn, int rank, m2a_moe_nodes_t *out);
 
-int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int nrows, const void *ids,
-                         int32_t *fwd, int32_t *next);
+/* The second stage at a rail peer of node `node`: the rows of source rank src that
+ * reached it across the network, in that source's token order, row i's k ids (int32,
+ * any alignment: they may sit packed in a record) at byte i x k x 4 of ids and its
+ * source token index at byte 4 i of tokens (which replica takes an entry). For each
+ * row its destinations in this node (the ranks that take its valid ids there, each
+ * once, ascending rank) and its slot at each: fwd[i x k + d] = rank x cap + slot, -1
+ * after. next[ep]: that source's next slot at each rank, zero before its first row
+ * (its rows reach a rank of this node only through here, in token order, so the count
+ * so far is the flat path's slot). Returns the (row, destination) pairs. */
+int64_t m2a_hier_forward(const m2a_route_t *r, const m2a_hier_t *h, int node, int src, int nrows, const void *ids,
+                         const void *tokens, int32_t *fwd, int32_t *next);
 
 /* The sources on other nodes that `rank` serves as their rail peer: how many; with
  * m2a_hier_sources also which, ascending, in served[] and each rank's index among them

@@ -186,13 +186,36 @@ moea2a_result_t m2a_moe_fill_sizes(const moea2a_moe_config_t *cfg, const m2a_moe
 typedef struct {
     int ep, me, k, num_experts, cap, num_payloads, weights;
     int32_t invalid_id;
-    const int32_t *owner; /* [num_experts]: rank that owns each expert */
+    const int32_t *owner; /* [num_experts]: rank that owns each expert (-1: none) */
+    /* replicas (moea2a_moe_set_replicas; NULL: none): expert e's nrep[e] holders are
+     * holders[e x max_rep + j], j < nrep[e] */
+    const int32_t *holders, *nrep;
+    int max_rep;
 } m2a_route_t;
 
 /* An expert id that routes nowhere: outside [0, E) or the configured invalid id. */
 static inline int m2a_expert_invalid(const m2a_route_t *r, int32_t e)
 {
     return e < 0 || e >= r->num_experts || e == r->invalid_id;
+}
+
+/* The rank that takes valid expert e for token t of rank src: its owner, or with
+ * replicas its holder number (src + t) mod (its holders); -1: no rank holds it. Every
+ * rank applies the same rule, so a receiver knows which of a token's entries are its. */
+static inline int m2a_expert_rank(const m2a_route_t *r, int32_t e, int src, int t)
+{
+    if (!r->nrep) return r->owner[e];
+    const int n = r->nrep[e];
+    return n ? r->holders[(size_t)e * (size_t)r->max_rep + (size_t)((src + t) % n)] : -1;
+}
+
+/* Whether rank q holds valid expert e (as its owner or one of its replicas). */
+static inline int m2a_expert_held(const m2a_route_t *r, int32_t e, int q)
+{
+    if (!r->nrep) return r->owner[e] == q;
+    for (int j = 0; j < r->nrep[e]; j++)
+        if (r->holders[(size_t)e * (size_t)r->max_rep + (size_t)j] == q) return 1;
+    return 0;
 }
 
 #endif

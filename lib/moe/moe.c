@@ -275,7 +275,7 @@ moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe)
 {
     if (!moe) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_moe_destroy: moe is NULL");
     if (moe->backend) moe->backend->release(moe);
-    free(moe->h_owner);
+    free(moe->h_owner), free(moe->h_holders), free(moe->h_nrep);
     free(moe->stage_index);
     free(moe);
     return MOEA2A_SUCCESS;
@@ -638,16 +638,23 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
 
 /* ---- placement in place ---------------------------------------------------------- */
 
+/* A placement changes with no dispatch pending, on host memory in this release (a
+ * context in CUDA memory keeps its owner tables on the device). */
+static moea2a_result_t change_allowed(moea2a_moe_t moe, const char *fn)
+{
+    M2A_TRY(expect_step(moe, fn, M2A_MOE_IDLE));
+    if (!moe->cuda) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory keeps its placement in this "
+                     "release (host memory changes it in place)", fn);
+}
+
 /* This rank's verdict on a new map: the state, the memory, every entry a rank, no rank
  * over the bound. */
 static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int32_t *map)
 {
     moea2a_comm_t comm = moe->comm;
     const int ep = comm->nranks, E = moe->cfg.num_experts;
-    M2A_TRY(expect_step(moe, fn, M2A_MOE_IDLE));
-    if (moe->cuda)
-        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory keeps its placement in this "
-                         "release (host memory changes it in place)", fn);
+    M2A_TRY(change_allowed(moe, fn));
     M2A_CHECK_ARG(comm, map, "%s: expert_to_rank is NULL", fn);
     int *held = calloc((size_t)ep, sizeof(int));
     if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -665,20 +672,15 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
     return r;
 }
 
-moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream)
+/* Every rank's verdict (mine) and the hash of what it passed, so that all apply the
+ * same change or none: a failure anywhere fails every rank, naming it; a rank that
+ * passed something else is MOEA2A_ERR_MISMATCH. */
+static moea2a_result_t agree_change(moea2a_moe_t moe, const char *fn, moea2a_result_t mine, uint64_t h)
 {
-    static const char fn[] = "moea2a_moe_set_placement";
-    (void)stream; /* host memory: nothing is enqueued */
-    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
-    M2A_TRY(m2a_comm_check(moe->comm, fn));
     moea2a_comm_t comm = moe->comm;
-    const int ep = comm->nranks, E = moe->cfg.num_experts;
-    moea2a_result_t mine = placement_ok(moe, fn, expert_to_rank);
-    /* every rank's verdict and map (a hash of it), so that all apply the same one or none */
+    const int ep = comm->nranks;
     int32_t *all = calloc((size_t)ep * 3, sizeof(int32_t));
     if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    uint64_t h = 1469598103934665603ULL;
-    for (int e = 0; mine == MOEA2A_SUCCESS && e < E; e++) h = (h ^ (uint64_t)(uint32_t)expert_to_rank[e]) * 1099511628211ULL;
     int32_t *me = all + 3 * (size_t)comm->rank;
     me[0] = mine, me[1] = (int32_t)(uint32_t)h, me[2] = (int32_t)(uint32_t)(h >> 32);
     moea2a_result_t r = m2a_comm_allgather(comm, all, 3 * sizeof(int32_t));
@@ -690,8 +692,93 @@ moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH, "%s: rank %d passed another map; every rank must pass the same",
                           fn, q);
     free(all);
-    if (r != MOEA2A_SUCCESS) return m2a_peer_lost(r) ? m2a_comm_fail(comm, r) : r;
+    return r == MOEA2A_SUCCESS || !m2a_peer_lost(r) ? r : m2a_comm_fail(comm, r);
+}
+
+static uint64_t hash_words(uint64_t h, const int32_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)v[i]) * 1099511628211ULL;
+    return h;
+}
+
+moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream)
+{
+    static const char fn[] = "moea2a_moe_set_placement";
+    (void)stream; /* host memory: nothing is enqueued */
+    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_TRY(m2a_comm_check(moe->comm, fn));
+    const int E = moe->cfg.num_experts;
+    moea2a_result_t mine = placement_ok(moe, fn, expert_to_rank);
+    const uint64_t h = mine == MOEA2A_SUCCESS ? hash_words(1469598103934665603ULL, expert_to_rank, (size_t)E) : 0;
+    M2A_TRY(agree_change(moe, fn, mine, h));
     memcpy(moe->h_owner, expert_to_rank, sizeof(int32_t) * (size_t)E);
+    free(moe->h_holders), free(moe->h_nrep); /* one holder per expert again */
+    moe->h_holders = moe->h_nrep = NULL, moe->max_rep = 0;
+    moe->cfg.placement = MOEA2A_PLACEMENT_MAP, moe->cfg.expert_to_rank = moe->h_owner;
+    m2a_moe_set_route(moe);
+    return MOEA2A_SUCCESS;
+}
+
+/* This rank's verdict on a replicated placement: the state and memory as for a map;
+ * each expert's holders ranks, none twice, -1 only after the last; no rank over the
+ * bound. */
+static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, const int32_t *holders)
+{
+    moea2a_comm_t comm = moe->comm;
+    const int ep = comm->nranks, E = moe->cfg.num_experts;
+    M2A_TRY(change_allowed(moe, fn));
+    M2A_CHECK_ARG(comm, holders, "%s: holders is NULL", fn);
+    M2A_CHECK_ARG(comm, R >= 1 && R <= ep, "%s: max_replicas=%d must be in 1..%d (the ranks)", fn, R, ep);
+    int *held = calloc((size_t)ep, sizeof(int));
+    if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int e = 0; e < E && r == MOEA2A_SUCCESS; e++)
+        for (int j = 0, ended = 0; j < R && r == MOEA2A_SUCCESS; j++) {
+            const int q = holders[(size_t)e * R + j];
+            int twice = 0;
+            for (int p = 0; p < j; p++) twice |= q >= 0 && holders[(size_t)e * R + p] == q;
+            if (q < -1 || q >= ep || (ended && q != -1) || twice)
+                r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
+                              "%s: holders[%d][%d]=%d: expert %d's holders must be distinct ranks (0..%d), -1 after "
+                              "the last", fn, e, j, q, e, ep - 1);
+            else if (q < 0)
+                ended = 1;
+            else if (++held[q] > moe->max_local)
+                r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the replicas give rank %d more than %d experts, the most "
+                              "a rank of this context may hold (max_local_experts at create)", fn, q, moe->max_local);
+        }
+    free(held);
+    return r;
+}
+
+moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders, void *stream)
+{
+    static const char fn[] = "moea2a_moe_set_replicas";
+    (void)stream; /* host memory: nothing is enqueued */
+    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_TRY(m2a_comm_check(moe->comm, fn));
+    const int E = moe->cfg.num_experts, R = max_replicas;
+    moea2a_result_t mine = replicas_ok(moe, fn, R, holders);
+    int32_t *hold = NULL, *nrep = NULL; /* made before the agreement: a rank out of memory fails them all */
+    if (mine == MOEA2A_SUCCESS) {
+        hold = malloc(sizeof(int32_t) * (size_t)E * (size_t)R), nrep = malloc(sizeof(int32_t) * (size_t)E);
+        if (!hold || !nrep) mine = m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    uint64_t h = 0;
+    if (mine == MOEA2A_SUCCESS) h = hash_words(hash_words(1469598103934665603ULL, &R, 1), holders, (size_t)E * R);
+    moea2a_result_t r = agree_change(moe, fn, mine, h);
+    if (r != MOEA2A_SUCCESS) {
+        free(hold), free(nrep);
+        return r;
+    }
+    memcpy(hold, holders, sizeof(int32_t) * (size_t)E * (size_t)R);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        while (n < R && hold[(size_t)e * R + n] >= 0) n++;
+        nrep[e] = n, moe->h_owner[e] = n ? hold[(size_t)e * R] : -1; /* the first holder stands for the map */
+    }
+    free(moe->h_holders), free(moe->h_nrep);
+    moe->h_holders = hold, moe->h_nrep = nrep, moe->max_rep = R;
     moe->cfg.placement = MOEA2A_PLACEMENT_MAP, moe->cfg.expert_to_rank = moe->h_owner;
     m2a_moe_set_route(moe);
     return MOEA2A_SUCCESS;

@@ -261,6 +261,17 @@ class MoE(_Handle):
             raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")
         _check(_lib.moea2a_moe_set_placement(self.handle, m, None), self.comm)
 
+    def set_replicas(self, holders):
+        """Moves the experts with replicas (moea2a_moe_set_replicas; collective, no
+        dispatch pending): holders[e] lists the ranks holding expert e (empty: none);
+        token t of rank s goes to holders[e][(s + t) % len(holders[e])]."""
+        if len(holders) != self._num_experts:
+            raise InvalidArgument(1, f"holders has {len(holders)} entries for {self._num_experts} experts")
+        R = max(1, max(len(h) for h in holders))
+        flat = [int(h[j]) if j < len(h) else -1 for h in holders for j in range(R)]
+        m = (ctypes.c_int32 * len(flat))(*flat)
+        _check(_lib.moea2a_moe_set_replicas(self.handle, R, m, None), self.comm)
+
     def max_recv_rows(self):
         rows = ctypes.c_size_t()
         _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm)

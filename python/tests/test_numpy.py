@@ -343,6 +343,29 @@ def test_set_placement_moves_experts_in_place():
     assert all(v is None for v in results.values()), results
 
 
+def test_set_replicas_spreads_tokens_over_holders():
+    """MoE.set_replicas: every expert but 0 on both ranks, expert 0 on none: token t of
+    rank s reaches rank (s + t) % 2 only, its entries for expert 0 are dropped_entries,
+    and the combine returns the token's row once."""
+    def main(rank, ep, uid):
+        with moea2a.Comm(ep, rank, uid) as comm:
+            with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host", max_local_experts=E) as moe:
+                moe.set_replicas([[] if e == 0 else [0, 1] for e in range(E)])
+                ids = np.zeros((CAP, K), dtype=np.int32)
+                ids[:, 0] = 1 + np.arange(CAP) % (E - 1)
+                x = np.arange(CAP * 8, dtype=np.float32).reshape(CAP, 8) + rank
+                res = moe.dispatch(x, ids)
+                want = [sum(1 for t in range(CAP) if (s + t) % ep == rank) for s in range(ep)]
+                if list(np.array(res.recv_counts)) != want or res.dropped_entries != CAP * (K - 1):
+                    return f"recv_counts {list(np.array(res.recv_counts))} (want {want}), dropped {res.dropped_entries}"
+                out = np.array(moe.combine(res.payloads[0]))
+                if not np.array_equal(out, x):
+                    return "the combine differs from each token's row"
+        return None
+    results = run_ranks(2, main)
+    assert all(v is None for v in results.values()), results
+
+
 def test_traffic_counts_what_an_alltoall_hands_the_transport():
     """Comm.traffic(): after one host dispatch and combine the bytes this rank handed for
     its own node grew (2 ranks on one host: one node) and none went to other nodes."""

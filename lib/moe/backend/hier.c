@@ -66,7 +66,7 @@ static void hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_
 typedef struct {
     m2a_hier_t h;
     regions_t g;
-    int S, ids_array;
+    int S, ids_array, index_array;
     int *served, *sidx;         /* the sources served, ascending; each rank's index among them or -1 */
     int32_t *s1_send, *s1_recv; /* [ep] rows of the first stage to and from each rank */
     int32_t *fwd;               /* [S][cap][k] the relayed rows' codes (rank x cap + slot) */
@@ -171,7 +171,9 @@ static moea2a_result_t plan_relay(moea2a_moe_t moe)
         const int s = st->served[i];
         memset(next, 0, sizeof(int32_t) * (size_t)ep);
         const unsigned char *ids = rec_row(l, fwd, st->g.n_fwd, st->ids_array, (size_t)i * cap);
-        m2a_hier_forward(&moe->route, &st->h, node[me], st->s1_recv[s], ids, st->fwd + (size_t)i * cap * k, next);
+        const unsigned char *tokens = rec_row(l, fwd, st->g.n_fwd, st->index_array, (size_t)i * cap);
+        m2a_hier_forward(&moe->route, &st->h, node[me], s, st->s1_recv[s], ids, tokens, st->fwd + (size_t)i * cap * k,
+                         next);
         for (int q = 0; q < ep; q++) st->c2s[(size_t)q * ep + s] = next[q];
     }
     int64_t *sc = st->v, *sd = sc + ep, *rc = sd + ep, *rd = rc + ep;
@@ -443,8 +445,9 @@ static moea2a_result_t hier_alloc(moea2a_moe_t moe)
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     m2a_hier_sources(&st->h, me, st->served, st->sidx);
     st->ids_array = m2a_moe_array_of(&moe->l, M2A_ARR_IDS);
-    if (st->ids_array < 0) /* every record carries its ids (layout.c) */
-        return m2a_error(comm, MOEA2A_ERR_INTERNAL, "moea2a_moe_create: a record without ids");
+    st->index_array = m2a_moe_array_of(&moe->l, M2A_ARR_INDEX);
+    if (st->ids_array < 0 || st->index_array < 0) /* every record carries them (layout.c) */
+        return m2a_error(comm, MOEA2A_ERR_INTERNAL, "moea2a_moe_create: a record without ids or source index");
     moe->network_own = 1;
     M2A_INFO(M2A_SUBSYS_MOE, "hierarchical path: %d nodes, rank %d relays for %d source(s) of other nodes",
              st->h.nnodes, me, st->S);

@@ -21,7 +21,7 @@ void m2a_host_route(const m2a_route_t *r, int n, const int32_t *ids, int32_t *se
                 (*invalid_entries)++;
                 continue;
             }
-            int dest = r->owner[e], seen = 0;
+            int dest = m2a_expert_rank(r, e, r->me, t), seen = 0;
             if (dest < 0) { /* held by no rank (moea2a_moe_set_placement) */
                 (*dropped_entries)++;
                 continue;
@@ -126,7 +126,8 @@ void m2a_host_sanitize(const m2a_route_t *r, const m2a_moe_layout_t *l, int stri
             if (!sanitize) continue;
             for (int j = 0; j < r->k; j++) {
                 int32_t e = row[j];
-                if (i >= counts[src] || m2a_expert_invalid(r, e) || (rewrite_nonlocal && r->owner[e] != r->me))
+                if (i >= counts[src] || m2a_expert_invalid(r, e) ||
+                    (rewrite_nonlocal && m2a_expert_rank(r, e, src, src_index[slot]) != r->me))
                     row[j] = r->invalid_id;
             }
         }
@@ -288,11 +289,12 @@ int m2a_host_combine_reduce(const m2a_route_t *r, int n, const int32_t *send_map
 /* ---- the expert-major layout ------------------------------------------------------ */
 
 /* The local expert a valid slot's top-k entry s names, or -1 (invalid, another rank's,
- * or an expert the token named in an earlier slot, whose row it shares). */
-static int local_entry(const m2a_route_t *r, const int32_t *ids, const int32_t *local_of, int s)
+ * or an expert the token named in an earlier slot, whose row it shares). The slot
+ * holds token t of rank src (which replica takes it). */
+static int local_entry(const m2a_route_t *r, const int32_t *ids, const int32_t *local_of, int s, int src, int t)
 {
     int32_t e = ids[s];
-    if (m2a_expert_invalid(r, e) || r->owner[e] != r->me) return -1;
+    if (m2a_expert_invalid(r, e) || m2a_expert_rank(r, e, src, t) != r->me) return -1;
     for (int p = 0; p < s; p++)
         if (ids[p] == e) return -1;
     return local_of[e];
@@ -310,15 +312,16 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
     int32_t *xslot = (int32_t *)(ws + l->ex_slot);
     float *xw = l->ex_weights ? (float *)(ws + l->ex_weights) : NULL;
     int32_t *local_of = (int32_t *)(ws + l->ex_local_of), el = 0, k = r->k;
-    for (int e = 0; e < r->num_experts; e++) local_of[e] = r->owner[e] == r->me ? el++ : -1;
+    for (int e = 0; e < r->num_experts; e++) local_of[e] = m2a_expert_held(r, e, r->me) ? el++ : -1;
     *num_local = el;
     /* counts, then aligned offsets */
     memset(ecount, 0, sizeof(int32_t) * (size_t)el);
     for (int src = 0; src < r->ep; src++)
         for (int i = 0; i < counts[src]; i++) {
-            const int32_t *t = ids + ((size_t)src * (size_t)stride + (size_t)i) * (size_t)k;
+            const size_t slot = (size_t)src * (size_t)stride + (size_t)i;
+            const int32_t *t = ids + slot * (size_t)k;
             for (int s = 0; s < k; s++) {
-                int j = local_entry(r, t, local_of, s);
+                int j = local_entry(r, t, local_of, s, src, src_index[slot]);
                 if (j >= 0) ecount[j]++;
             }
         }
@@ -337,7 +340,7 @@ int64_t m2a_host_expert_expand(const m2a_route_t *r, const moea2a_moe_config_t *
             const int32_t *t = ids + slot * (size_t)k;
             int32_t *m = map + slot * (size_t)k;
             for (int s = 0; s < k; s++) {
-                int j = local_entry(r, t, local_of, s);
+                int j = local_entry(r, t, local_of, s, src, src_index[slot]);
                 m[s] = -1;
                 if (j < 0) { /* a repeat of an earlier slot's local expert shares that row */
                     for (int p = 0; p < s; p++)
