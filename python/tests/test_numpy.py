@@ -345,11 +345,13 @@ def test_set_placement_moves_experts_in_place():
 
 def test_set_replicas_spreads_tokens_over_holders():
     """MoE.set_replicas: every expert but 0 on both ranks, expert 0 on none: token t of
-    rank s reaches rank (s + t) % 2 only, its entries for expert 0 are dropped_entries,
-    and the combine returns the token's row once."""
+    rank s reaches rank (s + t) % 2 only, its entries for expert 0 are dropped_entries
+    (and, with rewrite_nonlocal, arrive invalid while its own expert stays), and the
+    combine returns the token's row once."""
     def main(rank, ep, uid):
         with moea2a.Comm(ep, rank, uid) as comm:
-            with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host", max_local_experts=E) as moe:
+            with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host", max_local_experts=E,
+                            rewrite_nonlocal=True) as moe:
                 moe.set_replicas([[] if e == 0 else [0, 1] for e in range(E)])
                 ids = np.zeros((CAP, K), dtype=np.int32)
                 ids[:, 0] = 1 + np.arange(CAP) % (E - 1)
@@ -358,6 +360,12 @@ def test_set_replicas_spreads_tokens_over_holders():
                 want = [sum(1 for t in range(CAP) if (s + t) % ep == rank) for s in range(ep)]
                 if list(np.array(res.recv_counts)) != want or res.dropped_entries != CAP * (K - 1):
                     return f"recv_counts {list(np.array(res.recv_counts))} (want {want}), dropped {res.dropped_entries}"
+                got, src = np.array(res.topk_ids), np.array(res.src_token_index)
+                for s_ in range(ep):
+                    for i in range(want[s_]):
+                        t = src[s_, i]
+                        if got[s_, i, 0] != 1 + t % (E - 1) or (got[s_, i, 1:] != -1).any():
+                            return f"received ids {got[s_, i]} for token {t} of rank {s_}"
                 out = np.array(moe.combine(res.payloads[0]))
                 if not np.array_equal(out, x):
                     return "the combine differs from each token's row"
