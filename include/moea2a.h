@@ -510,6 +510,11 @@ MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int3
  * moea2a_moe_set_placement drops them. Host memory in this release. */
 MOEA2A_API moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders,
                                                    void *stream);
+/* Local: load[E] = per expert, the (token, expert) entries this rank took since create
+ * or the last reset (each expert once per token, by the placement in force at each
+ * dispatch): what load balancers sum over the ranks. reset: zero the counts after
+ * reading. Host memory in this release. */
+MOEA2A_API moea2a_result_t moea2a_moe_expert_load(moea2a_moe_t moe, int64_t *load, int reset);
 /* The workspace's combine input buffer, [ep][stride][hidden] of combine_dtype: expert
  * kernels may write there and pass NULL (or this pointer) to moea2a_combine. */
 MOEA2A_API moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer);

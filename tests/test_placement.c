@@ -3,13 +3,16 @@
  * map gives (receive counts, ids, source indexes, payload rows, combine output, and in
  * the expert-major layout its per-expert counts), and its combine output equals an
  * oracle that knows the map; the refusals (a rank over the bound, ranks that disagree,
- * a rank that is not one, a dispatch pending, CUDA memory) leave the old placement in
- * force on every rank. Some moves mark a rank inactive (its experts -1: held by no
- * rank): entries naming them are dropped, counted in dropped_entries apart from the
- * invalid ids, and the combine equals the oracle without them. Others place replicas
+ * a rank that is not one, a dispatch pending; for replicas a rank twice, a holder after
+ * -1, max_replicas 0, over the bound) leave the old placement in force on every rank.
+ * Some moves mark a rank inactive (its experts -1: held by no rank): entries naming
+ * them are dropped, counted in dropped_entries apart from the invalid ids, and the
+ * combine equals the oracle without them. Others place replicas
  * (moea2a_moe_set_replicas): the oracle sends token t of rank s to holder (s + t) mod
- * n of each expert it names. The time of a change (256 experts, 4 ranks) is printed, not
- * asserted. */
+ * n of each expert it names. Every round, moea2a_moe_expert_load equals the oracle's
+ * count of the entries each rank took. The time of a change (256 experts, 4 ranks) is
+ * printed, not asserted. (A context in CUDA memory refuses all three in this release;
+ * no GPU takes part here.) */
 #include "config.h"
 
 #include <stdint.h>
@@ -153,6 +156,25 @@ static void oracle_entries(int me, int round, int n, const place_t *pl, int64_t 
     }
 }
 
+/* The entries rank me takes in a round, per expert (moea2a_moe_expert_load): every
+ * rank's tokens (their ids are the round's formula), each expert once per token, where
+ * the placement sends it to me. */
+static void oracle_load(int me, int round, const place_t *pl, int64_t *load)
+{
+    memset(load, 0, sizeof(int64_t) * E);
+    for (int s = 0; s < EP; s++)
+        for (int t = 0; t < CAP - (s + round) % 7; t++) {
+            int32_t ids[K];
+            for (int j = 0; j < K; j++) {
+                uint64_t r = mix((uint64_t)s << 40 ^ (uint64_t)round << 20 ^ (uint64_t)(t * K + j));
+                ids[j] = r % 13 == 0 ? -1 : (int32_t)(r % E);
+                int repeat = 0;
+                for (int p = 0; p < j; p++) repeat |= ids[p] == ids[j];
+                if (ids[j] >= 0 && !repeat && rank_of(pl, ids[j], s, t) == me) load[ids[j]]++;
+            }
+        }
+}
+
 static int oracle_bad(int me, int round, int n, const place_t *pl, int expert_major, const float *out)
 {
     for (int t = 0; t < n; t++) {
@@ -227,7 +249,11 @@ static int placement_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
                     "round %d: the moved context differs from a fresh one with the same map", round);
         RANK_EXPECT(fails, me, !r && !oracle_bad(me, round, n, &pl, expert_major, a->out),
                     "round %d: the combine differs from the oracle", round);
-        int64_t inv, drop;
+        int64_t inv, drop, load[E], want[E];
+        oracle_load(me, round, &pl, want);
+        r = r ? r : moea2a_moe_expert_load(moe, load, 1);
+        RANK_EXPECT(fails, me, !r && !memcmp(load, want, sizeof(load)), "round %d: expert load: %s", round,
+                    r ? moea2a_last_error(comm) : "differs from the oracle");
         oracle_entries(me, round, n, &pl, &inv, &drop);
         /* a whole rank's experts unheld: some of this rank's entries name them */
         RANK_EXPECT(fails, me, !r && a->invalid == inv && a->dropped == drop && (unheld < E / EP || drop > 0),
@@ -338,7 +364,7 @@ int main(void)
         tap_ok(res.failed == 0, "moea2a_moe_set_placement on %d ranks%s, %s layout: %d rounds, the experts moved every "
                                 "third: each round equals a freshly created context with that map and the oracle; "
                                 "a rank marked inactive (its experts -1): its entries dropped and counted apart; "
-                                "replicas, each token to holder (source + token) mod n; "
+                                "replicas, each token to holder (source + token) mod n; the expert load; "
                                 "over the bound, disagreeing ranks, a non-rank, NULL%s refused on every rank",
                EP, mode == 2 ? " in 2 nodes of 2" : "", expert_major ? "expert-major" : "rank-major", ROUNDS,
                expert_major ? "" : ", a pending dispatch");

@@ -38,6 +38,7 @@ struct moea2a_moe {
     int32_t *h_owner;           /* [E], host memory */
     int32_t *h_holders, *h_nrep; /* replicas (moea2a_moe_set_replicas): [E][max_rep], [E]; NULL: none */
     int max_rep;
+    int64_t *h_load; /* [E]: host memory, entries taken per expert (moea2a_moe_expert_load) */
     int max_local;              /* the most experts a placement may give a rank (create's bound) */
     int *stage_index;           /* [ep], host memory: staging slot of each peer, -1 direct */
     void *kparams;              /* CUDA: kernel parameters (m2a_kparams_t) */

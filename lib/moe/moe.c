@@ -18,6 +18,7 @@
 #include "moe/backend.h"
 #include "moe/backend/cuda_steps.h"
 #include "moe/expert.h"
+#include "moe/load.h"
 #include "moe/hier_plan.h"
 #include "moe/backend/symmetric.h"
 
@@ -275,7 +276,7 @@ moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe)
 {
     if (!moe) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_moe_destroy: moe is NULL");
     if (moe->backend) moe->backend->release(moe);
-    free(moe->h_owner), free(moe->h_holders), free(moe->h_nrep);
+    free(moe->h_owner), free(moe->h_holders), free(moe->h_nrep), free(moe->h_load);
     free(moe->stage_index);
     free(moe);
     return MOEA2A_SUCCESS;
@@ -288,8 +289,9 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     moea2a_comm_t comm = moe->comm;
     int ep = comm->nranks;
     moe->h_owner = malloc(sizeof(int32_t) * (size_t)moe->cfg.num_experts);
+    moe->h_load = calloc((size_t)moe->cfg.num_experts, sizeof(int64_t));
     moe->stage_index = p->stage_index, p->stage_index = NULL;
-    if (!moe->h_owner) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    if (!moe->h_owner || !moe->h_load) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     m2a_moe_owner_table(&p->cfg, ep, moe->h_owner); /* p->cfg still holds the caller's map */
     moe->max_local = m2a_moe_max_local_experts(&p->cfg, ep);
     m2a_moe_set_route(moe);
@@ -527,6 +529,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, result, M2A_MOE_BOTH, stream));
+    if (!moe->cuda) m2a_moe_count_load(moe);
     if (m2a_moe_expert_major(moe)) M2A_TRY(m2a_moe_expert_dispatch(moe, result, stream)); /* a failure leaves it idle */
     moe->step = M2A_MOE_DISPATCHED;
     return MOEA2A_SUCCESS;
@@ -555,6 +558,7 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
     M2A_TRY(check_result_arg(moe->comm, fn, result));
     M2A_TRY(check_capture(moe, fn, stream));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));
+    if (!moe->cuda) m2a_moe_count_load(moe);
     if (m2a_moe_expert_major(moe)) {
         moea2a_result_t r = m2a_moe_expert_dispatch(moe, result, stream);
         if (r != MOEA2A_SUCCESS) { /* on every rank: this dispatch is over, the next may come */

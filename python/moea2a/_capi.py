@@ -164,6 +164,7 @@ def load():
         "moea2a_moe_max_recv_rows": (I, [P, ctypes.POINTER(SZ)]),
         "moea2a_moe_set_placement": (I, [P, ctypes.POINTER(ctypes.c_int32), P]),
         "moea2a_moe_set_replicas": (I, [P, I, ctypes.POINTER(ctypes.c_int32), P]),
+        "moea2a_moe_expert_load": (I, [P, ctypes.POINTER(ctypes.c_int64), I]),
         "moea2a_moe_combine_buffer": (I, [P, ctypes.POINTER(P)]),
         "moea2a_dispatch": (I, [P, I, P, P, ctypes.POINTER(P), I, ctypes.POINTER(DispatchResult), P]),
         "moea2a_combine": (I, [P, P, P, P]),

@@ -272,6 +272,13 @@ class MoE(_Handle):
         m = (ctypes.c_int32 * len(flat))(*flat)
         _check(_lib.moea2a_moe_set_replicas(self.handle, R, m, None), self.comm)
 
+    def expert_load(self, reset=False):
+        """Per expert, the (token, expert) entries this rank took since create or the last
+        reset (moea2a_moe_expert_load; local, host memory): a list of num_experts ints."""
+        load = (ctypes.c_int64 * self._num_experts)()
+        _check(_lib.moea2a_moe_expert_load(self.handle, load, 1 if reset else 0), self.comm)
+        return list(load)
+
     def max_recv_rows(self):
         rows = ctypes.c_size_t()
         _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm)

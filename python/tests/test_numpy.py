@@ -366,6 +366,14 @@ def test_set_replicas_spreads_tokens_over_holders():
                         t = src[s_, i]
                         if got[s_, i, 0] != 1 + t % (E - 1) or (got[s_, i, 1:] != -1).any():
                             return f"received ids {got[s_, i]} for token {t} of rank {s_}"
+                load = moe.expert_load(reset=True)
+                want_load = [0] * E
+                for s_ in range(ep):
+                    for t in range(CAP):
+                        if (s_ + t) % ep == rank:
+                            want_load[1 + t % (E - 1)] += 1
+                if load != want_load or moe.expert_load() != [0] * E:
+                    return f"expert load {load}, want {want_load}"
                 out = np.array(moe.combine(res.payloads[0]))
                 if not np.array_equal(out, x):
                     return "the combine differs from each token's row"

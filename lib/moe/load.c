@@ -1,0 +1,39 @@
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "comm/last_error.h"
+#include "moe/load.h"
+
+void m2a_moe_count_load(moea2a_moe_t moe)
+{
+    const m2a_route_t *r = &moe->route;
+    const m2a_moe_layout_t *l = &moe->l;
+    const int32_t *counts = (const int32_t *)(moe->ws + l->recv_counts), *ids = (const int32_t *)(moe->ws + l->ids);
+    const int32_t *src_index = (const int32_t *)(moe->ws + l->src_index);
+    for (int src = 0; src < r->ep; src++)
+        for (int i = 0; i < counts[src]; i++) {
+            const size_t slot = (size_t)src * (size_t)moe->stride + (size_t)i;
+            const int32_t *row = ids + slot * (size_t)r->k;
+            for (int j = 0; j < r->k; j++) {
+                const int32_t e = row[j];
+                if (m2a_expert_invalid(r, e) || m2a_expert_rank(r, e, src, src_index[slot]) != r->me) continue;
+                int repeat = 0; /* a token's expert counts once, as its one expert-major row */
+                for (int p = 0; p < j; p++) repeat |= row[p] == e;
+                moe->h_load[e] += !repeat;
+            }
+        }
+}
+
+moea2a_result_t moea2a_moe_expert_load(moea2a_moe_t moe, int64_t *load, int reset)
+{
+    static const char fn[] = "moea2a_moe_expert_load";
+    M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_CHECK_ARG(moe->comm, load, "%s: load is NULL", fn);
+    if (moe->cuda)
+        return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: counted on host memory in this release (a context "
+                         "in CUDA memory has the expert-major layout's expert_counts per call)", fn);
+    memcpy(load, moe->h_load, sizeof(int64_t) * (size_t)moe->cfg.num_experts);
+    if (reset) memset(moe->h_load, 0, sizeof(int64_t) * (size_t)moe->cfg.num_experts);
+    return MOEA2A_SUCCESS;
+}
