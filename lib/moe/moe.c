@@ -88,24 +88,21 @@ static int set_staging(moea2a_comm_t comm, plan_t *p)
     return 0;
 }
 
-/* The FP8 combine wire is quantized and summed on the host in this release: a context
- * in CUDA memory refuses it (sizing too). */
-static moea2a_result_t combine_wire_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
+/* What runs on the host in this release, which a context in CUDA memory refuses
+ * (sizing too): the FP8 combine wire (quantized and summed there) and the expert-major
+ * scales in the wires' tiled layouts. */
+static moea2a_result_t host_only_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
 {
-    if (!cuda || c->combine_wire.format == MOEA2A_WIRE_AS_IS) return MOEA2A_SUCCESS;
-    return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                     "moea2a_moe: combine_wire FP8 runs on host memory in this release; a context in CUDA memory "
-                     "combines its rows as is (combine_wire.format MOEA2A_WIRE_AS_IS)");
-}
-
-/* The expert-major scales in the wires' tiled layouts are made on the host in this
- * release: a context in CUDA memory refuses them (sizing too). */
-static moea2a_result_t expert_wire_scales_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
-{
-    if (!cuda || !(c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES)) return MOEA2A_SUCCESS;
-    return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                     "moea2a_moe: MOEA2A_MOE_EXPERT_WIRE_SCALES runs on host memory in this release; a context in CUDA "
-                     "memory delivers the expert-major scales row-major (leave the flag off)");
+    if (!cuda) return MOEA2A_SUCCESS;
+    if (c->combine_wire.format != MOEA2A_WIRE_AS_IS)
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                         "moea2a_moe: combine_wire FP8 runs on host memory in this release; a context in CUDA memory "
+                         "combines its rows as is (combine_wire.format MOEA2A_WIRE_AS_IS)");
+    if (c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES)
+        return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
+                         "moea2a_moe: MOEA2A_MOE_EXPERT_WIRE_SCALES runs on host memory in this release; a context in "
+                         "CUDA memory delivers the expert-major scales row-major (leave the flag off)");
+    return MOEA2A_SUCCESS;
 }
 
 static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *config, plan_t *p)
@@ -150,8 +147,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
-        if (r == MOEA2A_SUCCESS) r = combine_wire_possible(comm, &p->cfg, p->cuda);
-        if (r == MOEA2A_SUCCESS) r = expert_wire_scales_possible(comm, &p->cfg, p->cuda);
+        if (r == MOEA2A_SUCCESS) r = host_only_possible(comm, &p->cfg, p->cuda);
     }
     /* Without a transport that moves CUDA memory only the load/store path serves a CUDA
      * context (its symmetric memory may come from CUDA IPC), on a GPU the topology shows. */
@@ -220,8 +216,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         m2a_moe_layout_t l;
         if (r == MOEA2A_SUCCESS) layout_for(&cfg, layout->ep, staged, b, &nodes, &l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, b, cuda, "");
-        if (r == MOEA2A_SUCCESS) r = combine_wire_possible(NULL, &cfg, cuda);
-        if (r == MOEA2A_SUCCESS) r = expert_wire_scales_possible(NULL, &cfg, cuda);
+        if (r == MOEA2A_SUCCESS) r = host_only_possible(NULL, &cfg, cuda);
         if (r == MOEA2A_SUCCESS)
             r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
                                    m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);
