@@ -1,4 +1,5 @@
-/* The FP8 combine wire (moea2a_moe_config_t.combine_wire) on host memory. Each rank's
+/* The FP8 combine wire (moea2a_moe_config_t.combine_wire) on host memory and on the
+ * load/store path in CUDA memory (SKIP without a GPU). Each rank's
  * expert rows are functions of (source rank, token, expert rank), so a token's source
  * knows every row its combine adds and checks the output twice:
  *   - its bits against a reference built from the public FP8 calls (moea2a_fp8_quantize,
@@ -11,7 +12,10 @@
  * Random, skewed (rows of very different magnitudes) and outlier-heavy rows (a few
  * large values beside many small ones in a block), fp32 and UE8M0 scales, bf16 and fp32
  * outputs, on 1 to 4 ranks and on 4 ranks in emulated nodes of 2, where the
- * hierarchical and the flat path give the same bits. Then the config's refusals. */
+ * hierarchical and the flat path give the same bits; in CUDA memory on 1, 2 and 4 GPUs
+ * (ranks sharing GPUs over CUDA IPC where there are fewer), the rows written into the
+ * combine buffer (quantized there in place) and passed from the caller's own buffer.
+ * Then the config's refusals, and the generic CUDA path's (no FP8 combine). */
 #include "config.h"
 
 #include <math.h>
@@ -20,23 +24,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctx_mem.h"
 #include "local_ranks.h"
+#include "mix.h"
 #include "moea2a.h"
+#include "no_nccl.h"
 #include "tap.h"
 
+#if defined(MOEA2A_HAVE_CUDA) && defined(MOEA2A_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+#define WITH_CUDA 1
+#else
+#define WITH_CUDA 0
+#endif
+
 #define WATCHDOG 300.0
-enum { E = 16, K = 4, CAP = 24, NKIND = 3 };
+enum { E = 16, K = 4, CAP = 24, NKIND = 3, HMAX = 8192 };
 
 typedef struct {
     int node_size; /* MOEA2A_NODE_SIZE, 0: one node */
     int ue8m0, fp32_out, hidden;
+    /* CUDA memory on ndev GPUs (ipc: ranks share them, without NCCL); caller_rows: the
+     * expert rows passed from a buffer of the caller's, else written into the combine
+     * buffer */
+    int cuda, ndev, ipc, caller_rows;
 } arg_t;
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 31, x *= 0x7fb5d329728ea185ull, x ^= x >> 27, x *= 0x81dadef4bc2dd44dull;
-    return x ^ (x >> 33);
-}
 
 static double unit(uint64_t h) { return (double)(h >> 11) / 9007199254740992.0; } /* [0, 1) */
 
@@ -87,40 +101,50 @@ static double block_scale(const float *v, int ue8m0)
 /* row (H floats) -> its FP8 round trip through the public calls, fp32 */
 static int fp8_round_trip(const float *row, int H, int ue8m0, float *out)
 {
-    unsigned char q[1024], s[64];
+    unsigned char q[HMAX], s[HMAX / 32];
     unsigned flags = ue8m0 ? MOEA2A_FP8_UE8M0 : 0;
     return moea2a_fp8_quantize(row, MOEA2A_FLOAT32, 1, (size_t)H, q, s, MOEA2A_FP8_SCALES_ROW_MAJOR, flags, NULL) ||
            moea2a_fp8_dequantize(q, s, MOEA2A_FP8_SCALES_ROW_MAJOR, flags, 1, (size_t)H, out, MOEA2A_FLOAT32, NULL);
 }
 
-/* One dispatch and combine of this rank's tokens with rows of `kind`; out as fp32. */
+/* One dispatch and combine of this rank's tokens with rows of `kind`; out as fp32. The
+ * dispatch's results and the rows live in the context's memory (ctx_mem.h). */
 static moea2a_result_t round_trip(moea2a_moe_t moe, int me, int n, int kind, const arg_t *a, float *out)
 {
     int32_t ids[CAP * K];
     for (int t = 0; t < n; t++) token_ids(me, t, ids + t * K);
     moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    void *buf = NULL;
-    moea2a_result_t r = moea2a_dispatch(moe, n, ids, NULL, NULL, 0, &res, NULL);
+    void *buf = NULL, *dids = mem_put(a->cuda, ids, sizeof(ids));
+    moea2a_result_t r = moea2a_dispatch(moe, n, dids, NULL, NULL, 0, &res, NULL);
     if (r == MOEA2A_SUCCESS) r = moea2a_moe_combine_buffer(moe, &buf);
-    if (r != MOEA2A_SUCCESS) return r;
+    if (r != MOEA2A_SUCCESS) return mem_drop(a->cuda, dids), r;
     const int H = a->hidden, es = a->fp32_out ? 4 : 2;
-    for (int src = 0; src < res.ep; src++)
-        for (int i = 0; i < res.recv_counts[src]; i++) {
+    const size_t slots = (size_t)res.ep * (size_t)res.stride, bytes = slots * (size_t)H * (size_t)es;
+    int32_t *counts = mem_get(a->cuda, res.recv_counts, 4 * (size_t)res.ep);
+    int32_t *index = mem_get(a->cuda, res.src_token_index, 4 * slots);
+    unsigned char *rows = calloc(1, bytes), *o = malloc((size_t)CAP * (size_t)H * 4);
+    for (int src = 0; rows && src < res.ep; src++)
+        for (int i = 0; i < counts[src]; i++) {
             const size_t slot = (size_t)src * (size_t)res.stride + (size_t)i;
             for (int h = 0; h < H; h++) {
-                float v = row_value(kind, src, res.src_token_index[slot], me, h, a->fp32_out);
-                memcpy((unsigned char *)buf + (slot * (size_t)H + (size_t)h) * (size_t)es,
-                       (unsigned char *)&v + (a->fp32_out ? 0 : 2), (size_t)es);
+                float v = row_value(kind, src, index[slot], me, h, a->fp32_out);
+                memcpy(rows + (slot * (size_t)H + (size_t)h) * (size_t)es, (unsigned char *)&v + (a->fp32_out ? 0 : 2),
+                       (size_t)es);
             }
         }
-    unsigned char *o = malloc((size_t)CAP * (size_t)H * 4);
-    r = o ? moea2a_combine(moe, NULL, o, NULL) : MOEA2A_ERR_NO_MEMORY;
-    for (int i = 0; r == MOEA2A_SUCCESS && i < n * H; i++) {
+    void *mine = a->caller_rows ? mem_put(a->cuda, rows, bytes) : NULL, *dout = mem_put(a->cuda, NULL, (size_t)CAP * (size_t)H * 4);
+    if (!a->caller_rows && rows) mem_copy_in(a->cuda, buf, rows, bytes);
+    r = rows && o && dout && (mine || !a->caller_rows) ? moea2a_combine(moe, mine, dout, NULL) : MOEA2A_ERR_NO_MEMORY;
+    unsigned char *got = r == MOEA2A_SUCCESS ? mem_get(a->cuda, dout, (size_t)n * (size_t)H * (size_t)es) : NULL;
+    for (int i = 0; got && i < n * H; i++) {
         uint32_t b = 0;
-        memcpy((unsigned char *)&b + (a->fp32_out ? 0 : 2), o + (size_t)i * (size_t)es, (size_t)es);
+        memcpy((unsigned char *)&b + (a->fp32_out ? 0 : 2), got + (size_t)i * (size_t)es, (size_t)es);
         memcpy(&out[i], &b, 4);
     }
-    free(o);
+    if (r == MOEA2A_SUCCESS && !got) r = MOEA2A_ERR_NO_MEMORY;
+    free(got), free(o), free(rows), free(counts), free(index);
+    mem_drop(a->cuda, dids), mem_drop(a->cuda, dout);
+    if (mine) mem_drop(a->cuda, mine);
     return r;
 }
 
@@ -139,8 +163,8 @@ static int check_token(int me, int t, int ep, int node_size, int kind, const arg
     }
     for (int i = 1; i < nd; i++) /* ascending rank */
         for (int j = i; j > 0 && dest[j - 1] > dest[j]; j--) { int x = dest[j]; dest[j] = dest[j - 1], dest[j - 1] = x; }
-    float row[1024], rt[1024], part[1024], total[1024], prt[1024];
-    double exact[1024], bound[1024], pexact[1024], perr[1024];
+    static float row[HMAX], rt[HMAX], part[HMAX], total[HMAX], prt[HMAX];
+    static double exact[HMAX], bound[HMAX], pexact[HMAX], perr[HMAX];
     for (int h = 0; h < H; h++) total[h] = 0.0f, exact[h] = 0.0, bound[h] = 0.0;
     for (int x = 0; x < nn; x++) {
         int any = 0;
@@ -192,7 +216,8 @@ static moea2a_moe_config_t config_of(const arg_t *a, unsigned wire_format)
 {
     moea2a_moe_config_t c = MOEA2A_MOE_CONFIG_INITIALIZER;
     c.num_experts = E, c.top_k = K, c.max_tokens_per_rank = CAP, c.hidden = (size_t)a->hidden;
-    c.combine_dtype = a->fp32_out ? MOEA2A_FLOAT32 : MOEA2A_BFLOAT16, c.memory = MOEA2A_MEMORY_HOST;
+    c.combine_dtype = a->fp32_out ? MOEA2A_FLOAT32 : MOEA2A_BFLOAT16;
+    c.memory = a->cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
     c.combine_wire.format = (moea2a_wire_format_t)wire_format;
     c.combine_wire.flags = a->ue8m0 ? MOEA2A_FP8_UE8M0 : 0;
     return c;
@@ -204,8 +229,16 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     int fails = 0;
     char v[16];
     if (a->node_size) snprintf(v, sizeof(v), "%d", a->node_size), setenv("MOEA2A_NODE_SIZE", v, 1);
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+#if WITH_CUDA
+    if (a->cuda) {
+        if (cudaSetDevice(me % a->ndev) != cudaSuccess) return 1;
+        cfg.cuda_device = me % a->ndev;
+        if (a->ipc) without_nccl();
+    }
+#endif
     moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, ep, id, me, NULL)) return 1;
+    if (moea2a_comm_init_rank(&comm, ep, id, me, &cfg)) return 1;
     moea2a_moe_config_t c = config_of(a, MOEA2A_WIRE_FP8);
     moea2a_moe_t moe = NULL, flat = NULL;
     RANK_EXPECT(fails, me, moea2a_moe_create(&moe, comm, &c) == MOEA2A_SUCCESS, "create: %s", moea2a_last_error(comm));
@@ -218,7 +251,9 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     float *out = malloc(sizeof(float) * CAP * (size_t)a->hidden), *out2 = malloc(sizeof(float) * CAP * (size_t)a->hidden);
     for (int kind = 0; !fails && kind < NKIND; kind++) {
         const int n = CAP - (me + kind) % 5;
-        moea2a_result_t r = round_trip(moe, me, n, kind, a, out);
+        arg_t ak = *a;
+        ak.caller_rows = a->cuda && kind % 2; /* in CUDA memory both ways in */
+        moea2a_result_t r = round_trip(moe, me, n, kind, &ak, out);
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "round trip: %s", moea2a_last_error(comm));
         for (int t = 0; !r && !fails && t < n; t++)
             fails += check_token(me, t, ep, a->node_size, kind, a, out + (size_t)t * (size_t)a->hidden);
@@ -231,6 +266,19 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     free(out), free(out2);
     if (flat) moea2a_moe_destroy(flat);
     if (moe) moea2a_moe_destroy(moe);
+    if (a->cuda) { /* refused on every rank: copy-engine mode, and the generic path (NCCL) */
+        for (int way = a->ipc; way < 2; way++) {
+            moea2a_moe_config_t g = config_of(a, MOEA2A_WIRE_FP8);
+            g.flags |= way ? MOEA2A_MOE_COPY_ENGINE : MOEA2A_MOE_NO_NVLINK;
+            moea2a_moe_t x = NULL;
+            moea2a_result_t r = moea2a_moe_create(&x, comm, &g);
+            RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "combine_wire FP8") &&
+                                       strstr(moea2a_last_error(comm), way ? "copy-engine" : "cuda path"),
+                        "%s: %s (%s)", way ? "copy-engine mode" : "the generic path", moea2a_strerror(r),
+                        moea2a_last_error(comm));
+            if (r == MOEA2A_SUCCESS) moea2a_moe_destroy(x);
+        }
+    }
     moea2a_comm_destroy(comm);
     return fails;
 }
@@ -265,6 +313,36 @@ static int refuse_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* CUDA memory, the load/store path: 1, 2 and 4 ranks, a GPU each or sharing them. Rows
+ * of more than one pass of the in-place quantization (2048 values), a partial last pass,
+ * UE8M0 scales with a padded last word. */
+static void cuda_runs(void)
+{
+#if WITH_CUDA
+    static const struct { int ranks, ue8m0, fp32_out, hidden; } pts[] = {{1, 0, 0, 7168}, {2, 1, 0, 2176}, {4, 0, 1, 4224}};
+    const int ndev = gpu_count();
+    for (size_t i = 0; i < sizeof(pts) / sizeof(pts[0]); i++) {
+        const int n = pts[i].ranks, share = n > ndev && ndev > 0 && have_ucx();
+        if (n > ndev && !share) {
+            tap_skip(ndev ? "not enough GPUs" : "no CUDA device", "FP8 combine wire on %d GPU(s), load/store path", n);
+            continue;
+        }
+        const arg_t a = {0, pts[i].ue8m0, pts[i].fp32_out, pts[i].hidden, 1, ndev, share, 0};
+        local_ranks_result_t res;
+        local_ranks_run(n, wire_rank, (void *)&a, WATCHDOG, &res);
+        char where[64];
+        snprintf(where, sizeof(where), share ? "%d ranks sharing %d GPU(s) over CUDA IPC" : "%d GPU(s)", n, ndev);
+        tap_ok(res.failed == 0, "FP8 combine wire on %s, load/store path (%s scales, %s out, hidden %d): rows in the "
+                                "combine buffer and from the caller's buffer equal the reference of the public FP8 calls "
+                                "bit for bit, within the bound; %s",
+               where, a.ue8m0 ? "UE8M0" : "fp32", a.fp32_out ? "fp32" : "bf16", a.hidden,
+               share ? "copy-engine mode refuses it" : "the generic path and copy-engine mode refuse it");
+    }
+#else
+    tap_skip("no CUDA device (built without CUDA or NCCL)", "FP8 combine wire in CUDA memory");
+#endif
+}
+
 int main(void)
 {
     static const int sizes[] = {1, 2, 3, 4};
@@ -285,6 +363,7 @@ int main(void)
                                 "quantized again, within the bound; the hierarchical and flat paths give the same bits",
                ue8m0 ? "UE8M0" : "fp32");
     }
+    cuda_runs();
     local_ranks_result_t res;
     local_ranks_run(2, refuse_rank, NULL, WATCHDOG, &res);
     tap_ok(res.failed == 0, "combine_wire refusals: NVFP4, stray flags, a scale layout, hidden not a multiple of 128; "

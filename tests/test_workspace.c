@@ -43,7 +43,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     const size_t nkb = c->hidden / 128, fp8 = c->combine_wire.format == MOEA2A_WIRE_FP8;
     const size_t cw = fp8 ? c->hidden + 4 * ((c->combine_wire.flags & MOEA2A_FP8_UE8M0) ? (nkb + 3) / 4 : nkb)
                           : c->hidden * es;
-    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * cw) + (fp8 ? A(n * cap * cw) : 0);
+    *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * cw) + (fp8 && !lsa ? A(n * cap * cw) : 0);
     *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
     const size_t S = (size_t)N - 1, crow = c->hidden * es, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
     if (cuda && N > 1 && M > 1) { /* the hierarchical path on CUDA memory */
@@ -158,15 +158,27 @@ static void test_topologies(void)
     odd.payloads[2] = (moea2a_payload_desc_t){MOEA2A_INT64, 1};
     check_case(&cases[8], &odd);
     /* the FP8 combine wire on host memory, one node and across nodes (hierarchical), both
-     * scale kinds; refused on CUDA memory */
+     * scale kinds; on the load/store path (quantized in place: no staging of its own);
+     * refused by the other CUDA paths */
     moea2a_moe_config_t cw = deepseek(4096, 1, MOEA2A_BFLOAT16);
     cw.combine_wire.format = MOEA2A_WIRE_FP8;
     check_case(&cases[3], &cw);
     check_case(&cases[4], &cw);
     cw.combine_wire.flags = MOEA2A_FP8_UE8M0;
     check_case(&cases[5], &cw);
-    tap_ok(refused_on_cuda(&cases[0], &cw, "combine_wire"), "the FP8 combine wire on CUDA memory is refused at "
-                                                            "sizing: %s", moea2a_last_error(NULL));
+    check_case(&cases[0], &cw);
+    tap_ok(refused_on_cuda(&cases[1], &cw, "combine_wire FP8") && strstr(moea2a_last_error(NULL), "cuda-hier path"),
+           "the FP8 combine wire across nodes in CUDA memory (the hierarchical path) is refused at sizing: %s",
+           moea2a_last_error(NULL));
+    tap_ok(refused_on_cuda(&cases[6], &cw, "combine_wire FP8") && strstr(moea2a_last_error(NULL), "cuda path"),
+           "the FP8 combine wire on the generic CUDA path (GPUs without NVLink to every peer) is refused at sizing: %s",
+           moea2a_last_error(NULL));
+    cw.hidden = 98304 + 128;
+    tap_ok(refused_on_cuda(&cases[0], &cw, "hidden=98432"),
+           "the FP8 combine wire on the load/store path past its hidden is refused at sizing: %s", moea2a_last_error(NULL));
+    cw.hidden = 4096, cw.flags |= MOEA2A_MOE_COPY_ENGINE;
+    tap_ok(refused_on_cuda(&cases[0], &cw, "copy-engine"),
+           "the FP8 combine wire in copy-engine mode is refused at sizing: %s", moea2a_last_error(NULL));
     /* copy-engine mode: its landing and host-side terms on the load/store path; refused elsewhere */
     moea2a_moe_config_t ce = deepseek(4096, 1, MOEA2A_BFLOAT16);
     ce.flags |= MOEA2A_MOE_COPY_ENGINE;

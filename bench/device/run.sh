@@ -38,7 +38,9 @@
 # options; GEMM_MMA=1 repeats it on mma.sync); BENCH=gemm runs only that one. CE=0 skips copy-engine mode next to the fused
 # kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
 # default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
-# that one. DECODE="2 4" times the decode sizes (DECODE_TOKENS, default 1,8,32,128,256,512,
+# that one. BENCH=cwire runs only the FP8 combine wire next to rows as they are (CWIRE_RANKS,
+# default "2 4"; CWIRE_TOKENS, default 128,4096; CWIRE_ROUNDS, default 2), checked; CWIRE=1
+# adds it to a full run. DECODE="2 4" times the decode sizes (DECODE_TOKENS, default 1,8,32,128,256,512,
 # 1024,4096) on those GPU counts with the CUPTI kernel times, once per assignment in DECODE_ENVS
 # ("MOEA2A_X=1 MOEA2A_X=2": a run with each in the environment); PHASE_RANKS="2 4" builds the
 # tarball a second time with the phase profile, alongside, and prints the phases there at
@@ -293,6 +295,18 @@ side_build() {
         grep -E "path|num_sms|dispatch|combine|roundtrip|host|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
     done
   }
+  cwire_block() { # the combine's rows as they are next to the FP8 combine wire, alternating, checked
+    for n in ${CWIRE_RANKS:-2 4}; do
+      for round in $(seq 1 "${CWIRE_ROUNDS:-2}"); do
+        for w in as-is fp8 fp8-ue8m0; do
+          echo "== combine wire $w, $n GPUs, round $round"
+          timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${CWIRE_TOKENS:-128,4096}" \
+              $([ $w = as-is ] || echo "--combine-wire $w") --check 1 --iters "${ITERS:-30}" --warmup 10 |
+            grep -E "dispatch|combine|graph|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
+        done
+      done
+    done
+  }
   python_block() { # the Python package over this build: the bench next to torch all_to_all_single, its overhead
     local py="env MOEA2A_LIBRARY=$B/lib/.libs/libmoea2a.so.1 MOEA2A_INCLUDE=$B/include PYTHONPATH=$B/python python3"
     echo "== python -m moea2a.bench, ${PY_RANKS:-${FP4RANKS:-4}} GPUs, next to torch.distributed all_to_all_single"
@@ -303,6 +317,7 @@ side_build() {
   }
   if [ "${BENCH:-1}" = python ]; then python_block; exit 0; fi
   if [ "${BENCH:-1}" = ce ]; then ce_block; exit 0; fi
+  if [ "${BENCH:-1}" = cwire ]; then cwire_block; exit 0; fi
   if [ "${BENCH:-1}" = expert ]; then expert_block; exit 0; fi # that block only
   if [ "${BENCH:-1}" = gemm ]; then gemm_block; exit 0; fi
   echo "== NVFP4 and FP8 quantize/dequantize vs copy, 1 GPU"
@@ -332,6 +347,7 @@ side_build() {
   [ "${EXPERT:-1}" != 0 ] && expert_block
   [ "${GEMM:-1}" != 0 ] && gemm_block
   [ "${CE:-1}" != 0 ] && ce_block
+  [ "${CWIRE:-0}" != 0 ] && cwire_block
   [ "${PY:-1}" != 0 ] && python_block
   for n in ${RANKS:-2 4}; do
     echo "== moea2a_perf --mem cuda --ranks $n (default path, MOEA2A_NUM_SMS=${MOEA2A_NUM_SMS:-48})"

@@ -42,7 +42,10 @@
  *   the rows, signal_kernel signals, and landing_reduce_kernel sums the combine's rows
  *   once the copy engines brought them here. A dispatch whose FP8 rows are quantized
  *   alongside it (dispatch_kernel<false, true>) waits in step 4 for each chunk's
- *   quantization counter and reads the rows through L2. */
+ *   quantization counter and reads the rows through L2. With the FP8 combine wire
+ *   (moe_fast_fp8c.cuh) combine's step 1 quantizes every valid row into the combine
+ *   buffer (in place where the caller wrote there) and step 2 takes units from the
+ *   counter, dequantizing each row as it adds it. */
 #include <cuda_runtime.h>
 #ifdef M2A_FAST_PROFILE
 #include <stdio.h>
@@ -64,6 +67,7 @@
 #include "moe_fast_copy.cuh"
 #include "moe_fast_dispatch.cuh"
 #include "moe_fast_reduce.cuh"
+#include "moe_fast_fp8c.cuh"
 #include "moe_fast_combine.cuh"
 
 
@@ -142,6 +146,7 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
 /* Every kernel of this file, loaded now (cuda/kernels/load.cuh). */
 template <moea2a_datatype_t DT> static int load_combine(int e)
 {
+    e = m2a_load_kernel(combine_kernel<DT, kFp8>, e);
     return m2a_load_kernel(combine_kernel<DT, kTma>, m2a_load_kernel(combine_kernel<DT, kEven>, m2a_load_kernel(combine_kernel<DT, kLoads>, e)));
 }
 
@@ -222,7 +227,7 @@ template <CombineWay WAY>
 static void launch_combine(const m2a_fast_t *f, int blocks, cudaStream_t s, int n, int stride,
                            const unsigned char *expert_rows, unsigned char *o, int status, int phases)
 {
-    const size_t smem = WAY == kTma ? tma_smem(rows_per_token(f)) : 0;
+    const size_t smem = WAY == kTma ? tma_smem(rows_per_token(f)) : WAY == kFp8 && (phases & M2A_FAST_SEND) ? fp8c_smem(f->hidden) : 0;
     switch (f->combine_dtype) {
     case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
     case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
@@ -237,7 +242,10 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     unsigned char *o = static_cast<unsigned char *>(out);
     const size_t out_row = f->hidden * (f->combine_dtype == MOEA2A_FLOAT32 ? 4 : 2);
     const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
-    if ((phases & M2A_FAST_RECV) && vec && even_units(out_row, n, blocks)) {
+    static_assert(fp8c_smem(M2A_FAST_FP8_MAX_HIDDEN) <= 48 * 1024, "the FP8 wire's scales outgrew a launch's shared memory");
+    if (f->combine_fp8 != M2A_FAST_AS_IS) {
+        launch_combine<kFp8>(f, blocks, s, n, stride, expert_rows, o, status, phases);
+    } else if ((phases & M2A_FAST_RECV) && vec && even_units(out_row, n, blocks)) {
         launch_combine<kEven>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     } else if ((phases & M2A_FAST_RECV) && blocks <= M2A_COMBINE_TMA_MAX_BLOCKS && bulk_fits(f, vec)) {
         launch_combine<kTma>(f, blocks, s, n, stride, expert_rows, o, status, phases);

@@ -4,7 +4,8 @@
 namespace {
 
 /* phases as dispatch_kernel's: M2A_FAST_SEND is step 1 and the signal, M2A_FAST_RECV
- * the wait and step 2 (in the way WAY). */
+ * the wait and step 2 (in the way WAY; kFp8: the FP8 wire, moe_fast_fp8c.cuh, whose
+ * launch has fp8c_smem(hidden) bytes of dynamic shared memory). */
 template <moea2a_datatype_t DT, CombineWay WAY>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
@@ -26,8 +27,13 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
 
     /* 1. caller rows into the combine buffer (valid slots only), then the signal; rows
      * the caller wrote there itself were written by earlier kernels, complete and
-     * visible to the peers before this one started */
-    const bool copy_in = send && expert_rows && expert_rows != ws + f.combine;
+     * visible to the peers before this one started. The FP8 wire quantizes every valid
+     * row into the buffer, from the caller's rows or in place. */
+    const bool fp8 = WAY == kFp8, ue8m0 = f.combine_fp8 == M2A_FAST_FP8_UE8M0;
+    if (fp8 && send && !status)
+        fp8c_quantize<DT>(expert_rows ? expert_rows : ws + f.combine, ws + f.combine,
+                          reinterpret_cast<const int32_t *>(ws + f.recv_counts), ep, stride, row, (int)f.hidden, ue8m0);
+    const bool copy_in = send && !fp8 && expert_rows && expert_rows != ws + f.combine;
     if (copy_in) {
         const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
         const bool vec = (row % 16 == 0) && (uintptr_t)expert_rows % 16 == 0;
@@ -45,7 +51,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * (zero copy), all G from block 0 to the peers, which then need not wait for this
      * launch's last block to start. This rank's own count still takes one per block:
      * that is how block 0 knows below that every block read the epoch. */
-    const bool whole = !copy_in;
+    const bool whole = !copy_in && !fp8;
     if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
         const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
         if (status) pc.hdr[2 * me + 1] = status;
@@ -74,7 +80,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     /* 2. (token, segment) units split evenly (kEven), or taken from a counter by any warp:
      * SMs that the links serve faster take more, so all end together */
     const size_t seg = WAY == kTma ? tma_seg(D) : kSegC;
-    const uint32_t S = (uint32_t)((out_row + seg - 1) / seg);
+    const uint32_t S = fp8 ? (uint32_t)((f.hidden + kFSeg - 1) / kFSeg) : (uint32_t)((out_row + seg - 1) / seg);
     const bool vec = out_row % 16 == 0 && row % 16 == 0 && (uintptr_t)out % 16 == 0;
     const unsigned long long units = (unsigned long long)n * S;
     unsigned long long *next = c.next_cunit + (e & 1);
@@ -109,8 +115,13 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
                     code_rows(map_codes(send_map, p.k, t, D), PeerRow{f, stride, row}, &nd, &row_lo, &row_hi);
                     t_prev = t;
                 }
-                const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
-                reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
+                if constexpr (WAY == kFp8) {
+                    fp8c_reduce_unit<DT>(row_lo, row_hi, nd, (int)(u % S) * kFSeg, (int)f.hidden, ue8m0,
+                                         out + (size_t)t * out_row, vec);
+                } else {
+                    const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
+                    reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
+                }
             }
         }
     }

@@ -425,11 +425,12 @@ __device__ __forceinline__ void reduce_even(const int32_t *send_map, int k, int 
     }
 }
 
-/* The combine's three ways to reduce, each compiled into a kernel of its own and chosen
- * at launch: the code of one way, present in another's kernel even unused, slowed that
- * kernel's loads. On one H200 at 4096 tokens, 48 SMs: the even reduce in the
- * counter's kernel 139 -> 163 us; the bulk-copy way's barrier wait written as a C
+/* The combine's ways to reduce (three for rows as they are; kFp8 for the FP8 wire's,
+ * its units from the counter as kLoads takes them), each compiled into a kernel of its
+ * own and chosen at launch: the code of one way, present in another's kernel even
+ * unused, slowed that kernel's loads. On one H200 at 4096 tokens, 48 SMs: the even
+ * reduce in the counter's kernel 139 -> 163 us; the bulk-copy way's barrier wait written as a C
  * loop 139.6 -> 159.5 us. */
-enum CombineWay { kLoads, kEven, kTma };
+enum CombineWay { kLoads, kEven, kTma, kFp8 };
 
 } // namespace

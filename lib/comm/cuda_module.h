@@ -87,6 +87,11 @@ enum {
     M2A_FAST_AT_QUANTIZE
 };
 
+enum { M2A_FAST_AS_IS, M2A_FAST_FP8, M2A_FAST_FP8_UE8M0 };
+/* The largest hidden of an FP8 combine wire on the load/store path: each warp keeps a
+ * row's scales in shared memory, within the 48 KB a launch has without asking. */
+#define M2A_FAST_FP8_MAX_HIDDEN 98304
+
 typedef struct {
     m2a_kparams_t p;
     unsigned char *peer[M2A_FAST_MAX_PEERS]; /* every rank's workspace, as this GPU reaches it */
@@ -96,6 +101,12 @@ typedef struct {
     int combine_dtype;                       /* moea2a_datatype_t */
     size_t hidden;
     int sanitize, rewrite;
+    /* How the combine's rows travel: M2A_FAST_AS_IS, or FP8 (M2A_FAST_FP8 with fp32
+     * scales, M2A_FAST_FP8_UE8M0): the send half quantizes each valid row of the combine
+     * buffer in place, codes then scales from the row's start (moea2a_moe(3), "FP8
+     * combine"; hidden a multiple of 128 with fp8c's shared memory within
+     * M2A_FAST_FP8_MAX_HIDDEN), the receive half dequantizes and sums. */
+    int combine_fp8;
     /* quantize on dispatch overlapped with the dispatch (0: the payload rows were
      * complete before the launch): chunk c of qrows tokens may be copied once the
      * counter c at M2A_FAST_CTL_QREADY holds its rows x qgroups */
@@ -232,8 +243,8 @@ typedef struct {
  * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin);
  * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL),
  * load_kernels for fast_load and quantize_alongside_load; 9: pack's block and src_index (rows
- * relayed inside a node by the hierarchical path) */
-#define MOEA2A_CUDA_ABI_VERSION 9
+ * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8 */
+#define MOEA2A_CUDA_ABI_VERSION 10
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 

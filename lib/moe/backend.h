@@ -83,6 +83,9 @@ typedef struct m2a_moe_backend {
     const struct m2a_moe_backend *fallback;
     /* 1: serves copy-engine mode (MOEA2A_MOE_COPY_ENGINE). */
     int copy_engine;
+    /* The largest hidden whose combine rows it sends on the FP8 combine wire (0: it does
+     * not serve that wire). Copy-engine mode sums rows as they are, so never with it. */
+    size_t fp8_combine_hidden;
 } m2a_moe_backend_t;
 
 extern const m2a_moe_backend_t m2a_moe_backend_host, m2a_moe_backend_hier, m2a_moe_backend_cuda,

@@ -412,7 +412,8 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->stage_recv = take(&s, peers * cap * l->combine_wire);
     l->stage_backend = take(&s, backend->staging_bytes); /* e.g. the copy engines' combine landing */
     /* the combine's rows quantized for the wire, every source's block ([ep][cap]) */
-    if (c->combine_wire.format != MOEA2A_WIRE_AS_IS) l->stage_cwire = take(&s, n * cap * l->combine_wire);
+    if (c->combine_wire.format != MOEA2A_WIRE_AS_IS && !backend->combine_wire_in_place)
+        l->stage_cwire = take(&s, n * cap * l->combine_wire);
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned_stats = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;

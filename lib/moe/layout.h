@@ -146,10 +146,11 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
  * of the workspace), its share of the pinned host mirror, its share of staging (after
  * the staged peers'), and whether it quantizes payloads sent quantized into the
  * workspace before sending (the sender's rows of the formula, for CUDA kernels that
- * then copy codes and scales as bytes). */
+ * then copy codes and scales as bytes), and whether the FP8 combine wire's rows are
+ * quantized in place in the combine buffer (no staging of their own). */
 typedef struct {
     size_t ctl_bytes, pinned_bytes, staging_bytes;
-    int quantized_rows;
+    int quantized_rows, combine_wire_in_place;
 } m2a_moe_backend_size_t;
 
 /* Where a rank sits among the nodes of its communicator's map, for the sizes of a path

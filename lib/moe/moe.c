@@ -48,7 +48,7 @@ typedef struct {
 static void layout_for(const moea2a_moe_config_t *cfg, int ep, int staged, const m2a_moe_backend_t *b,
                        const m2a_moe_nodes_t *nodes, m2a_moe_layout_t *l)
 {
-    m2a_moe_backend_size_t bs = {0, 0, 0, 0};
+    m2a_moe_backend_size_t bs = {0};
     if (b->size) b->size(cfg, ep, nodes, &bs);
     m2a_moe_layout(cfg, ep, staged, &bs, l);
 }
@@ -88,16 +88,26 @@ static int set_staging(moea2a_comm_t comm, plan_t *p)
     return 0;
 }
 
-/* What runs on the host in this release, which a context in CUDA memory refuses
- * (sizing too): the FP8 combine wire (quantized and summed there) and the expert-major
- * scales in the wires' tiled layouts. */
-static moea2a_result_t host_only_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c, int cuda)
+/* What a context's path does not serve, refused at create and in the sizing calls: the
+ * FP8 combine wire where the path has none (or not for this hidden, or in copy-engine
+ * mode, whose sum reads rows as they are), and, in CUDA memory, the expert-major scales
+ * in the wires' tiled layouts (made on the host in this release). */
+static moea2a_result_t wire_possible(moea2a_comm_t comm, const moea2a_moe_config_t *c, const m2a_moe_backend_t *b,
+                                     int cuda)
 {
-    if (!cuda) return MOEA2A_SUCCESS;
-    if (c->combine_wire.format != MOEA2A_WIRE_AS_IS)
+    if (c->combine_wire.format != MOEA2A_WIRE_AS_IS &&
+        (c->hidden > b->fp8_combine_hidden || (c->flags & MOEA2A_MOE_COPY_ENGINE)))
+    {
+        char why[96];
+        if (!b->fp8_combine_hidden) snprintf(why, sizeof(why), "which has no FP8 combine");
+        else if (c->flags & MOEA2A_MOE_COPY_ENGINE) snprintf(why, sizeof(why), "in copy-engine mode, whose sum reads rows as they are");
+        else snprintf(why, sizeof(why), "whose FP8 combine takes hidden up to %zu (hidden=%zu)", b->fp8_combine_hidden, c->hidden);
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                         "moea2a_moe: combine_wire FP8 runs on host memory in this release; a context in CUDA memory "
-                         "combines its rows as is (combine_wire.format MOEA2A_WIRE_AS_IS)");
+                         "moea2a_moe: combine_wire FP8 runs on host memory and on the load/store path in CUDA memory; "
+                         "this context takes the %s path, %s (combine_wire.format MOEA2A_WIRE_AS_IS combines its rows "
+                         "as they are)", b->name, why);
+    }
+    if (!cuda) return MOEA2A_SUCCESS;
     if (c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES)
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                          "moea2a_moe: MOEA2A_MOE_EXPERT_WIRE_SCALES runs on host memory in this release; a context in "
@@ -147,7 +157,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(comm, &p->cfg, p->backend, p->cuda, p->no_lsa);
-        if (r == MOEA2A_SUCCESS) r = host_only_possible(comm, &p->cfg, p->cuda);
+        if (r == MOEA2A_SUCCESS) r = wire_possible(comm, &p->cfg, p->backend, p->cuda);
     }
     /* Without a transport that moves CUDA memory only the load/store path serves a CUDA
      * context (its symmetric memory may come from CUDA IPC), on a GPU the topology shows. */
@@ -216,7 +226,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         m2a_moe_layout_t l;
         if (r == MOEA2A_SUCCESS) layout_for(&cfg, layout->ep, staged, b, &nodes, &l);
         if (r == MOEA2A_SUCCESS) r = copy_engine_possible(NULL, &cfg, b, cuda, "");
-        if (r == MOEA2A_SUCCESS) r = host_only_possible(NULL, &cfg, cuda);
+        if (r == MOEA2A_SUCCESS) r = wire_possible(NULL, &cfg, b, cuda);
         if (r == MOEA2A_SUCCESS)
             r = m2a_moe_fill_sizes(&cfg, &l, cuda, staged, nvlink, topo,
                                    m2a_topo_place(topo, layout->rank % rpn, rpn, cuda), sizes);
@@ -297,6 +307,10 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     if (moe->cfg.flags & MOEA2A_MOE_COPY_ENGINE && !fallback->copy_engine)
         return m2a_error(comm, r, "moea2a_moe_create: MOEA2A_MOE_COPY_ENGINE needs the %s path, which is unavailable (%s)",
                          moe->backend->name, moea2a_last_error(comm));
+    if (moe->cfg.combine_wire.format != MOEA2A_WIRE_AS_IS && moe->cfg.hidden > fallback->fp8_combine_hidden)
+        return m2a_error(comm, r, "moea2a_moe_create: combine_wire FP8 in CUDA memory needs the %s path, which is "
+                         "unavailable (%s); the %s path combines rows as they are", moe->backend->name,
+                         moea2a_last_error(comm), fallback->name);
     if (moe->cuda && !m2a_transport_for(comm, MOEA2A_MEM_CUDA))
         return m2a_error(comm, r, "moea2a_moe_create: the %s path is unavailable (%s), and no transport moves CUDA "
                          "memory for the %s path (nccl)", moe->backend->name, moea2a_last_error(comm), fallback->name);

@@ -202,7 +202,8 @@ class MoE(_Handle):
     views on host memory, addresses in .ptr on CUDA memory); copy_engine=True moves the
     rows of the load/store path with the GPU's copy engines (moea2a_moe(3), "Copy-engine
     mode": not capturable in a CUDA graph); combine_wire="fp8" | "fp8-ue8m0" sends the
-    combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory); max_local_experts
+    combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory, or the load/store
+    path in CUDA memory); max_local_experts
     bounds what set_placement may give a rank."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"

@@ -68,7 +68,7 @@ static void regions(const moea2a_moe_config_t *c, size_t record, size_t crow, in
 static void cuda_hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_t *nodes,
                            m2a_moe_backend_size_t *out)
 {
-    const m2a_moe_backend_size_t none = {0, 0, 0, 0};
+    const m2a_moe_backend_size_t none = {0};
     m2a_moe_layout_t l; /* the record and combine row of this config */
     m2a_moe_layout(c, ep, 0, &none, &l);
     regions_t g;

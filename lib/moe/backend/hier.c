@@ -55,7 +55,7 @@ static void regions(const moea2a_moe_config_t *c, size_t record, size_t crow, in
 
 static void hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_t *nodes, m2a_moe_backend_size_t *out)
 {
-    const m2a_moe_backend_size_t none = {0, 0, 0, 0};
+    const m2a_moe_backend_size_t none = {0};
     m2a_moe_layout_t l; /* the record and combine row of this config */
     m2a_moe_layout(c, ep, 0, &none, &l);
     regions_t g;
@@ -460,4 +460,5 @@ const m2a_moe_backend_t m2a_moe_backend_hier = {
     .size = hier_size, .alloc = hier_alloc, .release = hier_release,
     .dispatch = hier_dispatch, .combine = hier_combine,
     .expert_expand = m2a_host_expert_expand_op, .expert_fold = m2a_host_expert_fold_op,
+    .fp8_combine_hidden = SIZE_MAX,
 };

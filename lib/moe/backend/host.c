@@ -185,4 +185,5 @@ const m2a_moe_backend_t m2a_moe_backend_host = {
     .alloc = host_alloc, .release = m2a_host_release,
     .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
     .expert_expand = m2a_host_expert_expand_op, .expert_fold = m2a_host_expert_fold_op,
+    .fp8_combine_hidden = SIZE_MAX,
 };

@@ -30,6 +30,7 @@ static void nvlink_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_node
                      m2a_align(M2A_FAST_REASON_BYTES);
     out->pinned_bytes = sizeof(m2a_fast_error_t);
     out->quantized_rows = 1;
+    out->combine_wire_in_place = 1; /* the FP8 combine's rows: quantized in the combine buffer */
     if (c->flags & MOEA2A_MOE_COPY_ENGINE) m2a_ce_size(c, ep, out);
 }
 
@@ -81,6 +82,9 @@ static void fast_params(moea2a_moe_t moe, int even_tokens)
     st->reason = f->ctl + m2a_align(M2A_FAST_CTL_BYTES);
     f->recv_counts = l->recv_counts, f->send_map = l->send_map, f->combine = l->combine;
     f->combine_row = l->combine_row, f->combine_dtype = moe->cfg.combine_dtype, f->hidden = moe->cfg.hidden;
+    f->combine_fp8 = moe->cfg.combine_wire.format == MOEA2A_WIRE_AS_IS           ? M2A_FAST_AS_IS
+                     : (moe->cfg.combine_wire.flags & MOEA2A_FP8_UE8M0) ? M2A_FAST_FP8_UE8M0
+                                                                         : M2A_FAST_FP8;
     f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
     f->rewrite = (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0;
     f->timeout_ns = (unsigned long long)(moe->comm->timeout_s * 1e9);
@@ -553,5 +557,6 @@ const m2a_moe_backend_t m2a_moe_backend_nvlink = {
     .capturing = m2a_moe_cuda_capturing,
     .fallback = &m2a_moe_backend_cuda,
     .copy_engine = 1,
+    .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* a warp's scales of a row in shared memory */
 };
 
