@@ -19,7 +19,7 @@
 # load/store kernels' phase profile (-DM2A_FAST_PROFILE: each context prints its
 # phase medians to stderr when destroyed), VARIANTS="flags;flags" reruns the 4-GPU benchmark
 # with the load/store kernels rebuilt with each set of NVCCFLAGS (an A/B of kernel flags; at
-# the SM budgets VARIANT_SMS="16,24" when set),
+# the SM budgets VARIANT_SMS="16,24" when set; VARIANT_ARGS: more moea2a_perf options),
 # FLOORS="sms:MiB:chunk:issuers ..." first measures the floors under the benchmark's
 # numbers (NVLink ceilings, an event-timed empty kernel: bench/device/floors.cu) with
 # each of those settings, e.g. FLOORS="48:64:14336:3". NETWORK=0 skips the run with
@@ -44,7 +44,8 @@
 # 1024,4096) on those GPU counts with the CUPTI kernel times, once per assignment in DECODE_ENVS
 # ("MOEA2A_X=1 MOEA2A_X=2": a run with each in the environment); PHASE_RANKS="2 4" builds the
 # tarball a second time with the phase profile, alongside, and prints the phases there at
-# PHASE_TOKENS (default 1,128,1024), rank PHASE_RANK's lines (default 0; "[0-9]+": every rank's). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
+# PHASE_TOKENS (default 1,128,1024), rank PHASE_RANK's lines (default 0; "[0-9]+": every rank's), once per
+# option set in PHASE_ARGS ("a;b": moea2a_perf options, an empty set for the defaults). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
 # default FP4RANKS, at PY_TOKENS, and its --overhead); BENCH=python runs only that one.
 # NODES=N: emulated nodes of N GPUs, each its own NCCL_HOSTID (NCCL's network transport
 # between them): the transports NCCL chose, then the hierarchical path next to the flat
@@ -204,11 +205,15 @@ side_build() {
   if [ -n "$phase_pid" ]; then
     if wait "$phase_pid"; then
       tp=$(modules_of "$PB")
+      IFS=';' read -ra pargs <<<"${PHASE_ARGS:-}"
+      [ ${#pargs[@]} = 0 ] && pargs=("")
       for n in $PHASE_RANKS; do
         for t in $(echo "${PHASE_TOKENS:-1,128,1024}" | tr , ' '); do
-          echo "== load/store phase profile, $n GPUs, $t tokens (phase build; us from each block's start)"
-          MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$PB/tools/moea2a_perf" --moe --mem cuda --ranks "$n" --tokens "$t" \
-              --iters "${ITERS:-30}" --warmup 10 --check 0 2>&1 | grep -E "profile rank ${PHASE_RANK:-0}|-kernel|graph"
+          for a in "${pargs[@]}"; do
+            echo "== load/store phase profile, $n GPUs, $t tokens${a:+, $a} (phase build; us from each block's start)"
+            MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$PB/tools/moea2a_perf" --moe --mem cuda --ranks "$n" --tokens "$t" \
+                $a --iters "${ITERS:-30}" --warmup 10 --check 0 2>&1 | grep -E "profile rank ${PHASE_RANK:-0}|-kernel|graph"
+          done
         done
       done
     else
@@ -373,7 +378,7 @@ side_build() {
       touch cuda/kernels/moe_fast.cu
       make -j16 NVCCFLAGS="$prof $v" >>"$OUT/build.log" 2>&1 || { echo "make failed"; continue; }
       timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "${SMS_RANKS:-4}" --tokens "${TOKENS:-128,1024,4096}" \
-          ${VARIANT_SMS:+--sms "$VARIANT_SMS"} --iters "${ITERS:-30}" --warmup 10 2>&1 |
+          ${VARIANT_SMS:+--sms "$VARIANT_SMS"} ${VARIANT_ARGS:-} --iters "${ITERS:-30}" --warmup 10 2>&1 |
         grep -E "profile rank 0|num_sms|dispatch|combine|b2b|graph|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
     done
   fi

@@ -146,7 +146,7 @@ extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int str
 /* Every kernel of this file, loaded now (cuda/kernels/load.cuh). */
 template <moea2a_datatype_t DT> static int load_combine(int e)
 {
-    e = m2a_load_kernel(combine_kernel<DT, kFp8>, e);
+    e = m2a_load_kernel(combine_kernel<DT, kFp8>, m2a_load_kernel(fp8c_quantize_kernel<DT>, e));
     return m2a_load_kernel(combine_kernel<DT, kTma>, m2a_load_kernel(combine_kernel<DT, kEven>, m2a_load_kernel(combine_kernel<DT, kLoads>, e)));
 }
 
@@ -201,6 +201,20 @@ static int device_bulk()
     return cached[dev] - 1;
 }
 
+/* The current device's SMs (kernels that take the whole GPU), read once per device. */
+static int device_sms()
+{
+    static int cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
+    if (!cached[dev]) {
+        int n = 0;
+        cached[dev] = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0 ? n : 1;
+        cudaGetLastError();
+    }
+    return cached[dev];
+}
+
 /* D: the rows a token's sum may have, one per rank it reaches. */
 static int rows_per_token(const m2a_fast_t *f) { return f->p.k < f->p.ep ? f->p.k : f->p.ep; }
 
@@ -227,7 +241,9 @@ template <CombineWay WAY>
 static void launch_combine(const m2a_fast_t *f, int blocks, cudaStream_t s, int n, int stride,
                            const unsigned char *expert_rows, unsigned char *o, int status, int phases)
 {
-    const size_t smem = WAY == kTma ? tma_smem(rows_per_token(f)) : WAY == kFp8 && (phases & M2A_FAST_SEND) ? fp8c_smem(f->hidden) : 0;
+    const size_t smem = WAY == kTma                                          ? tma_smem(rows_per_token(f))
+                        : WAY == kFp8 && !kQFirst && (phases & M2A_FAST_SEND) ? fp8c_smem(f->hidden)
+                                                                               : 0;
     switch (f->combine_dtype) {
     case MOEA2A_FLOAT32: combine_kernel<MOEA2A_FLOAT32, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
     case MOEA2A_FLOAT16: combine_kernel<MOEA2A_FLOAT16, WAY><<<blocks, T, smem, s>>>(*f, n, stride, expert_rows, o, status, phases); break;
@@ -244,6 +260,16 @@ extern "C" int m2a_fast_combine(const m2a_fast_t *f, int blocks, int n, int stri
     const bool vec = out_row % 16 == 0 && f->combine_row % 16 == 0 && (uintptr_t)out % 16 == 0;
     static_assert(fp8c_smem(M2A_FAST_FP8_MAX_HIDDEN) <= 48 * 1024, "the FP8 wire's scales outgrew a launch's shared memory");
     if (f->combine_fp8 != M2A_FAST_AS_IS) {
+        if (kQFirst && (phases & M2A_FAST_SEND) && !status) { /* the rows quantized first, on the whole GPU */
+            const size_t qsmem = fp8c_smem(f->hidden, kQThreads);
+            const int qb = device_sms() * kQBlocksPerSM;
+            const unsigned char *src = expert_rows == f->peer[f->p.me] + f->combine ? nullptr : expert_rows;
+            switch (f->combine_dtype) {
+            case MOEA2A_FLOAT32: fp8c_quantize_kernel<MOEA2A_FLOAT32><<<qb, kQThreads, qsmem, s>>>(*f, stride, src); break;
+            case MOEA2A_FLOAT16: fp8c_quantize_kernel<MOEA2A_FLOAT16><<<qb, kQThreads, qsmem, s>>>(*f, stride, src); break;
+            default: fp8c_quantize_kernel<MOEA2A_BFLOAT16><<<qb, kQThreads, qsmem, s>>>(*f, stride, src); break;
+            }
+        }
         launch_combine<kFp8>(f, blocks, s, n, stride, expert_rows, o, status, phases);
     } else if ((phases & M2A_FAST_RECV) && vec && even_units(out_row, n, blocks)) {
         launch_combine<kEven>(f, blocks, s, n, stride, expert_rows, o, status, phases);

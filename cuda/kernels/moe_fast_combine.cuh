@@ -5,7 +5,7 @@ namespace {
 
 /* phases as dispatch_kernel's: M2A_FAST_SEND is step 1 and the signal, M2A_FAST_RECV
  * the wait and step 2 (in the way WAY; kFp8: the FP8 wire, moe_fast_fp8c.cuh, whose
- * launch has fp8c_smem(hidden) bytes of dynamic shared memory). */
+ * launch has fp8c_smem(hidden) bytes of dynamic shared memory where it quantizes). */
 template <moea2a_datatype_t DT, CombineWay WAY>
 __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int stride,
                                                        const unsigned char *__restrict__ expert_rows,
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * visible to the peers before this one started. The FP8 wire quantizes every valid
      * row into the buffer, from the caller's rows or in place. */
     const bool fp8 = WAY == kFp8, ue8m0 = f.combine_fp8 == M2A_FAST_FP8_UE8M0;
-    if (fp8 && send && !status)
+    if (fp8 && !kQFirst && send && !status)
         fp8c_quantize<DT>(expert_rows ? expert_rows : ws + f.combine, ws + f.combine,
                           reinterpret_cast<const int32_t *>(ws + f.recv_counts), ep, stride, row, (int)f.hidden, ue8m0);
     const bool copy_in = send && !fp8 && expert_rows && expert_rows != ws + f.combine;
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * (zero copy), all G from block 0 to the peers, which then need not wait for this
      * launch's last block to start. This rank's own count still takes one per block:
      * that is how block 0 knows below that every block read the epoch. */
-    const bool whole = !copy_in && !fp8;
+    const bool whole = !copy_in && !(fp8 && !kQFirst);
     if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
         const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
         if (status) pc.hdr[2 * me + 1] = status;

@@ -10,16 +10,41 @@ namespace {
 constexpr int kQv = 16;                      /* values of a row per lane and group */
 constexpr int kQLanes = M2A_FP8_BLOCK / kQv; /* adjacent lanes per block of 128 values: 8 */
 constexpr int kQSpan = kWarpSize * kQv;      /* values of one group of the warp: 512 */
-/* Groups a lane loads before it stores any: 8 KB of a bf16 row in flight per warp (the
- * rows are in this GPU's memory; one group at a time left the pass latency-bound). */
-constexpr int kQAhead = 4;
-/* Values of a token's output row per reduce unit: two groups per lane, 2 KB of bf16 out. */
-constexpr int kFSeg = 2 * kQSpan;
-constexpr int kFRows = 4; /* rows whose codes are loaded before any is added */
+/* Groups a lane loads before it stores any: 4 KB of a bf16 row in flight per warp. */
+#ifndef M2A_FP8C_AHEAD
+#define M2A_FP8C_AHEAD 4
+#endif
+constexpr int kQAhead = M2A_FP8C_AHEAD;
+/* Where the send half quantizes: 1, a kernel of its own on the whole GPU before the
+ * combine kernel (kQThreads per block, kQBlocksPerSM per SM); 0, the combine kernel's
+ * blocks before they signal. On 4 x H200 at 4096 tokens (48 SMs, hidden 7168) the
+ * combine's blocks took 245 us to quantize a rank's 14.7k rows (a warp's loads and its
+ * arithmetic alternate, and 16 warps per SM hide neither), the whole FP8 combine 562
+ * us; quantized first, about 100 us (3 TB/s of rows read and codes written) and 366 us.
+ * Two groups ahead instead of four: the same (363 us). */
+#ifndef M2A_FP8C_FIRST
+#define M2A_FP8C_FIRST 1
+#endif
+constexpr bool kQFirst = M2A_FP8C_FIRST != 0;
+constexpr int kQThreads = 256, kQBlocksPerSM = 4; /* bf16 rows: 63 registers, 4 blocks per SM */
+/* Values of a token's output row per reduce unit (groups per lane x kQSpan; 2: 2 KB of
+ * bf16 out), and the rows whose codes are loaded before any is added. */
+#ifndef M2A_FP8C_GROUPS
+#define M2A_FP8C_GROUPS 2
+#endif
+#ifndef M2A_FP8C_ROWS
+#define M2A_FP8C_ROWS 4
+#endif
+constexpr int kFSeg = M2A_FP8C_GROUPS * kQSpan;
+constexpr int kFRows = M2A_FP8C_ROWS;
 
-/* The dynamic shared memory of a quantizing launch: each warp's scales of its row,
- * written after the row's last values were read (they overlap the row's second half). */
-__host__ __device__ constexpr size_t fp8c_smem(size_t hidden) { return (size_t)kWarps * (hidden / M2A_FP8_BLOCK) * 4; }
+/* The dynamic shared memory of a quantizing launch of `threads` per block: each warp's
+ * scales of its row, written after the row's last values were read (they overlap the
+ * row's second half). */
+__host__ __device__ constexpr size_t fp8c_smem(size_t hidden, int threads = T)
+{
+    return (size_t)(threads / kWarpSize) * (hidden / M2A_FP8_BLOCK) * 4;
+}
 
 /* 16 bytes at p (vec: 16-byte aligned; else byte by byte). */
 __device__ __forceinline__ uint4 load16(const unsigned char *p, bool vec)
@@ -88,13 +113,28 @@ __device__ void fp8c_quantize(const unsigned char *src, unsigned char *dst, cons
                               size_t row, int hidden, bool ue8m0)
 {
     extern __shared__ __align__(128) unsigned char dsm[]; /* the declaration reduce_bulk shares */
+    const int wpb = (int)(blockDim.x / kWarpSize);
     uint32_t *sc = reinterpret_cast<uint32_t *>(dsm) + (size_t)(threadIdx.x / kWarpSize) * (hidden / M2A_FP8_BLOCK);
     const bool vec = (uintptr_t)src % 16 == 0 && row % 16 == 0;
-    const long long rows = (long long)ep * stride, step = (long long)gridDim.x * kWarps;
-    for (long long i = (long long)blockIdx.x * kWarps + threadIdx.x / kWarpSize; i < rows; i += step) {
-        if ((int)(i % stride) >= counts[i / stride]) continue;
-        fp8c_quantize_row<DT>(src + (size_t)i * row, dst + (size_t)i * row, hidden, ue8m0, vec, sc);
+    int q = 0, slot = (int)(blockIdx.x * wpb + threadIdx.x / kWarpSize); /* warp-uniform */
+    const int step = (int)gridDim.x * wpb;
+    for (; q < ep; slot += step) {
+        while (q < ep && slot >= stride) slot -= stride, q++;
+        if (q >= ep) break;
+        if (slot >= counts[q]) continue;
+        const size_t i = (size_t)q * stride + slot;
+        fp8c_quantize_row<DT>(src + i * row, dst + i * row, hidden, ue8m0, vec, sc);
     }
+}
+
+/* The send half's quantization as a kernel of its own (kQFirst): src the caller's rows,
+ * or NULL for the rows in the combine buffer (quantized in place). */
+template <moea2a_datatype_t DT>
+__global__ void __launch_bounds__(kQThreads) fp8c_quantize_kernel(m2a_fast_t f, int stride, const unsigned char *src)
+{
+    unsigned char *ws = f.peer[f.p.me];
+    fp8c_quantize<DT>(src ? src : ws + f.combine, ws + f.combine, reinterpret_cast<const int32_t *>(ws + f.recv_counts),
+                      f.p.ep, stride, f.combine_row, (int)f.hidden, f.combine_fp8 == M2A_FAST_FP8_UE8M0);
 }
 
 /* acc[v] += the 16 values of codes c (E4M3) times scale s: each product rounded to fp32,
@@ -114,11 +154,12 @@ __device__ __forceinline__ void fp8c_add(float *acc, const uint4 &c, float s)
     }
 }
 
-/* Block kb's scale of the wire row at r, as fp32. */
+/* Block kb's scale of the wire row at r, as fp32 (a UE8M0 byte read in its word). */
 __device__ __forceinline__ float fp8c_scale(const unsigned char *r, int hidden, int kb, bool ue8m0)
 {
-    if (ue8m0) return m2a_fp8_scale_value(r[hidden + kb], 1);
-    return __uint_as_float(reinterpret_cast<const uint32_t *>(r + hidden)[kb]);
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(r + hidden);
+    if (ue8m0) return m2a_fp8_scale_value((w[kb / 4] >> (8 * (kb % 4))) & 0xffu, 1);
+    return __uint_as_float(w[kb]);
 }
 
 /* One warp: out values [h0, h0 + kFSeg) of a token (out: its output row) = the sum of
