@@ -82,6 +82,18 @@ void m2a_host_put_token(const m2a_route_t *r, const m2a_moe_layout_t *l, int t, 
     }
 }
 
+/* FP8 MN-major scales: word w of row r (rows of `words` 32-bit words, fp32 scales or
+ * UE8M0 bytes alike) at w x pad + r in dst, 0 for the rows from nrows to pad. */
+static void mn_major_words(const unsigned char *rows, size_t nrows, size_t words, size_t pad, unsigned char *dst)
+{
+    for (size_t w = 0; w < words; w++)
+        for (size_t r = 0; r < pad; r++) {
+            uint32_t v = 0;
+            if (r < nrows) memcpy(&v, rows + (r * words + w) * 4, 4);
+            memcpy(dst + (w * pad + r) * 4, &v, 4);
+        }
+}
+
 void m2a_host_wire_finish(const moea2a_moe_config_t *c, const m2a_moe_layout_t *l, int ep, int stride,
                           unsigned char *ws)
 {
@@ -96,12 +108,8 @@ void m2a_host_wire_finish(const moea2a_moe_config_t *c, const m2a_moe_layout_t *
         if (w->format == MOEA2A_WIRE_FP8 && w->scale_layout == MOEA2A_FP8_SCALES_MN_MAJOR) {
             size_t words = srow / 4, pad = ((size_t)stride + 3) / 4 * 4;
             for (int src = 0; src < ep; src++)
-                for (size_t wd = 0; wd < words; wd++)
-                    for (size_t r = 0; r < pad; r++) {
-                        unsigned char *dst = final + (((size_t)src * words + wd) * pad + r) * 4;
-                        if (r < (size_t)stride) memcpy(dst, rows + ((size_t)src * stride + r) * srow + 4 * wd, 4);
-                        else memset(dst, 0, 4);
-                    }
+                mn_major_words(rows + (size_t)src * (size_t)stride * srow, (size_t)stride, words, pad,
+                               final + (size_t)src * words * pad * 4);
         }
         if (w->format != MOEA2A_WIRE_NVFP4) continue;
         const float *g_rows = (const float *)(ws + l->wire_global_rows[i]);
@@ -430,18 +438,10 @@ void m2a_host_expert_wire_scales(const moea2a_moe_config_t *c, const m2a_moe_lay
         if (!l->ex_scales_wire[i]) continue;
         const unsigned char *src = ws + l->ex_scales[i];
         unsigned char *dst = ws + l->ex_scales_wire[i];
-        if (c->wire[i].format == MOEA2A_WIRE_NVFP4) { /* host memory: the converter cannot fail here */
-            (void)moea2a_fp4_sf_convert(src, MOEA2A_SF_LINEAR, dst, (moea2a_sf_layout_t)c->wire[i].scale_layout,
-                                        (size_t)rows, c->payloads[i].elems_per_token, NULL);
-            continue;
-        }
-        /* FP8 MN-major: word w of row r at w x R4 + r (fp32 scales or UE8M0 words alike) */
-        const size_t words = l->wire_scale_row[i] / 4, r4 = ((size_t)rows + 3) / 4 * 4;
-        for (size_t w = 0; w < words; w++)
-            for (size_t r = 0; r < r4; r++) {
-                uint32_t v = 0;
-                if (r < (size_t)rows) memcpy(&v, src + (r * words + w) * 4, 4);
-                memcpy(dst + (w * r4 + r) * 4, &v, 4);
-            }
+        if (c->wire[i].format == MOEA2A_WIRE_NVFP4)
+            m2a_fp4_convert_host(src, MOEA2A_SF_LINEAR, dst, c->wire[i].scale_layout, (size_t)rows,
+                                 c->payloads[i].elems_per_token / 16, NULL, 0);
+        else /* FP8 MN-major over R4 rows */
+            mn_major_words(src, (size_t)rows, l->wire_scale_row[i] / 4, ((size_t)rows + 3) / 4 * 4, dst);
     }
 }
