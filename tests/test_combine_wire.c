@@ -1,5 +1,5 @@
 /* The FP8 combine wire (moea2a_moe_config_t.combine_wire) on host memory and on the
- * load/store path in CUDA memory (SKIP without a GPU). Each rank's
+ * load/store and generic paths in CUDA memory (SKIP without a GPU). Each rank's
  * expert rows are functions of (source rank, token, expert rank), so a token's source
  * knows every row its combine adds and checks the output twice:
  *   - its bits against a reference built from the public FP8 calls (moea2a_fp8_quantize,
@@ -14,8 +14,10 @@
  * outputs, on 1 to 4 ranks and on 4 ranks in emulated nodes of 2, where the
  * hierarchical and the flat path give the same bits; in CUDA memory on 1, 2 and 4 GPUs
  * (ranks sharing GPUs over CUDA IPC where there are fewer), the rows written into the
- * combine buffer (quantized there in place) and passed from the caller's own buffer.
- * Then the config's refusals, and the generic CUDA path's (no FP8 combine). */
+ * combine buffer (quantized there in place) and passed from the caller's own buffer, the
+ * load/store and generic paths giving the same bits, and in emulated nodes the flat
+ * generic path, each node's partial quantized again on the GPU. Then the config's
+ * refusals, and the hierarchical CUDA path's and copy-engine mode's. */
 #include "config.h"
 
 #include <math.h>
@@ -240,14 +242,21 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     moea2a_comm_t comm;
     if (moea2a_comm_init_rank(&comm, ep, id, me, &cfg)) return 1;
     moea2a_moe_config_t c = config_of(a, MOEA2A_WIRE_FP8);
+    /* flat: a second path whose bits must equal the first's: on host memory across nodes
+     * the flat path beside the hierarchical one; in CUDA memory on one node the generic
+     * path (NCCL) beside the load/store one. In CUDA memory across nodes the first is
+     * the flat generic path (the hierarchical CUDA path refuses the wire, below). */
     moea2a_moe_t moe = NULL, flat = NULL;
+    if (a->cuda && a->node_size) setenv("MOEA2A_HIERARCHICAL", "0", 1);
     RANK_EXPECT(fails, me, moea2a_moe_create(&moe, comm, &c) == MOEA2A_SUCCESS, "create: %s", moea2a_last_error(comm));
-    if (a->node_size) { /* the flat path beside the hierarchical one */
+    moea2a_moe_config_t g = c;
+    if (a->cuda) g.flags |= MOEA2A_MOE_NO_NVLINK;
+    if (a->node_size ? !a->cuda : a->cuda && !a->ipc) {
         setenv("MOEA2A_HIERARCHICAL", "0", 1);
-        RANK_EXPECT(fails, me, moea2a_moe_create(&flat, comm, &c) == MOEA2A_SUCCESS, "create (flat): %s",
+        RANK_EXPECT(fails, me, moea2a_moe_create(&flat, comm, &g) == MOEA2A_SUCCESS, "create (second path): %s",
                     moea2a_last_error(comm));
-        unsetenv("MOEA2A_HIERARCHICAL");
     }
+    unsetenv("MOEA2A_HIERARCHICAL");
     float *out = malloc(sizeof(float) * CAP * (size_t)a->hidden), *out2 = malloc(sizeof(float) * CAP * (size_t)a->hidden);
     for (int kind = 0; !fails && kind < NKIND; kind++) {
         const int n = CAP - (me + kind) % 5;
@@ -258,26 +267,25 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         for (int t = 0; !r && !fails && t < n; t++)
             fails += check_token(me, t, ep, a->node_size, kind, a, out + (size_t)t * (size_t)a->hidden);
         if (flat && !fails) {
-            r = round_trip(flat, me, n, kind, a, out2);
+            r = round_trip(flat, me, n, kind, &ak, out2);
             RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS && !memcmp(out, out2, sizeof(float) * (size_t)n * (size_t)a->hidden),
-                        "the flat path's output differs from the hierarchical path's (%s)", moea2a_strerror(r));
+                        "the %s path's output differs from the %s path's (%s)", a->cuda ? "generic" : "flat",
+                        a->cuda ? "load/store" : "hierarchical", moea2a_strerror(r));
         }
     }
     free(out), free(out2);
     if (flat) moea2a_moe_destroy(flat);
     if (moe) moea2a_moe_destroy(moe);
-    if (a->cuda) { /* refused on every rank: copy-engine mode, and the generic path (NCCL) */
-        for (int way = a->ipc; way < 2; way++) {
-            moea2a_moe_config_t g = config_of(a, MOEA2A_WIRE_FP8);
-            g.flags |= way ? MOEA2A_MOE_COPY_ENGINE : MOEA2A_MOE_NO_NVLINK;
-            moea2a_moe_t x = NULL;
-            moea2a_result_t r = moea2a_moe_create(&x, comm, &g);
-            RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "combine_wire FP8") &&
-                                       strstr(moea2a_last_error(comm), way ? "copy-engine" : "cuda path"),
-                        "%s: %s (%s)", way ? "copy-engine mode" : "the generic path", moea2a_strerror(r),
-                        moea2a_last_error(comm));
-            if (r == MOEA2A_SUCCESS) moea2a_moe_destroy(x);
-        }
+    if (a->cuda) { /* refused on every rank: the hierarchical CUDA path across nodes, copy-engine mode on one */
+        moea2a_moe_config_t x_c = config_of(a, MOEA2A_WIRE_FP8);
+        if (!a->node_size) x_c.flags |= MOEA2A_MOE_COPY_ENGINE;
+        moea2a_moe_t x = NULL;
+        moea2a_result_t r = moea2a_moe_create(&x, comm, &x_c);
+        RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "combine_wire FP8") &&
+                                   strstr(moea2a_last_error(comm), a->node_size ? "cuda-hier path" : "copy-engine"),
+                    "%s: %s (%s)", a->node_size ? "the hierarchical path" : "copy-engine mode", moea2a_strerror(r),
+                    moea2a_last_error(comm));
+        if (r == MOEA2A_SUCCESS) moea2a_moe_destroy(x);
     }
     moea2a_comm_destroy(comm);
     return fails;
@@ -319,24 +327,33 @@ static int refuse_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
 static void cuda_runs(void)
 {
 #if WITH_CUDA
-    static const struct { int ranks, ue8m0, fp32_out, hidden; } pts[] = {{1, 0, 0, 7168}, {2, 1, 0, 2176}, {4, 0, 1, 4224}};
+    static const struct { int ranks, node_size, ue8m0, fp32_out, hidden; } pts[] = {
+        {1, 0, 0, 0, 7168}, {2, 0, 1, 0, 2176}, {4, 0, 0, 1, 4224}, {2, 1, 0, 0, 2048}, {4, 2, 1, 0, 1152}};
     const int ndev = gpu_count();
     for (size_t i = 0; i < sizeof(pts) / sizeof(pts[0]); i++) {
-        const int n = pts[i].ranks, share = n > ndev && ndev > 0 && have_ucx();
+        const int n = pts[i].ranks, nodes = pts[i].node_size != 0;
+        const int share = n > ndev && ndev > 0 && !nodes && have_ucx(); /* the generic path needs NCCL: a GPU each */
         if (n > ndev && !share) {
-            tap_skip(ndev ? "not enough GPUs" : "no CUDA device", "FP8 combine wire on %d GPU(s), load/store path", n);
+            tap_skip(ndev ? "not enough GPUs" : "no CUDA device", "FP8 combine wire on %d GPU(s)%s", n,
+                     nodes ? " in emulated nodes" : "");
             continue;
         }
-        const arg_t a = {0, pts[i].ue8m0, pts[i].fp32_out, pts[i].hidden, 1, ndev, share, 0};
+        const arg_t a = {pts[i].node_size, pts[i].ue8m0, pts[i].fp32_out, pts[i].hidden, 1, ndev, share, 0};
         local_ranks_result_t res;
         local_ranks_run(n, wire_rank, (void *)&a, WATCHDOG, &res);
         char where[64];
         snprintf(where, sizeof(where), share ? "%d ranks sharing %d GPU(s) over CUDA IPC" : "%d GPU(s)", n, ndev);
-        tap_ok(res.failed == 0, "FP8 combine wire on %s, load/store path (%s scales, %s out, hidden %d): rows in the "
-                                "combine buffer and from the caller's buffer equal the reference of the public FP8 calls "
-                                "bit for bit, within the bound; %s",
-               where, a.ue8m0 ? "UE8M0" : "fp32", a.fp32_out ? "fp32" : "bf16", a.hidden,
-               share ? "copy-engine mode refuses it" : "the generic path and copy-engine mode refuse it");
+        if (nodes)
+            tap_ok(res.failed == 0, "FP8 combine wire on %s in emulated nodes of %d, the flat generic path (%s scales, "
+                                    "hidden %d): each node's partial quantized again on the GPU, equal to the public FP8 "
+                                    "calls' reference bit for bit, within the bound; the hierarchical CUDA path refuses it",
+                   where, a.node_size, a.ue8m0 ? "UE8M0" : "fp32", a.hidden);
+        else
+            tap_ok(res.failed == 0, "FP8 combine wire on %s, load/store path%s (%s scales, %s out, hidden %d): rows in "
+                                    "the combine buffer and from the caller's buffer equal the reference of the public FP8 "
+                                    "calls bit for bit, within the bound; copy-engine mode refuses it",
+                   where, share ? "" : " and the generic path, the same bits", a.ue8m0 ? "UE8M0" : "fp32",
+                   a.fp32_out ? "fp32" : "bf16", a.hidden);
     }
 #else
     tap_skip("no CUDA device (built without CUDA or NCCL)", "FP8 combine wire in CUDA memory");

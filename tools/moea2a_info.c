@@ -22,7 +22,7 @@ static void usage(FILE *f)
             "                       memory=cuda|host, ranks_per_node, rank, topology=FILE.xml, mem=SIZE,\n"
             "                       wire=fp8|fp8-ue8m0|nvfp4 (the payload quantized on dispatch),\n"
             "                       combine_wire=fp8|fp8-ue8m0 (the combine's rows as FP8: host memory,\n"
-            "                       or the load/store path in CUDA memory)\n"
+            "                       or the load/store and generic paths in CUDA memory)\n"
             "  -v, --version        version only\n"
             "  -h, --help           this text\n"
             "exit status: 0 ok, 1 error (or a variable set to a value moea2a refuses), 2 usage,\n"

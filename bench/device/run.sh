@@ -39,7 +39,8 @@
 # kernels (--engine ce / sm, checked; CE_RANKS GPUs, default FP4RANKS; CE_TOKENS,
 # default 128,1024,4096; at the SM budgets CE_SMS, default "8,48"); BENCH=ce runs only
 # that one. BENCH=cwire runs only the FP8 combine wire next to rows as they are (CWIRE_RANKS,
-# default "2 4"; CWIRE_TOKENS, default 128,4096; CWIRE_ROUNDS, default 2), checked; CWIRE=1
+# default "2 4"; CWIRE_TOKENS, default 128,4096; CWIRE_ROUNDS, default 2; CWIRE_ENV, e.g.
+# MOEA2A_NVLINK=0 for the generic path), checked; CWIRE=1
 # adds it to a full run. DECODE="2 4" times the decode sizes (DECODE_TOKENS, default 1,8,32,128,256,512,
 # 1024,4096) on those GPU counts with the CUPTI kernel times, once per assignment in DECODE_ENVS
 # ("MOEA2A_X=1 MOEA2A_X=2": a run with each in the environment); PHASE_RANKS="2 4" builds the
@@ -304,8 +305,8 @@ side_build() {
     for n in ${CWIRE_RANKS:-2 4}; do
       for round in $(seq 1 "${CWIRE_ROUNDS:-2}"); do
         for w in as-is fp8 fp8-ue8m0; do
-          echo "== combine wire $w, $n GPUs, round $round"
-          timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${CWIRE_TOKENS:-128,4096}" \
+          echo "== combine wire $w, $n GPUs, round $round${CWIRE_ENV:+, $CWIRE_ENV}"
+          env ${CWIRE_ENV:-} timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${CWIRE_TOKENS:-128,4096}" \
               $([ $w = as-is ] || echo "--combine-wire $w") --check 1 --iters "${ITERS:-30}" --warmup 10 |
             grep -E "dispatch|combine|graph|wrong|rror"; echo "rc=${PIPESTATUS[0]}"
         done

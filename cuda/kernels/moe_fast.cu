@@ -56,6 +56,7 @@
 #include "base/convert.h"
 #include "elem.cuh"
 #include "fp8_device.cuh"
+#include "fp8c_device.cuh"
 #include "load.cuh"
 #include "mbarrier.cuh"
 #include "moe_fast.h"

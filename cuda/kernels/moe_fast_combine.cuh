@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * row into the buffer, from the caller's rows or in place. */
     const bool fp8 = WAY == kFp8, ue8m0 = f.combine_fp8 == M2A_FAST_FP8_UE8M0;
     if (fp8 && !kQFirst && send && !status)
-        fp8c_quantize<DT>(expert_rows ? expert_rows : ws + f.combine, ws + f.combine,
-                          reinterpret_cast<const int32_t *>(ws + f.recv_counts), ep, stride, row, (int)f.hidden, ue8m0);
+        fp8c_quantize<DT>(expert_rows ? expert_rows : ws + f.combine, row, ws + f.combine, row,
+                          reinterpret_cast<const int32_t *>(ws + f.recv_counts), ep, stride, (int)f.hidden, ue8m0);
     const bool copy_in = send && !fp8 && expert_rows && expert_rows != ws + f.combine;
     if (copy_in) {
         const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "elem.cuh"
+#include "fp8c_device.cuh"
 #include "moe_kernels.h"
 #include "load.cuh"
 
@@ -239,6 +240,77 @@ __global__ void combine_vec(m2a_kparams_t p, int n, const int32_t *__restrict__ 
     }
 }
 
+/* The FP8 combine wire's sum (wire: M2A_FAST_FP8 or M2A_FAST_FP8_UE8M0): rows of hidden
+ * codes and their scales (wire_row bytes), dequantized and added as combine_vec adds
+ * values, 16 per thread step; across nodes each node's partial quantized again by the
+ * block rule (8 adjacent threads hold a block of 128) and added dequantized, as the
+ * host reference does. vec: every row and out 16-byte aligned. */
+template <moea2a_datatype_t DT>
+__global__ void combine_fp8(m2a_kparams_t p, int n, const int32_t *__restrict__ map, size_t hidden, size_t wire_row,
+                            int wire, bool vec, const unsigned char *self_rows, const unsigned char *landing,
+                            unsigned char *out)
+{
+    using namespace m2a_fp8c;
+    constexpr int V = 16 / (int)Elem<DT>::size;
+    __shared__ const unsigned char *rows[kMaxDest];
+    __shared__ int nrows;
+    __shared__ unsigned long long ends;
+    const bool ue8m0 = wire == M2A_FAST_FP8_UE8M0;
+    const size_t out_row = Elem<DT>::size * hidden, groups = hidden / kQv;
+    for (int t = blockIdx.x; t < n; t += gridDim.x) {
+        if (threadIdx.x == 0) nrows = token_rows(p, map, t, wire_row, self_rows, landing, rows, &ends);
+        __syncthreads();
+        unsigned char *o = out + (size_t)t * out_row;
+        for (size_t c0 = 0; c0 < groups; c0 += blockDim.x) { /* block-uniform: every lane reaches the shuffles */
+            const size_t c = c0 + threadIdx.x;
+            const bool live = c < groups;
+            const int kb = (int)(c / kQLanes);
+            float acc[kQv], total[kQv];
+#pragma unroll
+            for (int v = 0; v < kQv; v++) acc[v] = 0.0f, total[v] = 0.0f;
+            for (int d = 0; d < nrows; d++) {
+                if (live) fp8c_add(acc, load16(rows[d] + c * kQv, vec), fp8c_scale(rows[d], (int)hidden, kb, ue8m0));
+                if ((ends >> d) & 1) { /* a node's partial, as it travels between nodes: FP8 again */
+                    uint32_t am = 0;
+#pragma unroll
+                    for (int v = 0; v < kQv; v++) am = max(am, __float_as_uint(acc[v]) & 0x7fffffffu);
+#pragma unroll
+                    for (int s = kQLanes / 2; s; s >>= 1) am = max(am, __shfl_xor_sync(kAllLanes, am, s));
+                    const bool finite = am < 0x7f800000u;
+                    float mul;
+                    const uint32_t sb = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
+                    uint32_t w[kQv / 4];
+                    m2a_fp8_encode<kQv>(acc, mul, finite, w);
+                    fp8c_add(total, make_uint4(w[0], w[1], w[2], w[3]), m2a_fp8_scale_value(sb, ue8m0));
+#pragma unroll
+                    for (int v = 0; v < kQv; v++) acc[v] = 0.0f;
+                }
+            }
+            if (!live) continue;
+            const float *sum = ends ? total : acc;
+            unsigned char *dst = o + c * kQv * Elem<DT>::size;
+            if (vec) {
+#pragma unroll
+                for (int q = 0; q < kQv / V; q++) reinterpret_cast<int4 *>(dst)[q] = m2a_elem::pack_vec<DT>(sum + V * q);
+            } else {
+#pragma unroll
+                for (int v = 0; v < kQv; v++) Elem<DT>::store(dst, (size_t)v, sum[v]);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* The FP8 combine wire's rows for the generic paths: ep x stride rows of in (in_row
+ * bytes apart, the valid ones as counts says) quantized into out (out_row apart). */
+template <moea2a_datatype_t DT>
+__global__ void __launch_bounds__(256) combine_quantize(int ep, int stride, const int32_t *__restrict__ counts,
+                                                       size_t hidden, int wire, const unsigned char *in, size_t in_row,
+                                                       unsigned char *out, size_t out_row)
+{
+    m2a_fp8c::fp8c_quantize<DT>(in, in_row, out, out_row, counts, ep, stride, (int)hidden, wire == M2A_FAST_FP8_UE8M0);
+}
+
 int grid_for(long long work, int per_block)
 {
     long long g = (work + per_block - 1) / per_block;
@@ -276,8 +348,8 @@ extern "C" int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32
 }
 
 extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype,
-                                size_t hidden, const unsigned char *self_rows, const unsigned char *landing, void *out,
-                                void *stream)
+                                size_t hidden, int wire, const unsigned char *self_rows, const unsigned char *landing,
+                                void *out, void *stream)
 {
     if (n <= 0 || hidden == 0) return 0;
     if (p->k > kMaxDest && p->ep > kMaxDest) return (int)cudaErrorNotSupported; /* more than 64 ranks per token */
@@ -285,6 +357,17 @@ extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *se
     cudaStream_t s = (cudaStream_t)stream;
     unsigned char *o = (unsigned char *)out;
     size_t es = dtype == MOEA2A_FLOAT32 ? 4 : 2;
+    if (wire != M2A_FAST_AS_IS) {
+        const size_t nkb = hidden / M2A_FP8_BLOCK;
+        const size_t wrow = hidden + 4 * (wire == M2A_FAST_FP8_UE8M0 ? (nkb + 3) / 4 : nkb);
+        const bool v = wrow % 16 == 0 && (((uintptr_t)self_rows | (uintptr_t)landing | (uintptr_t)out) % 16 == 0);
+        switch (dtype) {
+        case MOEA2A_FLOAT32: combine_fp8<MOEA2A_FLOAT32><<<grid, block, 0, s>>>(*p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o); break;
+        case MOEA2A_FLOAT16: combine_fp8<MOEA2A_FLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o); break;
+        default: combine_fp8<MOEA2A_BFLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o); break;
+        }
+        return (int)cudaGetLastError();
+    }
     bool vec = ((es * hidden) % 16 == 0) && (((uintptr_t)self_rows | (uintptr_t)landing | (uintptr_t)out) % 16 == 0);
     if (vec) {
         switch (dtype) {
@@ -302,9 +385,26 @@ extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *se
     return (int)cudaGetLastError();
 }
 
+extern "C" int m2a_cuda_combine_quantize(int ep, int stride, const int32_t *recv_counts, moea2a_datatype_t dtype,
+                                         size_t hidden, int wire, const unsigned char *in, size_t in_row,
+                                         unsigned char *out, size_t out_row, void *stream)
+{
+    constexpr int threads = 256;
+    const size_t smem = (size_t)(threads / kWarpSize) * (hidden / M2A_FP8_BLOCK) * 4;
+    const dim3 grid(grid_for((long long)ep * stride, threads / kWarpSize));
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (dtype) {
+    case MOEA2A_FLOAT32: combine_quantize<MOEA2A_FLOAT32><<<grid, threads, smem, s>>>(ep, stride, recv_counts, hidden, wire, in, in_row, out, out_row); break;
+    case MOEA2A_FLOAT16: combine_quantize<MOEA2A_FLOAT16><<<grid, threads, smem, s>>>(ep, stride, recv_counts, hidden, wire, in, in_row, out, out_row); break;
+    default: combine_quantize<MOEA2A_BFLOAT16><<<grid, threads, smem, s>>>(ep, stride, recv_counts, hidden, wire, in, in_row, out, out_row); break;
+    }
+    return (int)cudaGetLastError();
+}
+
 extern "C" int m2a_cuda_moe_load(void)
 {
     int e = m2a_load_kernel(route_dests, 0);
     e = m2a_load_kernel(route_slots, m2a_load_kernel(pack, m2a_load_kernel(sanitize, e)));
+    e = M2A_LOAD_FLOATS(combine_fp8, M2A_LOAD_FLOATS(combine_quantize, e));
     return M2A_LOAD_FLOATS(combine_vec, M2A_LOAD_FLOATS(combine, e));
 }

@@ -30,9 +30,16 @@ int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_co
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);
 /* out[t] = fp32 sum of the token's rows in ascending rank order, rounded once; across
  * nodes (p->nodes > 1) the node-grouped order of moea2a_moe(3): each node's partial
- * rounded to dtype, the partials added in ascending node order, rounded. */
+ * rounded to dtype (FP8 wire: quantized again), the partials added in ascending node
+ * order, rounded. wire: M2A_FAST_AS_IS (rows of dtype) or the FP8 wire's rows. */
 int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
-                     const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
+                     int wire, const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
+/* The FP8 combine wire's rows (wire M2A_FAST_FP8 or M2A_FAST_FP8_UE8M0): each valid row
+ * of the ep x stride rows of dtype at in (in_row bytes apart) as codes and scales at out
+ * (out_row bytes apart). */
+int m2a_cuda_combine_quantize(int ep, int stride, const int32_t *recv_counts, moea2a_datatype_t dtype, size_t hidden,
+                              int wire, const unsigned char *in, size_t in_row, unsigned char *out, size_t out_row,
+                              void *stream);
 
 /* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_moe_load(void);

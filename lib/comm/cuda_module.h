@@ -243,8 +243,9 @@ typedef struct {
  * 5: m2a_kgemm_t.no_wgmma; 6: m2a_fast_t's FP8 quantized inside the copies (qfuse..., qfin);
  * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL),
  * load_kernels for fast_load and quantize_alongside_load; 9: pack's block and src_index (rows
- * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8 */
-#define MOEA2A_CUDA_ABI_VERSION 10
+ * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8; 11: the
+ * generic paths' FP8 combine wire (combine's wire, combine_quantize) */
+#define MOEA2A_CUDA_ABI_VERSION 11
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -294,7 +295,10 @@ typedef struct moea2a_cuda_v1 {
     int (*sanitize)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids, int32_t *src_index,
                     int sanitize, int rewrite_nonlocal, void *stream);
     int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
-                   const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
+                   int wire, const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
+    int (*combine_quantize)(int ep, int stride, const int32_t *recv_counts, moea2a_datatype_t dtype, size_t hidden,
+                            int wire, const unsigned char *in, size_t in_row, unsigned char *out, size_t out_row,
+                            void *stream);
     int (*fast_dispatch)(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
                          const int32_t *ids, const float *weights, int phases, void *stream);
     int (*fast_combine)(const m2a_fast_t *f, int blocks, int n, int stride, const unsigned char *expert_rows, void *out,

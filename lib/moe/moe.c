@@ -103,7 +103,8 @@ static moea2a_result_t wire_possible(moea2a_comm_t comm, const moea2a_moe_config
         else if (c->flags & MOEA2A_MOE_COPY_ENGINE) snprintf(why, sizeof(why), "in copy-engine mode, whose sum reads rows as they are");
         else snprintf(why, sizeof(why), "whose FP8 combine takes hidden up to %zu (hidden=%zu)", b->fp8_combine_hidden, c->hidden);
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
-                         "moea2a_moe: combine_wire FP8 runs on host memory and on the load/store path in CUDA memory; "
+                         "moea2a_moe: combine_wire FP8 runs on host memory and on the load/store and generic paths in CUDA "
+                         "memory; "
                          "this context takes the %s path, %s (combine_wire.format MOEA2A_WIRE_AS_IS combines its rows "
                          "as they are)", b->name, why);
     }

@@ -203,7 +203,7 @@ class MoE(_Handle):
     rows of the load/store path with the GPU's copy engines (moea2a_moe(3), "Copy-engine
     mode": not capturable in a CUDA graph); combine_wire="fp8" | "fp8-ue8m0" sends the
     combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory, or the load/store
-    path in CUDA memory); max_local_experts
+    and generic paths in CUDA memory); max_local_experts
     bounds what set_placement may give a rank."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"

@@ -15,7 +15,7 @@ static void cuda_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_
 
 static const m2a_generic_steps_t steps = {
     .route = m2a_moe_cuda_route, .pack = m2a_moe_cuda_pack, .sanitize = m2a_moe_cuda_sanitize,
-    .reduce = m2a_moe_cuda_combine, .wait = m2a_moe_cuda_wait,
+    .combine_rows = m2a_moe_cuda_combine_rows, .reduce = m2a_moe_cuda_combine, .wait = m2a_moe_cuda_wait,
 };
 
 static void cuda_release(moea2a_moe_t moe)
@@ -42,4 +42,5 @@ const m2a_moe_backend_t m2a_moe_backend_cuda = {
     .capturing = m2a_moe_cuda_capturing,
     .not_capturable = "the generic NCCL path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
+    .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* a warp's scales of a row in shared memory */
 };

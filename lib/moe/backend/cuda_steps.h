@@ -54,6 +54,10 @@ moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const v
  * scales 0, the scales in the wire's layout, NVFP4's global scale per source; payload
  * i with bit i of done was finished already (by the load/store dispatch kernel). */
 moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, unsigned done, void *stream);
+/* The generic flow's combine steps: the rows sent (quantized into staging by the FP8
+ * combine wire), then their sum. */
+moea2a_result_t m2a_moe_cuda_combine_rows(moea2a_moe_t moe, const unsigned char *in, const unsigned char **rows,
+                                          void *stream);
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
 /* The combine's reduction with the kernels' view kp: out[t] for n tokens from map (rank x
  * cap + slot per entry): this rank's rows at self_rows + slot, a peer's at landing's

@@ -267,7 +267,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
 
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
     const m2a_generic_steps_t *st = moe->steps;
-    if (st->combine_rows) in = st->combine_rows(moe, in, stream);
+    if (st->combine_rows) M2A_TRY(st->combine_rows(moe, in, &in, stream));
     size_t row = l->combine_wire;
     int64_t *v = vectors(ep, 1);
     if (!v) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_combine: out of memory");

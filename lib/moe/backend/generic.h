@@ -17,9 +17,9 @@ typedef struct {
      * (moe->h_recv_counts holds what each peer sends) */
     moea2a_result_t (*pack)(moea2a_moe_t moe, const m2a_dispatch_args_t *a, void *stream);
     moea2a_result_t (*sanitize)(moea2a_moe_t moe, int stride, void *stream);
-    /* the rows a combine sends, from the expert side's (in: [ep][stride] of the combine
-     * dtype), [ep][stride] rows of l->combine_wire bytes; NULL: in itself */
-    const unsigned char *(*combine_rows)(moea2a_moe_t moe, const unsigned char *in, void *stream);
+    /* *rows = the rows a combine sends, from the expert side's (in: [ep][stride] of the
+     * combine dtype), [ep][stride] rows of l->combine_wire bytes; NULL: in itself */
+    moea2a_result_t (*combine_rows)(moea2a_moe_t moe, const unsigned char *in, const unsigned char **rows, void *stream);
     /* out = the token-order sum of the rows (in: this rank's rows as combine_rows gave them) */
     moea2a_result_t (*reduce)(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
     void (*wait)(void *stream); /* for phase tracing; NULL: nothing runs asynchronously */

@@ -102,10 +102,12 @@ const unsigned char *m2a_host_combine_rows(moea2a_moe_t moe, const unsigned char
     return wire;
 }
 
-static const unsigned char *host_combine_rows(moea2a_moe_t moe, const unsigned char *in, void *stream)
+static moea2a_result_t host_combine_rows(moea2a_moe_t moe, const unsigned char *in, const unsigned char **rows,
+                                         void *stream)
 {
     (void)stream;
-    return m2a_host_combine_rows(moe, in);
+    *rows = m2a_host_combine_rows(moe, in);
+    return MOEA2A_SUCCESS;
 }
 
 static moea2a_result_t host_reduce(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream)
