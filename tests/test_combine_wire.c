@@ -276,11 +276,14 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
     free(out), free(out2);
     if (flat) moea2a_moe_destroy(flat);
     if (moe) moea2a_moe_destroy(moe);
-    if (a->cuda) { /* refused on every rank: the hierarchical CUDA path across nodes, copy-engine mode on one */
+    if (a->cuda) { /* refused on every rank: the hierarchical CUDA path across nodes (asked for: nodes of one
+                    * rank take the flat path by default), copy-engine mode on one */
         moea2a_moe_config_t x_c = config_of(a, MOEA2A_WIRE_FP8);
         if (!a->node_size) x_c.flags |= MOEA2A_MOE_COPY_ENGINE;
+        else setenv("MOEA2A_HIERARCHICAL", "1", 1);
         moea2a_moe_t x = NULL;
         moea2a_result_t r = moea2a_moe_create(&x, comm, &x_c);
+        unsetenv("MOEA2A_HIERARCHICAL");
         RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "combine_wire FP8") &&
                                    strstr(moea2a_last_error(comm), a->node_size ? "cuda-hier path" : "copy-engine"),
                     "%s: %s (%s)", a->node_size ? "the hierarchical path" : "copy-engine mode", moea2a_strerror(r),

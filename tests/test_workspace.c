@@ -171,6 +171,12 @@ static void test_topologies(void)
            "the FP8 combine wire across nodes in CUDA memory (the hierarchical path) is refused at sizing: %s",
            moea2a_last_error(NULL));
     check_case(&cases[6], &cw); /* the generic CUDA path: the rows quantized into staging */
+    const case_t one_each = {"4gpu-nvlink.xml", 2, 1, 0, MOEA2A_MEMORY_CUDA, 1, 0, 0, 0, "mlx5_0"};
+    setenv("MOEA2A_HIERARCHICAL", "1", 1); /* nodes of one rank: the hierarchical path only when asked for */
+    tap_ok(refused_on_cuda(&one_each, &cw, "cuda-hier path"),
+           "the FP8 combine wire on the hierarchical CUDA path forced over nodes of one rank is refused at sizing: %s",
+           moea2a_last_error(NULL));
+    unsetenv("MOEA2A_HIERARCHICAL");
     cw.hidden = 98304 + 128;
     tap_ok(refused_on_cuda(&cases[0], &cw, "hidden=98432"),
            "the FP8 combine wire on the load/store path past its hidden is refused at sizing: %s", moea2a_last_error(NULL));
