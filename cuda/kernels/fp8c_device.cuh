@@ -50,6 +50,20 @@ static __device__ __forceinline__ void store16(unsigned char *p, const uint4 &v,
     for (int i = 0; i < 16; i++) p[i] = b[i];
 }
 
+/* A block of 128 values held by kQLanes adjacent lanes, kQv each (v, of which am is the
+ * fp32 bits of this lane's largest magnitude): this lane's codes into w and the block's
+ * scale bits returned (every lane of the warp calls it: the shuffles). */
+static __device__ __forceinline__ uint32_t fp8c_encode(const float *v, uint32_t am, bool ue8m0, uint32_t *w)
+{
+#pragma unroll
+    for (int o = kQLanes / 2; o; o >>= 1) am = max(am, __shfl_xor_sync(kAllLanes, am, o));
+    const bool finite = am < 0x7f800000u;
+    float mul;
+    const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
+    m2a_fp8_encode<kQv>(v, mul, finite, w);
+    return s;
+}
+
 /* One warp: the row of `hidden` values of DT at src as an FP8 wire row at dst (hidden
  * codes, then the scales: fp32 words or, with ue8m0, bytes padded to a word). dst may be
  * src: codes of values [h, h + n) overwrite bytes that held values below h + n, all
@@ -77,14 +91,9 @@ __device__ void fp8c_quantize_row(const unsigned char *src, unsigned char *dst, 
             const int h = base + a * kQSpan + lane * kQv;
             if (base + a * kQSpan >= hidden) break; /* warp-uniform */
             float v[kQv];
-            uint32_t am = m2a_fp8_unpack<DT, NV>(raw[a], v);
-#pragma unroll
-            for (int o = kQLanes / 2; o; o >>= 1) am = max(am, __shfl_xor_sync(kAllLanes, am, o));
-            const bool finite = am < 0x7f800000u;
-            float mul;
-            const uint32_t s = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
             uint32_t w[kQv / 4];
-            m2a_fp8_encode<kQv>(v, mul, finite, w);
+            const uint32_t am = m2a_fp8_unpack<DT, NV>(raw[a], v);
+            const uint32_t s = fp8c_encode(v, am, ue8m0, w);
             if (h < hidden) {
                 store16(dst + h, make_uint4(w[0], w[1], w[2], w[3]), dvec);
                 if (lane % kQLanes == 0) sc[h / M2A_FP8_BLOCK] = s;
@@ -108,7 +117,7 @@ template <moea2a_datatype_t DT>
 __device__ void fp8c_quantize(const unsigned char *src, size_t src_row, unsigned char *dst, size_t dst_row,
                               const int32_t *counts, int ep, int stride, int hidden, bool ue8m0)
 {
-    extern __shared__ __align__(128) unsigned char dsm[]; /* the declaration reduce_bulk shares */
+    extern __shared__ __align__(128) unsigned char dsm[]; /* as reduce_bulk declares it: one per file */
     const int wpb = (int)(blockDim.x / kWarpSize);
     uint32_t *sc = reinterpret_cast<uint32_t *>(dsm) + (size_t)(threadIdx.x / kWarpSize) * (hidden / M2A_FP8_BLOCK);
     const bool vec = (uintptr_t)src % 16 == 0 && src_row % 16 == 0, dvec = (uintptr_t)dst % 16 == 0 && dst_row % 16 == 0;

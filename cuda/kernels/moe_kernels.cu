@@ -271,16 +271,10 @@ __global__ void combine_fp8(m2a_kparams_t p, int n, const int32_t *__restrict__ 
             for (int d = 0; d < nrows; d++) {
                 if (live) fp8c_add(acc, load16(rows[d] + c * kQv, vec), fp8c_scale(rows[d], (int)hidden, kb, ue8m0));
                 if ((ends >> d) & 1) { /* a node's partial, as it travels between nodes: FP8 again */
-                    uint32_t am = 0;
+                    uint32_t am = 0, w[kQv / 4];
 #pragma unroll
                     for (int v = 0; v < kQv; v++) am = max(am, __float_as_uint(acc[v]) & 0x7fffffffu);
-#pragma unroll
-                    for (int s = kQLanes / 2; s; s >>= 1) am = max(am, __shfl_xor_sync(kAllLanes, am, s));
-                    const bool finite = am < 0x7f800000u;
-                    float mul;
-                    const uint32_t sb = m2a_fp8_scale(__uint_as_float(am), finite, ue8m0, &mul);
-                    uint32_t w[kQv / 4];
-                    m2a_fp8_encode<kQv>(acc, mul, finite, w);
+                    const uint32_t sb = fp8c_encode(acc, am, ue8m0, w);
                     fp8c_add(total, make_uint4(w[0], w[1], w[2], w[3]), m2a_fp8_scale_value(sb, ue8m0));
 #pragma unroll
                     for (int v = 0; v < kQv; v++) acc[v] = 0.0f;

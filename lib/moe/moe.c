@@ -96,17 +96,19 @@ static moea2a_result_t wire_possible(moea2a_comm_t comm, const moea2a_moe_config
                                      int cuda)
 {
     if (c->combine_wire.format != MOEA2A_WIRE_AS_IS &&
-        (c->hidden > b->fp8_combine_hidden || (c->flags & MOEA2A_MOE_COPY_ENGINE)))
-    {
+        (c->hidden > b->fp8_combine_hidden || (c->flags & MOEA2A_MOE_COPY_ENGINE))) {
         char why[96];
-        if (!b->fp8_combine_hidden) snprintf(why, sizeof(why), "which has no FP8 combine");
-        else if (c->flags & MOEA2A_MOE_COPY_ENGINE) snprintf(why, sizeof(why), "in copy-engine mode, whose sum reads rows as they are");
-        else snprintf(why, sizeof(why), "whose FP8 combine takes hidden up to %zu (hidden=%zu)", b->fp8_combine_hidden, c->hidden);
+        if (!b->fp8_combine_hidden)
+            snprintf(why, sizeof(why), "which has no FP8 combine");
+        else if (c->flags & MOEA2A_MOE_COPY_ENGINE)
+            snprintf(why, sizeof(why), "in copy-engine mode, whose sum reads rows as they are");
+        else
+            snprintf(why, sizeof(why), "whose FP8 combine takes hidden up to %zu (hidden=%zu)", b->fp8_combine_hidden,
+                     c->hidden);
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                          "moea2a_moe: combine_wire FP8 runs on host memory and on the load/store and generic paths in CUDA "
-                         "memory; "
-                         "this context takes the %s path, %s (combine_wire.format MOEA2A_WIRE_AS_IS combines its rows "
-                         "as they are)", b->name, why);
+                         "memory; this context takes the %s path, %s (combine_wire.format MOEA2A_WIRE_AS_IS combines "
+                         "its rows as they are)", b->name, why);
     }
     if (!cuda) return MOEA2A_SUCCESS;
     if (c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES)

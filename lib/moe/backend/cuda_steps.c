@@ -308,8 +308,7 @@ moea2a_result_t m2a_moe_cuda_sanitize(moea2a_moe_t moe, int stride, void *stream
     return m2a_moe_cuda_wire_finish(moe, stride, 0, stream);
 }
 
-/* The FP8 combine wire as the kernels name it (M2A_FAST_*). */
-static int cuda_wire(const moea2a_moe_config_t *c)
+int m2a_moe_cuda_combine_wire(const moea2a_moe_config_t *c)
 {
     return c->combine_wire.format == MOEA2A_WIRE_AS_IS       ? M2A_FAST_AS_IS
            : (c->combine_wire.flags & MOEA2A_FP8_UE8M0) ? M2A_FAST_FP8_UE8M0
@@ -324,8 +323,8 @@ moea2a_result_t m2a_moe_cuda_combine_rows(moea2a_moe_t moe, const unsigned char 
     if (moe->cfg.combine_wire.format == MOEA2A_WIRE_AS_IS) return MOEA2A_SUCCESS;
     unsigned char *wire = moe->stage + l->stage_cwire;
     CU(moe->comm, OPS->combine_quantize(moe->comm->nranks, moe->stride, (const int32_t *)(moe->ws + l->recv_counts),
-                                        moe->cfg.combine_dtype, moe->cfg.hidden, cuda_wire(&moe->cfg), in,
-                                        l->combine_row, wire, l->combine_wire, stream));
+                                        moe->cfg.combine_dtype, moe->cfg.hidden, m2a_moe_cuda_combine_wire(&moe->cfg),
+                                        in, l->combine_row, wire, l->combine_wire, stream));
     *rows = wire;
     return MOEA2A_SUCCESS;
 }
@@ -343,8 +342,8 @@ moea2a_result_t m2a_moe_cuda_reduce(moea2a_moe_t moe, const m2a_kparams_t *kp, i
                                     const unsigned char *self_rows, const unsigned char *landing, void *out,
                                     void *stream)
 {
-    int rc = OPS->combine(kp, n, map, moe->cfg.combine_dtype, moe->cfg.hidden, cuda_wire(&moe->cfg), self_rows, landing,
-                          out, stream);
+    int rc = OPS->combine(kp, n, map, moe->cfg.combine_dtype, moe->cfg.hidden, m2a_moe_cuda_combine_wire(&moe->cfg),
+                          self_rows, landing, out, stream);
     if (rc == M2A_CUDA_NOT_SUPPORTED)
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_combine: tokens with more than 64 destination ranks");
     CU(moe->comm, rc);

@@ -54,6 +54,8 @@ moea2a_result_t m2a_moe_cuda_quantize_alongside(moea2a_moe_t moe, int n, const v
  * scales 0, the scales in the wire's layout, NVFP4's global scale per source; payload
  * i with bit i of done was finished already (by the load/store dispatch kernel). */
 moea2a_result_t m2a_moe_cuda_wire_finish(moea2a_moe_t moe, int stride, unsigned done, void *stream);
+/* The combine wire as the kernels name it: M2A_FAST_AS_IS, M2A_FAST_FP8 or M2A_FAST_FP8_UE8M0. */
+int m2a_moe_cuda_combine_wire(const moea2a_moe_config_t *c);
 /* The generic flow's combine steps: the rows sent (quantized into staging by the FP8
  * combine wire), then their sum. */
 moea2a_result_t m2a_moe_cuda_combine_rows(moea2a_moe_t moe, const unsigned char *in, const unsigned char **rows,

@@ -82,9 +82,7 @@ static void fast_params(moea2a_moe_t moe, int even_tokens)
     st->reason = f->ctl + m2a_align(M2A_FAST_CTL_BYTES);
     f->recv_counts = l->recv_counts, f->send_map = l->send_map, f->combine = l->combine;
     f->combine_row = l->combine_row, f->combine_dtype = moe->cfg.combine_dtype, f->hidden = moe->cfg.hidden;
-    f->combine_fp8 = moe->cfg.combine_wire.format == MOEA2A_WIRE_AS_IS           ? M2A_FAST_AS_IS
-                     : (moe->cfg.combine_wire.flags & MOEA2A_FP8_UE8M0) ? M2A_FAST_FP8_UE8M0
-                                                                         : M2A_FAST_FP8;
+    f->combine_fp8 = m2a_moe_cuda_combine_wire(&moe->cfg);
     f->sanitize = !(moe->cfg.flags & MOEA2A_MOE_NO_SANITIZE);
     f->rewrite = (moe->cfg.flags & MOEA2A_MOE_REWRITE_NONLOCAL) != 0;
     f->timeout_ns = (unsigned long long)(moe->comm->timeout_s * 1e9);
