@@ -6,6 +6,8 @@
  *   - return MOEA2A_ERR_PEER_FAILED naming the dead rank, or MOEA2A_ERR_TIMEOUT,
  *     within MOEA2A_TIMEOUT_S + 1 s of the kill,
  *   - then destroy its communicator within a second.
+ * Then deaths between calls (only the peer watcher can tell): moea2a_moe_status names
+ * the dead rank within 1 s on every survivor.
  * MOEA2A_KILL_RUNS (default 20) sets the number of kills; runs alternate 2 and 4
  * ranks, MoE and alltoallv, UCX_TLS=self,sm and UCX's default transports. */
 #include <pthread.h>
@@ -140,22 +142,34 @@ static int looping_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
  * none waiting for a neighbour to exit (each survivor stays alive until all have their
  * verdict). The timeout is long, so a timeout is no way to pass. */
 #define SETUP_TIMEOUT_S 20.0
+/* A communicator with the long timeout, and a small host MoE context's config. */
+static moea2a_comm_t long_comm(int rank, int n, moea2a_unique_id_t id)
+{
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.timeout_s = SETUP_TIMEOUT_S;
+    moea2a_comm_t comm;
+    return moea2a_comm_init_rank(&comm, n, id, rank, &cfg) ? NULL : comm;
+}
+
+static moea2a_moe_config_t small_moe(void)
+{
+    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
+    mc.num_experts = 16, mc.top_k = 2, mc.max_tokens_per_rank = 8, mc.hidden = 16, mc.memory = MOEA2A_MEMORY_HOST;
+    return mc;
+}
+
 static int setup_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
     board_t *b = arg;
     int fails = 0;
-    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    cfg.timeout_s = SETUP_TIMEOUT_S;
-    moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
-    if (moea2a_barrier(comm)) return 1;
+    moea2a_comm_t comm = long_comm(rank, n, id);
+    if (!comm || moea2a_barrier(comm)) return 1;
     if (rank == 0) {
         b->kill_time = now();
         __sync_synchronize();
         _exit(0);
     }
-    moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
-    mc.num_experts = 16, mc.top_k = 2, mc.max_tokens_per_rank = 8, mc.hidden = 16, mc.memory = MOEA2A_MEMORY_HOST;
+    moea2a_moe_config_t mc = small_moe();
     moea2a_moe_t moe = NULL;
     moea2a_result_t r = moea2a_moe_create(&moe, comm, &mc);
     double t_err = now();
@@ -167,6 +181,43 @@ static int setup_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     for (double t0 = now(); b->verdicts < n - 1 && now() - t0 < SETUP_TIMEOUT_S;) usleep(1000);
     if (moe) moea2a_moe_destroy(moe);
     moea2a_comm_destroy(comm);
+    return fails;
+}
+
+/* A peer dies while the others are between calls: no call of theirs waits on it, so
+ * only the peer watcher can tell them. Each survivor polls moea2a_moe_status, which
+ * must say MOEA2A_ERR_PEER_FAILED naming the dead rank within 1 s of the kill; the
+ * timeout is long, so it cannot be what tells them. */
+static int idle_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    board_t *b = arg;
+    int fails = 0;
+    moea2a_comm_t comm = long_comm(rank, n, id);
+    moea2a_moe_config_t mc = small_moe();
+    moea2a_moe_t moe = NULL;
+    if (!comm || moea2a_moe_create(&moe, comm, &mc) || moea2a_barrier(comm)) return 1;
+    RANK_EXPECT(fails, rank, moea2a_moe_status(moe) == MOEA2A_SUCCESS, "status before the death: %s",
+                moea2a_last_error(comm));
+    if (rank == n - 1) {
+        usleep(50000);
+        b->kill_time = now();
+        __sync_synchronize();
+        kill(getpid(), SIGKILL);
+    }
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (double t0 = now(); r == MOEA2A_SUCCESS && now() - t0 < SETUP_TIMEOUT_S; usleep(1000)) r = moea2a_moe_status(moe);
+    const double after = now() - b->kill_time;
+    char want[32];
+    snprintf(want, sizeof(want), "rank %d ", n - 1);
+    const char *msg = moea2a_last_error(comm);
+    RANK_EXPECT(fails, rank, r == MOEA2A_ERR_PEER_FAILED && strstr(msg, want) && b->kill_time > 0 && after <= 1.0,
+                "status %.3f s after rank %d's kill: %s: %s (want MOEA2A_ERR_PEER_FAILED naming it within 1 s)", after,
+                n - 1, moea2a_strerror(r), msg);
+    b->rank[rank].after_kill = after;
+    double t0 = now();
+    moea2a_moe_destroy(moe);
+    moea2a_comm_destroy(comm);
+    RANK_EXPECT(fails, rank, now() - t0 < 2.0, "destroy after the death took %.2f s", now() - t0);
     return fails;
 }
 
@@ -223,6 +274,20 @@ int main(void)
         local_ranks_run(n, setup_death_rank, b, 60.0, &res);
         tap_ok(res.failed == 0 && res.hung == 0, "%d ranks, rank 0 exits after comm_init: every survivor's moe_create "
                "names rank 0 within 1 s (none blames a neighbour or waits for one)", n);
+    }
+    for (int n = 2; n <= 4; n++) {
+        memset(b, 0, sizeof(*b));
+        local_ranks_result_t res;
+        local_ranks_run(n, idle_death_rank, b, 60.0, &res);
+        double slowest = 0;
+        int ok = res.hung == 0 && res.exit_codes[n - 1] == 128 + SIGKILL;
+        for (int r = 0; r < n - 1; r++) {
+            ok &= res.exit_codes[r] == 0;
+            slowest = b->rank[r].after_kill > slowest ? b->rank[r].after_kill : slowest;
+        }
+        tap_ok(ok,
+               "%d ranks, rank %d killed between calls: every survivor's moea2a_moe_status names it within 1 s "
+               "(slowest %.3f s; the timeout is %.0f s)", n, n - 1, slowest, SETUP_TIMEOUT_S);
     }
     tap_diag("%d survivors: %d killed by a signal, %d PEER_FAILED naming the dead rank (mean %.3f s after the kill), "
              "%d TIMEOUT; slowest %.2f s (bound %.1f s)",

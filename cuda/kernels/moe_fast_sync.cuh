@@ -9,7 +9,7 @@ using namespace m2a_mbar;
 constexpr int T = M2A_FAST_THREADS;
 constexpr int kWarps = T / kWarpSize;
 constexpr int kPieceSlots = 4096; /* (token, destination) pairs of a piece kept in shared memory */
-constexpr int kErrTimeout = MOEA2A_ERR_TIMEOUT, kErrMismatch = MOEA2A_ERR_MISMATCH;
+constexpr int kErrTimeout = MOEA2A_ERR_TIMEOUT, kErrMismatch = MOEA2A_ERR_MISMATCH, kErrPeerFailed = MOEA2A_ERR_PEER_FAILED;
 
 
 /* ---- memory order helpers -------------------------------------------------------- */
@@ -175,17 +175,32 @@ __device__ __forceinline__ bool alone(const m2a_fast_t &f) { return f.p.ep == 1;
  * wrote before it, and its block's writes before their barrier. */
 __device__ __forceinline__ void signal_add(const m2a_fast_t &f, uint32_t *p, uint32_t v) { add_release(p, v, alone(f)); }
 
+/* The rank the host's peer watcher saw die, + 1, or 0 (m2a_fast_error_t.dead). */
+__device__ __forceinline__ int dead_peer(const m2a_fast_t &f)
+{
+    int v;
+    asm volatile("ld.volatile.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(&f.host_err->dead) : "memory");
+    return v;
+}
+
 /* Waits until *p >= target (wrap-safe), bounded by the timeout; gives up soon (within
- * M2A_WAIT_LOOK_EVERY polls) when another thread recorded an error. */
+ * M2A_WAIT_LOOK_EVERY polls) when another thread recorded an error, and within
+ * M2A_FAST_DEAD_LOOK_NS of the host's news of a dead peer. */
 __device__ bool wait_for(const m2a_fast_t &f, const uint32_t *p, uint32_t target, int peer, int what)
 {
     const bool local = alone(f);
     if ((int32_t)(load_acquire(p, local) - target) >= 0) return true;
     const unsigned long long start = now_ns();
+    unsigned long long looked = start;
     for (unsigned i = 1; (int32_t)(load_acquire(p, local) - target) < 0; i++) {
         if (i % M2A_WAIT_LOOK_EVERY) continue;
         if (failed(f)) return false;
-        if (now_ns() - start > f.timeout_ns) return fail(f, kErrTimeout, peer, what);
+        const unsigned long long t = now_ns();
+        if (t - looked > M2A_FAST_DEAD_LOOK_NS) {
+            looked = t;
+            if (const int d = dead_peer(f)) return fail(f, kErrPeerFailed, d - 1, what);
+        }
+        if (t - start > f.timeout_ns) return fail(f, kErrTimeout, peer, what);
         __nanosleep(64);
     }
     return true;

@@ -24,6 +24,11 @@ static const moea2a_param_t params[] = {
     {"MOEA2A_TIMEOUT_S", "double", "300",
      "Seconds any wait for a peer (rendezvous, collective, device-side wait) may last before "
      "MOEA2A_ERR_TIMEOUT names the missing peers."},
+    {"MOEA2A_WATCH", "int", "1",
+     "1: each rank keeps a connection to every other (past 256 ranks, to those of its node) that tells it within "
+     "milliseconds when a peer's process dies, so that waits on that peer (device-side ones included) fail with "
+     "MOEA2A_ERR_PEER_FAILED naming it, whatever MOEA2A_TIMEOUT_S is; 0: no such connections (a death is then seen "
+     "by the transports, or at MOEA2A_TIMEOUT_S). Read at communicator init; the same on every rank."},
     {"MOEA2A_NVLINK", "int", "1",
      "1: CUDA MoE contexts whose ranks all share a node and reach each other by load/store (NVLink, or "
      "one GPU) dispatch and combine with fused kernels over symmetric memory (MOEA2A_SYMMETRIC_MEMORY); "

@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "wireup/socket.h"
+#include "wireup/watch.h"
 
 /* Through the version field: a caller compiled against an older header passes a
  * smaller struct; fields it does not know keep their defaults. */
@@ -67,6 +68,26 @@ moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
     return MOEA2A_SUCCESS;
 }
 
+/* The peer watcher (wireup/watch.h), after the node map (past M2A_WATCH_ALL_MAX ranks
+ * a rank watches its node only) and after a collective, so every rank has finished
+ * linking the bootstrap ring before any watch link reaches its listener. */
+static moea2a_result_t start_watch(moea2a_comm_t comm)
+{
+    long on = 1;
+    M2A_TRY(m2a_comm_record(comm, m2a_param_int("MOEA2A_WATCH", &on)));
+    if (on == 0 || comm->nranks == 1) return MOEA2A_SUCCESS;
+    unsigned char *watched = calloc((size_t)comm->nranks, 1);
+    if (!watched) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
+    const int me = comm->rank, all = comm->nranks <= M2A_WATCH_ALL_MAX;
+    for (int q = 0; q < comm->nranks; q++)
+        watched[q] = q != me && (all || comm->nodes.node[q] == comm->nodes.node[me]);
+    moea2a_result_t r = m2a_comm_record(comm, m2a_watch_start(comm->bs, watched, comm->timeout_s, &comm->watch));
+    free(watched);
+    if (r == MOEA2A_SUCCESS)
+        M2A_INFO(M2A_SUBSYS_INIT, "peer watcher: rank %d watches %s", me, all ? "every rank" : "the ranks of its node");
+    return r;
+}
+
 static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t *id, int rank,
                                  const moea2a_config_t *user_config, void *external_nccl)
 {
@@ -89,9 +110,11 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
     moea2a_result_t r = m2a_transports_open(comm, spec);
     if (r == MOEA2A_SUCCESS) r = m2a_comm_record(comm, m2a_bootstrap_join(id, rank, nranks, timeout, &comm->bs));
     if (r == MOEA2A_SUCCESS) r = m2a_nodemap_build(comm, &comm->nodes);
+    if (r == MOEA2A_SUCCESS) r = start_watch(comm);
     if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
     if (r != MOEA2A_SUCCESS) {
         m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
+        m2a_watch_stop(comm->watch);
         m2a_transports_close(comm, 1);
         m2a_bootstrap_close(comm->bs);
         m2a_nodemap_free(&comm->nodes);
@@ -312,6 +335,15 @@ moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
     return r;
 }
 
+moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn)
+{
+    const int dead = m2a_comm_dead_peer(comm);
+    if (dead < 0) return MOEA2A_SUCCESS;
+    return m2a_comm_fail(comm, m2a_error(comm, MOEA2A_ERR_PEER_FAILED,
+                                         "%s: rank %d died (its process exited: its connection to this rank's peer "
+                                         "watcher closed)", fn, dead));
+}
+
 moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
 {
     if (!comm) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_comm_destroy: comm is NULL");
@@ -321,6 +353,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
     if (!force && comm->nranks > 1 && m2a_comm_barrier(comm) != MOEA2A_SUCCESS) force = 1;
     moea2a_result_t r = force && comm->broken == MOEA2A_SUCCESS ? MOEA2A_ERR_PEER_FAILED : MOEA2A_SUCCESS;
     if (r != MOEA2A_SUCCESS) m2a_error(NULL, r, "moea2a_comm_destroy: %s", comm->last_error);
+    m2a_watch_stop(comm->watch); /* a goodbye: the peers still running do not take this for a death */
     m2a_transports_close(comm, force);
     m2a_bootstrap_close(comm->bs);
     m2a_nodemap_free(&comm->nodes);

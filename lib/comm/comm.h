@@ -11,12 +11,14 @@
 #include "moea2a.h"
 #include "moea2a_transport_v1.h"
 #include "wireup/bootstrap.h"
+#include "wireup/watch.h"
 
 struct moea2a_comm {
     int rank, nranks;
     double timeout_s;
     int cuda_device;
     m2a_bootstrap_t *bs;
+    m2a_watch_t *watch; /* peers' liveness (wireup/watch.h); NULL when MOEA2A_WATCH=0 or alone */
     m2a_nodemap_t nodes; /* which ranks share a node */
     /* bytes handed to transports by all-to-all: [host, CUDA][same node, other nodes] */
     int64_t traffic[2][2];
@@ -29,6 +31,20 @@ struct moea2a_comm {
     char broken_why[M2A_ERRMSG_LEN]; /* the message of the failure that broke it */
     char last_error[M2A_ERRMSG_LEN];  /* moea2a_last_error(comm): last_error.c */
 };
+
+/* The first watched rank seen dead, or -1 (wireup/watch.h). */
+static inline int m2a_comm_dead_peer(moea2a_comm_t comm) { return m2a_watch_dead(comm->watch); }
+/* *word gets the dead rank + 1 once the watcher sees a death (host memory the caller
+ * keeps until m2a_comm_unwatch). */
+static inline moea2a_result_t m2a_comm_watch(moea2a_comm_t comm, volatile int32_t *word)
+{
+    return m2a_comm_record(comm, m2a_watch_add(comm->watch, word));
+}
+static inline void m2a_comm_unwatch(moea2a_comm_t comm, volatile int32_t *word) { m2a_watch_remove(comm->watch, word); }
+/* MOEA2A_ERR_PEER_FAILED naming the dead rank, the communicator broken (its transports
+ * aborted, which ends device work stuck on that rank), once the watcher saw a death;
+ * else MOEA2A_SUCCESS. fn names the call. */
+moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn);
 
 /* Entry check of every call on a communicator. */
 moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn);

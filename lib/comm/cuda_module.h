@@ -72,10 +72,16 @@ typedef struct {
 #define M2A_FAST_REASON_BYTES 256
 
 /* The device error record (first error wins): code is a moea2a_result_t, peer the rank
- * it concerns, what the step (M2A_FAST_AT_*). */
+ * it concerns, what the step (M2A_FAST_AT_*). dead, in the host's copy only: 0, or a
+ * dead rank + 1 as the host's peer watcher wrote it (comm/comm.h m2a_comm_watch); a
+ * device wait that has lasted M2A_FAST_DEAD_LOOK_NS looks at it every as long and
+ * records MOEA2A_ERR_PEER_FAILED naming that rank. */
 typedef struct {
-    int32_t code, peer, what, pad;
+    int32_t code, peer, what, dead;
 } m2a_fast_error_t;
+/* 1 ms: a wait shorter than this never reads host memory (a read over PCIe is about a
+ * microsecond); a death is seen within a millisecond of the watcher's news. */
+#define M2A_FAST_DEAD_LOOK_NS 1000000ull
 
 enum {
     M2A_FAST_AT_GATE = 1,
@@ -244,8 +250,9 @@ typedef struct {
  * 7: fast_bulk; 8: CUDA IPC and the device's identity (the load/store path without NCCL),
  * load_kernels for fast_load and quantize_alongside_load; 9: pack's block and src_index (rows
  * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8; 11: the
- * generic paths' FP8 combine wire (combine's wire, combine_quantize) */
-#define MOEA2A_CUDA_ABI_VERSION 11
+ * generic paths' FP8 combine wire (combine's wire, combine_quantize); 12: the waits read
+ * m2a_fast_error_t.dead */
+#define MOEA2A_CUDA_ABI_VERSION 12
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 

@@ -380,7 +380,8 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
 moea2a_result_t moea2a_moe_status(moea2a_moe_t moe)
 {
     M2A_CHECK_ARG(NULL, moe, "moea2a_moe_status: moe is NULL");
-    return moe->backend->status ? moe->backend->status(moe) : MOEA2A_SUCCESS;
+    M2A_TRY(moe->backend->status ? moe->backend->status(moe) : MOEA2A_SUCCESS);
+    return m2a_comm_check_peers(moe->comm, "moea2a_moe_status");
 }
 
 moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows)

@@ -151,15 +151,17 @@ void m2a_moe_cuda_end(moea2a_moe_t moe)
     moe->stage = moe->pinned = NULL, moe->kparams = NULL;
 }
 
-/* Waits for the stream, bounded by the timeout. Expiry means device work is stuck
- * (most likely NCCL waiting for a dead peer): the CUDA transport is aborted, which
- * ends such kernels, and the communicator is broken. */
+/* Waits for the stream, bounded by the timeout and by the peer watcher's news. Expiry
+ * means device work is stuck (most likely NCCL waiting for a dead peer), a death that
+ * it will be: the CUDA transport is aborted, which ends such kernels, and the
+ * communicator is broken. */
 static moea2a_result_t bounded_sync(moea2a_moe_t moe, void *s, const char *what)
 {
     moea2a_comm_t comm = moe->comm;
     double deadline = m2a_now() + comm->timeout_s;
     int e;
     while ((e = OPS->stream_query(s)) == M2A_CUDA_NOT_READY) {
+        M2A_TRY(m2a_comm_check_peers(comm, what));
         if (m2a_now() > deadline) {
             m2a_transport_t *t = m2a_transport_for(comm, MOEA2A_MEM_CUDA);
             if (t && t->ops->abort) t->ops->abort(t->tc);

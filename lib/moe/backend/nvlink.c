@@ -163,6 +163,7 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
         m2a_fast_error_t *h = (m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend);
         memset(h, 0, sizeof(*h));
         if (e == 0) e = OPS->host_device_pointer((void **)&st->f.host_err, h);
+        if (e == 0) r = m2a_comm_watch(comm, &h->dead); /* the device waits read it (M2A_FAST_DEAD_LOOK_NS) */
         if (e == 0) e = OPS->set(ws, 0, st->bytes); /* counters and epochs start at 0 */
         if (e == 0) e = OPS->device_synchronize();
         if (e != 0) r = cuda_fail(comm, e, "workspace set-up");
@@ -172,6 +173,7 @@ static moea2a_result_t fast_alloc(moea2a_moe_t moe)
      * and every rank's kernels take the same number of blocks */
     r = m2a_moe_agree(comm, r, &blocks);
     if (r != MOEA2A_SUCCESS) {
+        m2a_comm_unwatch(comm, &((m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend))->dead);
         (void)OPS->device_synchronize();
         m2a_symm_close(comm, &st->symm, !m2a_peer_lost(r));
         if (st->f.err) OPS->free(st->f.err);
@@ -196,6 +198,7 @@ static void fast_release(moea2a_moe_t moe)
     /* Peers may still read this workspace: every rank's kernels end first (they are
      * bounded), then all meet, then the workspace goes. */
     (void)OPS->device_synchronize();
+    m2a_comm_unwatch(comm, &((m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend))->dead);
     if (OPS->fast_profile_report) OPS->fast_profile_report(moe->comm->rank);
     m2a_symm_close(comm, &st->symm, 1);
     moe->ws = NULL;
@@ -225,6 +228,17 @@ static const char *step_name(int what)
     case M2A_FAST_AT_COMBINE_HEADER: return "in the combine of rank %d";
     case M2A_FAST_AT_QUANTIZE: return "waiting for this rank's quantization alongside the dispatch (rank %d)";
     default: return "waiting for this rank's own blocks (rank %d)";
+    }
+}
+
+/* The call a device wait belongs to, for an error that names another rank than the
+ * one waited on. */
+static const char *step_phase(int what)
+{
+    switch (what) {
+    case M2A_FAST_AT_COMBINE:
+    case M2A_FAST_AT_COMBINE_HEADER: return "in a combine";
+    default: return "in a dispatch";
     }
 }
 
@@ -269,6 +283,11 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
     st->poisoned = (moea2a_result_t)code;
     char step[96], why[M2A_FAST_REASON_BYTES + 64];
     snprintf(step, sizeof(step), step_name(what), peer);
+    if (code == MOEA2A_ERR_PEER_FAILED)
+        return m2a_error(comm, MOEA2A_ERR_PEER_FAILED,
+                         "moea2a (load/store path): MOEA2A_ERR_PEER_FAILED: rank %d died (its process exited: its "
+                         "connection to this rank's peer watcher closed), seen by a device wait %s; the context must "
+                         "be destroyed", peer, step_phase(what));
     if (code == MOEA2A_ERR_TIMEOUT) snprintf(why, sizeof(why), "no progress within MOEA2A_TIMEOUT_S");
     else if (code == MOEA2A_ERR_MISMATCH) snprintf(why, sizeof(why), "it passed a different runtime_max_tokens_per_rank");
     else peer_reason(moe, peer, why, sizeof(why));

@@ -1,0 +1,42 @@
+/* Peer liveness (watch.c): a thread per communicator that notices a peer's death within
+ * milliseconds, whatever MOEA2A_TIMEOUT_S is.
+ *
+ * Each rank keeps one authenticated TCP connection (over the bootstrap's listener,
+ * label "watch") to each rank it watches, used for nothing else. A process that dies,
+ * even by SIGKILL, has its sockets closed by its kernel; the watcher thread, blocked in
+ * poll() and costing nothing meanwhile, sees the end of the stream at once and records
+ * the rank. A rank that leaves cleanly says so first (one byte), and is not reported.
+ * What it cannot see: a process that hangs, or a host cut off without a reset; the
+ * bounded waits (MOEA2A_TIMEOUT_S) and the network transports catch those.
+ *
+ * Who watches whom: every rank every other up to M2A_WATCH_ALL_MAX ranks; past that,
+ * the ranks of its own node (the peers whose death device waits over load/store would
+ * otherwise sit out). The relation is symmetric, so both ends of a link agree on it.
+ *
+ * Consumers read the dead rank (m2a_watch_dead), or hand a word (host memory, e.g.
+ * pinned and mapped for device waits) that gets the dead rank + 1. */
+#ifndef M2A_WATCH_H
+#define M2A_WATCH_H
+#include <stdint.h>
+
+#include "moea2a.h"
+#include "wireup/bootstrap.h"
+
+#define M2A_WATCH_ALL_MAX 256
+#define M2A_WATCH_MAX_WORDS 64
+
+typedef struct m2a_watch m2a_watch_t;
+
+/* Collective over the ranks that watch each other: links them (watched[q] != 0: this
+ * rank watches rank q) and starts the thread. Failures are the thread's last error. */
+moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watched, double timeout_s,
+                                m2a_watch_t **out);
+/* -1 while every watched peer lives (or left cleanly), else the first rank seen dead. */
+int m2a_watch_dead(const m2a_watch_t *w);
+/* *word gets the dead rank + 1 once a death is seen (at once if one was already);
+ * MOEA2A_ERR_NO_MEMORY past M2A_WATCH_MAX_WORDS words. */
+moea2a_result_t m2a_watch_add(m2a_watch_t *w, volatile int32_t *word);
+void m2a_watch_remove(m2a_watch_t *w, volatile int32_t *word);
+/* Says a clean goodbye to every peer, stops the thread and closes the links. */
+void m2a_watch_stop(m2a_watch_t *w);
+#endif
