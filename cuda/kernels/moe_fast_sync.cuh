@@ -179,7 +179,7 @@ __device__ __forceinline__ void signal_add(const m2a_fast_t &f, uint32_t *p, uin
 __device__ __forceinline__ int dead_peer(const m2a_fast_t &f)
 {
     int v;
-    asm volatile("ld.volatile.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(&f.host_err->dead) : "memory");
+    asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(&f.host_err->dead) : "memory");
     return v;
 }
 
