@@ -122,6 +122,7 @@ moea2a_result_t moea2a_test(moea2a_request_t *request, int *done)
             r = m2a_error(comm, MOEA2A_ERR_TIMEOUT, "%s: no progress for %.1f s (MOEA2A_TIMEOUT_S); still waiting for %s",
                           req->name, comm->timeout_s, who);
         }
+        if (r == MOEA2A_SUCCESS && !fin) r = m2a_comm_peer_error(comm, req->name);
     }
     *done = fin || r != MOEA2A_SUCCESS;
     if (*done) {

@@ -83,6 +83,7 @@ static moea2a_result_t start_watch(moea2a_comm_t comm)
         watched[q] = q != me && (all || comm->nodes.node[q] == comm->nodes.node[me]);
     moea2a_result_t r = m2a_comm_record(comm, m2a_watch_start(comm->bs, watched, comm->timeout_s, &comm->watch));
     free(watched);
+    comm->bs->dead = m2a_watch_dead_word(comm->watch);
     if (r == MOEA2A_SUCCESS)
         M2A_INFO(M2A_SUBSYS_INIT, "peer watcher: rank %d watches %s", me, all ? "every rank" : "the ranks of its node");
     return r;
@@ -114,6 +115,7 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
     if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
     if (r != MOEA2A_SUCCESS) {
         m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
+        if (comm->bs) comm->bs->dead = NULL;
         m2a_watch_stop(comm->watch);
         m2a_transports_close(comm, 1);
         m2a_bootstrap_close(comm->bs);
@@ -310,7 +312,7 @@ moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn)
         return m2a_error(comm, MOEA2A_ERR_ABORTED,
                          "%s: the communicator is unusable after an earlier failure (%s: %s); destroy it", fn,
                          moea2a_strerror(comm->broken), comm->broken_why);
-    return MOEA2A_SUCCESS;
+    return m2a_comm_check_peers(comm, fn); /* a call that would wait on a dead rank does not start */
 }
 
 /* Device work of earlier calls may wait on a peer that failed (NCCL kernels have no
@@ -335,13 +337,17 @@ moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
     return r;
 }
 
-moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn)
+moea2a_result_t m2a_comm_peer_error(moea2a_comm_t comm, const char *fn)
 {
     const int dead = m2a_comm_dead_peer(comm);
     if (dead < 0) return MOEA2A_SUCCESS;
-    return m2a_comm_fail(comm, m2a_error(comm, MOEA2A_ERR_PEER_FAILED,
-                                         "%s: rank %d died (its process exited: its connection to this rank's peer "
-                                         "watcher closed)", fn, dead));
+    return m2a_error(comm, MOEA2A_ERR_PEER_FAILED, "%s: rank %d died (its process exited, as this rank's peer watcher "
+                     "saw)", fn, dead);
+}
+
+moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn)
+{
+    return m2a_comm_fail(comm, m2a_comm_peer_error(comm, fn));
 }
 
 moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
@@ -353,6 +359,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
     if (!force && comm->nranks > 1 && m2a_comm_barrier(comm) != MOEA2A_SUCCESS) force = 1;
     moea2a_result_t r = force && comm->broken == MOEA2A_SUCCESS ? MOEA2A_ERR_PEER_FAILED : MOEA2A_SUCCESS;
     if (r != MOEA2A_SUCCESS) m2a_error(NULL, r, "moea2a_comm_destroy: %s", comm->last_error);
+    comm->bs->dead = NULL;
     m2a_watch_stop(comm->watch); /* a goodbye: the peers still running do not take this for a death */
     m2a_transports_close(comm, force);
     m2a_bootstrap_close(comm->bs);

@@ -41,12 +41,16 @@ static inline moea2a_result_t m2a_comm_watch(moea2a_comm_t comm, volatile int32_
     return m2a_comm_record(comm, m2a_watch_add(comm->watch, word));
 }
 static inline void m2a_comm_unwatch(moea2a_comm_t comm, volatile int32_t *word) { m2a_watch_remove(comm->watch, word); }
-/* MOEA2A_ERR_PEER_FAILED naming the dead rank, the communicator broken (its transports
+/* MOEA2A_ERR_PEER_FAILED naming the dead rank once the watcher saw a death (the
+ * message recorded, nothing else done), else MOEA2A_SUCCESS. */
+moea2a_result_t m2a_comm_peer_error(moea2a_comm_t comm, const char *fn);
+/* The same, and the communicator broken (its transports
  * aborted, which ends device work stuck on that rank), once the watcher saw a death;
  * else MOEA2A_SUCCESS. fn names the call. */
 moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn);
 
-/* Entry check of every call on a communicator. */
+/* Entry check of every call on a communicator: broken, or a peer seen dead (which
+ * breaks it). */
 moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn);
 /* Marks comm broken when r means the peers may be out of step; returns r. */
 moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r);

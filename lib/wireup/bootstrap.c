@@ -225,6 +225,24 @@ static void notify_next(m2a_bootstrap_t *bs, const block_hdr_t *hdr, size_t hs, 
     (void)m2a_sock_send(bs->next_fd, &notice, sizeof(notice), deadline);
 }
 
+/* How often a collective's wait looks at the peer watcher's news. */
+#define DEAD_LOOK_S 0.02
+
+/* One transfer of a ring step, in slices of DEAD_LOOK_S where a watcher is set: on
+ * its news of a dead rank it ends as a timeout with *dead set (else *dead = -1). */
+static m2a_sock_status_t ring_xfer(m2a_bootstrap_t *bs, const void *sbuf, size_t slen, size_t *sent, void *rbuf,
+                                   size_t rlen, size_t *got, double deadline, int *which, int *dead)
+{
+    *dead = -1;
+    for (;;) {
+        const double step = bs->dead && m2a_now() + DEAD_LOOK_S < deadline ? m2a_now() + DEAD_LOOK_S : deadline;
+        m2a_sock_status_t st =
+            m2a_sock_sendrecv_from(bs->next_fd, sbuf, slen, sent, bs->prev_fd, rbuf, rlen, got, step, which);
+        if (st != M2A_SOCK_TIMEOUT || m2a_now() >= deadline) return st;
+        if ((*dead = __atomic_load_n(bs->dead, __ATOMIC_ACQUIRE)) >= 0) return st;
+    }
+}
+
 moea2a_result_t m2a_bootstrap_allgather(m2a_bootstrap_t *bs, void *data, size_t size)
 {
     int n = bs->nranks, next = (bs->rank + 1) % n, prev = (bs->rank + n - 1) % n;
@@ -235,9 +253,8 @@ moea2a_result_t m2a_bootstrap_allgather(m2a_bootstrap_t *bs, void *data, size_t 
         const char *sbuf = (const char *)data + (size_t)sblk * size;
         block_hdr_t in;
         size_t hs = 0, hg = 0, ds = 0, dg = 0;
-        int which;
-        m2a_sock_status_t st = m2a_sock_sendrecv_from(bs->next_fd, &out, sizeof(out), &hs, bs->prev_fd, &in,
-                                                      sizeof(in), &hg, deadline, &which);
+        int which, dead;
+        m2a_sock_status_t st = ring_xfer(bs, &out, sizeof(out), &hs, &in, sizeof(in), &hg, deadline, &which, &dead);
         if (st == M2A_SOCK_OK && in.status != 0) { /* a notice: prev lost a rank */
             int failed = (int)(in.len >> 32), saw = (int)(uint32_t)in.len;
             notify_next(bs, &out, hs, sbuf, 0, (moea2a_result_t)in.status, failed);
@@ -250,8 +267,12 @@ moea2a_result_t m2a_bootstrap_allgather(m2a_bootstrap_t *bs, void *data, size_t 
                              "for call %u (ranks called collectives in a different order?)",
                              prev, (unsigned long long)in.len, in.seq, size, bs->seq);
         if (st == M2A_SOCK_OK)
-            st = m2a_sock_sendrecv_from(bs->next_fd, sbuf, size, &ds, bs->prev_fd, (char *)data + (size_t)rblk * size,
-                                        size, &dg, deadline, &which);
+            st = ring_xfer(bs, sbuf, size, &ds, (char *)data + (size_t)rblk * size, size, &dg, deadline, &which, &dead);
+        if (dead >= 0) {
+            notify_next(bs, &out, hs, sbuf, ds, MOEA2A_ERR_PEER_FAILED, dead);
+            return m2a_fail(MOEA2A_ERR_PEER_FAILED, "bootstrap allgather: rank %d died (as this rank's peer watcher "
+                            "saw)", dead);
+        }
         if (st != M2A_SOCK_OK) {
             const int peer = which ? prev : next;
             notify_next(bs, &out, hs, sbuf, ds, lost(st), peer);

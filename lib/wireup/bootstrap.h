@@ -17,6 +17,10 @@ typedef struct m2a_bootstrap {
     uint32_t seq;
     double timeout_s;
     m2a_peer_info_t *peers; /* [nranks]: address and host name of every rank */
+    /* The peer watcher's dead rank (wireup/watch.h m2a_watch_dead_word), or NULL: a
+     * collective's wait on a live neighbour ends once any rank died, which would not
+     * take part. */
+    const int *dead;
 } m2a_bootstrap_t;
 
 /* Joins the rendezvous of id as rank of nranks, then links the ring. */

@@ -1,9 +1,13 @@
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "wireup/watch.h"
@@ -22,6 +26,28 @@ typedef struct {
     uint8_t mac[M2A_MAC_BYTES];
 } watch_hello_t;
 
+/* A rank's mark on its host: a robust, process-shared mutex that its watcher thread
+ * holds from start to stop. The kernel releases a dead thread's robust mutexes as its
+ * exit begins, before the process's memory and files go (closing a CUDA context's
+ * files took a second with NCCL's resources), and wakes a waiter with EOWNERDEAD; a
+ * rank that leaves sets left before it lets go. */
+typedef struct {
+    pthread_mutex_t m;
+    volatile int left;
+} mark_t;
+
+/* How often a thread waiting on a peer's mark looks whether the watch stops: a
+ * clean stop lets go of the marks together, so this bounds only a stop beside a peer
+ * that stays. */
+#define MARK_LOOK_NS 50000000L
+
+typedef struct {
+    struct m2a_watch *w;
+    int rank;
+    mark_t *mark; /* the peer's, mapped */
+    pthread_t thread;
+} observer_t;
+
 struct m2a_watch {
     int rank, nranks;
     int *fd;          /* [nranks]: the link to each watched rank, -1 for none (or closed) */
@@ -30,8 +56,15 @@ struct m2a_watch {
     int running;
     int dead;         /* -1, or the first rank seen dead (written under mu, read atomically) */
     pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int holding, linked; /* the thread holds its mark; the links are made (under mu) */
     volatile int32_t *words[M2A_WATCH_MAX_WORDS];
     int nwords;
+    mark_t *mark;        /* this rank's, or NULL */
+    char mark_name[64];  /* its shared-memory name while it is linked */
+    observer_t *obs;     /* one per watched rank of this host whose mark could be mapped */
+    int nobs;
+    volatile int stopping;
 };
 
 /* Who accepts: a link from each watched rank above this one. */
@@ -67,18 +100,37 @@ static void saw_death(m2a_watch_t *w, int q, const char *how)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* Blocks in poll() until a link ends or m2a_watch_stop wakes it; a link's end without
- * its goodbye is a death. After the first death there is nothing more to tell. */
+static void poll_links(m2a_watch_t *w);
+
+/* The watcher thread: holds this rank's mark, waits for the links, polls them, and
+ * lets go of the mark (left set) when the watch stops. */
 static void *watch_loop(void *arg)
 {
     m2a_watch_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->holding = !w->mark || pthread_mutex_lock(&w->mark->m) == 0 ? 1 : -1;
+    pthread_cond_broadcast(&w->cv);
+    while (!w->linked) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    if (w->linked > 0) poll_links(w);
+    if (w->mark && w->holding > 0) {
+        w->mark->left = 1;
+        pthread_mutex_unlock(&w->mark->m);
+    }
+    return NULL;
+}
+
+/* Blocks in poll() until a link ends or m2a_watch_stop wakes it; a link's end without
+ * its goodbye is a death. After the first death there is nothing more to tell. */
+static void poll_links(m2a_watch_t *w)
+{
     struct pollfd *p = calloc((size_t)w->nranks + 1, sizeof(*p));
     int *who = calloc((size_t)w->nranks + 1, sizeof(*who));
     if (!p || !who) {
         M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: the peer watcher has no memory; dead peers are noticed at "
                  "MOEA2A_TIMEOUT_S only", w->rank);
         free(p), free(who);
-        return NULL;
+        return;
     }
     for (;;) {
         int n = 0;
@@ -110,7 +162,82 @@ static void *watch_loop(void *arg)
         }
     }
     free(p), free(who);
-    return NULL;
+}
+
+/* Waits on a peer's mark until the peer dies (EOWNERDEAD, or the mark given up
+ * without its left) or leaves, or the watch stops. */
+static void *observe(void *arg)
+{
+    observer_t *o = arg;
+    for (;;) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += MARK_LOOK_NS;
+        if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+        const int e = pthread_mutex_timedlock(&o->mark->m, &t);
+        if (e == ETIMEDOUT || e == EINTR) {
+            if (o->w->stopping) return NULL;
+            continue;
+        }
+        if (e == EOWNERDEAD) pthread_mutex_consistent(&o->mark->m);
+        if (e == 0 || e == EOWNERDEAD) pthread_mutex_unlock(&o->mark->m);
+        if (!o->mark->left) saw_death(o->w, o->rank, "its process died: the kernel released its mark");
+        return NULL;
+    }
+}
+
+/* This rank's mark: a page of shared memory, named for the job and rank, that the
+ * peers of its host map before it is unlinked again (m2a_watch_start). */
+static int make_mark(m2a_watch_t *w, uint64_t tag)
+{
+    snprintf(w->mark_name, sizeof(w->mark_name), "/moea2a-watch-%016llx-%d-%d", (unsigned long long)tag, w->rank,
+             (int)getpid());
+    int fd = shm_open(w->mark_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return -1;
+    void *m = ftruncate(fd, sizeof(mark_t)) ? MAP_FAILED
+                                              : mmap(NULL, sizeof(mark_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        shm_unlink(w->mark_name);
+        return -1;
+    }
+    w->mark = m;
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&w->mark->m, &a);
+    pthread_mutexattr_destroy(&a);
+    return 0;
+}
+
+/* Maps the mark of each watched rank of this host (by the pids the ranks exchanged)
+ * and starts a thread on it; a mark that cannot be mapped (another IPC namespace)
+ * leaves that rank to the links. */
+static void map_marks(m2a_watch_t *w, const m2a_bootstrap_t *bs, const unsigned char *watched, const int32_t *pid,
+                      uint64_t tag)
+{
+    w->obs = calloc((size_t)w->nranks, sizeof(*w->obs));
+    for (int q = 0; w->obs && q < w->nranks; q++) {
+        if (!watched[q] || pid[q] <= 0 || strcmp(bs->peers[q].host, bs->peers[w->rank].host)) continue;
+        char name[64];
+        snprintf(name, sizeof(name), "/moea2a-watch-%016llx-%d-%d", (unsigned long long)tag, q, (int)pid[q]);
+        int fd = shm_open(name, O_RDWR, 0);
+        void *m = fd < 0 ? MAP_FAILED : mmap(NULL, sizeof(mark_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd >= 0) close(fd);
+        if (m == MAP_FAILED) {
+            M2A_INFO(M2A_SUBSYS_BOOTSTRAP, "peer watcher: rank %d's mark (%s) is not reachable: %s; its link alone "
+                     "tells", q, name, strerror(errno));
+            continue;
+        }
+        observer_t *o = &w->obs[w->nobs];
+        *o = (observer_t){w, q, m, 0};
+        if (pthread_create(&o->thread, NULL, observe, o)) {
+            munmap(m, sizeof(mark_t));
+            continue;
+        }
+        w->nobs++;
+    }
 }
 
 static moea2a_result_t link_all(m2a_watch_t *w, m2a_bootstrap_t *bs, const unsigned char *watched, double deadline)
@@ -138,12 +265,38 @@ static moea2a_result_t link_all(m2a_watch_t *w, m2a_bootstrap_t *bs, const unsig
     return MOEA2A_SUCCESS;
 }
 
-static void close_all(m2a_watch_t *w)
+/* Ends the threads (the watcher's first: it lets go of this rank's mark, so peers
+ * stopping too release theirs), says goodbye on the links when bye, and frees
+ * everything. */
+static void close_all(m2a_watch_t *w, int bye)
 {
+    w->stopping = 1;
+    if (w->running) {
+        pthread_mutex_lock(&w->mu);
+        if (!w->linked) w->linked = -1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        const char c = 0;
+        if (write(w->wake[1], &c, 1) != 1) M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "peer watcher: cannot wake its thread");
+        pthread_join(w->thread, NULL);
+    }
+    const unsigned char b = BYE;
+    for (int q = 0; bye && q < w->nranks; q++)
+        if (w->fd[q] >= 0) (void)send(w->fd[q], &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    for (int i = 0; i < w->nobs; i++) {
+        pthread_join(w->obs[i].thread, NULL);
+        munmap(w->obs[i].mark, sizeof(mark_t));
+    }
+    if (w->mark) {
+        if (w->mark_name[0]) shm_unlink(w->mark_name);
+        munmap(w->mark, sizeof(mark_t));
+    }
     for (int q = 0; q < w->nranks; q++)
         if (w->fd[q] >= 0) close(w->fd[q]);
     if (w->wake[0] >= 0) close(w->wake[0]), close(w->wake[1]);
+    pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+    free(w->obs);
     free(w->fd);
     free(w);
 }
@@ -161,20 +314,49 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
     for (int q = 0; q < w->nranks; q++) w->fd[q] = -1;
     w->wake[0] = w->wake[1] = -1;
     pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    /* 1. this rank's mark, held by the watcher thread before any peer looks at it */
+    if (make_mark(w, bs->tag))
+        M2A_INFO(M2A_SUBSYS_BOOTSTRAP, "peer watcher: no mark in shared memory (%s); the links alone tell",
+                 strerror(errno));
     moea2a_result_t r = pipe(w->wake) ? m2a_fail(MOEA2A_ERR_SYSTEM, "peer watcher: pipe: %s", strerror(errno))
-                                      : link_all(w, bs, watched, m2a_now() + timeout_s);
-    if (r == MOEA2A_SUCCESS && pthread_create(&w->thread, NULL, watch_loop, w))
-        r = m2a_fail(MOEA2A_ERR_SYSTEM, "peer watcher: cannot start its thread");
+                        : pthread_create(&w->thread, NULL, watch_loop, w)
+                            ? m2a_fail(MOEA2A_ERR_SYSTEM, "peer watcher: cannot start its thread")
+                            : MOEA2A_SUCCESS;
+    w->running = r == MOEA2A_SUCCESS;
+    pthread_mutex_lock(&w->mu);
+    while (w->running && !w->holding) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    /* 2. every rank's pid (0: no mark), which names its mark; after this allgather
+     * every mark exists and is held. Then the host's marks mapped, a barrier, and
+     * each mark unlinked: a rank killed later leaves no name behind. */
+    int32_t *pid = calloc((size_t)w->nranks, sizeof(int32_t));
+    if (r == MOEA2A_SUCCESS && !pid) r = m2a_fail(MOEA2A_ERR_NO_MEMORY, "peer watcher: out of memory");
+    if (r == MOEA2A_SUCCESS) {
+        pid[w->rank] = w->mark && w->holding > 0 ? (int32_t)getpid() : 0;
+        r = m2a_bootstrap_allgather(bs, pid, sizeof(int32_t));
+    }
+    if (r == MOEA2A_SUCCESS) map_marks(w, bs, watched, pid, bs->tag);
+    free(pid);
+    if (r == MOEA2A_SUCCESS) r = m2a_bootstrap_barrier(bs);
+    if (w->mark) shm_unlink(w->mark_name), w->mark_name[0] = 0;
+    /* 3. the links, then the watcher thread polls them */
+    if (r == MOEA2A_SUCCESS) r = link_all(w, bs, watched, m2a_now() + timeout_s);
     if (r != MOEA2A_SUCCESS) {
-        close_all(w);
+        close_all(w, 0);
         return r;
     }
-    w->running = 1;
+    pthread_mutex_lock(&w->mu);
+    w->linked = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
     *out = w;
     return MOEA2A_SUCCESS;
 }
 
 int m2a_watch_dead(const m2a_watch_t *w) { return w ? __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) : -1; }
+
+const int *m2a_watch_dead_word(const m2a_watch_t *w) { return w ? &w->dead : NULL; }
 
 moea2a_result_t m2a_watch_add(m2a_watch_t *w, volatile int32_t *word)
 {
@@ -201,14 +383,5 @@ void m2a_watch_remove(m2a_watch_t *w, volatile int32_t *word)
 
 void m2a_watch_stop(m2a_watch_t *w)
 {
-    if (!w) return;
-    if (w->running) {
-        const char c = 0;
-        if (write(w->wake[1], &c, 1) != 1) M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "peer watcher: cannot wake its thread");
-        pthread_join(w->thread, NULL);
-    }
-    const unsigned char bye = BYE;
-    for (int q = 0; q < w->nranks; q++)
-        if (w->fd[q] >= 0) (void)send(w->fd[q], &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-    close_all(w);
+    if (w) close_all(w, 1);
 }

@@ -33,6 +33,8 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
                                 m2a_watch_t **out);
 /* -1 while every watched peer lives (or left cleanly), else the first rank seen dead. */
 int m2a_watch_dead(const m2a_watch_t *w);
+/* The word m2a_watch_dead reads (atomic loads only), for m2a_bootstrap_t.dead. */
+const int *m2a_watch_dead_word(const m2a_watch_t *w);
 /* *word gets the dead rank + 1 once a death is seen (at once if one was already);
  * MOEA2A_ERR_NO_MEMORY past M2A_WATCH_MAX_WORDS words. */
 moea2a_result_t m2a_watch_add(m2a_watch_t *w, volatile int32_t *word);
