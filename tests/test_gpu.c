@@ -857,10 +857,16 @@ static void *kill_later(void *arg)
  * paths a death that lands inside the NCCL transport's own wait (a group it launches)
  * is bounded by the timeout there (3 s), which may tell first. */
 #define KILL_BOUND_S 1.0
-static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+/* The dead-peer points' set-up: the device, the path, a communicator with timeout_s
+ * and a small MoE context, 64 tokens' ids and a payload on the device; 1 on failure. */
+typedef struct {
+    moea2a_comm_t comm;
+    moea2a_moe_t moe;
+    void *ids, *x, *y;
+} kill_ctx_t;
+
+static int kill_setup(int rank, int n, moea2a_unique_id_t id, const kill_arg_t *a, double timeout_s, kill_ctx_t *k)
 {
-    kill_arg_t *a = arg;
-    int fails = 0;
     if (use_device(rank, a->ndev)) return 1;
     setenv("MOEA2A_NVLINK", a->nvlink ? "1" : "0", 1);
     if (a->ipc) without_nccl();
@@ -871,24 +877,34 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         setenv("MOEA2A_HIERARCHICAL", "1", 1);
     }
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    const int nccl_path = !a->nvlink || a->node_size;
-    cfg.timeout_s = nccl_path ? 3.0 : 30.0, cfg.cuda_device = rank % a->ndev;
-    moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    cfg.timeout_s = timeout_s, cfg.cuda_device = rank % a->ndev;
+    if (moea2a_comm_init_rank(&k->comm, n, id, rank, &cfg)) return 1;
     moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
     mc.num_experts = 16, mc.top_k = 4, mc.max_tokens_per_rank = 64, mc.hidden = 256, mc.memory = MOEA2A_MEMORY_CUDA;
     mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 256};
-    moea2a_moe_t moe;
-    if (moea2a_moe_create(&moe, comm, &mc)) {
-        printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm));
+    if (moea2a_moe_create(&k->moe, k->comm, &mc)) {
+        printf("# rank %d: create: %s\n", rank, moea2a_last_error(k->comm));
         return 1;
     }
     int32_t ids[64 * 4];
     for (int i = 0; i < 64 * 4; i++) ids[i] = (i * 7 + rank) % 16;
-    void *d_ids = to_device(ids, sizeof(ids)), *x = NULL, *y = NULL;
-    cudaMalloc(&x, 64 * 256 * 2), cudaMalloc(&y, 64 * 256 * 2);
-    cudaMemset(x, 0, 64 * 256 * 2);
-    if (moea2a_barrier(comm)) return 1;
+    k->ids = to_device(ids, sizeof(ids)), k->x = k->y = NULL;
+    cudaMalloc(&k->x, 64 * 256 * 2), cudaMalloc(&k->y, 64 * 256 * 2);
+    cudaMemset(k->x, 0, 64 * 256 * 2);
+    return moea2a_barrier(k->comm) != MOEA2A_SUCCESS;
+}
+
+static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    kill_arg_t *a = arg;
+    int fails = 0;
+    const int nccl_path = !a->nvlink || a->node_size;
+    const double timeout_s = nccl_path ? 3.0 : 30.0;
+    kill_ctx_t k;
+    if (kill_setup(rank, n, id, a, timeout_s, &k)) return 1;
+    moea2a_comm_t comm = k.comm;
+    moea2a_moe_t moe = k.moe;
+    void *d_ids = k.ids, *x = k.x, *y = k.y;
     pthread_t t;
     if (rank == 1) pthread_create(&t, NULL, kill_later, a);
     const void *pl[1] = {x};
@@ -911,7 +927,7 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     double after = now_s() - *a->kill_time;
     const int named = r == MOEA2A_ERR_PEER_FAILED && strstr(moea2a_last_error(comm), "rank 1 ") && after < KILL_BOUND_S;
     RANK_EXPECT(fails, rank, *a->kill_time > 0 && (named || (nccl_path && r == MOEA2A_ERR_TIMEOUT &&
-                                                              after < cfg.timeout_s + 2.0)),
+                                                              after < timeout_s + 2.0)),
                 "expected MOEA2A_ERR_PEER_FAILED naming rank 1 within %.1f s of the kill%s, got %s after %.2f s",
                 KILL_BOUND_S, nccl_path ? " (or the timeout inside NCCL's own wait)" : "", moea2a_strerror(r), after);
     printf("# rank %d (%s path): %s %.2f s after the kill: %s\n", rank,
@@ -921,6 +937,44 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     double t0 = now_s();
     moea2a_moe_destroy(moe);
     moea2a_comm_destroy(comm);
+    RANK_EXPECT(fails, rank, now_s() - t0 < 10.0, "destroy after the failure took %.1f s", now_s() - t0);
+    return fails;
+}
+
+/* Rank 1 dies while rank 0's dispatch kernel waits for its rows, and rank 0 waits in
+ * cudaStreamSynchronize: no moea2a call looks at anything, so the kernel itself must
+ * end within 1 s of the death (its waits read the peer watcher's news), whatever the
+ * timeout (30 s); moea2a_moe_status then names rank 1 as a device wait saw it. */
+static int stalled_kernel_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    kill_arg_t *a = arg;
+    int fails = 0;
+    kill_ctx_t k;
+    if (kill_setup(rank, n, id, a, 30.0, &k)) return 1;
+    if (rank == 1) {
+        usleep(300000);
+        *a->kill_time = now_s();
+        kill(getpid(), SIGKILL);
+    }
+    const void *pl[1] = {k.x};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t r = moea2a_dispatch(k.moe, 64, k.ids, NULL, pl, 0, &res, NULL);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(k.comm));
+    cudaError_t e = cudaStreamSynchronize(NULL);
+    const double after = now_s() - *a->kill_time;
+    moea2a_result_t st = moea2a_moe_status(k.moe);
+    const char *msg = moea2a_last_error(k.comm);
+    RANK_EXPECT(fails, rank, e == cudaSuccess && *a->kill_time > 0 && after < KILL_BOUND_S,
+                "the stream ended %.2f s after the kill (%s); want the kernel to end within %.1f s", after,
+                cudaGetErrorString(e), KILL_BOUND_S);
+    RANK_EXPECT(fails, rank, st == MOEA2A_ERR_PEER_FAILED && strstr(msg, "rank 1 ") && strstr(msg, "device wait"),
+                "status: %s: %s (want MOEA2A_ERR_PEER_FAILED naming rank 1, seen by a device wait)",
+                moea2a_strerror(st), msg);
+    printf("# rank 0 (%s): the kernel ended %.3f s after the kill: %s\n", a->ipc ? "CUDA IPC" : "NCCL window", after,
+           msg);
+    double t0 = now_s();
+    moea2a_moe_destroy(k.moe);
+    moea2a_comm_destroy(k.comm);
     RANK_EXPECT(fails, rank, now_s() - t0 < 10.0, "destroy after the failure took %.1f s", now_s() - t0);
     return fails;
 }
@@ -1192,6 +1246,20 @@ int main(void)
                "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time and "
                "destroys cleanly (exits %d, %d)", nvlink ? "default" : "generic NCCL", res.exit_codes[0],
                res.exit_codes[1]);
+    }
+    for (int ipc = 0; ipc <= 1; ipc++) {
+        if (ndev < 2 || quick || kill_time == MAP_FAILED || (ipc && !have_ucx())) {
+            tap_skip(ndev < 2 ? "not enough GPUs" : quick ? "quick mode" : "no UCX", "a dead peer under a waiting "
+                     "kernel (%s)", ipc ? "CUDA IPC" : "NCCL window");
+            continue;
+        }
+        *kill_time = 0;
+        kill_arg_t ka = {ndev, 1, kill_time, ipc};
+        point_run(2, stalled_kernel_rank, &ka, 120.0, &res);
+        tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
+               "load/store path (%s), 2 GPUs: a peer killed while a dispatch kernel waits for it and the host waits "
+               "on the stream: the kernel ends within %.0f s by itself and the status names the rank (exits %d, %d)",
+               ipc ? "CUDA IPC" : "NCCL window", KILL_BOUND_S, res.exit_codes[0], res.exit_codes[1]);
     }
     /* the hierarchical path: 2 emulated nodes (of 2 GPUs, or 1), rank 1 killed */
     const int kn = ndev >= 4 ? 4 : 2;
