@@ -67,7 +67,7 @@ __device__ void fp8c_reduce_unit(const unsigned char *row_lo, const unsigned cha
         for (int v = 0; v < kQv; v++) acc[g][v] = 0.0f;
     for (int d0 = 0; d0 < nd; d0 += kFRows) {
         uint4 c[G][kFRows];
-        float s[G][kFRows];
+        uint32_t s[G][kFRows]; /* scale words, converted when added (fp8c_scale_word) */
 #pragma unroll
         for (int d = 0; d < kFRows; d++) {
             const unsigned char *r = d0 + d < nd ? row_of(row_lo, row_hi, d0 + d) : nullptr;
@@ -76,7 +76,7 @@ __device__ void fp8c_reduce_unit(const unsigned char *row_lo, const unsigned cha
                 const int h = h0 + g * kQSpan + lane * kQv;
                 if (r && h < hidden) {
                     c[g][d] = *reinterpret_cast<const uint4 *>(r + h);
-                    s[g][d] = fp8c_scale(r, hidden, h / M2A_FP8_BLOCK, ue8m0);
+                    s[g][d] = fp8c_scale_word(r, hidden, h / M2A_FP8_BLOCK, ue8m0);
                 }
             }
         }
@@ -84,7 +84,8 @@ __device__ void fp8c_reduce_unit(const unsigned char *row_lo, const unsigned cha
         for (int g = 0; g < G; g++)
 #pragma unroll
             for (int d = 0; d < kFRows; d++)
-                if (d0 + d < nd && h0 + g * kQSpan + lane * kQv < hidden) fp8c_add(acc[g], c[g][d], s[g][d]);
+                if (d0 + d < nd && h0 + g * kQSpan + lane * kQv < hidden)
+                    fp8c_add(acc[g], c[g][d], fp8c_scale_of(s[g][d], (h0 + g * kQSpan + lane * kQv) / M2A_FP8_BLOCK, ue8m0));
     }
 #pragma unroll
     for (int g = 0; g < G; g++) {
