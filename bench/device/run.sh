@@ -30,7 +30,8 @@
 # (prepare.sh BASE=<rev>), the A/B block builds it too and runs the same benchmarks
 # with both builds, alternating, AB_ROUNDS times (default 3): on AB_RANKS GPUs (default
 # 2; "2 4": each), AB_TOKENS (default 128,4096), at the SM budgets AB_SMS when set (AB_ARGS: more
-# moea2a_perf options), and --op fp4 on one GPU; AB=0 skips it. WIRE=0 skips quantize
+# moea2a_perf options; AB_ARGS_SETS="opts;opts": each set in turn, tagged s0, s1, ...), and --op
+# fp4 on one GPU; AB=0 skips it. WIRE=0 skips quantize
 # on dispatch (--wire fp8, fp8-ue8m0, nvfp4 with --baseline, at WIRE_TOKENS).
 # EXPERT=0 skips the expert-major layout next to rank-major (EXPERT_RANKS GPUs, default
 # FP4RANKS; EXPERT_TOKENS, default 128,4096); BENCH=expert runs only that benchmark.
@@ -233,10 +234,16 @@ side_build() {
         for tree in "$BB" "$B"; do
           tag=new; [ "$tree" = "$BB" ] && tag=base
           tp=$(modules_of "$tree")
-          for n in ${AB_RANKS:-2}; do
-            MOEA2A_TRANSPORT_PATH="$tp" timeout 200 "$tree/tools/moea2a_perf" --moe --mem cuda --ranks "$n" \
-                --tokens "${AB_TOKENS:-128,4096}" ${AB_SMS:+--sms "$AB_SMS"} ${AB_ARGS:-} --iters "${ITERS:-30}" --warmup 10 2>&1 |
-              grep -E "num_sms|^ +[0-9]+ (dispatch|combine|roundtrip)" | sed "s/^/  $tag r$round ${n}g /"
+          IFS=';' read -ra sets <<<"${AB_ARGS_SETS:-${AB_ARGS:-}}"
+          [ ${#sets[@]} -gt 0 ] || sets=("")
+          for si in "${!sets[@]}"; do
+            for n in ${AB_RANKS:-2}; do
+              MOEA2A_TRANSPORT_PATH="$tp" timeout 200 "$tree/tools/moea2a_perf" --moe --mem cuda --ranks "$n" \
+                  --tokens "${AB_TOKENS:-128,4096}" ${AB_SMS:+--sms "$AB_SMS"} ${sets[$si]} --iters "${ITERS:-30}" \
+                  --warmup 10 2>&1 |
+                grep -E "num_sms|^ +[0-9]+ (dispatch|combine|roundtrip)" |
+                sed "s/^/  $tag r$round ${n}g${AB_ARGS_SETS:+ s$si} /"
+            done
           done
           MOEA2A_TRANSPORT_PATH="$tp" timeout 120 "$tree/tools/moea2a_perf" --op fp4 --mem cuda --ranks 1 --rows 16384 \
               --hidden 7168 --iters 20 2>&1 | grep -E "^ +(copy|quantize|dequantize)" | sed "s/^/  $tag r$round /"

@@ -116,8 +116,12 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
                     t_prev = t;
                 }
                 if constexpr (WAY == kFp8) {
-                    fp8c_reduce_unit<DT>(row_lo, row_hi, nd, (int)(u % S) * kFSeg, (int)f.hidden, ue8m0,
-                                         out + (size_t)t * out_row, vec);
+                    if (ue8m0)
+                        fp8c_reduce_unit<DT, true>(row_lo, row_hi, nd, (int)(u % S) * kFSeg, (int)f.hidden,
+                                                   out + (size_t)t * out_row, vec);
+                    else
+                        fp8c_reduce_unit<DT, false>(row_lo, row_hi, nd, (int)(u % S) * kFSeg, (int)f.hidden,
+                                                    out + (size_t)t * out_row, vec);
                 } else {
                     const size_t off = (size_t)(u % S) * kSegC, len = out_row - off < kSegC ? out_row - off : kSegC;
                     reduce_unit<DT>(row_lo, row_hi, nd, off, len, out + (size_t)t * out_row, vec);
