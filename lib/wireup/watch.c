@@ -67,6 +67,14 @@ struct m2a_watch {
     volatile int stopping;
 };
 
+/* A link stays this process's: a program it starts (fork and exec) would otherwise
+ * keep the link open after this process died, and hide the death. Returns fd. */
+static int keep_private(int fd)
+{
+    if (fd >= 0) (void)fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+    return fd;
+}
+
 /* Who accepts: a link from each watched rank above this one. */
 typedef struct {
     m2a_watch_t *w;
@@ -80,7 +88,7 @@ static int watch_admit(void *ctx, int fd, const void *msg, const uint8_t *challe
     const watch_hello_t *h = msg;
     (void)challenge;
     if (h->rank <= a->w->rank || h->rank >= a->w->nranks || !a->watched[h->rank] || a->w->fd[h->rank] >= 0) return 0;
-    a->w->fd[h->rank] = fd;
+    a->w->fd[h->rank] = keep_private(fd);
     a->missing--;
     return 1;
 }
@@ -250,7 +258,7 @@ static moea2a_result_t link_all(m2a_watch_t *w, m2a_bootstrap_t *bs, const unsig
         watch_hello_t h = {M2A_ID_MAGIC, bs->tag, w->rank, 0, {0}};
         char why[256];
         m2a_sock_status_t st;
-        w->fd[q] = m2a_handshake_connect(&bs->peers[q].addr, &hs, &h, deadline, &st, why, sizeof(why));
+        w->fd[q] = keep_private(m2a_handshake_connect(&bs->peers[q].addr, &hs, &h, deadline, &st, why, sizeof(why)));
         if (w->fd[q] < 0)
             return m2a_fail(st == M2A_SOCK_TIMEOUT ? MOEA2A_ERR_TIMEOUT : MOEA2A_ERR_PEER_FAILED,
                             "peer watcher: cannot link to rank %d: %s", q, why);
@@ -319,7 +327,7 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
     if (make_mark(w, bs->tag))
         M2A_INFO(M2A_SUBSYS_BOOTSTRAP, "peer watcher: no mark in shared memory (%s); the links alone tell",
                  strerror(errno));
-    moea2a_result_t r = pipe(w->wake) ? m2a_fail(MOEA2A_ERR_SYSTEM, "peer watcher: pipe: %s", strerror(errno))
+    moea2a_result_t r = pipe2(w->wake, O_CLOEXEC) ? m2a_fail(MOEA2A_ERR_SYSTEM, "peer watcher: pipe: %s", strerror(errno))
                         : pthread_create(&w->thread, NULL, watch_loop, w)
                             ? m2a_fail(MOEA2A_ERR_SYSTEM, "peer watcher: cannot start its thread")
                             : MOEA2A_SUCCESS;

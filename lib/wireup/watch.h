@@ -4,8 +4,13 @@
  * Each rank keeps one authenticated TCP connection (over the bootstrap's listener,
  * label "watch") to each rank it watches, used for nothing else. A process that dies,
  * even by SIGKILL, has its sockets closed by its kernel; the watcher thread, blocked in
- * poll() and costing nothing meanwhile, sees the end of the stream at once and records
- * the rank. A rank that leaves cleanly says so first (one byte), and is not reported.
+ * poll() and costing nothing meanwhile, sees the end of the stream and records the
+ * rank. On one host each rank also holds a mark, a robust process-shared mutex in
+ * shared memory, on which a thread per watched peer of the host waits: the kernel
+ * releases it as the dying process's exit begins, where its sockets close only after
+ * its memory and earlier files went (a second with NCCL's resources in the process).
+ * A rank that leaves cleanly says so first (one byte; its mark's left flag), and is
+ * not reported.
  * What it cannot see: a process that hangs, or a host cut off without a reset; the
  * bounded waits (MOEA2A_TIMEOUT_S) and the network transports catch those.
  *
