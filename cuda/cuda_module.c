@@ -178,6 +178,7 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .route = m2a_cuda_route,
     .pack = m2a_cuda_pack,
     .sanitize = m2a_cuda_sanitize,
+    .write_words = m2a_cuda_write_words,
     .combine = m2a_cuda_combine,
     .combine_quantize = m2a_cuda_combine_quantize,
     .fast_dispatch = m2a_fast_dispatch,

@@ -499,8 +499,10 @@ MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *ro
 /* Collective, with no dispatch pending: experts move to the ranks expert_to_rank[E]
  * names (every rank passes the same map), in place: no new context, no allocation.
  * -1: no rank holds the expert (its entries are dropped: dropped_entries). A rank
- * given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY;
- * host memory in this release (moea2a_moe(3), "Placement in place"). */
+ * given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY. On
+ * CUDA memory the device's tables change in order on stream (capturable) and every
+ * expert needs a rank (-1 there: MOEA2A_ERR_UNAVAILABLE); moea2a_moe(3), "Placement
+ * in place". */
 MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream);
 /* Collective, as moea2a_moe_set_placement, with replicas: expert e is held by the ranks
  * holders[e x max_replicas + j] for j below its count n_e (distinct ranks, then -1;

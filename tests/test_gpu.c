@@ -272,6 +272,21 @@ static int graph_replays(moea2a_moe_t dm, int rank, const moe_case_t *c, const i
     return fails;
 }
 
+/* A placement that moves the experts of the contiguous one among the ranks (each
+ * rank keeps its count of experts, so the create's bound holds): the same on every
+ * rank, from the case's seed. */
+static void moved_placement(int E, int ep, uint64_t seed, int32_t *map)
+{
+    int q = E / ep, rem = E % ep, e = 0;
+    for (int r = 0; r < ep; r++)
+        for (int j = 0; j < q + (r < rem); j++) map[e++] = r;
+    uint64_t s = mix(seed ^ 0x9e3779b97f4a7c15ull);
+    for (int i = E - 1; i > 0; i--) {
+        int j = urand(&s, 0, i), t = map[i];
+        map[i] = map[j], map[j] = t;
+    }
+}
+
 static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
 {
     int fails = 0;
@@ -311,6 +326,17 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     cudaStream_t s = NULL;
     if (!(copy_engine && seed % 2 == 1)) cudaStreamCreate(&s);
     moea2a_dispatch_result_t hres = MOEA2A_DISPATCH_RESULT_INITIALIZER, dres = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    /* half of the cases with the experts moved in place first, on both contexts (the
+     * CUDA context's tables change on its stream) */
+    if ((seed / 3) % 2 == 1) {
+        int32_t *map = malloc(sizeof(int32_t) * (size_t)c.cfg.num_experts);
+        moved_placement(c.cfg.num_experts, ep, seed, map);
+        r = moea2a_moe_set_placement(hm, map, NULL);
+        r2 = r ? r : moea2a_moe_set_placement(dm, map, s);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "set_placement (seed %llu): %s",
+                    (unsigned long long)seed, moea2a_last_error(comm));
+        free(map);
+    }
     /* a quarter of the cases through the split halves, after a one-call round trip (the
      * epochs of both forms interleave), with other work on the stream between them */
     const int split = seed % 4 == 3;
@@ -491,6 +517,22 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
         RANK_EXPECT(fails, rank, moea2a_dispatch(moe, 4, ids, NULL, NULL, 0, &res, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
                     "host ids to a CUDA context");
+        moea2a_moe_destroy(moe);
+    } else {
+        RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));
+    }
+    /* a CUDA context takes a map with a rank for every expert: an expert held by no
+     * rank, and replicas, are refused on every rank, naming why */
+    m.hidden = 8;
+    if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
+        int32_t map[8] = {0, 0, 0, 0, -1, 0, 0, 0}, holders[8];
+        for (int e = 0; e < 8; e++) holders[e] = e % n;
+        moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "expert_to_rank[4]=-1"),
+                    "CUDA set_placement with -1: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+        r = moea2a_moe_set_replicas(moe, 1, holders, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "replicas"),
+                    "CUDA set_replicas: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
         moea2a_moe_destroy(moe);
     } else {
         RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));

@@ -11,8 +11,8 @@
  * (moea2a_moe_set_replicas): the oracle sends token t of rank s to holder (s + t) mod
  * n of each expert it names. Every round, moea2a_moe_expert_load equals the oracle's
  * count of the entries each rank took. The time of a change (256 experts, 4 ranks) is
- * printed, not asserted. (A context in CUDA memory refuses all three in this release;
- * no GPU takes part here.) */
+ * printed, not asserted. (No GPU takes part here: test_gpu checks a CUDA context's
+ * moea2a_moe_set_placement against a host context's.) */
 #include "config.h"
 
 #include <stdint.h>

@@ -1,6 +1,7 @@
 /* CUDA kernels of the MoE data path: routing, packing, sanitize, combine. Written to
  * give exactly the bits of the host reference (lib/moe/backend/host_kernels.c). */
 #include <cub/block/block_scan.cuh>
+#include <string.h>
 #include <cuda_runtime.h>
 
 #include "elem.cuh"
@@ -330,6 +331,31 @@ extern "C" int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpay
     pack<<<grid_for(n, 1), 256, 0, (cudaStream_t)stream>>>(*p, n, stride, payloads, ids, weights, send_map, ws, stage_send,
                                                            block, (const unsigned char *)src_index);
     return (int)cudaGetLastError();
+}
+
+/* Words per launch of write_words: with the count and pointer within the 4 KB of
+ * parameters every architecture takes. */
+constexpr int kWordsPerLaunch = 960;
+struct Words {
+    int32_t v[kWordsPerLaunch];
+};
+
+__global__ void write_words_kernel(int32_t *dst, int n, Words w)
+{
+    if ((int)threadIdx.x < n) dst[threadIdx.x] = w.v[threadIdx.x];
+}
+
+extern "C" int m2a_cuda_write_words(int32_t *dst, const int32_t *src, int n, void *stream)
+{
+    for (int at = 0; at < n; at += kWordsPerLaunch) {
+        const int m = n - at < kWordsPerLaunch ? n - at : kWordsPerLaunch;
+        Words w;
+        memcpy(w.v, src + at, sizeof(int32_t) * (size_t)m);
+        write_words_kernel<<<1, kWordsPerLaunch, 0, (cudaStream_t)stream>>>(dst + at, m, w);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return (int)e;
+    }
+    return 0;
 }
 
 extern "C" int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,

@@ -25,6 +25,8 @@ int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *s
 int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t payloads, const int32_t *ids,
                   const float *weights, const int32_t *send_map, unsigned char *ws, unsigned char *stage_send,
                   int block, const void *src_index, void *stream);
+/* dst[0..n) = the host words src[0..n), as launches whose parameters carry them. */
+int m2a_cuda_write_words(int32_t *dst, const int32_t *src, int n, void *stream);
 /* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
 int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);

@@ -72,6 +72,9 @@ typedef struct m2a_moe_backend {
     moea2a_result_t (*expert_expand)(moea2a_moe_t moe, int num_local, int need_rows, void *stream,
                                      m2a_expert_view_t *out);
     moea2a_result_t (*expert_fold)(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
+    /* After the placement changed (moe->h_owner and moe->route hold the new one): what
+     * the device keeps of it, rewritten in order on stream (NULL: nothing kept). */
+    moea2a_result_t (*placement)(moea2a_moe_t moe, void *stream);
     /* Whether stream is being captured into a CUDA graph (NULL: no device streams). */
     moea2a_result_t (*capturing)(moea2a_moe_t moe, void *stream, int *capturing);
     /* With capturing: why a dispatch or combine on a capturing stream is refused before

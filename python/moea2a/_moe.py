@@ -253,14 +253,16 @@ class MoE(_Handle):
             v = self._views[key] = make(self, ptr, shape, np_dtype)
         return v
 
-    def set_placement(self, expert_to_rank):
+    def set_placement(self, expert_to_rank, stream=None):
         """Moves the experts (moea2a_moe_set_placement; collective, no dispatch pending):
         expert e to rank expert_to_rank[e], the same map on every rank, in place; -1: no
-        rank holds e (its entries are dropped, counted in dropped_entries)."""
+        rank holds e (its entries are dropped, counted in dropped_entries; host memory
+        only). On CUDA memory the device's tables change in order on stream, as
+        dispatch's stream argument."""
         m = (ctypes.c_int32 * len(expert_to_rank))(*[int(r) for r in expert_to_rank])
         if len(expert_to_rank) != self._num_experts:
             raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")
-        _check(_lib.moea2a_moe_set_placement(self.handle, m, None), self.comm)
+        _check(_lib.moea2a_moe_set_placement(self.handle, m, _stream(stream)), self.comm)
 
     def set_replicas(self, holders):
         """Moves the experts with replicas (moea2a_moe_set_replicas; collective, no

@@ -39,7 +39,7 @@ const m2a_moe_backend_t m2a_moe_backend_cuda = {
     .size = cuda_size, .alloc = cuda_alloc, .release = cuda_release,
     .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
-    .capturing = m2a_moe_cuda_capturing,
+    .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
     .not_capturable = "the generic NCCL path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
     .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* a warp's scales of a row in shared memory */

@@ -414,7 +414,7 @@ const m2a_moe_backend_t m2a_moe_backend_cuda_hier = {
     .size = cuda_hier_size, .alloc = cuda_hier_alloc, .release = cuda_hier_release,
     .dispatch = cuda_hier_dispatch, .combine = cuda_hier_combine,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
-    .capturing = m2a_moe_cuda_capturing,
+    .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
     .not_capturable = "the hierarchical path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
     .fallback = &m2a_moe_backend_cuda,

@@ -72,19 +72,28 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
 }
 
-/* The expert-major kernels' fixed table: each local expert's global id, ascending (in
- * the host reference's cursor words, which a CUDA context never uses). */
-static moea2a_result_t expert_tables(moea2a_moe_t moe)
+/* The device's tables of the placement: the owner of each expert and, in the
+ * expert-major layout, each local expert's global id, ascending (in the host
+ * reference's cursor words, which a CUDA context never uses); in order on stream. */
+static moea2a_result_t placement_tables(moea2a_moe_t moe, const char *fn, void *stream)
 {
     int E = moe->cfg.num_experts, el = 0;
+    CU(moe->comm, OPS->write_words((int32_t *)(moe->ws + moe->l.owner), moe->h_owner, E, stream));
+    if (moe->cfg.layout != MOEA2A_LAYOUT_EXPERT_MAJOR) return MOEA2A_SUCCESS;
     int32_t *global_of = malloc(sizeof(int32_t) * (size_t)E);
-    if (!global_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    if (!global_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
     for (int e = 0; e < E; e++)
         if (moe->h_owner[e] == moe->comm->rank) global_of[el++] = e;
-    int rc = el ? OPS->copy(moe->ws + moe->l.ex_cursors, global_of, 4 * (size_t)el, M2A_CUDA_H2D) : 0;
+    int rc = el ? OPS->write_words((int32_t *)(moe->ws + moe->l.ex_cursors), global_of, el, stream) : 0;
     free(global_of);
     CU(moe->comm, rc);
     return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_placement(moea2a_moe_t moe, void *stream)
+{
+    M2A_TRY(set_device(moe->comm));
+    return placement_tables(moe, "moea2a_moe_set_placement", stream);
 }
 
 moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe)
@@ -120,11 +129,10 @@ moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
     moe->kparams = kp;
     fill_kparams(moe, kp);
     /* tables, then every slot as padding: sanitized ids, source index -1 */
-    CU(comm, OPS->copy(moe->ws + l->owner, moe->h_owner, 4 * (size_t)moe->cfg.num_experts, M2A_CUDA_H2D));
+    M2A_TRY(placement_tables(moe, "moea2a_moe_create", NULL));
     CU(comm, OPS->copy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->copy(moe->ws + l->node, moe->comm->nodes.node, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->set(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));
-    if (moe->cfg.layout == MOEA2A_LAYOUT_EXPERT_MAJOR) M2A_TRY(expert_tables(moe));
     CU(comm, OPS->sanitize(kp, moe->cfg.max_tokens_per_rank, (const int32_t *)(moe->ws + l->recv_counts),
                                             (int32_t *)(moe->ws + l->ids), (int32_t *)(moe->ws + l->src_index), 1, 0, NULL));
     CU(comm, OPS->device_synchronize());

@@ -80,6 +80,9 @@ moea2a_result_t m2a_moe_cuda_expert_rows(moea2a_moe_t moe, void *stream, int64_t
 moea2a_result_t m2a_moe_cuda_sync(moea2a_moe_t moe, void *stream, const char *what);
 /* Whether the stream is being captured into a graph. */
 moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capturing);
+/* The backends' placement hook: the device's owner table (and the expert-major
+ * layout's local experts) from moe->h_owner, in order on stream, capturable. */
+moea2a_result_t m2a_moe_cuda_placement(moea2a_moe_t moe, void *stream);
 /* The expert side's rows folded into the rank-major combine rows (ws + l->combine). */
 moea2a_result_t m2a_moe_cuda_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
 /* The expert-major entries of both CUDA backends' tables (moe/backend.h). */
