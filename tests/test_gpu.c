@@ -525,8 +525,9 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * rank, and replicas, are refused on every rank, naming why */
     m.hidden = 8;
     if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
-        int32_t map[8] = {0, 0, 0, 0, -1, 0, 0, 0}, holders[8];
-        for (int e = 0; e < 8; e++) holders[e] = e % n;
+        int32_t map[8], holders[8];
+        for (int e = 0; e < 8; e++) map[e] = holders[e] = e % n; /* within the bound on every rank count */
+        map[4] = -1;
         moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "expert_to_rank[4]=-1"),
                     "CUDA set_placement with -1: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
