@@ -194,12 +194,17 @@ static void *observe(void *arg)
     }
 }
 
+/* The shared-memory name of a rank's mark: the job's tag, the rank and its pid. */
+static void mark_name(char *buf, size_t len, uint64_t tag, int rank, int pid)
+{
+    snprintf(buf, len, "/moea2a-watch-%016llx-%d-%d", (unsigned long long)tag, rank, pid);
+}
+
 /* This rank's mark: a page of shared memory, named for the job and rank, that the
  * peers of its host map before it is unlinked again (m2a_watch_start). */
 static int make_mark(m2a_watch_t *w, uint64_t tag)
 {
-    snprintf(w->mark_name, sizeof(w->mark_name), "/moea2a-watch-%016llx-%d-%d", (unsigned long long)tag, w->rank,
-             (int)getpid());
+    mark_name(w->mark_name, sizeof(w->mark_name), tag, w->rank, (int)getpid());
     int fd = shm_open(w->mark_name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return -1;
     void *m = ftruncate(fd, sizeof(mark_t)) ? MAP_FAILED
@@ -229,7 +234,7 @@ static void map_marks(m2a_watch_t *w, const m2a_bootstrap_t *bs, const unsigned 
     for (int q = 0; w->obs && q < w->nranks; q++) {
         if (!watched[q] || pid[q] <= 0 || strcmp(bs->peers[q].host, bs->peers[w->rank].host)) continue;
         char name[64];
-        snprintf(name, sizeof(name), "/moea2a-watch-%016llx-%d-%d", (unsigned long long)tag, q, (int)pid[q]);
+        mark_name(name, sizeof(name), tag, q, (int)pid[q]);
         int fd = shm_open(name, O_RDWR, 0);
         void *m = fd < 0 ? MAP_FAILED : mmap(NULL, sizeof(mark_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (fd >= 0) close(fd);
