@@ -148,6 +148,13 @@ MOEA2A_API moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm);
  * MOEA2A_ERR_ABORTED, and transports that can (NCCL) abort their device work at once
  * (as ncclCommAbort); local resources are freed by moea2a_comm_destroy. */
 MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
+/* Collective over the survivors: a new communicator of the ranks of comm that are
+ * neither in exclude[nexclude] nor seen dead by the peer watcher, renumbered in rank
+ * order, linked over the bootstrap listeners they have (no unique id, no rendezvous),
+ * its transports set up anew; comm stays, to be destroyed. Every survivor must pass the
+ * same exclude list; moea2a_comm(3), "Shrinking". */
+MOEA2A_API moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int nexclude,
+                                              moea2a_comm_t *newcomm);
 MOEA2A_API moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank);
 MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);
 /* This rank's node: ranks on one host form a node, or with MOEA2A_NODE_SIZE=N (the

@@ -221,6 +221,108 @@ static int idle_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     return fails;
 }
 
+/* The survivors' communicator is right: its size and ranks, and an alltoallv whose
+ * blocks name their source and destination arrive where they should. */
+static int check_comm(moea2a_comm_t c, int rank, int want_rank, int want_n)
+{
+    int fails = 0, r = -1, n = -1;
+    moea2a_comm_rank(c, &r), moea2a_comm_size(c, &n);
+    RANK_EXPECT(fails, rank, r == want_rank && n == want_n, "shrunk: rank %d of %d, want %d of %d", r, n, want_rank,
+                want_n);
+    if (fails) return fails;
+    int64_t send[MAX_RANKS], recv[MAX_RANKS], counts[MAX_RANKS], displs[MAX_RANKS];
+    for (int q = 0; q < n; q++) send[q] = 1000 * r + q, recv[q] = -1, counts[q] = 1, displs[q] = q;
+    moea2a_result_t e = moea2a_alltoallv(send, counts, displs, recv, counts, displs, MOEA2A_INT64, c, NULL);
+    RANK_EXPECT(fails, rank, e == MOEA2A_SUCCESS, "alltoallv on the shrunk communicator: %s", moea2a_last_error(c));
+    for (int q = 0; e == MOEA2A_SUCCESS && q < n; q++)
+        RANK_EXPECT(fails, rank, recv[q] == 1000 * q + r, "alltoallv: block from rank %d holds %lld", q,
+                    (long long)recv[q]);
+    return fails;
+}
+
+/* A MoE dispatch on the shrunk communicator: every row received names its source rank
+ * and token, as the source index says. */
+static int check_moe(moea2a_comm_t c, int rank)
+{
+    int fails = 0, me = -1, n = -1;
+    moea2a_comm_rank(c, &me), moea2a_comm_size(c, &n);
+    moea2a_moe_config_t mc = small_moe();
+    mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_FLOAT32, 2};
+    moea2a_moe_t moe;
+    if (moea2a_moe_create(&moe, c, &mc)) {
+        RANK_EXPECT(fails, rank, 0, "moe_create on the shrunk communicator: %s", moea2a_last_error(c));
+        return fails;
+    }
+    int32_t ids[8 * 2];
+    float x[8 * 2];
+    for (int t = 0; t < 8; t++) {
+        ids[2 * t] = (t + me) % 16, ids[2 * t + 1] = (3 * t + 5) % 16;
+        x[2 * t] = (float)me, x[2 * t + 1] = (float)t;
+    }
+    const void *pl[1] = {x};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t e = moea2a_dispatch(moe, 8, ids, NULL, pl, 0, &res, NULL);
+    RANK_EXPECT(fails, rank, e == MOEA2A_SUCCESS, "dispatch on the shrunk communicator: %s", moea2a_last_error(c));
+    for (int q = 0; e == MOEA2A_SUCCESS && q < n; q++)
+        for (int i = 0; i < res.recv_counts[q]; i++) {
+            const size_t slot = (size_t)q * (size_t)res.stride + (size_t)i;
+            const float *row = (const float *)res.payloads[0] + 2 * slot;
+            RANK_EXPECT(fails, rank, row[0] == (float)q && row[1] == (float)res.src_token_index[slot],
+                        "row %d from rank %d: (%g, %g), source index %d", i, q, row[0], row[1],
+                        res.src_token_index[slot]);
+        }
+    if (e == MOEA2A_SUCCESS) {
+        float out[8 * 16];
+        e = moea2a_combine(moe, NULL, out, NULL);
+        RANK_EXPECT(fails, rank, e == MOEA2A_SUCCESS, "combine on the shrunk communicator: %s", moea2a_last_error(c));
+    }
+    moea2a_moe_destroy(moe);
+    return fails;
+}
+
+/* Rank 2 of 4 dies; the survivors learn of it, shrink to 3 ranks (renumbered 0, 1, 2
+ * from 0, 1, 3) with no new id, and move data there; then, by choice, ranks 0 and 1
+ * shrink the 3 to 2, leaving out rank 2 (which aborts its side). */
+static int shrink_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    board_t *b = arg;
+    int fails = 0;
+    moea2a_comm_t comm = long_comm(rank, n, id);
+    if (!comm || moea2a_barrier(comm)) return 1;
+    if (rank == 2) {
+        usleep(20000);
+        b->kill_time = now();
+        __sync_synchronize();
+        kill(getpid(), SIGKILL);
+    }
+    moea2a_result_t r = moea2a_barrier(comm);
+    RANK_EXPECT(fails, rank, r == MOEA2A_ERR_PEER_FAILED && strstr(moea2a_last_error(comm), "rank 2 "),
+                "barrier after the death: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+    moea2a_comm_t nc = NULL, nc2 = NULL;
+    const double t0 = now();
+    r = moea2a_comm_shrink(comm, NULL, 0, &nc);
+    b->rank[rank].after_kill = now() - t0;
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink: %s", moea2a_last_error(comm));
+    const int nr = rank < 2 ? rank : rank - 1;
+    if (r == MOEA2A_SUCCESS) fails += check_comm(nc, rank, nr, 3) + check_moe(nc, rank);
+    if (r == MOEA2A_SUCCESS && nr < 2) {
+        const int leave[1] = {2};
+        r = moea2a_comm_shrink(nc, leave, 1, &nc2);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink by choice: %s", moea2a_last_error(nc));
+        if (r == MOEA2A_SUCCESS) fails += check_comm(nc2, rank, nr, 2) + check_moe(nc2, rank);
+        const int self[1] = {nr};
+        moea2a_comm_t none = NULL;
+        RANK_EXPECT(fails, rank, moea2a_comm_shrink(nc, self, 1, &none) == MOEA2A_ERR_INVALID_ARGUMENT && !none,
+                    "a rank that excludes itself: %s", moea2a_last_error(nc));
+    } else if (r == MOEA2A_SUCCESS) {
+        moea2a_comm_abort(nc); /* left out by the others */
+    }
+    if (nc2) moea2a_comm_destroy(nc2);
+    if (nc) moea2a_comm_destroy(nc);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 int main(void)
 {
     int runs = getenv("MOEA2A_KILL_RUNS") ? atoi(getenv("MOEA2A_KILL_RUNS")) : 20;
@@ -293,6 +395,13 @@ int main(void)
                "%d ranks, rank %d killed between calls: every survivor's moea2a_moe_status names it within 1 s "
                "(slowest %.3f s; the timeout is %.0f s)", n, n - 1, slowest, SETUP_TIMEOUT_S);
     }
+    memset(b, 0, sizeof(*b));
+    local_ranks_result_t sres;
+    local_ranks_run(4, shrink_rank, b, 120.0, &sres);
+    tap_ok(sres.hung == 0 && sres.exit_codes[0] == 0 && sres.exit_codes[1] == 0 && sres.exit_codes[2] == 128 + SIGKILL &&
+               sres.exit_codes[3] == 0,
+           "4 ranks, rank 2 killed: the survivors shrink to 3 (no new id; %.3f s), renumbered, and alltoallv and MoE "
+           "dispatch there are right; ranks 0 and 1 then shrink to 2 by choice", b->rank[0].after_kill);
     tap_diag("%d survivors: %d killed by a signal, %d PEER_FAILED naming the dead rank (mean %.3f s after the kill), "
              "%d TIMEOUT; slowest %.2f s (bound %.1f s)",
              survivors, signalled, named, named ? sum_named / named : 0.0, timeouts, worst, BOUND_S);

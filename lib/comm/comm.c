@@ -89,27 +89,20 @@ static moea2a_result_t start_watch(moea2a_comm_t comm)
     return r;
 }
 
-static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t *id, int rank,
-                                 const moea2a_config_t *user_config, void *external_nccl)
+/* What a communicator is made of after its fields: the modules (spec; a missing
+ * transport fails here, on every rank alike, before any rank waits on the network), the
+ * bootstrap (joining id's rendezvous, or the survivors' ring of old's: alive), the node
+ * map, the peer watcher, the transports. On failure comm is freed. */
+static moea2a_result_t comm_build(moea2a_comm_t comm, const char *spec, const m2a_id_t *id,
+                                  const m2a_bootstrap_t *old, const unsigned char *alive, moea2a_comm_t *out)
 {
-    moea2a_config_t cfg;
-    M2A_TRY(read_config(user_config, &cfg));
-    double timeout = cfg.timeout_s;
-
-    moea2a_comm_t comm = calloc(1, sizeof(*comm));
-    if (!comm) return m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
-    comm->rank = rank;
-    comm->nranks = nranks;
-    comm->timeout_s = timeout;
-    comm->cuda_device = cfg.cuda_device;
-    comm->core.external_comm = external_nccl;
-    m2a_log_set_rank(rank);
-
-    /* Modules first: a missing transport fails here, on every rank alike, before any
-     * rank waits on the network. */
-    const char *spec = cfg.transport ? cfg.transport : m2a_param_str("MOEA2A_TRANSPORT");
-    moea2a_result_t r = m2a_transports_open(comm, spec);
-    if (r == MOEA2A_SUCCESS) r = m2a_comm_record(comm, m2a_bootstrap_join(id, rank, nranks, timeout, &comm->bs));
+    m2a_log_set_rank(comm->rank);
+    comm->spec = strdup(spec);
+    moea2a_result_t r = comm->spec ? m2a_transports_open(comm, spec)
+                                   : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
+    if (r == MOEA2A_SUCCESS)
+        r = m2a_comm_record(comm, id ? m2a_bootstrap_join(id, comm->rank, comm->nranks, comm->timeout_s, &comm->bs)
+                                     : m2a_bootstrap_shrink(old, alive, &comm->bs));
     if (r == MOEA2A_SUCCESS) r = m2a_nodemap_build(comm, &comm->nodes);
     if (r == MOEA2A_SUCCESS) r = start_watch(comm);
     if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
@@ -120,12 +113,70 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
         m2a_transports_close(comm, 1);
         m2a_bootstrap_close(comm->bs);
         m2a_nodemap_free(&comm->nodes);
+        free(comm->spec);
         free(comm);
         return r;
     }
-    M2A_INFO(M2A_SUBSYS_INIT, "communicator ready: rank %d of %d, timeout %.1f s", rank, nranks, timeout);
+    M2A_INFO(M2A_SUBSYS_INIT, "communicator ready: rank %d of %d, timeout %.1f s", comm->rank, comm->nranks,
+             comm->timeout_s);
     *out = comm;
     return MOEA2A_SUCCESS;
+}
+
+static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t *id, int rank,
+                                 const moea2a_config_t *user_config, void *external_nccl)
+{
+    moea2a_config_t cfg;
+    M2A_TRY(read_config(user_config, &cfg));
+    moea2a_comm_t comm = calloc(1, sizeof(*comm));
+    if (!comm) return m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
+    comm->rank = rank;
+    comm->nranks = nranks;
+    comm->timeout_s = cfg.timeout_s;
+    comm->cuda_device = cfg.cuda_device;
+    comm->core.external_comm = external_nccl;
+    return comm_build(comm, cfg.transport ? cfg.transport : m2a_param_str("MOEA2A_TRANSPORT"), id, NULL, NULL, out);
+}
+
+moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int nexclude, moea2a_comm_t *newcomm)
+{
+    static const char fn[] = "moea2a_comm_shrink";
+    M2A_CHECK_ARG(NULL, newcomm, "%s: newcomm is NULL", fn);
+    *newcomm = NULL;
+    M2A_CHECK_ARG(NULL, comm, "%s: comm is NULL", fn);
+    M2A_CHECK_ARG(comm, nexclude >= 0 && (nexclude == 0 || exclude),
+                  "%s: nexclude=%d with exclude %s: want 0, or a list of that many ranks", fn, nexclude,
+                  exclude ? "given" : "NULL");
+    unsigned char *alive = malloc((size_t)comm->nranks);
+    if (!alive) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    memset(alive, 1, (size_t)comm->nranks);
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int i = 0; i < nexclude && r == MOEA2A_SUCCESS; i++) {
+        if (exclude[i] < 0 || exclude[i] >= comm->nranks)
+            r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: exclude[%d]=%d is not a rank (0..%d)", fn, i,
+                          exclude[i], comm->nranks - 1);
+        else
+            alive[exclude[i]] = 0;
+    }
+    int n = 0, me = 0;
+    for (int q = 0; q < comm->nranks; q++) {
+        if (m2a_watch_is_dead(comm->watch, q)) alive[q] = 0; /* the dead leave whether named or not */
+        me += q < comm->rank && alive[q];
+        n += alive[q] != 0;
+    }
+    if (r == MOEA2A_SUCCESS && !alive[comm->rank])
+        r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: rank %d excludes itself; only the survivors call it",
+                      fn, comm->rank);
+    moea2a_comm_t nc = r == MOEA2A_SUCCESS ? calloc(1, sizeof(*nc)) : NULL;
+    if (r == MOEA2A_SUCCESS && !nc) r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    if (r == MOEA2A_SUCCESS) {
+        nc->rank = me, nc->nranks = n, nc->timeout_s = comm->timeout_s, nc->cuda_device = comm->cuda_device;
+        M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d", fn, comm->rank, comm->nranks, me, n);
+        r = comm_build(nc, comm->spec, NULL, comm->bs, alive, newcomm);
+        if (r != MOEA2A_SUCCESS) m2a_error(comm, r, "%s: %s", fn, moea2a_last_error(NULL));
+    }
+    free(alive);
+    return r;
 }
 
 moea2a_result_t moea2a_comm_init_rank(moea2a_comm_t *comm, int nranks, moea2a_unique_id_t uid, int rank,
@@ -364,6 +415,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
     m2a_transports_close(comm, force);
     m2a_bootstrap_close(comm->bs);
     m2a_nodemap_free(&comm->nodes);
+    free(comm->spec);
     free(comm);
     return r;
 }

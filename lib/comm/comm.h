@@ -19,6 +19,7 @@ struct moea2a_comm {
     int cuda_device;
     m2a_bootstrap_t *bs;
     m2a_watch_t *watch; /* peers' liveness (wireup/watch.h); NULL when MOEA2A_WATCH=0 or alone */
+    char *spec;         /* the transport list it was made with (moea2a_comm_shrink makes the same) */
     m2a_nodemap_t nodes; /* which ranks share a node */
     /* bytes handed to transports by all-to-all: [host, CUDA][same node, other nodes] */
     int64_t traffic[2][2];

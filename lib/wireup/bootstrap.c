@@ -191,6 +191,52 @@ moea2a_result_t m2a_bootstrap_join(const m2a_id_t *id, int rank, int nranks,
     return MOEA2A_SUCCESS;
 }
 
+/* The tag of the ring that the ranks alive[] form out of the ring of tag: the same on
+ * every survivor that agrees on alive[], another for any other set, so that a rank with
+ * another view is refused at the handshake rather than joined. */
+static uint64_t shrunk_tag(uint64_t tag, const unsigned char *alive, int n)
+{
+    uint64_t h = tag ^ 0x736872696e6bull; /* "shrink" */
+    for (int q = 0; q < n; q++) h = (h ^ (uint64_t)(alive[q] != 0)) * 1099511628211ull;
+    return h;
+}
+
+moea2a_result_t m2a_bootstrap_shrink(const m2a_bootstrap_t *old, const unsigned char *alive, m2a_bootstrap_t **out)
+{
+    *out = NULL;
+    int n = 0, me = -1;
+    for (int q = 0; q < old->nranks; q++) {
+        if (q == old->rank) me = alive[q] ? n : -1;
+        n += alive[q] != 0;
+    }
+    if (me < 0) return m2a_fail(MOEA2A_ERR_INVALID_ARGUMENT, "bootstrap: this rank is not among the survivors");
+    m2a_bootstrap_t *bs = calloc(1, sizeof(*bs));
+    if (!bs || !(bs->peers = calloc((size_t)n, sizeof(*bs->peers)))) {
+        free(bs);
+        return m2a_fail(MOEA2A_ERR_NO_MEMORY, "bootstrap: out of memory for %d ranks", n);
+    }
+    for (int q = 0, i = 0; q < old->nranks; q++)
+        if (alive[q]) bs->peers[i++] = old->peers[q];
+    bs->rank = me, bs->nranks = n, bs->timeout_s = old->timeout_s;
+    bs->tag = shrunk_tag(old->tag, alive, old->nranks);
+    memcpy(bs->key, old->key, sizeof(bs->key));
+    bs->next_fd = bs->prev_fd = -1;
+    /* the same listener, which the survivors' addresses name: a descriptor of its own,
+     * so that either communicator may be destroyed first */
+    bs->listen_fd = dup(old->listen_fd);
+    moea2a_result_t r = bs->listen_fd < 0 ? m2a_fail(MOEA2A_ERR_SYSTEM, "bootstrap: dup: %s", strerror(errno))
+                        : n > 1          ? link_ring(bs, m2a_now() + bs->timeout_s)
+                                         : MOEA2A_SUCCESS;
+    if (r != MOEA2A_SUCCESS) {
+        m2a_bootstrap_close(bs);
+        return r;
+    }
+    M2A_INFO(M2A_SUBSYS_BOOTSTRAP, "bootstrap: rank %d of %d after a shrink (rank %d of %d before)", me, n,
+             old->rank, old->nranks);
+    *out = bs;
+    return MOEA2A_SUCCESS;
+}
+
 /* ---- ring collectives ------------------------------------------------------------ */
 
 /* What a failed socket says of its peer: a code, and words for the code. */

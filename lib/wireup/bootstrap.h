@@ -25,6 +25,11 @@ typedef struct m2a_bootstrap {
 
 /* Joins the rendezvous of id as rank of nranks, then links the ring. */
 moea2a_result_t m2a_bootstrap_join(const m2a_id_t *id, int rank, int nranks, double timeout_s, m2a_bootstrap_t **out);
+/* The ring of the ranks alive[q] != 0 of old's ring (this rank among them), renumbered
+ * in rank order, linked over the listeners they already have: no rendezvous. A rank
+ * whose alive[] differs is refused at the handshake (the ring's tag hashes alive[]);
+ * the others then time out naming it. */
+moea2a_result_t m2a_bootstrap_shrink(const m2a_bootstrap_t *old, const unsigned char *alive, m2a_bootstrap_t **out);
 /* data holds nranks blocks of size bytes; this rank's block is filled in. */
 moea2a_result_t m2a_bootstrap_allgather(m2a_bootstrap_t *bs, void *data, size_t size);
 moea2a_result_t m2a_bootstrap_barrier(m2a_bootstrap_t *bs);

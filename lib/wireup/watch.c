@@ -55,6 +55,7 @@ struct m2a_watch {
     pthread_t thread;
     int running;
     int dead;         /* -1, or the first rank seen dead (written under mu, read atomically) */
+    unsigned char *gone; /* [nranks]: every rank seen dead (under mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int holding, linked; /* the thread holds its mark; the links are made (under mu) */
@@ -99,6 +100,7 @@ static int watch_linked(void *ctx) { return ((watch_accept_t *)ctx)->missing == 
 static void saw_death(m2a_watch_t *w, int q, const char *how)
 {
     pthread_mutex_lock(&w->mu);
+    w->gone[q] = 1;
     if (w->dead < 0) {
         __atomic_store_n(&w->dead, q, __ATOMIC_RELEASE);
         for (int i = 0; i < w->nwords; i++) *w->words[i] = q + 1;
@@ -310,6 +312,7 @@ static void close_all(m2a_watch_t *w, int bye)
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w->obs);
+    free(w->gone);
     free(w->fd);
     free(w);
 }
@@ -319,7 +322,8 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
 {
     *out = NULL;
     m2a_watch_t *w = calloc(1, sizeof(*w));
-    if (!w || !(w->fd = malloc(sizeof(int) * (size_t)bs->nranks))) {
+    if (!w || !(w->fd = malloc(sizeof(int) * (size_t)bs->nranks)) || !(w->gone = calloc((size_t)bs->nranks, 1))) {
+        if (w) free(w->fd);
         free(w);
         return m2a_fail(MOEA2A_ERR_NO_MEMORY, "peer watcher: out of memory for %d ranks", bs->nranks);
     }
@@ -370,6 +374,15 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
 int m2a_watch_dead(const m2a_watch_t *w) { return w ? __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) : -1; }
 
 const int *m2a_watch_dead_word(const m2a_watch_t *w) { return w ? &w->dead : NULL; }
+
+int m2a_watch_is_dead(m2a_watch_t *w, int q)
+{
+    if (!w || q < 0 || q >= w->nranks) return 0;
+    pthread_mutex_lock(&w->mu);
+    const int g = w->gone[q];
+    pthread_mutex_unlock(&w->mu);
+    return g;
+}
 
 moea2a_result_t m2a_watch_add(m2a_watch_t *w, volatile int32_t *word)
 {

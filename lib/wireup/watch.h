@@ -38,6 +38,8 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
                                 m2a_watch_t **out);
 /* -1 while every watched peer lives (or left cleanly), else the first rank seen dead. */
 int m2a_watch_dead(const m2a_watch_t *w);
+/* 1 when rank q was seen dead (any of them, not only the first). */
+int m2a_watch_is_dead(m2a_watch_t *w, int q);
 /* The word m2a_watch_dead reads (atomic loads only), for m2a_bootstrap_t.dead. */
 const int *m2a_watch_dead_word(const m2a_watch_t *w);
 /* *word gets the dead rank + 1 once a death is seen (at once if one was already);
