@@ -163,7 +163,10 @@ static int setup_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     board_t *b = arg;
     int fails = 0;
     moea2a_comm_t comm = long_comm(rank, n, id);
-    if (!comm || moea2a_barrier(comm)) return 1;
+    if (!comm) return 1;
+    moea2a_result_t rb = moea2a_barrier(comm);
+    RANK_EXPECT(fails, rank, rb == MOEA2A_SUCCESS, "barrier before rank 0 exits: %s", moea2a_last_error(comm));
+    if (rb) return fails;
     if (rank == 0) {
         b->kill_time = now();
         __sync_synchronize();
@@ -379,7 +382,8 @@ int main(void)
         local_ranks_result_t res;
         local_ranks_run(n, setup_death_rank, b, 60.0, &res);
         tap_ok(res.failed == 0 && res.hung == 0, "%d ranks, rank 0 exits after comm_init: every survivor's moe_create "
-               "names rank 0 within 1 s (none blames a neighbour or waits for one)", n);
+               "names rank 0 within 1 s (none blames a neighbour or waits for one; exits %d %d %d %d)", n,
+               res.exit_codes[0], res.exit_codes[1], n > 2 ? res.exit_codes[2] : 0, n > 3 ? res.exit_codes[3] : 0);
     }
     for (int n = 2; n <= 4; n++) {
         memset(b, 0, sizeof(*b));

@@ -50,8 +50,9 @@ moea2a_result_t m2a_comm_peer_error(moea2a_comm_t comm, const char *fn);
  * else MOEA2A_SUCCESS. fn names the call. */
 moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn);
 
-/* Entry check of every call on a communicator: broken, or a peer seen dead (which
- * breaks it). */
+/* Entry check of every call on a communicator. A peer seen dead is not checked here:
+ * a rank that stayed out of a collective would leave its neighbours in it waiting on a
+ * live rank; the waits themselves consult the watcher. */
 moea2a_result_t m2a_comm_check(moea2a_comm_t comm, const char *fn);
 /* Marks comm broken when r means the peers may be out of step; returns r. */
 moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r);

@@ -500,6 +500,9 @@ static moea2a_result_t enter(moea2a_moe_t moe, const char *fn, m2a_moe_step_t wa
 {
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_TRY(m2a_comm_check(moe->comm, fn));
+    /* On CUDA memory a call would enqueue device work that waits on the dead rank (NCCL's
+     * group launch itself may then block past the watcher's reach): it does not start. */
+    if (moe->cuda) M2A_TRY(m2a_comm_check_peers(moe->comm, fn));
     if (combine && !moe->cfg.hidden)
         return m2a_error(moe->comm, MOEA2A_ERR_INVALID_ARGUMENT,
                          "%s: the context was created with hidden=0 (dispatch only): it has no combine", fn);

@@ -28,6 +28,12 @@
 #include "wireup/bootstrap.h"
 
 #define M2A_WATCH_ALL_MAX 256
+/* How long after the news of a death a host-side collective still waits on its live
+ * peers: one the dead rank had done its part of completes, and a rank that left a
+ * collective on the news (it will not come) is given up on after this, not at
+ * MOEA2A_TIMEOUT_S. Device waits and the NCCL paths' host waits, whose work waits on
+ * every peer, do not wait it out. */
+#define M2A_WATCH_GRACE_S 1.0
 #define M2A_WATCH_MAX_WORDS 64
 
 typedef struct m2a_watch m2a_watch_t;
