@@ -50,13 +50,19 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* After delay_us, notes the time on the board (for the survivors' bounds) and dies. */
+static void die_after(board_t *b, unsigned delay_us)
+{
+    usleep(delay_us);
+    b->kill_time = now();
+    __sync_synchronize();
+    kill(getpid(), SIGKILL);
+}
+
 static void *killer(void *arg)
 {
     run_t *run = arg;
-    usleep(run->delay_us);
-    run->board->kill_time = now();
-    __sync_synchronize();
-    kill(getpid(), SIGKILL);
+    die_after(run->board, run->delay_us);
     return NULL;
 }
 
@@ -202,10 +208,7 @@ static int idle_death_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     RANK_EXPECT(fails, rank, moea2a_moe_status(moe) == MOEA2A_SUCCESS, "status before the death: %s",
                 moea2a_last_error(comm));
     if (rank == n - 1) {
-        usleep(50000);
-        b->kill_time = now();
-        __sync_synchronize();
-        kill(getpid(), SIGKILL);
+        die_after(b, 50000);
     }
     moea2a_result_t r = MOEA2A_SUCCESS;
     for (double t0 = now(); r == MOEA2A_SUCCESS && now() - t0 < SETUP_TIMEOUT_S; usleep(1000)) r = moea2a_moe_status(moe);
@@ -293,10 +296,7 @@ static int shrink_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     moea2a_comm_t comm = long_comm(rank, n, id);
     if (!comm || moea2a_barrier(comm)) return 1;
     if (rank == 2) {
-        usleep(20000);
-        b->kill_time = now();
-        __sync_synchronize();
-        kill(getpid(), SIGKILL);
+        die_after(b, 20000);
     }
     moea2a_result_t r = moea2a_barrier(comm);
     RANK_EXPECT(fails, rank, r == MOEA2A_ERR_PEER_FAILED && strstr(moea2a_last_error(comm), "rank 2 "),
