@@ -155,6 +155,14 @@ MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
  * same exclude list; moea2a_comm(3), "Shrinking". */
 MOEA2A_API moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int nexclude,
                                               moea2a_comm_t *newcomm);
+/* Collective over comm's ranks and nranks - size(comm) new processes: a new
+ * communicator of nranks ranks, comm's among them (comm stays, to be destroyed). Each
+ * rank of comm passes its rank in the new communicator (-1: the one it has), distinct
+ * ones; the new processes take the rest by moea2a_comm_init_rank(nranks, the id, their
+ * rank). id: on comm's rank 0, one it made with moea2a_get_unique_id and handed to the
+ * new processes (the others' is written with it). moea2a_comm(3), "Growing". */
+MOEA2A_API moea2a_result_t moea2a_comm_grow(moea2a_comm_t comm, int nranks, moea2a_unique_id_t *id, int rank,
+                                            moea2a_comm_t *newcomm);
 MOEA2A_API moea2a_result_t moea2a_comm_rank(moea2a_comm_t comm, int *rank);
 MOEA2A_API moea2a_result_t moea2a_comm_size(moea2a_comm_t comm, int *size);
 /* This rank's node: ranks on one host form a node, or with MOEA2A_NODE_SIZE=N (the
@@ -519,6 +527,19 @@ MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int3
  * moea2a_moe_set_placement drops them. Host memory in this release. */
 MOEA2A_API moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders,
                                                    void *stream);
+/* Collective over newcomm: moe, made on another communicator, moves to newcomm, keeping
+ * its handle, config and expert load counts; its memory is released without waiting on
+ * the old communicator's ranks (some may be dead) and allocated anew. expert_to_rank[E]
+ * (every rank the same): the placement on newcomm. NULL, only where newcomm came from
+ * moea2a_comm_shrink of moe's communicator: each expert stays on its rank (or the first
+ * surviving replica), renumbered, and the experts of ranks that left, and those no rank
+ * held, go in ascending id each to the rank holding fewest (the lowest of them), by new
+ * rank 0's view of the old placement (a change a failure cut short may differ). Ranks
+ * that joined newcomm (moea2a_comm_grow) call moea2a_moe_create with moe's config,
+ * placement MOEA2A_PLACEMENT_MAP and the same map. A dispatch left pending (by a
+ * failure) is dropped with its results. On failure moe holds no memory and takes only
+ * moea2a_moe_destroy; moea2a_moe(3), "Recovery". */
+MOEA2A_API moea2a_result_t moea2a_moe_retarget(moea2a_moe_t moe, moea2a_comm_t newcomm, const int32_t *expert_to_rank);
 /* Local: load[E] = per expert, the (token, expert) entries this rank took since create
  * or the last reset (each expert once per token, by the placement in force at each
  * dispatch): what load balancers sum over the ranks. reset: zero the counts after

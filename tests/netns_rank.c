@@ -12,15 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "moe_roundtrip.h"
 #include "moea2a.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv)
 {

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "local_ranks.h"
 #include "moea2a.h"
 #include "tap.h"
@@ -13,13 +14,6 @@
 #define TIMEOUT_S 2.0
 #define SLACK_S 3.0 /* process start-up and scheduling on a loaded 2-core machine */
 #define WATCHDOG 30.0
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int failed_in_time(int rank, moea2a_result_t res, double t0, const char *what, moea2a_comm_t comm)
 {

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "local_ranks.h"
 #include "moea2a.h"
 #include "tap.h"
@@ -42,13 +43,6 @@ typedef struct {
     int victim, moe;
     unsigned delay_us;
 } run_t;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* After delay_us, notes the time on the board (for the survivors' bounds) and dies. */
 static void die_after(board_t *b, unsigned delay_us)

@@ -16,19 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "wireup/bootstrap.h"
 #include "moea2a.h"
 #include "tap.h"
 
 #define IDLE 200
 #define GARBAGE 20
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int connect_to(const m2a_sockaddr_t *a)
 {

@@ -9,6 +9,7 @@
 
 #include "wireup/auth.h"
 #include "base/clock.h"
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "base/log.h"
 #include "base/params.h"
@@ -114,6 +115,7 @@ static moea2a_result_t comm_build(moea2a_comm_t comm, const char *spec, const m2
         m2a_bootstrap_close(comm->bs);
         m2a_nodemap_free(&comm->nodes);
         free(comm->spec);
+        free(comm->parent_rank);
         free(comm);
         return r;
     }
@@ -168,14 +170,104 @@ moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int n
         r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "%s: rank %d excludes itself; only the survivors call it",
                       fn, comm->rank);
     moea2a_comm_t nc = r == MOEA2A_SUCCESS ? calloc(1, sizeof(*nc)) : NULL;
-    if (r == MOEA2A_SUCCESS && !nc) r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    int *from = nc ? malloc(sizeof(int) * (size_t)n) : NULL;
+    if (r == MOEA2A_SUCCESS && (!nc || !from)) {
+        free(nc), free(from);
+        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
     if (r == MOEA2A_SUCCESS) {
         nc->rank = me, nc->nranks = n, nc->timeout_s = comm->timeout_s, nc->cuda_device = comm->cuda_device;
+        for (int q = 0, i = 0; q < comm->nranks; q++)
+            if (alive[q]) from[i++] = q;
+        nc->parent = comm, nc->parent_rank = from, nc->shrunk = 1;
         M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d", fn, comm->rank, comm->nranks, me, n);
         r = comm_build(nc, comm->spec, NULL, comm->bs, alive, newcomm);
         if (r != MOEA2A_SUCCESS) m2a_error(comm, r, "%s: %s", fn, moea2a_last_error(NULL));
     }
     free(alive);
+    return r;
+}
+
+/* What each rank of comm brings to a grow: its verdict on its own arguments, the size
+ * and its rank in the new communicator, and (rank 0) the id the joining ranks hold. */
+typedef struct {
+    int32_t result, nranks, rank, pad;
+    moea2a_unique_id_t id;
+} grow_card_t;
+
+static moea2a_result_t grow_verdict(moea2a_comm_t comm, const char *fn, int nranks, const moea2a_unique_id_t *id,
+                                    int rank)
+{
+    M2A_CHECK_ARG(comm, id, "%s: id is NULL (rank 0 passes the id it made and handed to the joining ranks; the "
+                  "others get it)", fn);
+    M2A_CHECK_ARG(comm, nranks > comm->nranks && nranks <= (1 << 20),
+                  "%s: nranks=%d must exceed the communicator's %d ranks (at most %d)", fn, nranks, comm->nranks,
+                  1 << 20);
+    M2A_CHECK_ARG(comm, rank >= 0 && rank < nranks, "%s: rank=%d is not a rank of the new communicator (0..%d, or "
+                  "-1 to keep %d)", fn, rank, nranks - 1, comm->rank);
+    m2a_id_t mid;
+    memcpy(&mid, id->internal, sizeof(mid));
+    M2A_CHECK_ARG(comm, comm->rank != 0 || mid.magic == M2A_ID_MAGIC,
+                  "%s: rank 0's id was not made by moea2a_get_unique_id (foreign or uninitialized id)", fn);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_comm_grow(moea2a_comm_t comm, int nranks, moea2a_unique_id_t *id, int rank,
+                                 moea2a_comm_t *newcomm)
+{
+    static const char fn[] = "moea2a_comm_grow";
+    M2A_CHECK_ARG(NULL, newcomm, "%s: newcomm is NULL", fn);
+    *newcomm = NULL;
+    M2A_CHECK_ARG(NULL, comm, "%s: comm is NULL", fn);
+    M2A_TRY(m2a_comm_check(comm, fn));
+    const int n = comm->nranks;
+    if (rank == -1) rank = comm->rank;
+    grow_card_t *cards = calloc((size_t)n, sizeof(*cards));
+    if (!cards) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    grow_card_t *mine = &cards[comm->rank];
+    mine->result = grow_verdict(comm, fn, nranks, id, rank);
+    mine->nranks = nranks, mine->rank = rank;
+    if (mine->result == MOEA2A_SUCCESS && comm->rank == 0) mine->id = *id;
+    /* every rank learns every rank's verdict, size and rank, and rank 0's id */
+    moea2a_result_t r = m2a_comm_allgather(comm, cards, sizeof(*cards));
+    int failed = 0;
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) failed |= cards[q].result != MOEA2A_SUCCESS;
+    if (r == MOEA2A_SUCCESS && failed)
+        r = m2a_comm_tell_failures(comm, fn, (moea2a_result_t)mine->result, &cards[0].result,
+                                   sizeof(*cards) / sizeof(int32_t));
+    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
+        if (cards[q].nranks != nranks)
+            r = m2a_error(comm, MOEA2A_ERR_MISMATCH, "%s: rank %d grows to %d ranks, rank %d to %d; every rank "
+                          "passes the same nranks", fn, q, cards[q].nranks, comm->rank, nranks);
+        for (int p = 0; r == MOEA2A_SUCCESS && p < q; p++)
+            if (cards[p].rank == cards[q].rank)
+                r = m2a_error(comm, MOEA2A_ERR_MISMATCH, "%s: ranks %d and %d both take rank %d of the new "
+                              "communicator", fn, p, q, cards[q].rank);
+    }
+    moea2a_comm_t nc = r == MOEA2A_SUCCESS ? calloc(1, sizeof(*nc)) : NULL;
+    int *from = nc ? malloc(sizeof(int) * (size_t)nranks) : NULL;
+    if (r == MOEA2A_SUCCESS && (!nc || !from)) {
+        free(nc), free(from);
+        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    if (r != MOEA2A_SUCCESS) {
+        free(cards);
+        /* arguments were agreed on, so the ranks stay in step; a failed exchange does not */
+        return m2a_peer_lost(r) ? m2a_comm_fail(comm, r) : r;
+    }
+    *id = cards[0].id;
+    m2a_id_t mid;
+    memcpy(&mid, id->internal, sizeof(mid));
+    for (int q = 0; q < nranks; q++) from[q] = -1;
+    for (int q = 0; q < n; q++) from[cards[q].rank] = q;
+    free(cards);
+    nc->rank = rank, nc->nranks = nranks, nc->timeout_s = comm->timeout_s, nc->cuda_device = comm->cuda_device;
+    nc->parent = comm, nc->parent_rank = from;
+    M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d (%d joining)", fn, comm->rank, n, rank, nranks,
+             nranks - n);
+    r = comm_build(nc, comm->spec, &mid, NULL, NULL, newcomm);
+    memset(&mid, 0, sizeof(mid));
+    if (r != MOEA2A_SUCCESS) m2a_error(comm, r, "%s: %s", fn, moea2a_last_error(NULL));
     return r;
 }
 
@@ -416,6 +508,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
     m2a_bootstrap_close(comm->bs);
     m2a_nodemap_free(&comm->nodes);
     free(comm->spec);
+    free(comm->parent_rank);
     free(comm);
     return r;
 }

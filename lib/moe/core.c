@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "comm/agree.h"
 #include "moe/core.h"
 
 /* What every rank must agree on, compared field by field at create. */
@@ -42,31 +43,6 @@ static digest_t digest_of(const moea2a_moe_config_t *c, moea2a_result_t status)
     return d;
 }
 
-#define REASON_BYTES 240 /* of a failed rank's message, carried to its peers */
-
-moea2a_result_t m2a_moe_tell_failures(moea2a_comm_t comm, const char *fn, moea2a_result_t mine, const int32_t *status,
-                                      size_t step)
-{
-    const int n = comm->nranks;
-    char(*why)[REASON_BYTES] = calloc((size_t)n, REASON_BYTES);
-    if (!why) return mine != MOEA2A_SUCCESS ? mine : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    if (mine != MOEA2A_SUCCESS) {
-        const char *m = moea2a_last_error(comm);
-        const size_t fl = strlen(fn);
-        if (!strncmp(m, fn, fl) && !strncmp(m + fl, ": ", 2)) m += fl + 2; /* the peer's message names fn itself */
-        snprintf(why[comm->rank], REASON_BYTES, "%s", m);
-    }
-    moea2a_result_t g = m2a_comm_allgather(comm, why, REASON_BYTES), r = mine;
-    for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) {
-        if (status[(size_t)q * step] == MOEA2A_SUCCESS) continue;
-        why[q][REASON_BYTES - 1] = 0;
-        r = m2a_error(comm, (moea2a_result_t)status[(size_t)q * step], "%s failed on rank %d: %s", fn, q,
-                      g == MOEA2A_SUCCESS && why[q][0] ? why[q] : moea2a_strerror((moea2a_result_t)status[(size_t)q * step]));
-    }
-    free(why);
-    return r;
-}
-
 moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg)
 {
     int n = comm->nranks;
@@ -77,7 +53,7 @@ moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, c
     int failed = 0;
     for (int q = 0; r == MOEA2A_SUCCESS && q < n; q++) failed |= all[q].status != MOEA2A_SUCCESS;
     if (r == MOEA2A_SUCCESS && failed) {
-        r = m2a_moe_tell_failures(comm, "moea2a_moe_create", mine, &all[0].status, sizeof(*all) / sizeof(int32_t));
+        r = m2a_comm_tell_failures(comm, "moea2a_moe_create", mine, &all[0].status, sizeof(*all) / sizeof(int32_t));
         free(all);
         return r;
     }
@@ -124,7 +100,7 @@ moea2a_result_t m2a_moe_agree(moea2a_comm_t comm, moea2a_result_t mine, int *val
         failed |= all[2 * q] != MOEA2A_SUCCESS;
         if (value_min && all[2 * q + 1] < *value_min) *value_min = all[2 * q + 1];
     }
-    if (g == MOEA2A_SUCCESS && failed) r = m2a_moe_tell_failures(comm, "moea2a_moe_create", mine, all, 2);
+    if (g == MOEA2A_SUCCESS && failed) r = m2a_comm_tell_failures(comm, "moea2a_moe_create", mine, all, 2);
     free(all);
     return r;
 }

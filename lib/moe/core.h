@@ -24,6 +24,8 @@ typedef enum {
 struct moea2a_moe {
     moea2a_comm_t comm;
     moea2a_moe_config_t cfg;
+    moea2a_moe_config_t given; /* the caller's config as create took it (no map): a retarget makes the context anew from it */
+    int leaving; /* release without meeting the communicator's ranks (a retarget: some may be dead or elsewhere) */
     const struct m2a_moe_backend *backend; /* chosen at create */
     void *state;                           /* the backend's own */
     const void *steps;                     /* generic backends: their local steps (backend/generic.h) */
@@ -61,12 +63,18 @@ moea2a_result_t m2a_moe_agree(moea2a_comm_t comm, moea2a_result_t mine, int *val
  * MOEA2A_ERR_MISMATCH naming the first rank that differs. */
 moea2a_result_t m2a_moe_agree_config(moea2a_comm_t comm, moea2a_result_t mine, const moea2a_moe_config_t *cfg);
 
-/* Collective, for ranks that all saw (status[q * step], every rank's code) that some
- * rank's call failed: each failed rank's own message goes to every rank (over the
- * bootstrap: only failures pay for it). Returns mine where this rank failed, else the
- * first failed rank's code, with "fn failed on rank q: its message". */
-moea2a_result_t m2a_moe_tell_failures(moea2a_comm_t comm, const char *fn, moea2a_result_t mine, const int32_t *status,
-                                      size_t step);
+/* Collective over comm: makes the context into moe (zeroed, or emptied by
+ * m2a_moe_release) from config, as moea2a_moe_create; on failure nothing stays. */
+moea2a_result_t m2a_moe_build(moea2a_moe_t moe, moea2a_comm_t comm, const moea2a_moe_config_t *config);
+/* Frees what moe holds (its backend's memory, its tables); moe itself stays. */
+void m2a_moe_release(moea2a_moe_t moe);
+/* Entry check of the calls on a context: one whose retarget failed holds nothing. */
+static inline moea2a_result_t m2a_moe_usable(moea2a_moe_t moe, const char *fn)
+{
+    if (moe->backend) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_STATE, "%s: the context's retarget failed, so it holds no memory: "
+                     "destroy it", fn);
+}
 
 /* owner[e]: the rank that holds expert e (the map, or contiguous placement). */
 void m2a_moe_owner_table(const moea2a_moe_config_t *c, int ep, int32_t *owner);

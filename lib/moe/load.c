@@ -30,6 +30,7 @@ moea2a_result_t moea2a_moe_expert_load(moea2a_moe_t moe, int64_t *load, int rese
     static const char fn[] = "moea2a_moe_expert_load";
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_CHECK_ARG(moe->comm, load, "%s: load is NULL", fn);
+    M2A_TRY(m2a_moe_usable(moe, fn));
     if (moe->cuda)
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: counted on host memory in this release (a context "
                          "in CUDA memory has the expert-major layout's expert_counts per call)", fn);

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/params.h"
 #include "comm/memtype.h"
+#include "comm/agree.h"
 #include "moe/core.h"
 #include "moe/backend.h"
 #include "moe/backend/cuda_steps.h"
@@ -280,12 +281,19 @@ static moea2a_result_t check_fits(moea2a_comm_t comm, const plan_t *p)
                      (double)avail / (1 << 30), lo);
 }
 
+void m2a_moe_release(moea2a_moe_t moe)
+{
+    if (moe->backend) moe->backend->release(moe);
+    moe->backend = NULL;
+    free(moe->h_owner), free(moe->h_holders), free(moe->h_nrep), free(moe->h_load);
+    free(moe->stage_index);
+    moe->h_owner = moe->h_holders = moe->h_nrep = NULL, moe->h_load = NULL, moe->stage_index = NULL;
+}
+
 moea2a_result_t moea2a_moe_destroy(moea2a_moe_t moe)
 {
     if (!moe) return m2a_error(NULL, MOEA2A_ERR_INVALID_ARGUMENT, "moea2a_moe_destroy: moe is NULL");
-    if (moe->backend) moe->backend->release(moe);
-    free(moe->h_owner), free(moe->h_holders), free(moe->h_nrep), free(moe->h_load);
-    free(moe->stage_index);
+    m2a_moe_release(moe);
     free(moe);
     return MOEA2A_SUCCESS;
 }
@@ -326,14 +334,12 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
     return moe->backend->alloc(moe);
 }
 
-moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const moea2a_moe_config_t *config)
+/* A context's collective making on comm into moe (zeroed, or released by
+ * m2a_moe_release): plan, agreement, allocation. On failure what it made is released. */
+moea2a_result_t m2a_moe_build(moea2a_moe_t moe, moea2a_comm_t comm, const moea2a_moe_config_t *config)
 {
-    M2A_TRY(m2a_comm_check(comm, "moea2a_moe_create"));
-    M2A_CHECK_ARG(comm, out, "moea2a_moe_create: moe is NULL");
-    *out = NULL;
-    moea2a_moe_t moe = calloc(1, sizeof(*moe));
     plan_t *p = calloc(1, sizeof(*p));
-    moea2a_result_t r = moe && p ? plan(comm, config, p) : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    moea2a_result_t r = p ? plan(comm, config, p) : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     /* All ranks learn whether every rank's config checked out and is the same. */
     r = m2a_moe_agree_config(comm, r, r == MOEA2A_SUCCESS ? &p->cfg : NULL);
     /* The hierarchical path takes every rank or none (MOEA2A_HIERARCHICAL may differ) */
@@ -351,6 +357,10 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     if (r == MOEA2A_SUCCESS) {
         moe->comm = comm;
         moe->cfg = p->cfg;
+        /* the caller's fields (plan checked its size), zeros past an older header's */
+        memset(&moe->given, 0, sizeof(moe->given));
+        memcpy(&moe->given, config, config->size < sizeof(moe->given) ? config->size : sizeof(moe->given));
+        moe->given.size = sizeof(moe->given), moe->given.expert_to_rank = NULL; /* the caller's memory */
         moe->cuda = p->cuda;
         moe->l = p->l;
         moe->numa = p->place.numa;
@@ -364,7 +374,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
     if (p) free(p->stage_index);
     free(p);
     if (r != MOEA2A_SUCCESS) {
-        if (moe) moea2a_moe_destroy(moe);
+        m2a_moe_release(moe);
         /* Config and memory failures were agreed on by every rank, which stay in step;
          * only a failed exchange (timeout, dead peer) leaves the communicator broken. */
         return m2a_peer_lost(r) ? m2a_comm_fail(comm, r) : r;
@@ -373,6 +383,21 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
              "(%d peers) on NUMA %d",
              moe->backend->name, comm->nranks, moe->cfg.num_experts, moe->cfg.top_k, moe->cfg.max_tokens_per_rank,
              moe->l.workspace, moe->l.staging, comm->nranks - 1, moe->numa);
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const moea2a_moe_config_t *config)
+{
+    M2A_TRY(m2a_comm_check(comm, "moea2a_moe_create"));
+    M2A_CHECK_ARG(comm, out, "moea2a_moe_create: moe is NULL");
+    *out = NULL;
+    moea2a_moe_t moe = calloc(1, sizeof(*moe));
+    if (!moe) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
+    moea2a_result_t r = m2a_moe_build(moe, comm, config);
+    if (r != MOEA2A_SUCCESS) {
+        free(moe);
+        return r;
+    }
     *out = moe;
     return MOEA2A_SUCCESS;
 }
@@ -380,6 +405,7 @@ moea2a_result_t moea2a_moe_create(moea2a_moe_t *out, moea2a_comm_t comm, const m
 moea2a_result_t moea2a_moe_status(moea2a_moe_t moe)
 {
     M2A_CHECK_ARG(NULL, moe, "moea2a_moe_status: moe is NULL");
+    M2A_TRY(m2a_moe_usable(moe, "moea2a_moe_status"));
     M2A_TRY(moe->backend->status ? moe->backend->status(moe) : MOEA2A_SUCCESS);
     return m2a_comm_check_peers(moe->comm, "moea2a_moe_status");
 }
@@ -387,6 +413,7 @@ moea2a_result_t moea2a_moe_status(moea2a_moe_t moe)
 moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows)
 {
     M2A_CHECK_ARG(NULL, moe && rows, "moea2a_moe_max_recv_rows: moe and rows must not be NULL");
+    M2A_TRY(m2a_moe_usable(moe, "moea2a_moe_max_recv_rows"));
     *rows = m2a_moe_expert_major(moe) ? moe->l.ex_rows : (size_t)moe->comm->nranks * (size_t)moe->cfg.max_tokens_per_rank;
     return MOEA2A_SUCCESS;
 }
@@ -394,6 +421,7 @@ moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *rows)
 moea2a_result_t moea2a_moe_combine_buffer(moea2a_moe_t moe, void **buffer)
 {
     M2A_CHECK_ARG(NULL, moe && buffer, "moea2a_moe_combine_buffer: moe and buffer must not be NULL");
+    M2A_TRY(m2a_moe_usable(moe, "moea2a_moe_combine_buffer"));
     M2A_CHECK_ARG(moe->comm, moe->cfg.hidden > 0, "moea2a_moe_combine_buffer: the context was created with hidden=0");
     *buffer = moe->ws + (m2a_moe_expert_major(moe) ? moe->l.ex_combine : moe->l.combine);
     return MOEA2A_SUCCESS;
@@ -499,6 +527,7 @@ static moea2a_result_t expect_step(moea2a_moe_t moe, const char *fn, m2a_moe_ste
 static moea2a_result_t enter(moea2a_moe_t moe, const char *fn, m2a_moe_step_t want, int combine)
 {
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
+    M2A_TRY(m2a_moe_usable(moe, fn));
     M2A_TRY(m2a_comm_check(moe->comm, fn));
     /* On CUDA memory a call would enqueue device work that waits on the dead rank (NCCL's
      * group launch itself may then block past the watcher's reach): it does not start. */
@@ -663,6 +692,7 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
  * experts held by no rank on host memory in this release. */
 static moea2a_result_t change_allowed(moea2a_moe_t moe, const char *fn, int replicas)
 {
+    M2A_TRY(m2a_moe_usable(moe, fn));
     M2A_TRY(expect_step(moe, fn, M2A_MOE_IDLE));
     if (!moe->cuda || (!replicas && moe->backend->placement)) return MOEA2A_SUCCESS;
     return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory takes a map with a rank for "
@@ -710,7 +740,7 @@ static moea2a_result_t agree_change(moea2a_moe_t moe, const char *fn, moea2a_res
     moea2a_result_t r = m2a_comm_allgather(comm, all, 3 * sizeof(int32_t));
     int failed = 0;
     for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) failed |= all[3 * q] != MOEA2A_SUCCESS;
-    if (r == MOEA2A_SUCCESS && failed) r = m2a_moe_tell_failures(comm, fn, mine, all, 3);
+    if (r == MOEA2A_SUCCESS && failed) r = m2a_comm_tell_failures(comm, fn, mine, all, 3);
     for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++)
         if (all[3 * q + 1] != me[1] || all[3 * q + 2] != me[2])
             r = m2a_error(comm, MOEA2A_ERR_MISMATCH, "%s: rank %d passed another map; every rank must pass the same",

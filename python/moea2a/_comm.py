@@ -45,6 +45,37 @@ class Comm(_Handle):
         dist.broadcast_object_list(obj, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         return cls(dist.get_world_size(group), dist.get_rank(group), obj[0], **kw)
 
+    @classmethod
+    def _adopt(cls, handle):
+        c = cls.__new__(cls)
+        c._h = handle
+        return c
+
+    def shrink(self, exclude=()):
+        """The survivors' communicator (moea2a_comm_shrink(3); collective over them): the
+        ranks not in exclude and not seen dead, renumbered in order; no new uid. This
+        communicator stays, to be destroyed."""
+        ex = (ctypes.c_int * max(1, len(exclude)))(*[int(q) for q in exclude])
+        h = ctypes.c_void_p()
+        _check(_lib.moea2a_comm_shrink(self.handle, ex if exclude else None, len(exclude), ctypes.byref(h)),
+               self.handle)
+        return Comm._adopt(h)
+
+    def grow(self, nranks, uid=None, rank=-1):
+        """A communicator of nranks ranks, this one's and new processes (moea2a_comm_grow(3);
+        collective): rank 0 passes the uid it made with unique_id() and handed to the new
+        processes, which join with Comm(nranks, their rank, uid); rank: this rank's number
+        there (-1: the one it has)."""
+        u = C.UniqueId()
+        if uid is not None:
+            if len(uid) != C.UNIQUE_ID_BYTES:
+                raise InvalidArgument(1, f"uid must be the {C.UNIQUE_ID_BYTES} bytes moea2a.unique_id() made")
+            ctypes.memmove(ctypes.addressof(u), bytes(uid), ctypes.sizeof(u))
+        h = ctypes.c_void_p()
+        _check(_lib.moea2a_comm_grow(self.handle, int(nranks), ctypes.byref(u), int(rank), ctypes.byref(h)),
+               self.handle)
+        return Comm._adopt(h)
+
     @property
     def rank(self):
         r = ctypes.c_int()

@@ -282,6 +282,21 @@ class MoE(_Handle):
         _check(_lib.moea2a_moe_expert_load(self.handle, load, 1 if reset else 0), self.comm)
         return list(load)
 
+    def retarget(self, comm, expert_to_rank=None):
+        """Moves the context to comm, made by shrinking or growing its communicator
+        (moea2a_moe_retarget(3); collective over comm): the same object, config and load
+        counts, memory made anew; expert_to_rank: the placement there (None after a
+        shrink: derived from the old one). Views of the old workspace must not be used."""
+        m = None
+        if expert_to_rank is not None:
+            if len(expert_to_rank) != self._num_experts:
+                raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")
+            m = (ctypes.c_int32 * len(expert_to_rank))(*[int(r) for r in expert_to_rank])
+        rc = _lib.moea2a_moe_retarget(self.handle, comm.handle, m)
+        self._views = {}  # the workspace moved, even where the retarget failed
+        self.comm = comm
+        _check(rc, comm)
+
     def max_recv_rows(self):
         rows = ctypes.c_size_t()
         _check(_lib.moea2a_moe_max_recv_rows(self.handle, ctypes.byref(rows)), self.comm)

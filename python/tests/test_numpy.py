@@ -471,3 +471,77 @@ def combine_dtype_main(rank, ep, uid, dtype, combine_dtype, want):
 def test_combine_dtype_follows_dtype(dtype, combine_dtype, want):
     results = run_ranks(2, combine_dtype_main, dtype, combine_dtype, want)
     assert all(v is None for v in results.values()), results
+
+
+def round_trip_checked(moe, rank, ep, seed, owner_of):
+    """One dispatch + combine whose rows and sums match the reference for the placement
+    owner_of (expert -> rank); None, or what differs."""
+    ids, x = tokens(rank, seed)
+    res = moe.dispatch(x, ids)
+    if res.ep != ep:
+        return f"ep {res.ep}, want {ep}"
+    for src in range(ep):
+        sids, sx = tokens(src, seed)
+        want = [t for t in range(len(sids)) if any(0 <= e < E and owner_of[e] == rank for e in sids[t])]
+        if res.recv_counts[src] != len(want):
+            return f"{res.recv_counts[src]} rows from rank {src}, want {len(want)}"
+        for i, t in enumerate(want):
+            if res.src_token_index[src, i] != t or not np.array_equal(res.payloads[0][src, i], sx[t]):
+                return f"row {i} from rank {src} is not token {t}"
+    out = moe.combine(res.payloads[0])
+    for t in range(len(ids)):
+        n = len({owner_of[e] for e in ids[t] if 0 <= e < E})
+        if not np.array_equal(out[t], (n * x[t]).astype(np.float32)):
+            return f"token {t} combined wrong"
+    return None
+
+
+def test_shrink_retarget_grow():
+    """Comm.shrink, MoE.retarget and Comm.grow: ranks 0 and 1 leave rank 2 out, move their
+    context to the 2 of them (the placement derived: rank 2's experts shared out) and
+    check a round trip; then they grow back to 3 with rank 2 joining by a new uid, retarget
+    to a given map, and all 3 check a round trip (rank 2's context created with it)."""
+    import multiprocessing as mp
+    q = mp.get_context("fork").Queue()
+
+    def main(rank, ep, uid, q):
+        kw = dict(hidden=H, dtype="fp32", combine_dtype="fp32", memory="host", max_local_experts=E)
+        contiguous = [owner(e, ep) for e in range(E)]
+        spread = [(e * 5 + 1) % ep for e in range(E)]
+        comm = moea2a.Comm(ep, rank, uid)
+        moe = moea2a.MoE(comm, E, K, CAP, **kw)
+        if rank == 2:  # left out: it aborts, then comes back as a new member
+            comm.abort()
+            moe.close()
+            comm.destroy()
+            big = moea2a.Comm(ep, 2, q.get(timeout=60))
+            moe = moea2a.MoE(big, E, K, CAP, expert_to_rank=spread, **kw)
+        else:  # the recovery flow (moea2a_recovery(7)): abort, shrink, retarget
+            comm.abort()
+            small = comm.shrink(exclude=[2])
+            moe.retarget(small)
+            derived, held = [], [0, 0]
+            for e in range(E):  # moea2a_moe_retarget(3): rank 2's experts to the rank holding fewest
+                derived.append(contiguous[e] if contiguous[e] < 2 else -1)
+                held[derived[-1]] += derived[-1] >= 0
+            for e in range(E):
+                if derived[e] < 0:
+                    derived[e] = 0 if held[0] <= held[1] else 1
+                    held[derived[e]] += 1
+            bad = round_trip_checked(moe, rank, 2, 3, derived)
+            if bad:
+                return "after the shrink: " + bad
+            comm.destroy()
+            new_uid = None
+            if rank == 0:
+                new_uid = moea2a.unique_id()
+                q.put(new_uid)
+            big = small.grow(ep, uid=new_uid)
+            moe.retarget(big, spread)
+            small.destroy()
+        bad = round_trip_checked(moe, rank, ep, 4, spread)
+        moe.close()
+        big.destroy()
+        return "after the grow: " + bad if bad else None
+    results = run_ranks(3, main, q)
+    assert all(v is None for v in results.values()), results

@@ -4,6 +4,7 @@
 
 #include "comm/coll.h"
 #include "base/log.h"
+#include "comm/agree.h"
 #include "moe/core.h"
 #include "moe/backend/generic.h"
 
@@ -16,7 +17,7 @@ static moea2a_result_t judge_headers(moea2a_moe_t moe, moea2a_result_t mine, con
     for (int q = 0; q < comm->nranks; q++) failed |= in[q].status != MOEA2A_SUCCESS;
     /* every rank saw the same statuses: all of them learn the failed ranks' reasons */
     if (failed)
-        return m2a_moe_tell_failures(comm, "moea2a_dispatch", mine, &in[0].status,
+        return m2a_comm_tell_failures(comm, "moea2a_dispatch", mine, &in[0].status,
                                      sizeof(m2a_moe_header_t) / sizeof(int32_t));
     for (int q = 0; q < comm->nranks; q++) {
         if (in[q].runtime_max != rt)
@@ -252,7 +253,7 @@ moea2a_result_t m2a_generic_combine_agree(moea2a_moe_t moe, moea2a_result_t mine
     moea2a_result_t r = m2a_allgather("moea2a_combine", &me, st, 1, MOEA2A_INT32, comm, NULL);
     int failed = 0;
     for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) failed |= st[q] != MOEA2A_SUCCESS;
-    if (failed) r = m2a_moe_tell_failures(comm, "moea2a_combine", mine, st, 1);
+    if (failed) r = m2a_comm_tell_failures(comm, "moea2a_combine", mine, st, 1);
     free(st);
     return r;
 }

@@ -200,7 +200,7 @@ static void fast_release(moea2a_moe_t moe)
     (void)OPS->device_synchronize();
     m2a_comm_unwatch(comm, &((m2a_fast_error_t *)(moe->pinned + moe->l.pinned_backend))->dead);
     if (OPS->fast_profile_report) OPS->fast_profile_report(moe->comm->rank);
-    m2a_symm_close(comm, &st->symm, 1);
+    m2a_symm_close(comm, &st->symm, !moe->leaving);
     moe->ws = NULL;
     OPS->free(st->f.err);
     m2a_ce_destroy(st->ce);

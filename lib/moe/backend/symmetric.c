@@ -81,8 +81,10 @@ void m2a_symm_close(moea2a_comm_t comm, m2a_symm_t *s, int peers_alive)
 {
     if (!s->way) return;
     if (s->way->unmap) s->way->unmap(comm, s);
-    /* A peer may still read this allocation until every rank has dropped its view. */
-    int healthy = peers_alive && !comm->broken && m2a_comm_barrier(comm) == MOEA2A_SUCCESS;
+    /* A peer may still read this allocation until every rank has dropped its view (a
+     * rank seen dead reads nothing, and would hold the meeting up) */
+    int healthy = peers_alive && !comm->broken && m2a_comm_dead_peer(comm) < 0 &&
+                  m2a_comm_barrier(comm) == MOEA2A_SUCCESS;
     s->way->release(comm, s, healthy);
     memset(s, 0, sizeof(*s));
 }
