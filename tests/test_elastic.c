@@ -8,6 +8,8 @@
  * (moea2a_comm_grow on the survivors, moea2a_comm_init_rank + moea2a_moe_create on the
  * spare), the survivors retarget to a given map, and the 4 go on checked. Rank 0's
  * process lives through every cycle: its descriptors, threads and heap must not grow.
+ * Then the same on CUDA memory where a GPU is: the load/store path, ranks sharing the
+ * GPUs over CUDA IPC (no NCCL), every expert held (CUDA memory takes no -1).
  * MOEA2A_ELASTIC_CYCLES (default 3, at most 60) sets the number of cycles. */
 #include <dirent.h>
 #include <malloc.h>
@@ -21,8 +23,10 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "gpu_util.h"
 #include "local_ranks.h"
 #include "moea2a.h"
+#include "no_nccl.h"
 #include "tap.h"
 
 #define N 4
@@ -32,6 +36,8 @@
 #define H 4 /* floats per payload row and per combine row */
 #define TIMEOUT_S 2.0
 #define MAX_CYCLES 60
+
+static int ndev; /* 0: host memory; else CUDA memory, rank r on GPU r % ndev */
 
 typedef struct {
     volatile int cycle_kill[MAX_CYCLES]; /* set by the victim of the cycle when it arms its killer */
@@ -49,17 +55,17 @@ typedef struct {
     int cycles;
 } board_t;
 
-static unsigned mix(unsigned a, unsigned b) { return (a * 2654435761u) ^ (b + 0x9e3779b9u + (a << 6) + (a >> 2)); }
+static unsigned mix2(unsigned a, unsigned b) { return (unsigned)mix((uint64_t)a << 32 | b); }
 
 /* Every rank computes the same: the victim of a cycle (1..N-1), the tokens, ids and
  * payloads of any rank at any iteration, and the maps. */
-static int victim_of(const board_t *b, int cycle) { return 1 + (int)(mix(b->seed, (unsigned)cycle) % (N - 1)); }
+static int victim_of(const board_t *b, int cycle) { return 1 + (int)(mix2(b->seed, (unsigned)cycle) % (N - 1)); }
 
 static int ntok(int it, int rank) { return (it + rank) % 5 == 4 ? 0 : 1 + (it * 3 + rank) % CAP; }
 
 static int32_t id_of(int it, int rank, int t, int j)
 {
-    unsigned h = mix(mix((unsigned)it, (unsigned)rank), (unsigned)(t * K + j));
+    unsigned h = mix2(mix2((unsigned)it, (unsigned)rank), (unsigned)(t * K + j));
     return h % 23 == 0 ? -1 : (int32_t)(h % E); /* an invalid id now and then */
 }
 
@@ -71,7 +77,7 @@ static void loop_map(int phase, int it, int n, int32_t *map)
 {
     const int step = it / 3;
     for (int e = 0; e < E; e++) map[e] = (e * 7 + phase + step) % n;
-    if (step % 2) map[(phase + step) % E] = -1;
+    if (step % 2 && !ndev) map[(phase + step) % E] = -1; /* CUDA memory: every expert held */
 }
 
 /* What moea2a_moe_retarget derives after a shrink (its man page's rule). */
@@ -94,9 +100,37 @@ static moea2a_moe_config_t config(void)
 {
     moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
     mc.num_experts = E, mc.top_k = K, mc.max_tokens_per_rank = CAP, mc.hidden = H;
-    mc.combine_dtype = MOEA2A_FLOAT32, mc.memory = MOEA2A_MEMORY_HOST, mc.max_local_experts = E;
+    mc.combine_dtype = MOEA2A_FLOAT32, mc.memory = ndev ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
+    mc.max_local_experts = E;
     mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_FLOAT32, H};
     return mc;
+}
+
+/* Rank `rank` of n joins id's communicator (on its GPU, for CUDA memory). */
+static moea2a_result_t join(moea2a_comm_t *comm, int n, moea2a_unique_id_t id, int rank)
+{
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    if (ndev) cudaSetDevice(rank % ndev), cfg.cuda_device = rank % ndev;
+    return moea2a_comm_init_rank(comm, n, id, rank, &cfg);
+}
+
+/* A call's arrays where the context's memory is: host arrays as they are, or device
+ * copies (made once per process) and the device's results read back after the stream
+ * (and the context's status: a dead peer's news ends the device's waits). */
+typedef struct {
+    int32_t *ids;
+    float *x, *out;
+} dev_bufs_t;
+
+static moea2a_result_t synced(moea2a_moe_t moe)
+{
+    return ndev && cudaDeviceSynchronize() != cudaSuccess ? MOEA2A_ERR_CUDA : moea2a_moe_status(moe);
+}
+
+static void fetch(void *dst, const void *src, size_t bytes)
+{
+    if (ndev) cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    else memcpy(dst, src, bytes);
 }
 
 /* One checked round trip: rows from rank q arrive as many as q's tokens this rank
@@ -113,9 +147,25 @@ static int round_trip(moea2a_moe_t moe, moea2a_comm_t comm, const int32_t *map, 
         for (int j = 0; j < K; j++) ids[t * K + j] = id_of(it, me, t, j);
         for (int c = 0; c < H; c++) x[t * H + c] = x_of(me, t, c, it);
     }
-    const void *pl[1] = {x};
+    static dev_bufs_t d;
+    const int32_t *ids_in = ids;
+    const float *x_in = x;
+    float *out_at = out;
+    if (ndev) {
+        if (!d.ids) cudaMalloc((void **)&d.ids, sizeof(ids)), cudaMalloc((void **)&d.x, sizeof(x)),
+            cudaMalloc((void **)&d.out, sizeof(out));
+        cudaMemcpy(d.ids, ids, sizeof(ids), cudaMemcpyHostToDevice), cudaMemcpy(d.x, x, sizeof(x), cudaMemcpyHostToDevice);
+        ids_in = d.ids, x_in = d.x, out_at = d.out;
+    }
+    const void *pl[1] = {x_in};
     moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    if ((*err = moea2a_dispatch(moe, nt, ids, NULL, pl, 0, &res, NULL)) != MOEA2A_SUCCESS) return 0;
+    if ((*err = moea2a_dispatch(moe, nt, ids_in, NULL, pl, 0, &res, NULL)) != MOEA2A_SUCCESS) return 0;
+    if ((*err = synced(moe)) != MOEA2A_SUCCESS) return 0;
+    static int32_t counts[N], src_index[N * CAP];
+    static float rows[N * CAP * H];
+    fetch(counts, res.recv_counts, sizeof(int32_t) * (size_t)n);
+    fetch(src_index, res.src_token_index, sizeof(int32_t) * (size_t)n * (size_t)res.stride);
+    fetch(rows, res.payloads[0], sizeof(float) * H * (size_t)n * (size_t)res.stride);
     for (int q = 0; q < n; q++) {
         int want = 0;
         for (int t = 0; t < ntok(it, q); t++) {
@@ -126,16 +176,17 @@ static int round_trip(moea2a_moe_t moe, moea2a_comm_t comm, const int32_t *map, 
             }
             want += here;
         }
-        RANK_EXPECT(fails, tag, res.recv_counts[q] == want, "it %d: %d rows from rank %d, want %d", it,
-                    res.recv_counts[q], q, want);
-        for (int i = 0; i < res.recv_counts[q] && i < want; i++) {
+        RANK_EXPECT(fails, tag, counts[q] == want, "it %d: %d rows from rank %d, want %d", it, counts[q], q, want);
+        for (int i = 0; i < counts[q] && i < want; i++) {
             const size_t slot = (size_t)q * (size_t)res.stride + (size_t)i;
-            const float *row = (const float *)res.payloads[0] + slot * H;
-            RANK_EXPECT(fails, tag, row[0] == (float)(q * 100 + res.src_token_index[slot]), "it %d: row %d from %d: "
-                        "%g for token %d", it, i, q, row[0], res.src_token_index[slot]);
+            const float *row = rows + slot * H;
+            RANK_EXPECT(fails, tag, row[0] == (float)(q * 100 + src_index[slot]), "it %d: row %d from %d: "
+                        "%g for token %d", it, i, q, row[0], src_index[slot]);
         }
     }
-    if ((*err = moea2a_combine(moe, res.payloads[0], out, NULL)) != MOEA2A_SUCCESS) return fails;
+    if ((*err = moea2a_combine(moe, res.payloads[0], out_at, NULL)) != MOEA2A_SUCCESS) return fails;
+    if ((*err = synced(moe)) != MOEA2A_SUCCESS) return fails;
+    fetch(out, out_at, sizeof(float) * H * (size_t)nt);
     for (int t = 0; t < nt; t++) {
         int ranks = 0;
         for (int q = 0; q < n; q++) {
@@ -167,7 +218,7 @@ typedef struct {
 static void *killer(void *arg)
 {
     killer_t *k = arg;
-    usleep(1000 + mix(k->b->seed, (unsigned)k->cycle * 7u) % 20000);
+    usleep(1000 + mix2(k->b->seed, (unsigned)k->cycle * 7u) % 20000);
     k->b->kill_time[k->cycle] = now();
     __sync_synchronize();
     kill(getpid(), SIGKILL);
@@ -214,6 +265,7 @@ static int member(board_t *b, moea2a_comm_t comm, moea2a_moe_t moe, int c0)
         /* shrink, retarget with the derived placement, go on checked */
         double t0 = now();
         moea2a_comm_t small = NULL;
+        moea2a_comm_abort(comm); /* ends what still waits on the dead rank (moea2a_recovery(7)) */
         moea2a_result_t r = moea2a_comm_shrink(comm, NULL, 0, &small);
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "cycle %d: shrink: %s", cycle, moea2a_last_error(comm));
         if (r) return fails;
@@ -289,7 +341,7 @@ static int spare(board_t *b)
     moea2a_unique_id_t id = b->join_id;
     int fails = 0;
     moea2a_comm_t comm;
-    moea2a_result_t r = moea2a_comm_init_rank(&comm, N, id, rank, NULL);
+    moea2a_result_t r = join(&comm, N, id, rank);
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "cycle %d: the spare's init as rank %d: %s", cycle, rank,
                 moea2a_last_error(NULL));
     if (r) return 1;
@@ -313,7 +365,7 @@ static int run_rank(int rank, int nranks, moea2a_unique_id_t id, void *arg)
     board_t *b = arg;
     if (rank >= N) return spare(b);
     moea2a_comm_t comm;
-    if (moea2a_comm_init_rank(&comm, N, id, rank, NULL)) {
+    if (join(&comm, N, id, rank)) {
         printf("# rank %d: init: %s\n", rank, moea2a_last_error(NULL));
         return 1;
     }
@@ -392,21 +444,13 @@ static int wrong_calls_rank(int rank, int nranks, moea2a_unique_id_t id, void *a
     return fails;
 }
 
-int main(void)
+/* The cycles on the memory ndev says; their results as test points. */
+static void run_cycles(board_t *b, int cycles, const char *where)
 {
-    int cycles = getenv("MOEA2A_ELASTIC_CYCLES") ? atoi(getenv("MOEA2A_ELASTIC_CYCLES")) : 3;
-    if (cycles < 1) cycles = 1;
-    if (cycles > MAX_CYCLES) cycles = MAX_CYCLES;
-    char tv[16];
-    snprintf(tv, sizeof(tv), "%g", TIMEOUT_S);
-    setenv("MOEA2A_TIMEOUT_S", tv, 1);
-    setenv("MOEA2A_TRANSPORT", "ucx", 1); /* host memory is under test */
-    board_t *b = mmap(NULL, sizeof(board_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (b == MAP_FAILED) return 1;
     memset(b, 0, sizeof(*b));
     b->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
     b->cycles = cycles;
-    tap_diag("seed %u, %d cycles", b->seed, cycles);
+    tap_diag("%s: seed %u, %d cycles", where, b->seed, cycles);
     local_ranks_result_t res;
     local_ranks_run(N + cycles, run_rank, b, 30.0 + 10.0 * cycles, &res);
     /* the ranks killed are the victims' processes: the first 4 and the spares that joined */
@@ -423,24 +467,49 @@ int main(void)
             shrink = b->shrink_s[c][q] > shrink ? b->shrink_s[c][q] : shrink;
             grow = b->grow_s[c][q] > grow ? b->grow_s[c][q] : grow;
         }
-    tap_ok(ok, "%d cycles of kill (a random rank but 0, at a random moment), shrink to 3, retarget, grow back to 4 "
-           "with a spare, retarget: every round trip checked against the placement in force (%d killed, %d hung)",
-           cycles, killed, res.hung);
+    tap_ok(ok, "%s: %d cycles of kill (a random rank but 0, at a random moment), shrink to 3, retarget, grow back "
+           "to 4 with a spare, retarget: every round trip checked against the placement in force (%d killed, %d "
+           "hung)", where, cycles, killed, res.hung);
     /* the bound is the timeout's (a survivor stuck on the dead rank would be there at
      * the most); the times themselves are measurements, for the results page */
-    tap_ok(back <= TIMEOUT_S + 1.0, "survivors back to checked round trips within MOEA2A_TIMEOUT_S + 1 s of each "
-           "kill (slowest %.3f s; shrink + retarget at most %.3f s, grow + retarget at most %.3f s)", back, shrink,
-           grow);
+    tap_ok(ok && back <= TIMEOUT_S + 1.0, "%s: survivors back to checked round trips within MOEA2A_TIMEOUT_S + 1 s "
+           "of each kill (slowest %.3f s; shrink + retarget at most %.3f s, grow + retarget at most %.3f s)", where,
+           back, shrink, grow);
+    if (cycles >= 2)
+        tap_ok(ok && b->fd1 == b->fd0 && b->threads1 == b->threads0 && b->heap1 - b->heap0 < 256 * 1024,
+               "%s: rank 0 after %d more cycles: descriptors %ld -> %ld, threads %ld -> %ld, heap %+lld bytes", where,
+               cycles - 1, b->fd0, b->fd1, b->threads0, b->threads1, b->heap1 - b->heap0);
+    else
+        tap_skip("one cycle", "%s: descriptors, threads and heap across cycles", where);
+}
+
+int main(void)
+{
+    int cycles = getenv("MOEA2A_ELASTIC_CYCLES") ? atoi(getenv("MOEA2A_ELASTIC_CYCLES")) : 3;
+    if (cycles < 1) cycles = 1;
+    if (cycles > MAX_CYCLES) cycles = MAX_CYCLES;
+    char tv[16];
+    snprintf(tv, sizeof(tv), "%g", TIMEOUT_S);
+    setenv("MOEA2A_TIMEOUT_S", tv, 1);
+    setenv("MOEA2A_TRANSPORT", "ucx", 1); /* host memory is under test */
+    board_t *b = mmap(NULL, sizeof(board_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return 1;
+    run_cycles(b, cycles, "host memory");
     local_ranks_result_t wres;
     local_ranks_run(2, wrong_calls_rank, NULL, 60.0, &wres);
     tap_ok(wres.failed == 0 && wres.hung == 0, "wrong grows (an id missing, sizes or ranks that differ, no growth, a "
            "rank out of range) fail on every rank naming the cause; retargets: to a shrunk copy (placement derived), "
            "refused with no map elsewhere, and with a bad map, after which the context says so until destroyed");
-    if (cycles >= 2)
-        tap_ok(b->fd1 == b->fd0 && b->threads1 == b->threads0 && b->heap1 - b->heap0 < 256 * 1024,
-               "rank 0 after %d more cycles: descriptors %ld -> %ld, threads %ld -> %ld, heap %+lld bytes", cycles - 1,
-               b->fd0, b->fd1, b->threads0, b->threads1, b->heap1 - b->heap0);
-    else
-        tap_skip("one cycle", "descriptors, threads and heap across cycles");
+    const int gpus = gpu_count();
+    if (gpus > 0 && have_ucx()) {
+        ndev = gpus < N ? gpus : N;
+        without_nccl(); /* ranks share GPUs: CUDA IPC, no NCCL */
+        char where[64];
+        snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s)", N, ndev);
+        run_cycles(b, cycles, where);
+    } else {
+        for (int i = 0; i < 3; i++)
+            tap_skip(gpus ? "no ucx transport" : "no CUDA device", "CUDA memory: the recovery cycles");
+    }
     return tap_done();
 }
