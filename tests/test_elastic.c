@@ -34,7 +34,9 @@
 #define K 2
 #define CAP 8
 #define H 4 /* floats per payload row and per combine row */
-#define TIMEOUT_S 2.0
+/* long enough for 4 + cycles processes making their CUDA contexts at once before the
+ * first rendezvous; deaths are the peer watcher's news, not the timeout's */
+#define TIMEOUT_S 10.0
 #define MAX_CYCLES 60
 
 static int ndev; /* 0: host memory; else CUDA memory, rank r on GPU r % ndev */
@@ -331,6 +333,9 @@ static int member(board_t *b, moea2a_comm_t comm, moea2a_moe_t moe, int c0)
  * the survivors' map and becomes a member from the next cycle. */
 static int spare(board_t *b)
 {
+    /* ready before it is called, as a replacement would be: its GPU's context made (a
+     * second or more on some machines, which the rendezvous's timeout would count) */
+    for (int g = 0; g < ndev; g++) cudaSetDevice(g), cudaFree(NULL);
     for (;;) {
         const int req = b->join_req, got = b->claimed;
         if (b->done) return 0;
@@ -359,11 +364,8 @@ static int spare(board_t *b)
     return fails + member(b, comm, moe, cycle + 1);
 }
 
-static int run_rank(int rank, int nranks, moea2a_unique_id_t id, void *arg)
+static int first_member(board_t *b, int rank, moea2a_unique_id_t id)
 {
-    (void)nranks;
-    board_t *b = arg;
-    if (rank >= N) return spare(b);
     moea2a_comm_t comm;
     if (join(&comm, N, id, rank)) {
         printf("# rank %d: init: %s\n", rank, moea2a_last_error(NULL));
@@ -375,8 +377,16 @@ static int run_rank(int rank, int nranks, moea2a_unique_id_t id, void *arg)
         printf("# rank %d: create: %s\n", rank, moea2a_last_error(comm));
         return 1;
     }
-    const int fails = member(b, comm, moe, 0);
-    if (rank == 0) b->done = 1; /* rank 0 outlives every cycle: the spares left may go */
+    return member(b, comm, moe, 0);
+}
+
+static int run_rank(int rank, int nranks, moea2a_unique_id_t id, void *arg)
+{
+    (void)nranks;
+    board_t *b = arg;
+    if (rank >= N) return spare(b);
+    const int fails = first_member(b, rank, id);
+    if (rank == 0) b->done = 1; /* rank 0 outlives every cycle (or fails): the spares left may go */
     return fails;
 }
 

@@ -140,6 +140,15 @@ static moea2a_result_t comm_init(moea2a_comm_t *out, int nranks, const m2a_id_t 
     return comm_build(comm, cfg.transport ? cfg.transport : m2a_param_str("MOEA2A_TRANSPORT"), id, NULL, NULL, out);
 }
 
+/* A new communicator's failure (the thread's message, its comm gone) recorded on the
+ * one it was made from, under fn; a copy first: the thread's buffer is rewritten. */
+static void record_on(moea2a_comm_t comm, const char *fn, moea2a_result_t r)
+{
+    char why[M2A_ERRMSG_LEN];
+    snprintf(why, sizeof(why), "%s", moea2a_last_error(NULL));
+    m2a_error(comm, r, "%s: %s", fn, why);
+}
+
 moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int nexclude, moea2a_comm_t *newcomm)
 {
     static const char fn[] = "moea2a_comm_shrink";
@@ -182,7 +191,7 @@ moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int n
         nc->parent = comm, nc->parent_rank = from, nc->shrunk = 1;
         M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d", fn, comm->rank, comm->nranks, me, n);
         r = comm_build(nc, comm->spec, NULL, comm->bs, alive, newcomm);
-        if (r != MOEA2A_SUCCESS) m2a_error(comm, r, "%s: %s", fn, moea2a_last_error(NULL));
+        if (r != MOEA2A_SUCCESS) record_on(comm, fn, r);
     }
     free(alive);
     return r;
@@ -267,7 +276,7 @@ moea2a_result_t moea2a_comm_grow(moea2a_comm_t comm, int nranks, moea2a_unique_i
              nranks - n);
     r = comm_build(nc, comm->spec, &mid, NULL, NULL, newcomm);
     memset(&mid, 0, sizeof(mid));
-    if (r != MOEA2A_SUCCESS) m2a_error(comm, r, "%s: %s", fn, moea2a_last_error(NULL));
+    if (r != MOEA2A_SUCCESS) record_on(comm, fn, r);
     return r;
 }
 
