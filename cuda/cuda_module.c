@@ -179,6 +179,7 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .pack = m2a_cuda_pack,
     .sanitize = m2a_cuda_sanitize,
     .write_words = m2a_cuda_write_words,
+    .count_load = m2a_cuda_count_load,
     .combine = m2a_cuda_combine,
     .combine_quantize = m2a_cuda_combine_quantize,
     .fast_dispatch = m2a_fast_dispatch,

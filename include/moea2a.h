@@ -275,6 +275,7 @@ typedef enum {
 #define MOEA2A_MOE_HOST_EXPERT_COUNTS (1u << 6) /* expert-major, CUDA memory: counts and offsets copied to the host too */
 #define MOEA2A_MOE_COPY_ENGINE (1u << 7)        /* load/store path: rows moved by the GPU's copy engines (moea2a_moe(3)) */
 #define MOEA2A_MOE_EXPERT_WIRE_SCALES (1u << 8) /* expert-major: expert_payload_scales in each wire's scale_layout */
+#define MOEA2A_MOE_EXPERT_LOAD (1u << 9)        /* CUDA memory: count the experts' load on the device (moea2a_moe(3)) */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */
@@ -543,7 +544,9 @@ MOEA2A_API moea2a_result_t moea2a_moe_retarget(moea2a_moe_t moe, moea2a_comm_t n
 /* Local: load[E] = per expert, the (token, expert) entries this rank took since create
  * or the last reset (each expert once per token, by the placement in force at each
  * dispatch): what load balancers sum over the ranks. reset: zero the counts after
- * reading. Host memory in this release. */
+ * reading. On CUDA memory the device counts them after each dispatch, in order on its
+ * stream, where the context was created with MOEA2A_MOE_EXPERT_LOAD (else
+ * MOEA2A_ERR_UNAVAILABLE), and this call waits for the device first. */
 MOEA2A_API moea2a_result_t moea2a_moe_expert_load(moea2a_moe_t moe, int64_t *load, int reset);
 /* The workspace's combine input buffer, [ep][stride][hidden] of combine_dtype: expert
  * kernels may write there and pass NULL (or this pointer) to moea2a_combine. */

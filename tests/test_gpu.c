@@ -298,6 +298,8 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     static const int sms[3] = {16, 24, 48};
     dc.num_sms = sms[seed % 3];
     if (copy_engine) dc.flags |= MOEA2A_MOE_COPY_ENGINE;
+    const int count_load = seed % 2 == 0; /* the experts' load counted on the device */
+    if (count_load) dc.flags |= MOEA2A_MOE_EXPERT_LOAD;
     moea2a_moe_t hm, dm;
     moea2a_result_t r = moea2a_moe_create(&hm, comm, &hc);
     moea2a_result_t r2 = r ? r : moea2a_moe_create(&dm, comm, &dc);
@@ -438,6 +440,17 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
                     "combine output differs (%s, rows %s): %zu bytes, first at token %zu byte %zu (0x%02x, want 0x%02x)",
                     moea2a_datatype_name(c.cfg.combine_dtype), zero_copy ? "in place" : in_recv ? "in the receive arrays" : "copied",
                     bad, first / rowb, first % rowb, bad ? got[first] : 0, bad ? hout[first] : 0);
+        if (count_load && !r && !r2) { /* before the graph's replays count more on the device */
+            const int E = c.cfg.num_experts;
+            int64_t *hl = calloc((size_t)E, sizeof(int64_t)), *dl = calloc((size_t)E, sizeof(int64_t));
+            moea2a_result_t lr = moea2a_moe_expert_load(hm, hl, 0), ld = moea2a_moe_expert_load(dm, dl, 1);
+            int e = 0;
+            while (!lr && !ld && e < E && hl[e] == dl[e]) e++;
+            RANK_EXPECT(fails, rank, !lr && !ld && e == E, "expert load on the device: %s / %s; expert %d: %lld, host %lld",
+                        moea2a_strerror(lr), moea2a_strerror(ld), e, e < E ? (long long)dl[e] : 0,
+                        e < E ? (long long)hl[e] : 0);
+            free(hl), free(dl);
+        }
         if (split && !in_recv && !r && !r2 && dres.nvlink) fails += graph_replays(dm, rank, &c, dids, dw, dp, din, dout, hout, rowb, s);
         if (!zero_copy && !in_recv) cudaFree(dbuf);
         cudaFree(dout), free(rows), free(hout), free(got), free(counts), free(ids), free(src);
@@ -534,6 +547,11 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         r = moea2a_moe_set_replicas(moe, 1, holders, NULL);
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "replicas"),
                     "CUDA set_replicas: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+        int64_t load[8];
+        r = moea2a_moe_expert_load(moe, load, 0); /* local */
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "MOEA2A_MOE_EXPERT_LOAD"),
+                    "CUDA expert_load without MOEA2A_MOE_EXPERT_LOAD: %s: %s", moea2a_strerror(r),
+                    moea2a_last_error(comm));
         moea2a_moe_destroy(moe);
     } else {
         RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));

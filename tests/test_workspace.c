@@ -28,6 +28,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap) +
                  A(4 * (size_t)c->num_experts) + A(4 * n) + A(4 * n) + A(16);
     if (lsa) aux += A(16 * n) + A(1024) + A(384) + A(256); /* load/store path control, a failed check's reason */
+    if (cuda && (c->flags & MOEA2A_MOE_EXPERT_LOAD)) aux += A(8 * (size_t)c->num_experts); /* the load counts */
     size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
     for (int i = 0; i < c->num_payloads; i++) {
         size_t s;
@@ -183,6 +184,10 @@ static void test_topologies(void)
     cw.hidden = 4096, cw.flags |= MOEA2A_MOE_COPY_ENGINE;
     tap_ok(refused_on_cuda(&cases[0], &cw, "copy-engine"),
            "the FP8 combine wire in copy-engine mode is refused at sizing: %s", moea2a_last_error(NULL));
+    /* the experts' load counted on the device: its counters on CUDA memory, nothing on host memory */
+    moea2a_moe_config_t el = deepseek(4096, 1, MOEA2A_BFLOAT16);
+    el.flags |= MOEA2A_MOE_EXPERT_LOAD;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) check_case(&cases[i], &el);
     /* copy-engine mode: its landing and host-side terms on the load/store path; refused elsewhere */
     moea2a_moe_config_t ce = deepseek(4096, 1, MOEA2A_BFLOAT16);
     ce.flags |= MOEA2A_MOE_COPY_ENGINE;

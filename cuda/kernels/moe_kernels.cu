@@ -358,6 +358,36 @@ extern "C" int m2a_cuda_write_words(int32_t *dst, const int32_t *src, int n, voi
     return 0;
 }
 
+/* One thread per receive slot: each valid slot's entries that this rank holds, each
+ * expert once per token (the host reference's rule, moe/load.c), added to load[E]. */
+__global__ void count_load(const m2a_kparams_t p, int stride, const int32_t *recv_counts, const int32_t *ids,
+                           unsigned long long *load)
+{
+    const long long slots = (long long)p.ep * stride, step = (long long)gridDim.x * blockDim.x;
+    for (long long slot = (long long)blockIdx.x * blockDim.x + threadIdx.x; slot < slots; slot += step) {
+        const int src = (int)(slot / stride), i = (int)(slot % stride);
+        if (i >= recv_counts[src]) continue;
+        const int32_t *row = ids + slot * p.k;
+        for (int j = 0; j < p.k; j++) {
+            const int32_t e = row[j];
+            if (e < 0 || e >= p.num_experts || p.owner[e] != p.me) continue;
+            bool repeat = false;
+            for (int q = 0; q < j; q++) repeat |= row[q] == e;
+            if (!repeat) atomicAdd(load + e, 1ull);
+        }
+    }
+}
+
+extern "C" int m2a_cuda_count_load(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
+                                   int64_t *load, void *stream)
+{
+    const long long slots = (long long)p->ep * stride;
+    if (slots <= 0) return 0;
+    count_load<<<grid_for(slots, 256), 256, 0, (cudaStream_t)stream>>>(*p, stride, recv_counts, ids,
+                                                                        (unsigned long long *)load);
+    return (int)cudaGetLastError();
+}
+
 extern "C" int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                                  int32_t *src_index, int do_sanitize, int rewrite_nonlocal, void *stream)
 {

@@ -27,6 +27,10 @@ int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t pay
                   int block, const void *src_index, void *stream);
 /* dst[0..n) = the host words src[0..n), as launches whose parameters carry them. */
 int m2a_cuda_write_words(int32_t *dst, const int32_t *src, int n, void *stream);
+/* load[e] += the entries of the ep x stride receive slots (the first recv_counts[src] of
+ * each source) naming expert e that p->owner gives this rank, each expert once per slot. */
+int m2a_cuda_count_load(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
+                        int64_t *load, void *stream);
 /* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
 int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);

@@ -251,8 +251,9 @@ typedef struct {
  * load_kernels for fast_load and quantize_alongside_load; 9: pack's block and src_index (rows
  * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8; 11: the
  * generic paths' FP8 combine wire (combine's wire, combine_quantize); 12: the waits read
- * m2a_fast_error_t.dead; 13: write_words (a placement changed on the stream) */
-#define MOEA2A_CUDA_ABI_VERSION 13
+ * m2a_fast_error_t.dead; 13: write_words (a placement changed on the stream); 14:
+ * count_load (the experts' load on the device) */
+#define MOEA2A_CUDA_ABI_VERSION 14
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -304,6 +305,10 @@ typedef struct moea2a_cuda_v1 {
     /* dst[0..n) = src[0..n) (host memory, read before the call returns), in order on
      * stream and capturable: the words travel in kernel launches' parameters. */
     int (*write_words)(int32_t *dst, const int32_t *src, int n, void *stream);
+    /* load[e] += the last dispatch's received entries naming e that this rank holds
+     * (each expert once per slot), in order on stream */
+    int (*count_load)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
+                      int64_t *load, void *stream);
     int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                    int wire, const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
     int (*combine_quantize)(int ep, int stride, const int32_t *recv_counts, moea2a_datatype_t dtype, size_t hidden,

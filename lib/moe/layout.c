@@ -261,7 +261,7 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
     M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
                                        MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING |
                                        MOEA2A_MOE_HOST_EXPERT_COUNTS | MOEA2A_MOE_COPY_ENGINE |
-                                       MOEA2A_MOE_EXPERT_WIRE_SCALES)),
+                                       MOEA2A_MOE_EXPERT_WIRE_SCALES | MOEA2A_MOE_EXPERT_LOAD)),
                   "%s: unknown flags 0x%x", fn, c->flags);
     for (int i = 0; i < c->num_payloads && (c->flags & MOEA2A_MOE_COPY_ENGINE); i++)
         M2A_CHECK_ARG(comm, c->wire[i].format == MOEA2A_WIRE_AS_IS,
@@ -329,6 +329,8 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
     l->node = take(&at, 4 * n);                        /* rank -> node: the combine order across nodes */
     l->stats = take(&at, 16);                          /* invalid and merged entries */
+    /* the experts' load, counted on the device (a host context counts on the host) */
+    l->load = take(&at, (c->flags & MOEA2A_MOE_EXPERT_LOAD) && backend->device_load ? 8 * (size_t)c->num_experts : 0);
     l->backend_ctl = take(&at, backend->ctl_bytes); /* e.g. the load/store path's signals and counters */
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {

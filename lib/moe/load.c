@@ -3,9 +3,10 @@
 
 #include "base/error.h"
 #include "comm/last_error.h"
+#include "moe/backend.h"
 #include "moe/load.h"
 
-void m2a_moe_count_load(moea2a_moe_t moe)
+static void count_on_host(moea2a_moe_t moe)
 {
     const m2a_route_t *r = &moe->route;
     const m2a_moe_layout_t *l = &moe->l;
@@ -25,16 +26,40 @@ void m2a_moe_count_load(moea2a_moe_t moe)
         }
 }
 
+moea2a_result_t m2a_moe_count_load(moea2a_moe_t moe, void *stream)
+{
+    if (!moe->cuda) {
+        count_on_host(moe);
+        return MOEA2A_SUCCESS;
+    }
+    return moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD ? moe->backend->count_load(moe, stream) : MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_keep_load(moea2a_moe_t moe)
+{
+    if (!moe->cuda || !(moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD)) return MOEA2A_SUCCESS;
+    const int E = moe->cfg.num_experts;
+    int64_t *now = malloc(sizeof(int64_t) * (size_t)E);
+    if (!now) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_retarget: out of memory");
+    moea2a_result_t r = moe->backend->read_load(moe, now, 1);
+    for (int e = 0; r == MOEA2A_SUCCESS && e < E; e++) moe->h_load[e] += now[e];
+    free(now);
+    return r;
+}
+
 moea2a_result_t moea2a_moe_expert_load(moea2a_moe_t moe, int64_t *load, int reset)
 {
     static const char fn[] = "moea2a_moe_expert_load";
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_CHECK_ARG(moe->comm, load, "%s: load is NULL", fn);
     M2A_TRY(m2a_moe_usable(moe, fn));
-    if (moe->cuda)
-        return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: counted on host memory in this release (a context "
-                         "in CUDA memory has the expert-major layout's expert_counts per call)", fn);
-    memcpy(load, moe->h_load, sizeof(int64_t) * (size_t)moe->cfg.num_experts);
-    if (reset) memset(moe->h_load, 0, sizeof(int64_t) * (size_t)moe->cfg.num_experts);
+    const int E = moe->cfg.num_experts;
+    if (moe->cuda && !(moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD))
+        return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory counts the experts' load "
+                         "where it was created with MOEA2A_MOE_EXPERT_LOAD (the expert-major layout's expert_counts "
+                         "give each call's)", fn);
+    if (moe->cuda) M2A_TRY(moe->backend->read_load(moe, load, reset)); /* h_load: what an earlier context counted */
+    for (int e = 0; e < E; e++) load[e] = (moe->cuda ? load[e] : 0) + moe->h_load[e];
+    if (reset) memset(moe->h_load, 0, sizeof(int64_t) * (size_t)E);
     return MOEA2A_SUCCESS;
 }

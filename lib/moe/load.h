@@ -4,8 +4,12 @@
 #define M2A_MOE_LOAD_H
 #include "moe/core.h"
 
-/* After a dispatch's receive half succeeded on host memory: adds the entries of every
- * valid slot that the placement gives this rank (each expert once per token) to
- * moe->h_load. */
-void m2a_moe_count_load(moea2a_moe_t moe);
+/* After a dispatch's receive half succeeded: adds the entries of every valid slot that
+ * the placement gives this rank (each expert once per token) to the counts: on host
+ * memory to moe->h_load, on CUDA memory (MOEA2A_MOE_EXPERT_LOAD) to the device's, in
+ * order on stream. */
+moea2a_result_t m2a_moe_count_load(moea2a_moe_t moe, void *stream);
+/* Before a CUDA context's memory goes (a retarget): the device's counts folded into
+ * moe->h_load, which the next context's are added to. */
+moea2a_result_t m2a_moe_keep_load(moea2a_moe_t moe);
 #endif

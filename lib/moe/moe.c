@@ -574,7 +574,7 @@ moea2a_result_t moea2a_dispatch(moea2a_moe_t moe, int n, const int32_t *ids, con
     if (mine == MOEA2A_SUCCESS) mine = check_capture(moe, fn, stream);
     const m2a_dispatch_args_t a = dispatch_args(moe, n, ids, weights, payloads, runtime_max);
     M2A_TRY(moe->backend->dispatch(moe, mine, &a, result, M2A_MOE_BOTH, stream));
-    if (!moe->cuda) m2a_moe_count_load(moe);
+    M2A_TRY(m2a_moe_count_load(moe, stream));
     if (m2a_moe_expert_major(moe)) M2A_TRY(m2a_moe_expert_dispatch(moe, result, stream)); /* a failure leaves it idle */
     moe->step = M2A_MOE_DISPATCHED;
     return MOEA2A_SUCCESS;
@@ -603,7 +603,7 @@ moea2a_result_t moea2a_dispatch_recv(moea2a_moe_t moe, moea2a_dispatch_result_t 
     M2A_TRY(check_result_arg(moe->comm, fn, result));
     M2A_TRY(check_capture(moe, fn, stream));
     M2A_TRY(moe->backend->dispatch(moe, MOEA2A_SUCCESS, NULL, result, M2A_MOE_RECV, stream));
-    if (!moe->cuda) m2a_moe_count_load(moe);
+    M2A_TRY(m2a_moe_count_load(moe, stream));
     if (m2a_moe_expert_major(moe)) {
         moea2a_result_t r = m2a_moe_expert_dispatch(moe, result, stream);
         if (r != MOEA2A_SUCCESS) { /* on every rank: this dispatch is over, the next may come */

@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "moe/core.h"
+#include "moe/load.h"
 
 /* The experts' holders on newcomm, made by moea2a_comm_shrink of the context's
  * communicator: each expert stays with its holder (the first surviving one among
@@ -72,7 +73,10 @@ moea2a_result_t moea2a_moe_retarget(moea2a_moe_t moe, moea2a_comm_t newcomm, con
         free(map);
         return r;
     }
-    /* the counts outlive the memory: experts keep their ids */
+    /* the counts outlive the memory: experts keep their ids (what the device counted
+     * is lost with a device that failed) */
+    if (m2a_moe_keep_load(moe) != MOEA2A_SUCCESS)
+        M2A_INFO(M2A_SUBSYS_MOE, "%s: the device's load counts are lost: %s", fn, moea2a_last_error(moe->comm));
     int64_t *load = moe->h_load;
     moe->h_load = NULL;
     moea2a_moe_config_t cfg = moe->given;

@@ -23,7 +23,7 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                 expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
                 expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False,
                 host_expert_counts=False, copy_engine=False, combine_wire=None, max_local_experts=0,
-                expert_wire_scales=False):
+                expert_wire_scales=False, count_load=False):
     c = C.MoeConfig()
     c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
     c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
@@ -43,7 +43,7 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK) |
                (C.MOE_WEIGHTED_COMBINE if weighted_combine else 0) | (C.MOE_ZERO_PADDING if zero_padding else 0) |
                (C.MOE_HOST_EXPERT_COUNTS if host_expert_counts else 0) | (C.MOE_COPY_ENGINE if copy_engine else 0) |
-               (C.MOE_EXPERT_WIRE_SCALES if expert_wire_scales else 0))
+               (C.MOE_EXPERT_WIRE_SCALES if expert_wire_scales else 0) | (C.MOE_EXPERT_LOAD if count_load else 0))
     if layout not in ("rank", "expert"):
         raise InvalidArgument(1, "layout must be 'rank' or 'expert'")
     c.layout = C.LAYOUT_EXPERT_MAJOR if layout == "expert" else C.LAYOUT_RANK_MAJOR
@@ -204,7 +204,8 @@ class MoE(_Handle):
     mode": not capturable in a CUDA graph); combine_wire="fp8" | "fp8-ue8m0" sends the
     combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory, or the load/store
     and generic paths in CUDA memory); max_local_experts
-    bounds what set_placement may give a rank."""
+    bounds what set_placement may give a rank; count_load=True counts the experts' load
+    on the GPU for expert_load() (host memory always counts it)."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"
 
@@ -277,7 +278,8 @@ class MoE(_Handle):
 
     def expert_load(self, reset=False):
         """Per expert, the (token, expert) entries this rank took since create or the last
-        reset (moea2a_moe_expert_load; local, host memory): a list of num_experts ints."""
+        reset (moea2a_moe_expert_load; local): a list of num_experts ints. On CUDA memory the
+        context counts them where created with count_load=True, and this waits for the GPU."""
         load = (ctypes.c_int64 * self._num_experts)()
         _check(_lib.moea2a_moe_expert_load(self.handle, load, 1 if reset else 0), self.comm)
         return list(load)

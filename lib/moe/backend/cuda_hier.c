@@ -77,6 +77,7 @@ static void cuda_hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_n
     /* the routing's send map, the first stage's, and the codes, as the host writes them */
     out->pinned_bytes = m2a_align(4 * (size_t)c->max_tokens_per_rank * (size_t)c->top_k) * (2 + (size_t)nodes->nnodes);
     out->quantized_rows = 1; /* the sender's quantized rows (the pack kernel copies them as bytes) */
+    out->device_load = 1;
 }
 
 typedef struct {
@@ -415,6 +416,7 @@ const m2a_moe_backend_t m2a_moe_backend_cuda_hier = {
     .dispatch = cuda_hier_dispatch, .combine = cuda_hier_combine,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
+    .count_load = m2a_moe_cuda_count_load, .read_load = m2a_moe_cuda_read_load,
     .not_capturable = "the hierarchical path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
     .fallback = &m2a_moe_backend_cuda,

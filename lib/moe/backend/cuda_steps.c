@@ -96,6 +96,24 @@ moea2a_result_t m2a_moe_cuda_placement(moea2a_moe_t moe, void *stream)
     return placement_tables(moe, "moea2a_moe_set_placement", stream);
 }
 
+moea2a_result_t m2a_moe_cuda_count_load(moea2a_moe_t moe, void *stream)
+{
+    const m2a_moe_layout_t *l = &moe->l;
+    CU(moe->comm, OPS->count_load(moe->kparams, moe->stride, (const int32_t *)(moe->ws + l->recv_counts),
+                                  (const int32_t *)(moe->ws + l->ids), (int64_t *)(moe->ws + l->load), stream));
+    return MOEA2A_SUCCESS;
+}
+
+moea2a_result_t m2a_moe_cuda_read_load(moea2a_moe_t moe, int64_t *load, int reset)
+{
+    const size_t bytes = sizeof(int64_t) * (size_t)moe->cfg.num_experts;
+    M2A_TRY(set_device(moe->comm));
+    CU(moe->comm, OPS->device_synchronize()); /* the dispatches on any stream */
+    CU(moe->comm, OPS->copy(load, moe->ws + moe->l.load, bytes, M2A_CUDA_D2H));
+    if (reset) CU(moe->comm, OPS->set(moe->ws + moe->l.load, 0, bytes));
+    return MOEA2A_SUCCESS;
+}
+
 moea2a_result_t m2a_moe_cuda_begin(moea2a_moe_t moe)
 {
     moea2a_comm_t comm = moe->comm;
@@ -130,6 +148,8 @@ moea2a_result_t m2a_moe_cuda_finish(moea2a_moe_t moe)
     fill_kparams(moe, kp);
     /* tables, then every slot as padding: sanitized ids, source index -1 */
     M2A_TRY(placement_tables(moe, "moea2a_moe_create", NULL));
+    if (moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD)
+        CU(comm, OPS->set(moe->ws + l->load, 0, sizeof(int64_t) * (size_t)moe->cfg.num_experts));
     CU(comm, OPS->copy(moe->ws + l->stage_index, moe->stage_index, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->copy(moe->ws + l->node, moe->comm->nodes.node, 4 * (size_t)ep, M2A_CUDA_H2D));
     CU(comm, OPS->set(moe->ws + l->recv_counts, 0, 4 * (size_t)ep));

@@ -31,6 +31,7 @@ static void nvlink_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_node
     out->pinned_bytes = sizeof(m2a_fast_error_t);
     out->quantized_rows = 1;
     out->combine_wire_in_place = 1; /* the FP8 combine's rows: quantized in the combine buffer */
+    out->device_load = 1;
     if (c->flags & MOEA2A_MOE_COPY_ENGINE) m2a_ce_size(c, ep, out);
 }
 
@@ -571,6 +572,7 @@ const m2a_moe_backend_t m2a_moe_backend_nvlink = {
     .dispatch = nvlink_dispatch, .combine = nvlink_combine, .status = fast_status, .drop = nvlink_drop,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
+    .count_load = m2a_moe_cuda_count_load, .read_load = m2a_moe_cuda_read_load,
     .fallback = &m2a_moe_backend_cuda,
     .copy_engine = 1,
     .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* a warp's scales of a row in shared memory */
