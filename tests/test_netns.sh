@@ -5,10 +5,13 @@
 # dispatch/combine over UCX's TCP transport, checked against the reference of
 # tests/moe_roundtrip.h. Then a host is killed (its link deleted, its process
 # SIGKILLed): the others must fail with PEER_FAILED or TIMEOUT within
-# MOEA2A_TIMEOUT_S + 1 s. Needs root; skips with the reason otherwise.
+# MOEA2A_TIMEOUT_S + 1 s. Last a host is cut off (its link deleted, its process left
+# running): the others fail the same way, then shrink without it, move their MoE
+# context to the rest (moea2a_recovery(7)) and go on with checked round trips. Needs
+# root; skips with the reason otherwise.
 N=3
-echo "1..3"
-skip() { i=1; while [ $i -le 3 ]; do echo "ok $i # SKIP $1"; i=$((i + 1)); done; exit 0; }
+echo "1..4"
+skip() { i=1; while [ $i -le 4 ]; do echo "ok $i # SKIP $1"; i=$((i + 1)); done; exit 0; }
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
 command -v ip >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || skip "needs ip (iproute2) and unshare (util-linux)"
 tag=m2a$$
@@ -21,21 +24,24 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 ip -n $sw link add br0 type bridge && ip -n $sw link set br0 up || skip "cannot create a bridge"
+# Host $1's link to the bridge (again, after a test cut it).
+wire() {
+    h=${tag}h$1
+    ip link add ${tag}v$1 type veth peer name ${tag}p$1 &&
+        ip link set ${tag}v$1 netns $h && ip link set ${tag}p$1 netns $sw &&
+        ip -n $sw link set ${tag}p$1 master br0 up && ip -n $h link set ${tag}v$1 name eth0 &&
+        ip -n $h addr add 192.0.2.$(($1 + 1))/24 dev eth0 && ip -n $h link set eth0 up && ip -n $h link set lo up
+}
 i=0
 while [ $i -lt $N ]; do
-    h=${tag}h$i
-    ip netns add $h && ip link add ${tag}v$i type veth peer name ${tag}p$i &&
-        ip link set ${tag}v$i netns $h && ip link set ${tag}p$i netns $sw &&
-        ip -n $sw link set ${tag}p$i master br0 up && ip -n $h link set ${tag}v$i name eth0 &&
-        ip -n $h addr add 192.0.2.$((i + 1))/24 dev eth0 && ip -n $h link set eth0 up && ip -n $h link set lo up ||
-        skip "cannot wire namespace $h"
+    ip netns add ${tag}h$i && wire $i || skip "cannot wire namespace ${tag}h$i"
     i=$((i + 1))
 done
 prog="$top_builddir/tests/netns_rank"
 export MOEA2A_NRANKS=$N MOEA2A_ROOT_ADDR=192.0.2.1:29517 MOEA2A_KEY="netns test $$" MOEA2A_SOCKET_IFNAME=eth0 \
     UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 MOEA2A_TIMEOUT_S=4
 
-# Starts every host's rank with argument $1; host $2 (if any) is the one to kill.
+# Starts every host's rank with arguments "$1".
 start() {
     i=0
     while [ $i -lt $N ]; do
@@ -79,3 +85,18 @@ wait_all $victim
 r=$?
 [ $r -eq 0 ] && echo "ok 3 - a host killed mid-run: the others fail with PEER_FAILED or TIMEOUT within MOEA2A_TIMEOUT_S + 1 s" ||
     echo "not ok 3 - a host killed mid-run: $r survivors did not fail cleanly in time"
+
+# A host cut off: its link goes, its rank keeps running (it fails by the timeout too).
+# The others shrink without it and go on.
+wire $victim || echo "# cannot wire host $victim again"
+start "recover $victim"
+for t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    grep -q looping "$work/out0" 2>/dev/null && grep -q looping "$work/out$victim" 2>/dev/null && break
+    sleep 0.5
+done
+ip -n ${tag}h$victim link del eth0
+wait_all $victim
+r=$?
+grep -q "without rank $victim: rank 1 of 2" "$work/out1" && [ $r -eq 0 ] &&
+    echo "ok 4 - a host cut off mid-run: the others fail within MOEA2A_TIMEOUT_S + 1 s, shrink without it, retarget and make 50 exact round trips" ||
+    echo "not ok 4 - a host cut off mid-run: $r survivors did not recover"
