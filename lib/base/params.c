@@ -29,6 +29,11 @@ static const moea2a_param_t params[] = {
      "milliseconds when a peer's process dies, so that waits on that peer (device-side ones included) fail with "
      "MOEA2A_ERR_PEER_FAILED naming it, whatever MOEA2A_TIMEOUT_S is; 0: no such connections (a death is then seen "
      "by the transports, or at MOEA2A_TIMEOUT_S). Read at communicator init; the same on every rank."},
+    {"MOEA2A_WATCH_SILENCE_S", "double", "5",
+     "With MOEA2A_WATCH: each rank's watcher beats on its connections twice a second, and a peer whose connection "
+     "stays silent this many seconds (its host down or cut off, or its process stopped) is taken for dead, "
+     "MOEA2A_ERR_PEER_FAILED naming it; 0: only a closed connection or an exit tells. Read at communicator init; "
+     "ranks may differ (each beats whatever its own bound)."},
     {"MOEA2A_NVLINK", "int", "1",
      "1: CUDA MoE contexts whose ranks all share a node and reach each other by load/store (NVLink, or "
      "one GPU) dispatch and combine with fused kernels over symmetric memory (MOEA2A_SYMMETRIC_MEMORY); "

@@ -75,14 +75,20 @@ moea2a_result_t moea2a_get_unique_id(moea2a_unique_id_t *uid)
 static moea2a_result_t start_watch(moea2a_comm_t comm)
 {
     long on = 1;
+    double silence = 5.0;
     M2A_TRY(m2a_comm_record(comm, m2a_param_int("MOEA2A_WATCH", &on)));
+    M2A_TRY(m2a_comm_record(comm, m2a_param_double("MOEA2A_WATCH_SILENCE_S", &silence)));
+    if (!(silence >= 0) || silence > 1e6)
+        return m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT, "MOEA2A_WATCH_SILENCE_S=%g must be 0 (off) or a number "
+                         "of seconds", silence);
     if (on == 0 || comm->nranks == 1) return MOEA2A_SUCCESS;
     unsigned char *watched = calloc((size_t)comm->nranks, 1);
     if (!watched) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
     const int me = comm->rank, all = comm->nranks <= M2A_WATCH_ALL_MAX;
     for (int q = 0; q < comm->nranks; q++)
         watched[q] = q != me && (all || comm->nodes.node[q] == comm->nodes.node[me]);
-    moea2a_result_t r = m2a_comm_record(comm, m2a_watch_start(comm->bs, watched, comm->timeout_s, &comm->watch));
+    moea2a_result_t r = m2a_comm_record(comm, m2a_watch_start(comm->bs, watched, comm->timeout_s, silence,
+                                                              &comm->watch));
     free(watched);
     comm->bs->dead = m2a_watch_dead_word(comm->watch);
     if (r == MOEA2A_SUCCESS)
@@ -493,8 +499,10 @@ moea2a_result_t m2a_comm_peer_error(moea2a_comm_t comm, const char *fn)
 {
     const int dead = m2a_comm_dead_peer(comm);
     if (dead < 0) return MOEA2A_SUCCESS;
-    return m2a_error(comm, MOEA2A_ERR_PEER_FAILED, "%s: rank %d died (its process exited, as this rank's peer watcher "
-                     "saw)", fn, dead);
+    char how[160];
+    m2a_comm_dead_how(comm, how, sizeof(how));
+    return m2a_error(comm, MOEA2A_ERR_PEER_FAILED, "%s: rank %d is gone (%s, as this rank's peer watcher saw)", fn,
+                     dead, how);
 }
 
 moea2a_result_t m2a_comm_check_peers(moea2a_comm_t comm, const char *fn)

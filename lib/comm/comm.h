@@ -39,8 +39,9 @@ struct moea2a_comm {
     char last_error[M2A_ERRMSG_LEN];  /* moea2a_last_error(comm): last_error.c */
 };
 
-/* The first watched rank seen dead, or -1 (wireup/watch.h). */
+/* The first watched rank seen dead, or -1 (wireup/watch.h), and how it was seen. */
 static inline int m2a_comm_dead_peer(moea2a_comm_t comm) { return m2a_watch_dead(comm->watch); }
+static inline void m2a_comm_dead_how(moea2a_comm_t comm, char *buf, size_t len) { m2a_watch_how(comm->watch, buf, len); }
 /* *word gets the dead rank + 1 once the watcher sees a death (host memory the caller
  * keeps until m2a_comm_unwatch). */
 static inline moea2a_result_t m2a_comm_watch(moea2a_comm_t comm, volatile int32_t *word)

@@ -16,8 +16,11 @@
 #include "base/log.h"
 #include "wireup/handshake.h"
 
-/* The one byte a link ever carries: its sender leaves cleanly. */
+/* The bytes a link carries: its sender leaves cleanly; its sender's watcher is alive
+ * (every M2A_WATCH_BEAT_S, whatever either end's bound, so that a host that went down
+ * or was cut off, whose sockets never close, is noticed after the silence bound). */
 #define BYE 0x5a
+#define BEAT 0x42
 
 /* rank -> a lower rank it watches */
 typedef struct {
@@ -56,11 +59,14 @@ struct m2a_watch {
     int running;
     int dead;         /* -1, or the first rank seen dead (written under mu, read atomically) */
     unsigned char *gone; /* [nranks]: every rank seen dead (under mu) */
+    char how[160];       /* how the first death was seen (under mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int holding, linked; /* the thread holds its mark; the links are made (under mu) */
     volatile int32_t *words[M2A_WATCH_MAX_WORDS];
     int nwords;
+    double silence_s;    /* a link silent this long is a peer gone (0: never) */
+    double *heard;       /* [nranks]: when each link last carried a byte (the thread's) */
     mark_t *mark;        /* this rank's, or NULL */
     char mark_name[64];  /* its shared-memory name while it is linked */
     observer_t *obs;     /* one per watched rank of this host whose mark could be mapped */
@@ -102,6 +108,7 @@ static void saw_death(m2a_watch_t *w, int q, const char *how)
     pthread_mutex_lock(&w->mu);
     w->gone[q] = 1;
     if (w->dead < 0) {
+        snprintf(w->how, sizeof(w->how), "%s", how);
         __atomic_store_n(&w->dead, q, __ATOMIC_RELEASE);
         for (int i = 0; i < w->nwords; i++) *w->words[i] = q + 1;
         M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: peer rank %d is gone (%s): calls that wait on it fail with "
@@ -130,8 +137,26 @@ static void *watch_loop(void *arg)
     return NULL;
 }
 
-/* Blocks in poll() until a link ends or m2a_watch_stop wakes it; a link's end without
- * its goodbye is a death. After the first death there is nothing more to tell. */
+/* A beat on every link, and with a silence bound the links silent past it closed as
+ * deaths (a peer's watcher beats while its process lives and runs). */
+static void beat_and_listen(m2a_watch_t *w, double now)
+{
+    const unsigned char b = BEAT;
+    for (int q = 0; q < w->nranks; q++) {
+        if (w->fd[q] < 0) continue;
+        (void)send(w->fd[q], &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT); /* a full buffer: the peer is behind anyway */
+        if (w->silence_s <= 0 || now - w->heard[q] <= w->silence_s) continue;
+        char how[128];
+        snprintf(how, sizeof(how), "its watch link was silent for %.1f s (MOEA2A_WATCH_SILENCE_S): its host is down, "
+                 "cut off, or the process stopped", now - w->heard[q]);
+        close(w->fd[q]);
+        w->fd[q] = -1;
+        saw_death(w, q, how);
+    }
+}
+
+/* Blocks in poll() until a link ends, m2a_watch_stop wakes it, or a beat is due; a
+ * link's end without its goodbye is a death. */
 static void poll_links(m2a_watch_t *w)
 {
     struct pollfd *p = calloc((size_t)w->nranks + 1, sizeof(*p));
@@ -142,13 +167,20 @@ static void poll_links(m2a_watch_t *w)
         free(p), free(who);
         return;
     }
+    const int beat_ms = (int)(1000 * M2A_WATCH_BEAT_S);
+    double last_beat = 0;
+    for (int q = 0; q < w->nranks; q++) w->heard[q] = m2a_now();
     for (;;) {
+        if (m2a_now() - last_beat >= M2A_WATCH_BEAT_S) {
+            last_beat = m2a_now();
+            beat_and_listen(w, last_beat);
+        }
         int n = 0;
         p[n++] = (struct pollfd){.fd = w->wake[0], .events = POLLIN};
         for (int q = 0; q < w->nranks; q++)
             if (w->fd[q] >= 0) who[n] = q, p[n++] = (struct pollfd){.fd = w->fd[q], .events = POLLIN};
         if (n == 1 && w->dead >= 0) break;
-        if (poll(p, (nfds_t)n, -1) < 0) {
+        if (poll(p, (nfds_t)n, beat_ms) < 0) {
             if (errno == EINTR) continue;
             M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: the peer watcher stopped: poll: %s", w->rank, strerror(errno));
             break;
@@ -157,12 +189,18 @@ static void poll_links(m2a_watch_t *w)
         for (int i = 1; i < n; i++) {
             if (!p[i].revents) continue;
             const int q = who[i];
-            unsigned char b[16];
+            unsigned char b[64];
             ssize_t got = recv(w->fd[q], b, sizeof(b), MSG_DONTWAIT);
             if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            int beats = 0, bye = 0;
+            for (ssize_t i = 0; i < got; i++) beats += b[i] == BEAT, bye |= b[i] == BYE;
+            if (got > 0 && beats == got) { /* alive */
+                w->heard[q] = m2a_now();
+                continue;
+            }
             close(w->fd[q]);
             w->fd[q] = -1;
-            if (got > 0 && b[0] == BYE) {
+            if (bye && beats + 1 == got) {
                 M2A_INFO(M2A_SUBSYS_BOOTSTRAP, "rank %d: peer rank %d left cleanly", w->rank, q);
                 continue;
             }
@@ -312,22 +350,24 @@ static void close_all(m2a_watch_t *w, int bye)
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w->obs);
+    free(w->heard);
     free(w->gone);
     free(w->fd);
     free(w);
 }
 
 moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watched, double timeout_s,
-                                m2a_watch_t **out)
+                                double silence_s, m2a_watch_t **out)
 {
     *out = NULL;
     m2a_watch_t *w = calloc(1, sizeof(*w));
-    if (!w || !(w->fd = malloc(sizeof(int) * (size_t)bs->nranks)) || !(w->gone = calloc((size_t)bs->nranks, 1))) {
-        if (w) free(w->fd);
+    if (!w || !(w->fd = malloc(sizeof(int) * (size_t)bs->nranks)) || !(w->gone = calloc((size_t)bs->nranks, 1)) ||
+        !(w->heard = calloc((size_t)bs->nranks, sizeof(double)))) {
+        if (w) free(w->fd), free(w->gone);
         free(w);
         return m2a_fail(MOEA2A_ERR_NO_MEMORY, "peer watcher: out of memory for %d ranks", bs->nranks);
     }
-    w->rank = bs->rank, w->nranks = bs->nranks, w->dead = -1;
+    w->rank = bs->rank, w->nranks = bs->nranks, w->dead = -1, w->silence_s = silence_s;
     for (int q = 0; q < w->nranks; q++) w->fd[q] = -1;
     w->wake[0] = w->wake[1] = -1;
     pthread_mutex_init(&w->mu, NULL);
@@ -374,6 +414,17 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
 int m2a_watch_dead(const m2a_watch_t *w) { return w ? __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) : -1; }
 
 const int *m2a_watch_dead_word(const m2a_watch_t *w) { return w ? &w->dead : NULL; }
+
+void m2a_watch_how(m2a_watch_t *w, char *buf, size_t len)
+{
+    if (!w) {
+        snprintf(buf, len, "no peer watcher");
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    snprintf(buf, len, "%s", w->how);
+    pthread_mutex_unlock(&w->mu);
+}
 
 int m2a_watch_is_dead(m2a_watch_t *w, int q)
 {

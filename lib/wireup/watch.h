@@ -10,9 +10,11 @@
  * releases it as the dying process's exit begins, where its sockets close only after
  * its memory and earlier files went (a second with NCCL's resources in the process).
  * A rank that leaves cleanly says so first (one byte; its mark's left flag), and is
- * not reported.
- * What it cannot see: a process that hangs, or a host cut off without a reset; the
- * bounded waits (MOEA2A_TIMEOUT_S) and the network transports catch those.
+ * not reported. A host that goes down or is cut off closes no socket: each watcher
+ * beats on its links every M2A_WATCH_BEAT_S (whatever its own bound: ranks may set
+ * different ones), and a link silent for silence_s
+ * (MOEA2A_WATCH_SILENCE_S) is a peer gone. What it cannot see: a process that hangs
+ * with its watcher thread running; the bounded waits (MOEA2A_TIMEOUT_S) catch those.
  *
  * Who watches whom: every rank every other up to M2A_WATCH_ALL_MAX ranks; past that,
  * the ranks of its own node (the peers whose death device waits over load/store would
@@ -22,6 +24,7 @@
  * pinned and mapped for device waits) that gets the dead rank + 1. */
 #ifndef M2A_WATCH_H
 #define M2A_WATCH_H
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moea2a.h"
@@ -35,15 +38,23 @@
  * every peer, do not wait it out. */
 #define M2A_WATCH_GRACE_S 1.0
 #define M2A_WATCH_MAX_WORDS 64
+/* How often a watcher beats on its links: ten beats fit in the default silence bound,
+ * so a peer is declared gone only after many missed ones. */
+#define M2A_WATCH_BEAT_S 0.5
 
 typedef struct m2a_watch m2a_watch_t;
 
 /* Collective over the ranks that watch each other: links them (watched[q] != 0: this
- * rank watches rank q) and starts the thread. Failures are the thread's last error. */
+ * rank watches rank q) and starts the thread; silence_s > 0: a link silent that long is
+ * a peer gone (0: only a closed link or a released mark is). Failures are the thread's
+ * last error. */
 moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watched, double timeout_s,
-                                m2a_watch_t **out);
+                                double silence_s, m2a_watch_t **out);
 /* -1 while every watched peer lives (or left cleanly), else the first rank seen dead. */
 int m2a_watch_dead(const m2a_watch_t *w);
+/* How the first death was seen ("its process exited: ...", "its watch link was silent
+ * ..."), once m2a_watch_dead names one. */
+void m2a_watch_how(m2a_watch_t *w, char *buf, size_t len);
 /* 1 when rank q was seen dead (any of them, not only the first). */
 int m2a_watch_is_dead(m2a_watch_t *w, int q);
 /* The word m2a_watch_dead reads (atomic loads only), for m2a_bootstrap_t.dead. */

@@ -284,10 +284,14 @@ static moea2a_result_t fast_status(moea2a_moe_t moe)
     st->poisoned = (moea2a_result_t)code;
     char step[96], why[M2A_FAST_REASON_BYTES + 64];
     snprintf(step, sizeof(step), step_name(what), peer);
-    if (code == MOEA2A_ERR_PEER_FAILED)
+    if (code == MOEA2A_ERR_PEER_FAILED) {
+        char how[160];
+        m2a_comm_dead_how(comm, how, sizeof(how));
         return m2a_error(comm, MOEA2A_ERR_PEER_FAILED,
-                         "moea2a (load/store path): MOEA2A_ERR_PEER_FAILED: rank %d died (its process exited, as this "
-                         "rank's peer watcher saw), seen by a device wait %s; the context must be destroyed", peer, step_phase(what));
+                         "moea2a (load/store path): MOEA2A_ERR_PEER_FAILED: rank %d is gone (%s, as this rank's peer "
+                         "watcher saw), seen by a device wait %s; the context must be destroyed", peer, how,
+                         step_phase(what));
+    }
     if (code == MOEA2A_ERR_TIMEOUT) snprintf(why, sizeof(why), "no progress within MOEA2A_TIMEOUT_S");
     else if (code == MOEA2A_ERR_MISMATCH) snprintf(why, sizeof(why), "it passed a different runtime_max_tokens_per_rank");
     else peer_reason(moe, peer, why, sizeof(why));
