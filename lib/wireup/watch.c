@@ -193,7 +193,7 @@ static void poll_links(m2a_watch_t *w)
             ssize_t got = recv(w->fd[q], b, sizeof(b), MSG_DONTWAIT);
             if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
             int beats = 0, bye = 0;
-            for (ssize_t i = 0; i < got; i++) beats += b[i] == BEAT, bye |= b[i] == BYE;
+            for (ssize_t j = 0; j < got; j++) beats += b[j] == BEAT, bye |= b[j] == BYE;
             if (got > 0 && beats == got) { /* alive */
                 w->heard[q] = m2a_now();
                 continue;
