@@ -11,6 +11,8 @@
  * Then the same on CUDA memory where a GPU is: the load/store path, ranks sharing the
  * GPUs over CUDA IPC (no NCCL), every expert held (CUDA memory takes no -1).
  * MOEA2A_ELASTIC_CYCLES (default 3, at most 60) sets the number of cycles. */
+#include "config.h"
+
 #include <dirent.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -23,8 +25,11 @@
 #include <unistd.h>
 
 #include "clock.h"
+#ifdef MOEA2A_HAVE_CUDA
 #include "gpu_util.h"
+#endif
 #include "local_ranks.h"
+#include "mix.h"
 #include "moea2a.h"
 #include "no_nccl.h"
 #include "tap.h"
@@ -40,6 +45,30 @@
 #define MAX_CYCLES 60
 
 static int ndev; /* 0: host memory; else CUDA memory, rank r on GPU r % ndev */
+
+/* The few device calls of the CUDA cycles; a build without CUDA runs the host cycles
+ * only (ndev stays 0, so none of these is reached). */
+#ifdef MOEA2A_HAVE_CUDA
+static void dev_use(int g) { cudaSetDevice(g); }
+static void dev_ready(int g) { cudaSetDevice(g), cudaFree(NULL); }
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+static void dev_put(void *dst, const void *src, size_t n) { cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice); }
+static void dev_get(void *dst, const void *src, size_t n) { cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost); }
+static int dev_sync(void) { return cudaDeviceSynchronize() == cudaSuccess; }
+static int gpus_here(void) { return gpu_count(); }
+#else
+static void dev_use(int g) { (void)g; }
+static void dev_ready(int g) { (void)g; }
+static void *dev_alloc(size_t bytes) { return malloc(bytes); }
+static void dev_put(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+static void dev_get(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+static int dev_sync(void) { return 1; }
+static int gpus_here(void) { return 0; }
+#endif
 
 typedef struct {
     volatile int cycle_kill[MAX_CYCLES]; /* set by the victim of the cycle when it arms its killer */
@@ -112,7 +141,7 @@ static moea2a_moe_config_t config(void)
 static moea2a_result_t join(moea2a_comm_t *comm, int n, moea2a_unique_id_t id, int rank)
 {
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    if (ndev) cudaSetDevice(rank % ndev), cfg.cuda_device = rank % ndev;
+    if (ndev) dev_use(rank % ndev), cfg.cuda_device = rank % ndev;
     return moea2a_comm_init_rank(comm, n, id, rank, &cfg);
 }
 
@@ -126,12 +155,12 @@ typedef struct {
 
 static moea2a_result_t synced(moea2a_moe_t moe)
 {
-    return ndev && cudaDeviceSynchronize() != cudaSuccess ? MOEA2A_ERR_CUDA : moea2a_moe_status(moe);
+    return ndev && !dev_sync() ? MOEA2A_ERR_CUDA : moea2a_moe_status(moe);
 }
 
 static void fetch(void *dst, const void *src, size_t bytes)
 {
-    if (ndev) cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    if (ndev) dev_get(dst, src, bytes);
     else memcpy(dst, src, bytes);
 }
 
@@ -154,9 +183,8 @@ static int round_trip(moea2a_moe_t moe, moea2a_comm_t comm, const int32_t *map, 
     const float *x_in = x;
     float *out_at = out;
     if (ndev) {
-        if (!d.ids) cudaMalloc((void **)&d.ids, sizeof(ids)), cudaMalloc((void **)&d.x, sizeof(x)),
-            cudaMalloc((void **)&d.out, sizeof(out));
-        cudaMemcpy(d.ids, ids, sizeof(ids), cudaMemcpyHostToDevice), cudaMemcpy(d.x, x, sizeof(x), cudaMemcpyHostToDevice);
+        if (!d.ids) d.ids = dev_alloc(sizeof(ids)), d.x = dev_alloc(sizeof(x)), d.out = dev_alloc(sizeof(out));
+        dev_put(d.ids, ids, sizeof(ids)), dev_put(d.x, x, sizeof(x));
         ids_in = d.ids, x_in = d.x, out_at = d.out;
     }
     const void *pl[1] = {x_in};
@@ -335,7 +363,7 @@ static int spare(board_t *b)
 {
     /* ready before it is called, as a replacement would be: its GPU's context made (a
      * second or more on some machines, which the rendezvous's timeout would count) */
-    for (int g = 0; g < ndev; g++) cudaSetDevice(g), cudaFree(NULL);
+    for (int g = 0; g < ndev; g++) dev_ready(g);
     for (;;) {
         const int req = b->join_req, got = b->claimed;
         if (b->done) return 0;
@@ -510,7 +538,7 @@ int main(void)
     tap_ok(wres.failed == 0 && wres.hung == 0, "wrong grows (an id missing, sizes or ranks that differ, no growth, a "
            "rank out of range) fail on every rank naming the cause; retargets: to a shrunk copy (placement derived), "
            "refused with no map elsewhere, and with a bad map, after which the context says so until destroyed");
-    const int gpus = gpu_count();
+    const int gpus = gpus_here();
     if (gpus > 0 && have_ucx()) {
         ndev = gpus < N ? gpus : N;
         without_nccl(); /* ranks share GPUs: CUDA IPC, no NCCL */
