@@ -194,7 +194,7 @@ moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int n
         nc->rank = me, nc->nranks = n, nc->timeout_s = comm->timeout_s, nc->cuda_device = comm->cuda_device;
         for (int q = 0, i = 0; q < comm->nranks; q++)
             if (alive[q]) from[i++] = q;
-        nc->parent = comm, nc->parent_rank = from, nc->shrunk = 1;
+        nc->parent = comm, nc->parent_rank = from;
         M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d", fn, comm->rank, comm->nranks, me, n);
         r = comm_build(nc, comm->spec, NULL, comm->bs, alive, newcomm);
         if (r != MOEA2A_SUCCESS) record_on(comm, fn, r);
@@ -260,11 +260,7 @@ moea2a_result_t moea2a_comm_grow(moea2a_comm_t comm, int nranks, moea2a_unique_i
                               "communicator", fn, p, q, cards[q].rank);
     }
     moea2a_comm_t nc = r == MOEA2A_SUCCESS ? calloc(1, sizeof(*nc)) : NULL;
-    int *from = nc ? malloc(sizeof(int) * (size_t)nranks) : NULL;
-    if (r == MOEA2A_SUCCESS && (!nc || !from)) {
-        free(nc), free(from);
-        r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    }
+    if (r == MOEA2A_SUCCESS && !nc) r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
     if (r != MOEA2A_SUCCESS) {
         free(cards);
         /* arguments were agreed on, so the ranks stay in step; a failed exchange does not */
@@ -273,11 +269,8 @@ moea2a_result_t moea2a_comm_grow(moea2a_comm_t comm, int nranks, moea2a_unique_i
     *id = cards[0].id;
     m2a_id_t mid;
     memcpy(&mid, id->internal, sizeof(mid));
-    for (int q = 0; q < nranks; q++) from[q] = -1;
-    for (int q = 0; q < n; q++) from[cards[q].rank] = q;
     free(cards);
     nc->rank = rank, nc->nranks = nranks, nc->timeout_s = comm->timeout_s, nc->cuda_device = comm->cuda_device;
-    nc->parent = comm, nc->parent_rank = from;
     M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d (%d joining)", fn, comm->rank, n, rank, nranks,
              nranks - n);
     r = comm_build(nc, comm->spec, &mid, NULL, NULL, newcomm);

@@ -20,12 +20,11 @@ struct moea2a_comm {
     m2a_bootstrap_t *bs;
     m2a_watch_t *watch; /* peers' liveness (wireup/watch.h); NULL when MOEA2A_WATCH=0 or alone */
     char *spec;         /* the transport list it was made with (moea2a_comm_shrink makes the same) */
-    /* Made by moea2a_comm_shrink or moea2a_comm_grow of parent (compared, never
-     * dereferenced: parent may be gone): parent_rank[q] is rank q's rank there, -1 for
-     * a rank that joined. NULL / NULL for a communicator made by an init. */
+    /* Made by moea2a_comm_shrink of parent (compared, never dereferenced: parent may be
+     * gone): parent_rank[q] is rank q's rank there (what a retarget derives a placement
+     * from). NULL / NULL otherwise. */
     const struct moea2a_comm *parent;
     int *parent_rank;
-    int shrunk; /* parent_rank came from a shrink (every rank was parent's) */
     m2a_nodemap_t nodes; /* which ranks share a node */
     /* bytes handed to transports by all-to-all: [host, CUDA][same node, other nodes] */
     int64_t traffic[2][2];

@@ -17,7 +17,7 @@
 static moea2a_result_t derive_map(moea2a_moe_t moe, moea2a_comm_t nc, const char *fn, int32_t *map)
 {
     const int old_n = moe->comm->nranks, n = nc->nranks, E = moe->cfg.num_experts;
-    M2A_CHECK_ARG(nc, nc->shrunk && nc->parent == moe->comm,
+    M2A_CHECK_ARG(nc, nc->parent == moe->comm,
                   "%s: expert_to_rank is NULL, which derives the placement only on a communicator shrunk from "
                   "the context's (moea2a_comm_shrink); give the map", fn);
     int *to_new = malloc(sizeof(int) * (size_t)old_n), *held = calloc((size_t)n, sizeof(int));
