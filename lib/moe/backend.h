@@ -76,10 +76,10 @@ typedef struct m2a_moe_backend {
      * the device keeps of it, rewritten in order on stream (NULL: nothing kept). */
     moea2a_result_t (*placement)(moea2a_moe_t moe, void *stream);
     /* The experts' load on the device (MOEA2A_MOE_EXPERT_LOAD; NULL: the host counts):
-     * count_load adds the last dispatch's entries in order on stream; read_load waits for
-     * the device and reads the counts (zeroing them with reset). */
+     * count_load adds the last dispatch's entries in order on stream; take_load waits for
+     * the device, reads the counts into load[E] and zeroes them. */
     moea2a_result_t (*count_load)(moea2a_moe_t moe, void *stream);
-    moea2a_result_t (*read_load)(moea2a_moe_t moe, int64_t *load, int reset);
+    moea2a_result_t (*take_load)(moea2a_moe_t moe, int64_t *load);
     /* Whether stream is being captured into a CUDA graph (NULL: no device streams). */
     moea2a_result_t (*capturing)(moea2a_moe_t moe, void *stream, int *capturing);
     /* With capturing: why a dispatch or combine on a capturing stream is refused before

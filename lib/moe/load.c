@@ -35,13 +35,13 @@ moea2a_result_t m2a_moe_count_load(moea2a_moe_t moe, void *stream)
     return moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD ? moe->backend->count_load(moe, stream) : MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_keep_load(moea2a_moe_t moe)
+moea2a_result_t m2a_moe_fold_load(moea2a_moe_t moe, const char *fn)
 {
     if (!moe->cuda || !(moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD)) return MOEA2A_SUCCESS;
     const int E = moe->cfg.num_experts;
     int64_t *now = malloc(sizeof(int64_t) * (size_t)E);
-    if (!now) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_retarget: out of memory");
-    moea2a_result_t r = moe->backend->read_load(moe, now, 1);
+    if (!now) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    moea2a_result_t r = moe->backend->take_load(moe, now);
     for (int e = 0; r == MOEA2A_SUCCESS && e < E; e++) moe->h_load[e] += now[e];
     free(now);
     return r;
@@ -53,13 +53,13 @@ moea2a_result_t moea2a_moe_expert_load(moea2a_moe_t moe, int64_t *load, int rese
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_CHECK_ARG(moe->comm, load, "%s: load is NULL", fn);
     M2A_TRY(m2a_moe_usable(moe, fn));
-    const int E = moe->cfg.num_experts;
+    const size_t bytes = sizeof(int64_t) * (size_t)moe->cfg.num_experts;
     if (moe->cuda && !(moe->cfg.flags & MOEA2A_MOE_EXPERT_LOAD))
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory counts the experts' load "
                          "where it was created with MOEA2A_MOE_EXPERT_LOAD (the expert-major layout's expert_counts "
                          "give each call's)", fn);
-    if (moe->cuda) M2A_TRY(moe->backend->read_load(moe, load, reset)); /* h_load: what an earlier context counted */
-    for (int e = 0; e < E; e++) load[e] = (moe->cuda ? load[e] : 0) + moe->h_load[e];
-    if (reset) memset(moe->h_load, 0, sizeof(int64_t) * (size_t)E);
+    M2A_TRY(m2a_moe_fold_load(moe, fn));
+    memcpy(load, moe->h_load, bytes);
+    if (reset) memset(moe->h_load, 0, bytes);
     return MOEA2A_SUCCESS;
 }

@@ -9,7 +9,8 @@
  * memory to moe->h_load, on CUDA memory (MOEA2A_MOE_EXPERT_LOAD) to the device's, in
  * order on stream. */
 moea2a_result_t m2a_moe_count_load(moea2a_moe_t moe, void *stream);
-/* Before a CUDA context's memory goes (a retarget): the device's counts folded into
- * moe->h_load, which the next context's are added to. */
-moea2a_result_t m2a_moe_keep_load(moea2a_moe_t moe);
+/* The device's counts (a CUDA context with MOEA2A_MOE_EXPERT_LOAD) added to
+ * moe->h_load and zeroed there: before a read, and before the memory goes (a retarget),
+ * so h_load always holds every count taken off the device. */
+moea2a_result_t m2a_moe_fold_load(moea2a_moe_t moe, const char *fn);
 #endif

@@ -75,7 +75,7 @@ moea2a_result_t moea2a_moe_retarget(moea2a_moe_t moe, moea2a_comm_t newcomm, con
     }
     /* the counts outlive the memory: experts keep their ids (what the device counted
      * is lost with a device that failed) */
-    if (m2a_moe_keep_load(moe) != MOEA2A_SUCCESS)
+    if (m2a_moe_fold_load(moe, fn) != MOEA2A_SUCCESS)
         M2A_INFO(M2A_SUBSYS_MOE, "%s: the device's load counts are lost: %s", fn, moea2a_last_error(moe->comm));
     int64_t *load = moe->h_load;
     moe->h_load = NULL;

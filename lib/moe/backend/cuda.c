@@ -41,7 +41,7 @@ const m2a_moe_backend_t m2a_moe_backend_cuda = {
     .dispatch = m2a_generic_dispatch, .combine = m2a_generic_combine,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
-    .count_load = m2a_moe_cuda_count_load, .read_load = m2a_moe_cuda_read_load,
+    .count_load = m2a_moe_cuda_count_load, .take_load = m2a_moe_cuda_take_load,
     .not_capturable = "the generic NCCL path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
     .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* a warp's scales of a row in shared memory */

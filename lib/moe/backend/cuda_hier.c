@@ -416,7 +416,7 @@ const m2a_moe_backend_t m2a_moe_backend_cuda_hier = {
     .dispatch = cuda_hier_dispatch, .combine = cuda_hier_combine,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
-    .count_load = m2a_moe_cuda_count_load, .read_load = m2a_moe_cuda_read_load,
+    .count_load = m2a_moe_cuda_count_load, .take_load = m2a_moe_cuda_take_load,
     .not_capturable = "the hierarchical path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
     .fallback = &m2a_moe_backend_cuda,

@@ -104,13 +104,13 @@ moea2a_result_t m2a_moe_cuda_count_load(moea2a_moe_t moe, void *stream)
     return MOEA2A_SUCCESS;
 }
 
-moea2a_result_t m2a_moe_cuda_read_load(moea2a_moe_t moe, int64_t *load, int reset)
+moea2a_result_t m2a_moe_cuda_take_load(moea2a_moe_t moe, int64_t *load)
 {
     const size_t bytes = sizeof(int64_t) * (size_t)moe->cfg.num_experts;
     M2A_TRY(set_device(moe->comm));
     CU(moe->comm, OPS->device_synchronize()); /* the dispatches on any stream */
     CU(moe->comm, OPS->copy(load, moe->ws + moe->l.load, bytes, M2A_CUDA_D2H));
-    if (reset) CU(moe->comm, OPS->set(moe->ws + moe->l.load, 0, bytes));
+    CU(moe->comm, OPS->set(moe->ws + moe->l.load, 0, bytes));
     return MOEA2A_SUCCESS;
 }
 

@@ -83,9 +83,9 @@ moea2a_result_t m2a_moe_cuda_capturing(moea2a_moe_t moe, void *stream, int *capt
 /* The backends' placement hook: the device's owner table (and the expert-major
  * layout's local experts) from moe->h_owner, in order on stream, capturable. */
 moea2a_result_t m2a_moe_cuda_placement(moea2a_moe_t moe, void *stream);
-/* The experts' load on the device (the backend table's count_load and read_load). */
+/* The experts' load on the device (the backend table's count_load and take_load). */
 moea2a_result_t m2a_moe_cuda_count_load(moea2a_moe_t moe, void *stream);
-moea2a_result_t m2a_moe_cuda_read_load(moea2a_moe_t moe, int64_t *load, int reset);
+moea2a_result_t m2a_moe_cuda_take_load(moea2a_moe_t moe, int64_t *load);
 /* The expert side's rows folded into the rank-major combine rows (ws + l->combine). */
 moea2a_result_t m2a_moe_cuda_expert_fold(moea2a_moe_t moe, int num_local, const unsigned char *rows, void *stream);
 /* The expert-major entries of both CUDA backends' tables (moe/backend.h). */

@@ -576,7 +576,7 @@ const m2a_moe_backend_t m2a_moe_backend_nvlink = {
     .dispatch = nvlink_dispatch, .combine = nvlink_combine, .status = fast_status, .drop = nvlink_drop,
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
-    .count_load = m2a_moe_cuda_count_load, .read_load = m2a_moe_cuda_read_load,
+    .count_load = m2a_moe_cuda_count_load, .take_load = m2a_moe_cuda_take_load,
     .fallback = &m2a_moe_backend_cuda,
     .copy_engine = 1,
     .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* a warp's scales of a row in shared memory */
