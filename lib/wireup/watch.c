@@ -171,10 +171,8 @@ static void poll_links(m2a_watch_t *w)
     double last_beat = 0;
     for (int q = 0; q < w->nranks; q++) w->heard[q] = m2a_now();
     for (;;) {
-        if (m2a_now() - last_beat >= M2A_WATCH_BEAT_S) {
-            last_beat = m2a_now();
-            beat_and_listen(w, last_beat);
-        }
+        const double now = m2a_now();
+        if (now - last_beat >= M2A_WATCH_BEAT_S) beat_and_listen(w, last_beat = now);
         int n = 0;
         p[n++] = (struct pollfd){.fd = w->wake[0], .events = POLLIN};
         for (int q = 0; q < w->nranks; q++)
