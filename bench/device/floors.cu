@@ -8,7 +8,11 @@
  *    process drives every GPU through peer access; all kernels meet at a barrier
  *    in GPU 0's memory, then each GPU times itself (globaltimer).
  *  - what an event-timed call costs with nothing to do: an empty kernel between two
- *    events, and back to back, with the launches queued behind a busy GPU.
+ *    events, and back to back, with the launches queued behind a busy GPU; and what
+ *    a kernel adds to a replayed CUDA graph.
+ *  - the latencies a decode-size call is made of, GPU 0 against GPU 1 (one warp
+ *    each): a flag's trip to the peer, the same after rows stored to the peer and
+ *    released, and a load from the peer's memory.
  *   floors [sms] [MiB per peer] [chunk bytes] [warps issuing bulk copies] */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -296,6 +300,164 @@ static void launch_floor(unsigned long long *sink)
     CK(cudaStreamDestroy(s));
 }
 
+
+/* ---- latencies, GPU 0 against GPU 1 ------------------------------------------------- */
+
+enum { L_FLAG, L_RELEASE, L_ROW, L_ROWS8, L_LOAD, LMODES };
+static const char *lat_name[LMODES] = {"flag (relaxed store)", "flag (release add, no data)",
+                                       "one 14336-byte row, release add", "eight rows, release add",
+                                       "dependent 16-byte load from the peer"};
+
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* One warp per GPU. Ping-pong modes: GPU 0 sends (the rows, then) the flag, GPU 1
+ * answers in kind, iters times; GPU 0's time per iteration is two one-way trips. L_LOAD:
+ * GPU 0 alone chases indices through GPU 1's memory (each load waits for the last). */
+__global__ void latency_kernel(uint32_t *mine, uint32_t *peer_flag, int4 *peer_rows, const int4 *rows, int role, int mode,
+                               int iters, unsigned long long *out)
+{
+    const int lane = threadIdx.x;
+    const int nrows = mode == L_ROWS8 ? 8 : mode == L_ROW ? 1 : 0, vecs = 14336 / 16;
+    if (mode == L_LOAD) {
+        if (role) return;
+        const int4 *chase = peer_rows;
+        int idx = 0;
+        unsigned long long t0 = 0;
+        for (int i = -8; i < iters; i++) {
+            if (i == 0) t0 = now_ns();
+            int4 v;
+            asm volatile("ld.relaxed.sys.global.v4.s32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "l"(chase + idx)
+                         : "memory");
+            idx = v.x;
+        }
+        if (lane == 0) out[0] = now_ns() - t0, out[1] = (unsigned long long)idx;
+        return;
+    }
+    unsigned long long t0 = 0;
+    for (int i = -8; i < iters; i++) {
+        const uint32_t want = (uint32_t)(i + 9);
+        if (i == 0) t0 = now_ns();
+        if (role == 1)
+            while (ld_acquire_sys(mine) < want) {
+            }
+        for (int r = 0; r < nrows; r++)
+            for (int v = lane; v < vecs; v += 32) peer_rows[r * vecs + v] = rows[r * vecs + v];
+        __syncwarp();
+        if (lane == 0) {
+            if (mode == L_FLAG) asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(peer_flag), "r"(want) : "memory");
+            else asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(peer_flag) : "memory");
+        }
+        if (role == 0)
+            while (ld_acquire_sys(mine) < want) {
+            }
+        __syncwarp();
+    }
+    if (role == 0 && lane == 0) out[0] = now_ns() - t0;
+}
+
+static void latency_floors(Args *a, cudaStream_t *st)
+{
+    const int iters = 2000;
+    uint32_t *flag[2];
+    int4 *buf[2];
+    unsigned long long *out;
+    CK(cudaSetDevice(0));
+    CK(cudaMallocManaged(&out, 2 * sizeof(unsigned long long)));
+    for (int g = 0; g < 2; g++) {
+        CK(cudaSetDevice(g));
+        CK(cudaMalloc(&flag[g], 64));
+        CK(cudaMalloc(&buf[g], 2 * 8 * 14336 + 4096 * 16));
+    }
+    /* GPU 1's chase: 4096 vectors, each pointing 1021 ahead (mod 4096): no two loads in a line */
+    int4 *h = (int4 *)calloc(4096, sizeof(int4));
+    for (int i = 0; i < 4096; i++) h[i].x = (i + 1021) % 4096;
+    printf("# latencies, GPU 0 against GPU 1, one warp each, %d iterations (us one way; the load: per load)\n", iters);
+    for (int mode = 0; mode < LMODES; mode++) {
+        double best = 1e30;
+        for (int rep = 0; rep < 5; rep++) {
+            for (int g = 0; g < 2; g++) {
+                CK(cudaSetDevice(g));
+                CK(cudaMemset(flag[g], 0, 64));
+            }
+            CK(cudaMemcpy(buf[1], h, 4096 * sizeof(int4), cudaMemcpyHostToDevice));
+            for (int g = 1; g >= 0; g--) {
+                CK(cudaSetDevice(g));
+                int4 *dst = mode == L_LOAD ? buf[1] : buf[1 - g] + 4096 + 8 * 14336 / 16;
+                latency_kernel<<<1, 32, 0, st[g]>>>(flag[g], flag[1 - g], dst, buf[g] + 4096, g, mode, iters, out);
+                CK(cudaGetLastError());
+            }
+            for (int g = 0; g < 2; g++) {
+                CK(cudaSetDevice(g));
+                CK(cudaStreamSynchronize(st[g]));
+            }
+            const double us = (double)out[0] / 1e3 / iters / (mode == L_LOAD ? 1 : 2);
+            best = us < best ? us : best;
+        }
+        printf("  %-40s %8.3f\n", lat_name[mode], best);
+    }
+    free(h);
+    for (int g = 0; g < 2; g++) {
+        CK(cudaSetDevice(g));
+        CK(cudaFree(flag[g]));
+        CK(cudaFree(buf[g]));
+    }
+    CK(cudaFree(out));
+    (void)a;
+}
+
+/* What a kernel adds to a replayed graph: graphs of 1 and 2 empty kernels (48 x 512),
+ * each replayed 200 times back to back and 200 times alone (synchronized between). */
+static void graph_floor(unsigned long long *sink)
+{
+    CK(cudaSetDevice(0));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double b2b[3] = {0}, alone[3] = {0};
+    for (int k = 1; k <= 2; k++) {
+        cudaGraph_t g;
+        cudaGraphExec_t x;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < k; i++) empty_kernel<<<48, 512, 0, s>>>(sink, 0);
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&x, g, 0));
+        for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(x, s));
+        CK(cudaStreamSynchronize(s));
+        float ms;
+        spin<<<1, 1, 0, s>>>(20000000ull);
+        CK(cudaEventRecord(e0, s));
+        for (int i = 0; i < 200; i++) CK(cudaGraphLaunch(x, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        b2b[k] = ms * 1e3 / 200;
+        for (int i = 0; i < 200; i++) {
+            CK(cudaEventRecord(e0, s));
+            CK(cudaGraphLaunch(x, s));
+            CK(cudaEventRecord(e1, s));
+            CK(cudaStreamSynchronize(s));
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            alone[k] += ms * 1e3 / 200;
+        }
+        CK(cudaGraphExecDestroy(x));
+        CK(cudaGraphDestroy(g));
+    }
+    printf("# a graph of 1 / 2 empty kernels (48 x 512): %.2f / %.2f us back to back, %.2f / %.2f us alone\n", b2b[1], b2b[2],
+           alone[1], alone[2]);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(s));
+}
+
 int main(int argc, char **argv)
 {
     int ngpu = 0;
@@ -412,5 +574,7 @@ int main(int argc, char **argv)
     }
     printf("  %-26s %12.1f %12.1f\n", "copy engines (memcpy peer)", ce_min, ce_mean);
     launch_floor(a[0].sink);
+    graph_floor(a[0].sink);
+    latency_floors(a, st);
     return 0;
 }
