@@ -1,7 +1,9 @@
 /* Communicator life cycle across processes: init for 1..8 ranks, bad arguments,
  * rendezvous failures (mismatched nranks, foreign and stale ids, stray connections),
- * unavailable transports, init from the environment, abort. */
+ * unavailable transports, a version 1 transport module, init from the environment,
+ * abort. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,6 +359,61 @@ static void test_abort(void)
     tap_ok(moea2a_comm_destroy(comm) == MOEA2A_SUCCESS, "destroy after abort frees the communicator");
 }
 
+/* Rank 0 of a communicator of one: an alltoallv of n ints (each its index plus salt)
+ * comes back as sent. */
+static int one_rank_exchange(moea2a_comm_t comm, int salt)
+{
+    int32_t s[4], r[4] = {0};
+    const int64_t c[1] = {4}, d[1] = {0};
+    for (int i = 0; i < 4; i++) s[i] = i + salt;
+    if (moea2a_alltoallv(s, c, d, r, c, d, MOEA2A_INT32, comm, NULL) != MOEA2A_SUCCESS) return 0;
+    return !memcmp(s, r, sizeof(s));
+}
+
+/* A module of interface version 1 (tests/transport_loop_v1.c) loads beside the version 2
+ * ones, serves a communicator, and a shrink sets it up anew: version 1 has no shrink. */
+static void test_v1_module(void)
+{
+    const char *top = getenv("top_builddir"), *old = getenv("MOEA2A_TRANSPORT_PATH");
+    char dir[1024], lib[1100], path[4096];
+    snprintf(dir, sizeof(dir), "%s/tests/.libs", top ? top : ".");
+    snprintf(lib, sizeof(lib), "%s/libmoea2a-loop.so", dir);
+    void *dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    const int *inits = dl ? dlsym(dl, "loop_inits") : NULL;
+    if (!inits) {
+        tap_ok(0, "the version 1 test module %s loads (%s)", lib, dlerror());
+        return;
+    }
+    char *saved = old ? strdup(old) : NULL;
+    snprintf(path, sizeof(path), "%s%s%s", dir, old ? ":" : "", old ? old : "");
+    setenv("MOEA2A_TRANSPORT_PATH", path, 1);
+    moea2a_transport_info_t infos[16];
+    int n = 0, v1 = 0, v2 = 0;
+    moea2a_get_transports(infos, 16, &n);
+    for (int i = 0; i < n && i < 16; i++) {
+        v1 |= !strcmp(infos[i].name, "loop") && infos[i].loadable && infos[i].abi_version == 1;
+        v2 |= !strcmp(infos[i].name, "ucx") && infos[i].loadable && infos[i].abi_version == 2;
+    }
+    tap_ok(v1 && v2, "moea2a_get_transports lists the version 1 module loadable at ABI 1 and ucx at ABI 2");
+
+    moea2a_unique_id_t id;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.transport = "loop";
+    moea2a_comm_t comm = NULL, nc = NULL;
+    const int before = *inits;
+    int ok = moea2a_get_unique_id(&id) == MOEA2A_SUCCESS && moea2a_comm_init_rank(&comm, 1, id, 0, &cfg) == MOEA2A_SUCCESS;
+    ok = ok && one_rank_exchange(comm, 7);
+    ok = ok && moea2a_comm_shrink(comm, NULL, 0, &nc) == MOEA2A_SUCCESS && one_rank_exchange(nc, 11);
+    tap_ok(ok && *inits == before + 2, "a version 1 module serves a communicator and its shrink, set up anew for it "
+           "(%d setups; %s)", *inits - before, moea2a_last_error(comm));
+    if (nc) moea2a_comm_destroy(nc);
+    if (comm) moea2a_comm_destroy(comm);
+    if (saved) setenv("MOEA2A_TRANSPORT_PATH", saved, 1);
+    else unsetenv("MOEA2A_TRANSPORT_PATH");
+    free(saved);
+    dlclose(dl);
+}
+
 int main(void)
 {
     test_init_sizes();
@@ -369,5 +426,6 @@ int main(void)
     test_bad_arguments();
     test_stray_and_stale();
     test_abort();
+    test_v1_module();
     return tap_done();
 }

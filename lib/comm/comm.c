@@ -99,9 +99,10 @@ static moea2a_result_t start_watch(moea2a_comm_t comm)
 /* What a communicator is made of after its fields: the modules (spec; a missing
  * transport fails here, on every rank alike, before any rank waits on the network), the
  * bootstrap (joining id's rendezvous, or the survivors' ring of old's: alive), the node
- * map, the peer watcher, the transports. On failure comm is freed. */
+ * map, the peer watcher, the transports (after a shrink, from old's where they can). On
+ * failure comm is freed. */
 static moea2a_result_t comm_build(moea2a_comm_t comm, const char *spec, const m2a_id_t *id,
-                                  const m2a_bootstrap_t *old, const unsigned char *alive, moea2a_comm_t *out)
+                                  moea2a_comm_t old, const unsigned char *alive, moea2a_comm_t *out)
 {
     m2a_log_set_rank(comm->rank);
     comm->spec = strdup(spec);
@@ -109,10 +110,10 @@ static moea2a_result_t comm_build(moea2a_comm_t comm, const char *spec, const m2
                                    : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_comm_init: out of memory");
     if (r == MOEA2A_SUCCESS)
         r = m2a_comm_record(comm, id ? m2a_bootstrap_join(id, comm->rank, comm->nranks, comm->timeout_s, &comm->bs)
-                                     : m2a_bootstrap_shrink(old, alive, &comm->bs));
+                                     : m2a_bootstrap_shrink(old->bs, alive, &comm->bs));
     if (r == MOEA2A_SUCCESS) r = m2a_nodemap_build(comm, &comm->nodes);
     if (r == MOEA2A_SUCCESS) r = start_watch(comm);
-    if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm);
+    if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm, old);
     if (r != MOEA2A_SUCCESS) {
         m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
         if (comm->bs) comm->bs->dead = NULL;
@@ -196,7 +197,7 @@ moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int n
             if (alive[q]) from[i++] = q;
         nc->parent = comm, nc->parent_rank = from;
         M2A_INFO(M2A_SUBSYS_INIT, "%s: rank %d of %d becomes rank %d of %d", fn, comm->rank, comm->nranks, me, n);
-        r = comm_build(nc, comm->spec, NULL, comm->bs, alive, newcomm);
+        r = comm_build(nc, comm->spec, NULL, comm, alive, newcomm);
         if (r != MOEA2A_SUCCESS) record_on(comm, fn, r);
     }
     free(alive);

@@ -16,8 +16,17 @@
 /* Preferred first when nothing is asked for: the fastest path for its memory type. */
 static const char *const default_order[] = {"nccl", "ucx"};
 
-static const moea2a_transport_v1_t *load_module(const char *path, void **dl, char *why, size_t len)
+/* A module's table: its version 2 table when it has one, else its version 1 table
+ * (a version 2 without the shrink members). *v2: the version 2 table, or NULL. */
+static const moea2a_transport_v1_t *load_module(const char *path, void **dl, char *why, size_t len,
+                                                const moea2a_transport_v2_t **v2)
 {
+    const moea2a_transport_v2_t *t2 =
+        m2a_module_open(path, MOEA2A_TRANSPORT_V2_SYMBOL, offsetof(moea2a_transport_v2_t, v1.abi_version),
+                        MOEA2A_TRANSPORT_V2_ABI_VERSION, "a transport", dl, why, len);
+    if (v2) *v2 = t2;
+    if (t2) return &t2->v1;
+    if (strstr(why, "ABI version")) return NULL; /* a version 2 symbol of another version: say so */
     return m2a_module_open(path, MOEA2A_TRANSPORT_SYMBOL, offsetof(moea2a_transport_v1_t, abi_version),
                            MOEA2A_TRANSPORT_ABI_VERSION, "a transport", dl, why, len);
 }
@@ -39,7 +48,7 @@ static void list_one(const char *name, const char *path, void *arg)
         const moea2a_transport_v1_t *ops;
         if (!strcmp(name, M2A_CUDA_MODULE_NAME)) { /* not a transport: the kernels' module */
             t->loadable = m2a_cuda_probe(path, &t->abi_version, t->detail, sizeof(t->detail));
-        } else if ((ops = load_module(path, &dl, t->detail, sizeof(t->detail)))) {
+        } else if ((ops = load_module(path, &dl, t->detail, sizeof(t->detail), NULL))) {
             t->loadable = 1;
             t->abi_version = ops->abi_version;
             snprintf(t->detail, sizeof(t->detail), "transport '%s', ABI v%d", ops->name, ops->abi_version);
@@ -96,7 +105,8 @@ static moea2a_result_t open_one(moea2a_comm_t comm, const found_t *f, int i, int
     if (comm->ntr == M2A_MAX_TRANSPORTS) return MOEA2A_SUCCESS;
     m2a_transport_t *t = &comm->tr[comm->ntr];
     char why[512];
-    t->ops = load_module(f->paths[i], &t->dl, why, sizeof(why));
+    const moea2a_transport_v2_t *v2;
+    t->ops = load_module(f->paths[i], &t->dl, why, sizeof(why), &v2);
     if (!t->ops) {
         if (explicit_ask)
             return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "transport '%s' (%s) cannot be loaded: %s",
@@ -106,6 +116,7 @@ static moea2a_result_t open_one(moea2a_comm_t comm, const found_t *f, int i, int
     }
     snprintf(t->name, sizeof(t->name), "%s", f->names[i]);
     t->explicit_ask = explicit_ask;
+    if (v2 && v2->can_shrink && v2->shrink) t->can_shrink = v2->can_shrink, t->shrink = v2->shrink;
     comm->ntr++;
     return MOEA2A_SUCCESS;
 }
@@ -210,7 +221,68 @@ static moea2a_result_t keep_common(moea2a_comm_t comm, uint32_t mask, const char
     return r;
 }
 
-moea2a_result_t m2a_transports_connect(moea2a_comm_t comm)
+/* One bit per transport, ANDed over the ranks (bit i: transport i, on every rank). */
+static moea2a_result_t agree_bits(moea2a_comm_t comm, uint32_t mine, uint32_t *all)
+{
+    uint32_t *bits = calloc((size_t)comm->nranks, sizeof(*bits));
+    if (!bits) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "out of memory");
+    bits[comm->rank] = mine;
+    moea2a_result_t r = m2a_comm_allgather(comm, bits, sizeof(*bits));
+    *all = ~0u;
+    for (int k = 0; k < comm->nranks; k++) *all &= bits[k];
+    free(bits);
+    return r;
+}
+
+/* A shrunk communicator's transports made from its parent's (moea2a_transport_v2_t's
+ * shrink) where every rank's can: *made, the mask of those made on every rank. A
+ * transport made on some ranks only is released there, and set up anew everywhere. */
+static moea2a_result_t shrink_from(moea2a_comm_t comm, moea2a_comm_t parent, uint32_t *made)
+{
+    m2a_transport_t *from[M2A_MAX_TRANSPORTS] = {0};
+    uint32_t can = 0, did = 0, all = 0;
+    *made = 0;
+    for (int i = 0; i < comm->ntr; i++) {
+        const m2a_transport_t *t = &comm->tr[i];
+        for (int j = 0; j < parent->ntr; j++) /* the same module's state, so the same code */
+            if (!strcmp(parent->tr[j].name, t->name) && parent->tr[j].tc && parent->tr[j].shrink == t->shrink)
+                from[i] = &parent->tr[j];
+        if (from[i] && t->shrink && t->can_shrink(from[i]->tc)) can |= 1u << i;
+    }
+    moea2a_result_t r = agree_bits(comm, can, &all);
+    int dead = 0; /* ranks of parent that left dead, not by choice */
+    for (int q = 0, i = 0; q < parent->nranks; q++) {
+        if (i < comm->nranks && comm->parent_rank[i] == q) i++;
+        else dead |= m2a_watch_is_dead(parent->watch, q);
+    }
+    for (int i = 0; r == MOEA2A_SUCCESS && i < comm->ntr; i++) {
+        m2a_transport_t *t = &comm->tr[i];
+        if (!(all & (1u << i))) continue;
+        if (t->shrink(from[i]->tc, &comm->core, comm->parent_rank, dead, &t->tc, &t->mem_types) == MOEA2A_SUCCESS) {
+            did |= 1u << i;
+            continue;
+        }
+        M2A_INFO(M2A_SUBSYS_TRANSPORT, "transport %s: no shrink of the parent's (%s); set up anew", t->name,
+                 comm->last_error);
+        if (t->tc) t->ops->finalize(t->tc, 1);
+        t->tc = NULL;
+    }
+    if (r == MOEA2A_SUCCESS) r = agree_bits(comm, did, &all);
+    for (int i = 0; i < comm->ntr; i++) {
+        m2a_transport_t *t = &comm->tr[i];
+        if (!(did & (1u << i))) continue;
+        if (r == MOEA2A_SUCCESS && (all & (1u << i))) {
+            M2A_INFO(M2A_SUBSYS_TRANSPORT, "transport %s: made from the parent communicator's by its shrink", t->name);
+            continue;
+        }
+        t->ops->finalize(t->tc, 1); /* another rank could not: every rank sets it up anew */
+        t->tc = NULL;
+    }
+    *made = r == MOEA2A_SUCCESS ? all & did : 0;
+    return r;
+}
+
+moea2a_result_t m2a_transports_connect(moea2a_comm_t comm, moea2a_comm_t parent)
 {
     int n = comm->nranks;
     comm->core = (moea2a_core_v1_t){comm->rank, n, comm->timeout_s, comm->cuda_device, comm, core_error, core_log,
@@ -219,11 +291,17 @@ moea2a_result_t m2a_transports_connect(moea2a_comm_t comm)
     local_state_t *st = calloc((size_t)n, sizeof(*st));
     uint32_t *okc = calloc((size_t)n, sizeof(*okc));
     moea2a_result_t r = (st && okc) ? MOEA2A_SUCCESS : m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "out of memory");
+    uint32_t made = 0; /* transports made from parent's */
+    if (r == MOEA2A_SUCCESS && parent) r = shrink_from(comm, parent, &made);
 
     local_state_t *me = st ? &st[comm->rank] : NULL;
     for (int i = 0; r == MOEA2A_SUCCESS && i < comm->ntr; i++) {
         size_t len = 0;
         m2a_transport_t *t = &comm->tr[i];
+        if (made & (1u << i)) {
+            me->ok_mask |= 1u << i;
+            continue;
+        }
         int rc = t->ops->init_local(&comm->core, &t->tc, &addr[i], &len, &t->mem_types);
         if (rc == MOEA2A_SUCCESS) {
             me->ok_mask |= 1u << i;
@@ -245,6 +323,10 @@ moea2a_result_t m2a_transports_connect(moea2a_comm_t comm)
     uint32_t connected = 0;
     for (int i = 0; r == MOEA2A_SUCCESS && i < comm->ntr; i++) {
         if (!(common & (1u << i))) continue;
+        if (made & (1u << i)) {
+            connected |= 1u << i;
+            continue;
+        }
         size_t max = 0;
         for (int k = 0; k < n; k++) max = st[k].len[i] > max ? st[k].len[i] : max;
         char *all = calloc((size_t)n, max ? max : 1);
@@ -313,7 +395,7 @@ const moea2a_transport_v1_t *m2a_transport_load(const char *name, void **dl, cha
     m2a_modules_each(collect, f);
     int i = find(f, name);
     if (i < 0) snprintf(why, len, "no module libmoea2a-%s.so on MOEA2A_TRANSPORT_PATH or in %s", name, MOEA2A_PKGLIBDIR);
-    else ops = load_module(f->paths[i], dl, why, len);
+    else ops = load_module(f->paths[i], dl, why, len, NULL);
     free(f);
     return ops;
 }

@@ -5,7 +5,7 @@
 #include <stddef.h>
 
 #include "moea2a.h"
-#include "moea2a_transport_v1.h"
+#include "moea2a_transport_v2.h"
 
 #define M2A_MAX_TRANSPORTS 8
 #define M2A_NAME_LEN 32
@@ -13,6 +13,10 @@
 typedef struct {
     char name[M2A_NAME_LEN];
     const moea2a_transport_v1_t *ops;
+    /* version 2's members, NULL for a version 1 module (moea2a_transport_v2.h) */
+    int (*can_shrink)(void *parent);
+    int (*shrink)(void *parent, const moea2a_core_v1_t *core, const int *parent_rank, int dead, void **tcomm,
+                  unsigned *mem_types);
     void *dl;          /* dlopen handle */
     void *tc;          /* the module's per-communicator state */
     unsigned mem_types;
@@ -22,10 +26,12 @@ typedef struct {
 /* Opens the modules named by spec (MOEA2A_TRANSPORT syntax; "" = every module found),
  * without any communication. */
 moea2a_result_t m2a_transports_open(moea2a_comm_t comm, const char *spec);
-/* Sets every opened transport up with the peers over the bootstrap. */
-moea2a_result_t m2a_transports_connect(moea2a_comm_t comm);
+/* Sets every opened transport up with the peers over the bootstrap; comm made by a
+ * shrink of parent (else NULL): from parent's transports where every rank can. */
+moea2a_result_t m2a_transports_connect(moea2a_comm_t comm, moea2a_comm_t parent);
 void m2a_transports_close(moea2a_comm_t comm, int force);
-/* Loads one module by name, outside any communicator (NULL and *why on failure). */
+/* Loads one module by name, outside any communicator (NULL and *why on failure): its
+ * version 1 members. */
 const moea2a_transport_v1_t *m2a_transport_load(const char *name, void **dl, char *why, size_t len);
 /* Brackets operations on the transport of memory type mem into one group (NCCL
  * groups) when it supports that; otherwise does nothing. A failure is returned as the
