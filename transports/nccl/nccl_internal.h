@@ -3,7 +3,7 @@
 #define M2A_NCCL_INTERNAL_H
 #include <nccl.h>
 
-#include "moea2a_transport_v1.h"
+#include "moea2a_transport_v2.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "moea2a.h"
-#include "moea2a_transport_v1.h"
+#include "moea2a_transport_v2.h"
 #include "nccl_internal.h"
 
 /* Aborts c's NCCL communicator once: ncclCommAbort frees it, so a second abort (at
@@ -123,6 +123,52 @@ static void nccl_finalize(void *tcomm, int force)
     }
     free(c);
 }
+
+/* A shrink through ncclCommShrink (NCCL 2.27 and later): the survivors' communicator
+ * made from the parent's, which NCCL keeps its connections for, with no new unique id.
+ * The symbol is weak, so that this module still loads with an older libnccl.so at run
+ * time, where can_shrink then says no and the core makes a new communicator. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#pragma weak ncclCommShrink
+static int nccl_can_shrink(void *parent)
+{
+    const nccl_comm_t *p = parent;
+    return ncclCommShrink != NULL && p->nc && !p->failed;
+}
+
+static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *parent_rank, int dead, void **tcomm,
+                       unsigned *mem_types)
+{
+    nccl_comm_t *p = parent, *c = calloc(1, sizeof(*c));
+    int *excl = malloc(sizeof(int) * (size_t)p->nranks), n = 0;
+    if (!c || !excl) {
+        free(c), free(excl);
+        return MOEA2A_ERR_NO_MEMORY;
+    }
+    c->core = core, c->rank = core->rank, c->nranks = core->nranks;
+    *tcomm = c;
+    *mem_types = MOEA2A_MEM_CUDA;
+    for (int q = 0, i = 0; q < p->nranks; q++) {
+        if (i < c->nranks && parent_rank[i] == q) i++;
+        else excl[n++] = q;
+    }
+    int r = select_device(core, c);
+    if (r == MOEA2A_SUCCESS) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        /* with ranks dead, what the parent still has in flight is ended first */
+        ncclResult_t rc = ncclCommShrink(p->nc, excl, n, &c->nc, &cfg, dead ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+        c->owned = 1;
+        r = m2a_nccl_settle(c, rc, "ncclCommShrink");
+        if (dead) p->failed = 1; /* its work was ended: released by abort, not finalize */
+    }
+    free(excl);
+    return r;
+}
+#define NCCL_SHRINK_MEMBERS .can_shrink = nccl_can_shrink, .shrink = nccl_shrink,
+#else
+#define NCCL_SHRINK_MEMBERS
+#endif
 
 static int check_usable(nccl_comm_t *c)
 {
@@ -272,18 +318,22 @@ static int nccl_external_bcast(void *external, void *buf, size_t bytes, int root
     return r;
 }
 
-__attribute__((visibility("default"))) const moea2a_transport_v1_t moea2a_transport_v1 = {
-    .name = "nccl", .abi_version = MOEA2A_TRANSPORT_ABI_VERSION,
-    /* setup */
-    .init_local = nccl_init_local, .connect = nccl_connect, .finalize = nccl_finalize,
-    /* collectives, and the operations they return */
-    .alltoallv = nccl_alltoallv, .allgather = nccl_allgather, .bcast = nccl_bcast, .barrier = nccl_barrier,
-    .test = nccl_test, .describe = nccl_describe, .op_free = nccl_op_free,
-    /* grouped sends and receives; asynchronous errors and abort */
-    .group_start = nccl_group_start, .group_end = nccl_group_end, .check = nccl_check, .abort = nccl_abort,
-    /* a communicator of an external launcher (torch.distributed's NCCL) */
-    .external_rank = nccl_external_rank, .external_bcast = nccl_external_bcast,
-    /* symmetric memory: windows every rank maps */
-    .mem_alloc = m2a_nccl_mem_alloc, .mem_free = m2a_nccl_mem_free, .mem_register = m2a_nccl_mem_register,
-    .mem_deregister = m2a_nccl_mem_deregister, .lsa_reachable = m2a_nccl_lsa_reachable,
+__attribute__((visibility("default"))) const moea2a_transport_v2_t moea2a_transport_v2 = {
+    .v1 = {
+        .name = "nccl", .abi_version = MOEA2A_TRANSPORT_V2_ABI_VERSION,
+        /* setup */
+        .init_local = nccl_init_local, .connect = nccl_connect, .finalize = nccl_finalize,
+        /* collectives, and the operations they return */
+        .alltoallv = nccl_alltoallv, .allgather = nccl_allgather, .bcast = nccl_bcast, .barrier = nccl_barrier,
+        .test = nccl_test, .describe = nccl_describe, .op_free = nccl_op_free,
+        /* grouped sends and receives; asynchronous errors and abort */
+        .group_start = nccl_group_start, .group_end = nccl_group_end, .check = nccl_check, .abort = nccl_abort,
+        /* a communicator of an external launcher (torch.distributed's NCCL) */
+        .external_rank = nccl_external_rank, .external_bcast = nccl_external_bcast,
+        /* symmetric memory: windows every rank maps */
+        .mem_alloc = m2a_nccl_mem_alloc, .mem_free = m2a_nccl_mem_free, .mem_register = m2a_nccl_mem_register,
+        .mem_deregister = m2a_nccl_mem_deregister, .lsa_reachable = m2a_nccl_lsa_reachable,
+    },
+    /* the survivors' communicator from the parent's (ncclCommShrink) */
+    NCCL_SHRINK_MEMBERS
 };
