@@ -955,6 +955,42 @@ static int kill_setup(int rank, int n, moea2a_unique_id_t id, const kill_arg_t *
     return moea2a_barrier(k->comm) != MOEA2A_SUCCESS;
 }
 
+/* A communicator of one rank: a dispatch of kill_setup's 64 tokens with a payload of
+ * known bf16 values, and a combine of the rows received: each token's entries meet in
+ * one row, so the output is the payload, bit for bit. 1 when it is. */
+static int one_rank_round_trip(moea2a_moe_t moe, kill_ctx_t *k)
+{
+    uint16_t h[64 * 256], back[64 * 256];
+    for (int i = 0; i < 64 * 256; i++) h[i] = (uint16_t)(0x3c00 + i % 0x300); /* finite, normal */
+    cudaMemcpy(k->x, h, sizeof(h), cudaMemcpyHostToDevice);
+    cudaMemset(k->y, 0xff, sizeof(back));
+    const void *pl[1] = {k->x};
+    moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    if (moea2a_dispatch(moe, 64, k->ids, NULL, pl, 0, &res, NULL) != MOEA2A_SUCCESS) return 0;
+    if (moea2a_combine(moe, res.payloads[0], k->y, NULL) != MOEA2A_SUCCESS) return 0;
+    if (cudaMemcpy(back, k->y, sizeof(back), cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+    return moea2a_moe_status(moe) == MOEA2A_SUCCESS && !memcmp(h, back, sizeof(h));
+}
+
+/* What a survivor does next (moea2a_recovery(7)): shrink to the ranks alive, move the
+ * context there (placement derived) and make checked round trips; *newcomm for the
+ * caller to destroy after the context. */
+static int recover_alone(int rank, kill_ctx_t *k, const char *path, moea2a_comm_t *newcomm)
+{
+    int fails = 0;
+    const double t0 = now_s();
+    moea2a_result_t r = moea2a_comm_shrink(k->comm, NULL, 0, newcomm);
+    if (r == MOEA2A_SUCCESS) r = moea2a_moe_retarget(k->moe, *newcomm, NULL);
+    const double took = now_s() - t0;
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink + retarget after the death: %s", moea2a_last_error(k->comm));
+    int good = 0;
+    for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += one_rank_round_trip(k->moe, k);
+    RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS || good == 3, "%d of 3 round trips on the shrunk communicator right: %s",
+                good, moea2a_last_error(*newcomm));
+    printf("# rank %d (%s path): shrink to 1 + retarget %.3f s, then %d of 3 round trips checked\n", rank, path, took, good);
+    return fails;
+}
+
 static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
     kill_arg_t *a = arg;
@@ -995,10 +1031,38 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
            a->node_size ? "hierarchical" : a->nvlink ? "default" : "generic", moea2a_strerror(r), after,
            moea2a_last_error(comm));
     fflush(stdout);
+    moea2a_comm_t alone = NULL;
+    const char *path = a->node_size ? "hierarchical" : a->nvlink ? "default" : "generic";
+    if (rank == 0 && named) fails += recover_alone(rank, &k, path, &alone);
     double t0 = now_s();
     moea2a_moe_destroy(moe);
+    if (alone) moea2a_comm_destroy(alone);
     moea2a_comm_destroy(comm);
     RANK_EXPECT(fails, rank, now_s() - t0 < 10.0, "destroy after the failure took %.1f s", now_s() - t0);
+    return fails;
+}
+
+/* Every rank shrinks by choice, leaving nobody out, with no failure: the transports are
+ * made from the communicator's (NCCL: ncclCommShrink where NCCL has it), the context
+ * moves there and its round trips (one rank) are right; then the old communicator goes
+ * first, the new one after. */
+static int shrink_by_choice_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    kill_arg_t *a = arg;
+    int fails = 0;
+    kill_ctx_t k;
+    if (kill_setup(rank, n, id, a, 30.0, &k)) return 1;
+    moea2a_comm_t nc = NULL;
+    moea2a_result_t r = moea2a_comm_shrink(k.comm, NULL, 0, &nc);
+    if (r == MOEA2A_SUCCESS) r = moea2a_moe_retarget(k.moe, nc, NULL);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink by choice + retarget: %s", moea2a_last_error(k.comm));
+    moea2a_comm_destroy(k.comm);
+    int good = 0;
+    for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += one_rank_round_trip(k.moe, &k);
+    RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS || good == 3, "%d of 3 round trips right after the shrink: %s", good,
+                moea2a_last_error(nc));
+    moea2a_moe_destroy(k.moe);
+    if (nc) moea2a_comm_destroy(nc);
     return fails;
 }
 
@@ -1205,8 +1269,8 @@ static void ipc_tests(int ndev, int quick)
         kill_arg_t ka = {ndev, 1, kill_time, 1};
         point_run(2, killed_peer_rank, &ka, 120.0, &res);
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
-               "CUDA IPC without NCCL, 2 ranks on %d GPU(s), %s: the survivor fails in time and destroys cleanly "
-               "(exits %d, %d)", ndev < 2 ? 1 : 2, what[3], res.exit_codes[0], res.exit_codes[1]);
+               "CUDA IPC without NCCL, 2 ranks on %d GPU(s), %s: the survivor fails in time, shrinks, retargets, "
+               "makes checked round trips alone and destroys cleanly (exits %d, %d)", ndev < 2 ? 1 : 2, what[3], res.exit_codes[0], res.exit_codes[1]);
         munmap((void *)kill_time, sizeof(double));
     }
 }
@@ -1282,6 +1346,13 @@ int main(void)
         }
     }
     local_ranks_result_t res;
+    for (int nvlink = 1; nvlink >= 0; nvlink--) {
+        kill_arg_t ka = {ndev, nvlink};
+        point_run(1, shrink_by_choice_rank, &ka, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "one rank over NCCL (%s path) shrinks by choice (the NCCL communicator through "
+               "ncclCommShrink where NCCL has it), its context retargeted: round trips right after the old communicator "
+               "is gone", nvlink ? "default" : "generic");
+    }
     ipc_tests(ndev, quick);
     point_run(1, fp4_rank, &ndev, WATCHDOG, &res);
     tap_ok(res.failed == 0, "NVFP4 quantize, dequantize, global scale and scale layouts: device equals host bit for bit");
@@ -1304,8 +1375,8 @@ int main(void)
         kill_arg_t ka = {ndev, nvlink, kill_time};
         point_run(2, killed_peer_rank, &ka, 120.0, &res);
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
-               "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time and "
-               "destroys cleanly (exits %d, %d)", nvlink ? "default" : "generic NCCL", res.exit_codes[0],
+               "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time, "
+               "shrinks, retargets, makes checked round trips alone and destroys cleanly (exits %d, %d)", nvlink ? "default" : "generic NCCL", res.exit_codes[0],
                res.exit_codes[1]);
     }
     for (int ipc = 0; ipc <= 1; ipc++) {
