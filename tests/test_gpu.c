@@ -982,7 +982,8 @@ static int recover_alone(int rank, kill_ctx_t *k, const char *path, moea2a_comm_
     moea2a_result_t r = moea2a_comm_shrink(k->comm, NULL, 0, newcomm);
     if (r == MOEA2A_SUCCESS) r = moea2a_moe_retarget(k->moe, *newcomm, NULL);
     const double took = now_s() - t0;
-    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink + retarget after the death: %s", moea2a_last_error(k->comm));
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink + retarget after the death: %s: %s", moea2a_strerror(r),
+                moea2a_last_error(*newcomm ? *newcomm : k->comm));
     int good = 0;
     for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += one_rank_round_trip(k->moe, k);
     RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS || good == 3, "%d of 3 round trips on the shrunk communicator right: %s",
