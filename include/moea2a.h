@@ -145,8 +145,10 @@ MOEA2A_API moea2a_result_t moea2a_comm_init_nccl(moea2a_comm_t *comm, void *nccl
  * an error or abort it only releases local resources. */
 MOEA2A_API moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm);
 /* Marks the communicator broken: every pending and later call on it returns
- * MOEA2A_ERR_ABORTED, and transports that can (NCCL) abort their device work at once
- * (as ncclCommAbort); local resources are freed by moea2a_comm_destroy. */
+ * MOEA2A_ERR_ABORTED, and transports that can (NCCL) end their device work at once
+ * (ncclCommRevoke where NCCL has it, which keeps the communicator's memory mapped
+ * until destroy and its connections for moea2a_comm_shrink; else ncclCommAbort); local
+ * resources are freed by moea2a_comm_destroy. */
 MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
 /* Collective over the survivors: a new communicator of the ranks of comm that are
  * neither in exclude[nexclude] nor seen dead by the peer watcher, renumbered in rank

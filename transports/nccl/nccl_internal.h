@@ -13,7 +13,8 @@ typedef struct {
     const moea2a_core_v1_t *core;
     ncclComm_t nc; /* NULL once aborted */
     int owned;  /* created here (else the caller's, never destroyed here) */
-    int failed; /* aborted after a timeout or error */
+    int failed;  /* aborted after a timeout or error, or revoked */
+    int revoked; /* revoked (nccl_abort): nc still holds its memory, aborted at finalize */
     int rank, nranks;
     /* symmetric memory (nccl_symmetric.c): the device communicator, made on first use */
     int lsa;     /* 0 not probed, 1 every rank load/store reachable, -1 not */

@@ -125,15 +125,17 @@ static void nccl_finalize(void *tcomm, int force)
 }
 
 /* A shrink through ncclCommShrink (NCCL 2.27 and later): the survivors' communicator
- * made from the parent's, which NCCL keeps its connections for, with no new unique id.
- * The symbol is weak, so that this module still loads with an older libnccl.so at run
- * time, where can_shrink then says no and the core makes a new communicator. */
+ * made from the parent's, with no new unique id; with nobody left out (a shrink by
+ * choice that keeps every rank), ncclCommSplit of one color, which ncclCommShrink
+ * refuses to be. The symbols are weak, so that this module still loads with an older
+ * libnccl.so at run time, where can_shrink then says no and the core makes a new
+ * communicator. A parent revoked (nccl_abort) is waited for until quiescent first. */
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
 #pragma weak ncclCommShrink
 static int nccl_can_shrink(void *parent)
 {
     const nccl_comm_t *p = parent;
-    return ncclCommShrink != NULL && p->nc && !p->failed;
+    return ncclCommShrink != NULL && p->nc && (!p->failed || p->revoked);
 }
 
 static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *parent_rank, int dead, void **tcomm,
@@ -153,13 +155,22 @@ static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *pa
         else excl[n++] = q;
     }
     int r = select_device(core, c);
+    if (r == MOEA2A_SUCCESS && p->revoked) r = m2a_nccl_settle(p, ncclInProgress, "ncclCommRevoke");
     if (r == MOEA2A_SUCCESS) {
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
-        /* with ranks dead, what the parent still has in flight is ended first */
-        ncclResult_t rc = ncclCommShrink(p->nc, excl, n, &c->nc, &cfg, dead ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+        /* with ranks dead and the parent not revoked, what it has in flight is ended first */
+        const int flags = dead && !p->revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+        const char *what = n ? "ncclCommShrink" : "ncclCommSplit";
+        ncclResult_t rc = n ? ncclCommShrink(p->nc, excl, n, &c->nc, &cfg, flags)
+                            : ncclCommSplit(p->nc, 0, c->rank, &c->nc, &cfg);
         c->owned = 1;
-        r = m2a_nccl_settle(c, rc, "ncclCommShrink");
+        /* on a non-blocking parent the call is the parent's work in progress, which
+         * writes the child's handle when it ends: the parent first, then the child */
+        r = m2a_nccl_settle(p, rc, what);
+        if (r == MOEA2A_SUCCESS)
+            r = c->nc ? m2a_nccl_settle(c, ncclInProgress, what)
+                      : fail(c, MOEA2A_ERR_TRANSPORT, "nccl: %s made no communicator", what);
         if (dead) p->failed = 1; /* its work was ended: released by abort, not finalize */
     }
     free(excl);
@@ -276,9 +287,26 @@ static int nccl_check(void *tcomm)
     return MOEA2A_SUCCESS;
 }
 
+/* Revoked where NCCL can (2.28 and later): NCCL's operations in flight stop and every
+ * later one fails, but its memory stays mapped, so that a load/store kernel still
+ * running on a window (it ends by itself once it sees the dead peer) never touches
+ * unmapped memory, and the communicator can still be shrunk; it is aborted at
+ * finalize. Else aborted at once. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#pragma weak ncclCommRevoke
+#endif
 static void nccl_abort(void *tcomm)
 {
     nccl_comm_t *c = tcomm;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    if (ncclCommRevoke && c->nc && !c->failed) {
+        const ncclResult_t rc = ncclCommRevoke(c->nc, NCCL_REVOKE_DEFAULT);
+        if (rc == ncclSuccess || rc == ncclInProgress) {
+            c->failed = c->revoked = 1;
+            return;
+        }
+    }
+#endif
     m2a_nccl_abort_once(c);
 }
 
