@@ -59,6 +59,7 @@
 #include "fp8c_device.cuh"
 #include "load.cuh"
 #include "mbarrier.cuh"
+#include "placement.cuh"
 #include "moe_fast.h"
 #include "wire_device.cuh"
 #include "warp.cuh"
