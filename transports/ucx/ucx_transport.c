@@ -7,6 +7,7 @@
  * its collective without any handshake. A communicator shrunk from another keeps its
  * worker and endpoints (no new addresses to exchange) and numbers its collectives
  * apart (SEQ_BITS). */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,8 +29,11 @@ typedef struct {
 } peer_ref_t;
 
 /* The worker and one endpoint per rank of the communicator that made them (numbered
- * as there), shared with the communicators shrunk from it, released by the last. */
+ * as there), shared with the communicators shrunk from it, released by the last. The
+ * worker is single-threaded and communicators may be used by different threads at
+ * once (moea2a(7)), so every call that touches it holds lock. */
 struct ucx_net {
+    pthread_mutex_t lock;
     int users, nranks;
     unsigned mem_types;
     ucp_context_h ctx;
@@ -109,7 +113,10 @@ static int may_use_shared_memory(void)
  * ranks UCX reported dead, or all when force, without the peers), worker, context. */
 static void net_release(ucx_net_t *net, int force, double timeout_s)
 {
-    if (--net->users > 0) return;
+    pthread_mutex_lock(&net->lock);
+    const int last = --net->users == 0;
+    pthread_mutex_unlock(&net->lock);
+    if (!last) return;
     if (net->eps) {
         double deadline = moea2a_transport_now() + (force ? 1.0 : timeout_s);
         for (int r = 0; r < net->nranks; r++) {
@@ -131,6 +138,7 @@ static void net_release(ucx_net_t *net, int force, double timeout_s)
     free(net->eps);
     free(net->refs);
     free(net->failed);
+    pthread_mutex_destroy(&net->lock);
     free(net);
 }
 
@@ -166,6 +174,7 @@ static int ucx_init_local(const moea2a_core_v1_t *core, void **tcomm, void **add
     }
     *tcomm = c;
     c->net = net, net->users = 1, net->nranks = core->nranks, net->log = core->log;
+    pthread_mutex_init(&net->lock, NULL);
     for (int r = 0; r < c->nranks; r++) c->at[r] = r;
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
@@ -274,7 +283,9 @@ static int ucx_shrink(void *parent, const moea2a_core_v1_t *core, const int *par
                         ucs_status_string(p->net->failed[c->at[r]]));
         id = (id ^ (uint32_t)parent_rank[r]) * 16777619u;
     }
+    pthread_mutex_lock(&p->net->lock);
     c->net = p->net, c->net->users++;
+    pthread_mutex_unlock(&p->net->lock);
     c->seq = ((id % ((1u << (32 - SEQ_BITS)) - 1)) + 1) << SEQ_BITS; /* never the first communicator's 0 */
     *mem_types = c->net->mem_types;
     return MOEA2A_SUCCESS;
@@ -351,7 +362,7 @@ static int start_failed(ucx_comm_t *c, ucx_op_t *op, int r)
 
 /* Posts one receive from and one send to every rank (byte counts and offsets per
  * peer): alltoallv directly, allgather with the same block for everyone. */
-static int start_exchange(ucx_comm_t *c, int opcode, const void *sbuf, const size_t *sc, const size_t *sd,
+static int exchange_posts(ucx_comm_t *c, int opcode, const void *sbuf, const size_t *sc, const size_t *sd,
                           void *rbuf, const size_t *rc, const size_t *rd, unsigned mem, void **out)
 {
     ucx_op_t *op = op_new(2 * c->nranks);
@@ -370,6 +381,10 @@ static int start_exchange(ucx_comm_t *c, int opcode, const void *sbuf, const siz
     *out = op;
     return MOEA2A_SUCCESS;
 }
+
+/* exchange_posts under the net's lock (the entry points below) */
+static int start_exchange(ucx_comm_t *c, int opcode, const void *sbuf, const size_t *sc, const size_t *sd,
+                          void *rbuf, const size_t *rc, const size_t *rd, unsigned mem, void **out);
 
 static int ucx_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
                          const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **out)
@@ -392,7 +407,7 @@ static int ucx_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes
     return r;
 }
 
-static int ucx_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **out)
+static int bcast_posts(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **out)
 {
     ucx_comm_t *c = tcomm;
     (void)stream;
@@ -411,7 +426,7 @@ static int ucx_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned me
     return MOEA2A_SUCCESS;
 }
 
-static int ucx_barrier(void *tcomm, void **out)
+static int barrier_posts(void *tcomm, void **out)
 {
     ucx_comm_t *c = tcomm;
     ucx_op_t *op = op_new(2 * c->nranks);
@@ -442,7 +457,7 @@ static int status_error(ucx_comm_t *c, const slot_t *s, ucs_status_t st)
     return fail(c, MOEA2A_ERR_TRANSPORT, "ucx: %s rank %d failed: %s", dir, s->peer, ucs_status_string(st));
 }
 
-static int ucx_test(void *tcomm, void *opaque, int *done)
+static int test_progress(void *tcomm, void *opaque, int *done)
 {
     ucx_comm_t *c = tcomm;
     ucx_op_t *op = opaque;
@@ -483,7 +498,51 @@ static void ucx_describe(void *tcomm, void *opaque, char *buf, size_t len)
     if (!any && o < len) snprintf(buf + o, len - o, " (sends still in flight)");
 }
 
-static void ucx_op_free(void *tcomm, void *op) { op_release(tcomm, op); }
+/* ---- the entry points: each holds its net's lock ------------------------------------ */
+
+static int start_exchange(ucx_comm_t *c, int opcode, const void *sbuf, const size_t *sc, const size_t *sd,
+                          void *rbuf, const size_t *rc, const size_t *rd, unsigned mem, void **out)
+{
+    pthread_mutex_lock(&c->net->lock);
+    const int r = exchange_posts(c, opcode, sbuf, sc, sd, rbuf, rc, rd, mem, out);
+    pthread_mutex_unlock(&c->net->lock);
+    return r;
+}
+
+static int ucx_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **out)
+{
+    ucx_net_t *net = ((ucx_comm_t *)tcomm)->net;
+    pthread_mutex_lock(&net->lock);
+    const int r = bcast_posts(tcomm, buf, bytes, root, mem, stream, out);
+    pthread_mutex_unlock(&net->lock);
+    return r;
+}
+
+static int ucx_barrier(void *tcomm, void **out)
+{
+    ucx_net_t *net = ((ucx_comm_t *)tcomm)->net;
+    pthread_mutex_lock(&net->lock);
+    const int r = barrier_posts(tcomm, out);
+    pthread_mutex_unlock(&net->lock);
+    return r;
+}
+
+static int ucx_test(void *tcomm, void *op, int *done)
+{
+    ucx_net_t *net = ((ucx_comm_t *)tcomm)->net;
+    pthread_mutex_lock(&net->lock);
+    const int r = test_progress(tcomm, op, done);
+    pthread_mutex_unlock(&net->lock);
+    return r;
+}
+
+static void ucx_op_free(void *tcomm, void *op)
+{
+    ucx_net_t *net = ((ucx_comm_t *)tcomm)->net;
+    pthread_mutex_lock(&net->lock);
+    op_release(tcomm, op);
+    pthread_mutex_unlock(&net->lock);
+}
 
 __attribute__((visibility("default"))) const moea2a_transport_v2_t moea2a_transport_v2 = {
     .v1 = {
