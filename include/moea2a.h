@@ -153,9 +153,9 @@ MOEA2A_API moea2a_result_t moea2a_comm_abort(moea2a_comm_t comm);
 /* Collective over the survivors: a new communicator of the ranks of comm that are
  * neither in exclude[nexclude] nor seen dead by the peer watcher, renumbered in rank
  * order, linked over the bootstrap listeners they have (no unique id, no rendezvous),
- * its transports made from comm's where they can (UCX's endpoints, ncclCommShrink),
- * else set up anew; comm stays, to be destroyed. Every survivor must pass the same
- * exclude list; moea2a_comm(3), "Shrinking". */
+ * its transports made from comm's where they can (ncclCommShrink; UCX's endpoints when
+ * no rank died), else set up anew; comm stays, to be destroyed. Every survivor must
+ * pass the same exclude list; moea2a_comm(3), "Shrinking". */
 MOEA2A_API moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int nexclude,
                                               moea2a_comm_t *newcomm);
 /* Collective over comm's ranks and nranks - size(comm) new processes: a new
