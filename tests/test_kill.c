@@ -34,7 +34,7 @@ typedef struct {
     volatile int verdicts;     /* survivors that have their error */
     struct {
         int result, named, iters;
-        double after_kill, destroy_s;
+        double after_kill, destroy_s, choice_s; /* choice_s: a shrink by choice */
     } rank[MAX_RANKS];
 } board_t;
 
@@ -304,7 +304,9 @@ static int shrink_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     if (r == MOEA2A_SUCCESS) fails += check_comm(nc, rank, nr, 3) + check_moe(nc, rank);
     if (r == MOEA2A_SUCCESS && nr < 2) {
         const int leave[1] = {2};
+        const double t1 = now();
         r = moea2a_comm_shrink(nc, leave, 1, &nc2);
+        b->rank[rank].choice_s = now() - t1;
         RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink by choice: %s", moea2a_last_error(nc));
         if (r == MOEA2A_SUCCESS) fails += check_comm(nc2, rank, nr, 2) + check_moe(nc2, rank);
         const int self[1] = {nr};
@@ -399,7 +401,8 @@ int main(void)
     tap_ok(sres.hung == 0 && sres.exit_codes[0] == 0 && sres.exit_codes[1] == 0 && sres.exit_codes[2] == 128 + SIGKILL &&
                sres.exit_codes[3] == 0,
            "4 ranks, rank 2 killed: the survivors shrink to 3 (no new id; %.3f s), renumbered, and alltoallv and MoE "
-           "dispatch there are right; ranks 0 and 1 then shrink to 2 by choice", b->rank[0].after_kill);
+           "dispatch there are right; ranks 0 and 1 then shrink to 2 by choice (%.3f s)", b->rank[0].after_kill,
+           b->rank[0].choice_s);
     tap_diag("%d survivors: %d killed by a signal, %d PEER_FAILED naming the dead rank (mean %.3f s after the kill), "
              "%d TIMEOUT; slowest %.2f s (bound %.1f s)",
              survivors, signalled, named, named ? sum_named / named : 0.0, timeouts, worst, BOUND_S);
