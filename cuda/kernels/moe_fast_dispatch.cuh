@@ -9,8 +9,8 @@ namespace {
  * next slot, updated past the piece): every token's destinations and receive rows into
  * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
  * send map, and their invalid, merged and dropped entries counted into *inv, *merged,
- * *dropped; pre: the piece's masks, computed (and those entries counted) already, or
- * NULL. */
+ * *dropped; pre: the
+ * piece's masks, computed (and those entries counted) already, or NULL. */
 __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner, const int32_t *ids, int first,
                             int ntok, int stride, int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged,
                             int *dropped, const unsigned long long *pre)
