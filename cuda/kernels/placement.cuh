@@ -9,17 +9,10 @@
 
 __device__ __forceinline__ bool m2a_replicated(const m2a_kparams_t &p) { return p.nrep[p.num_experts] != 0; }
 
-/* Holder (src + t) mod nrep[e] of expert e, from the [E][ep] table; -1: none. */
-__device__ __forceinline__ int m2a_holder_in(const int32_t *holders, const int32_t *nrep, int ep, int32_t e, int src,
-                                             int t)
-{
-    const int n = nrep[e];
-    return n ? holders[(size_t)e * (size_t)ep + (size_t)((src + t) % n)] : -1;
-}
-
 __device__ __forceinline__ int m2a_holder(const m2a_kparams_t &p, int32_t e, int src, int t)
 {
-    return m2a_holder_in(p.holders, p.nrep, p.ep, e, src, t);
+    const int n = p.nrep[e];
+    return n ? p.holders[(size_t)e * (size_t)p.ep + (size_t)((src + t) % n)] : -1;
 }
 
 __device__ __forceinline__ int m2a_expert_rank(const m2a_kparams_t &p, bool replicated, int32_t e, int src, int t)

@@ -177,12 +177,9 @@ enum {
 
 /* Everything the kernels read and write, device pointers into the workspace. */
 typedef struct {
-    int ep, me, k, num_experts, num_local, num_arrays, align, zero_padding;
+    int ep, k, num_experts, num_local, num_arrays, align, zero_padding;
     int32_t invalid_id;
     int64_t max_rows;                     /* the bound on rows, padding included */
-    /* the placement's replicas (m2a_kparams_t.holders, nrep): while in force, an entry
-     * of a local expert is this rank's only when the rule sends it here */
-    const int32_t *holders, *nrep;
     const int32_t *recv_counts;           /* [ep] */
     const int32_t *ids, *src_index;       /* rank-major [ep][stride][k], [ep][stride] */
     const float *weights;                 /* rank-major [ep][stride][k]; NULL unless carried */

@@ -410,9 +410,7 @@ static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x
     const moea2a_moe_config_t *c = &moe->cfg;
     unsigned char *ws = moe->ws;
     memset(x, 0, sizeof(*x));
-    x->ep = moe->comm->nranks, x->me = moe->comm->rank, x->k = c->top_k, x->num_experts = c->num_experts;
-    x->num_local = num_local;
-    x->holders = (const int32_t *)(ws + l->holders), x->nrep = (const int32_t *)(ws + l->nrep);
+    x->ep = moe->comm->nranks, x->k = c->top_k, x->num_experts = c->num_experts, x->num_local = num_local;
     x->align = c->expert_alignment;
     x->zero_padding = (c->flags & MOEA2A_MOE_ZERO_PADDING) != 0;
     x->invalid_id = c->invalid_expert_id, x->max_rows = (int64_t)l->ex_rows;
