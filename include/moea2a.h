@@ -404,10 +404,10 @@ typedef struct {
     int64_t sent_rows;           /* rows this rank sent (one per token and destination rank) */
     int64_t deduplicated;        /* entries merged because their rank already got the token */
     /* The load/store path does not wait for the dispatch on the host: the four counts
-     * above and dropped_entries are -1 there, and device_stats ([5] in device memory:
-     * total_recv, invalid_entries, sent_rows, deduplicated, dropped_entries) holds them
-     * once the stream has passed the dispatch. The generic paths (host memory, NCCL
-     * send/receive) fill the counts and set device_stats to NULL. */
+     * above are -1 there, and device_stats ([4] in device memory: total_recv,
+     * invalid_entries, sent_rows, deduplicated) holds them once the stream has passed
+     * the dispatch. The generic paths (host memory, NCCL send/receive) fill the four
+     * counts and set device_stats to NULL. */
     const int64_t *device_stats;
     int nvlink;                  /* 1: this dispatch took the load/store path */
     /* Rows this rank's dispatch sent to ranks on other nodes (moea2a_comm_node), and
@@ -469,9 +469,9 @@ typedef struct {
      * rows back (of the combine dtype). 0 when every rank is on one node. */
     int64_t network_rows, network_bytes;
     /* This rank's input entries naming an expert that no rank holds (-1 in the map of
-     * moea2a_moe_set_placement, no holder in moea2a_moe_set_replicas): skipped as
-     * invalid ids are, and counted here instead of in invalid_entries (-1 on the
-     * load/store path: device_stats[4]). */
+     * moea2a_moe_set_placement): skipped as invalid ids are, and counted here instead
+     * of in invalid_entries. 0 on CUDA memory, whose placement names a rank for every
+     * expert in this release. */
     int64_t dropped_entries;
 } moea2a_dispatch_result_t;
 
@@ -519,15 +519,16 @@ MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *ro
  * names (every rank passes the same map), in place: no new context, no allocation.
  * -1: no rank holds the expert (its entries are dropped: dropped_entries). A rank
  * given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY. On
- * CUDA memory the device's tables change in order on stream (capturable); moea2a_moe(3),
- * "Placement in place". */
+ * CUDA memory the device's tables change in order on stream (capturable) and every
+ * expert needs a rank (-1 there: MOEA2A_ERR_UNAVAILABLE); moea2a_moe(3), "Placement
+ * in place". */
 MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream);
 /* Collective, as moea2a_moe_set_placement, with replicas: expert e is held by the ranks
  * holders[e x max_replicas + j] for j below its count n_e (distinct ranks, then -1;
  * n_e = 0: held by no rank), and a token's entry naming e goes to holder number
  * (source rank + source token index) mod n_e: a rule every rank applies, so results
  * stay reproducible. Replicas count against the bound on local experts;
- * moea2a_moe_set_placement drops them. On CUDA memory, in order on stream (capturable). */
+ * moea2a_moe_set_placement drops them. Host memory in this release. */
 MOEA2A_API moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders,
                                                    void *stream);
 /* Collective over newcomm: moe, made on another communicator, moves to newcomm, keeping

@@ -293,10 +293,6 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     moe_case_t c = make_case(seed, rank, ep);
     moea2a_moe_config_t hc = c.cfg, dc = c.cfg;
     hc.memory = MOEA2A_MEMORY_HOST, dc.memory = MOEA2A_MEMORY_CUDA;
-    /* half of the cases move the experts in place before the calls: a moved map, the
-     * same with experts no rank holds, or replicas (room for them in the bound) */
-    const int moved = (seed / 3) % 2 == 1, flavor = (int)((seed / 6) % 3);
-    if (moved && flavor == 2) hc.max_local_experts = dc.max_local_experts = c.cfg.num_experts;
     /* the load/store kernels at several SM budgets: few blocks reduce the combine
      * through bulk copies, more through loads; both must give the same bits */
     static const int sms[3] = {16, 24, 48};
@@ -332,29 +328,16 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     cudaStream_t s = NULL;
     if (!(copy_engine && seed % 2 == 1)) cudaStreamCreate(&s);
     moea2a_dispatch_result_t hres = MOEA2A_DISPATCH_RESULT_INITIALIZER, dres = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    /* the experts moved in place, on both contexts (the CUDA context's tables change on
-     * its stream): every fifth expert held by no rank (flavor 1), or each expert by 0
-     * to 3 ranks in turn from its moved owner (flavor 2) */
-    if (moved) {
-        const int E = c.cfg.num_experts, R = ep < 3 ? ep : 3;
-        int32_t *map = malloc(sizeof(int32_t) * (size_t)E), *hold = malloc(sizeof(int32_t) * (size_t)E * (size_t)R);
-        moved_placement(E, ep, seed, map);
-        for (int e = 0; e < E; e++) {
-            const uint64_t z = mix(seed * 7 + (uint64_t)e);
-            if (flavor == 1 && z % 5 == 0) map[e] = -1;
-            const int nrep = (int)((z >> 8) % (uint64_t)(R + 1));
-            for (int j = 0; j < R; j++) hold[(size_t)e * R + j] = j < nrep ? (map[e] + j) % ep : -1;
-        }
-        if (flavor == 2) {
-            r = moea2a_moe_set_replicas(hm, R, hold, NULL);
-            r2 = r ? r : moea2a_moe_set_replicas(dm, R, hold, s);
-        } else {
-            r = moea2a_moe_set_placement(hm, map, NULL);
-            r2 = r ? r : moea2a_moe_set_placement(dm, map, s);
-        }
-        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "%s (seed %llu): %s",
-                    flavor == 2 ? "set_replicas" : "set_placement", (unsigned long long)seed, moea2a_last_error(comm));
-        free(map), free(hold);
+    /* half of the cases with the experts moved in place first, on both contexts (the
+     * CUDA context's tables change on its stream) */
+    if ((seed / 3) % 2 == 1) {
+        int32_t *map = malloc(sizeof(int32_t) * (size_t)c.cfg.num_experts);
+        moved_placement(c.cfg.num_experts, ep, seed, map);
+        r = moea2a_moe_set_placement(hm, map, NULL);
+        r2 = r ? r : moea2a_moe_set_placement(dm, map, s);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "set_placement (seed %llu): %s",
+                    (unsigned long long)seed, moea2a_last_error(comm));
+        free(map);
     }
     /* a quarter of the cases through the split halves, after a one-call round trip (the
      * epochs of both forms interleave), with other work on the stream between them */
@@ -385,20 +368,17 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
         RANK_EXPECT(fails, rank, !memcmp(ids, hres.topk_ids, 4 * slots * (size_t)k), "topk_ids differ (sanitized)");
         RANK_EXPECT(fails, rank, !memcmp(src, hres.src_token_index, 4 * slots), "source indexes differ");
         if (dres.total_recv < 0) { /* load/store path: the counts stay on the device */
-            int64_t st[5];
+            int64_t st[4];
             cudaMemcpy(st, dres.device_stats, sizeof(st), cudaMemcpyDeviceToHost);
             dres.total_recv = st[0], dres.invalid_entries = st[1], dres.sent_rows = st[2], dres.deduplicated = st[3];
-            dres.dropped_entries = st[4];
         }
         if (expect_nvlink >= 0)
             RANK_EXPECT(fails, rank, dres.nvlink == expect_nvlink, "dispatch took the %s path, expected the %s one",
                         dres.nvlink ? "load/store" : "generic", expect_nvlink ? "load/store" : "generic");
         RANK_EXPECT(fails, rank, dres.invalid_entries == hres.invalid_entries && dres.deduplicated == hres.deduplicated &&
-                                     dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv &&
-                                     dres.dropped_entries == hres.dropped_entries,
-                    "stats differ: invalid %lld/%lld merged %lld/%lld dropped %lld/%lld", (long long)dres.invalid_entries,
-                    (long long)hres.invalid_entries, (long long)dres.deduplicated, (long long)hres.deduplicated,
-                    (long long)dres.dropped_entries, (long long)hres.dropped_entries);
+                                     dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv,
+                    "stats differ: invalid %lld/%lld merged %lld/%lld", (long long)dres.invalid_entries,
+                    (long long)hres.invalid_entries, (long long)dres.deduplicated, (long long)hres.deduplicated);
         /* the host context takes the same path across nodes: the same rows cross */
         RANK_EXPECT(fails, rank, dres.internode_rows == hres.internode_rows && dres.network_rows == hres.network_rows,
                     "rows across nodes differ: internode %lld/%lld network %lld/%lld", (long long)dres.internode_rows,
@@ -554,11 +534,21 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     } else {
         RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));
     }
-    /* a CUDA context without MOEA2A_MOE_EXPERT_LOAD says which flag counts the load */
+    /* a CUDA context takes a map with a rank for every expert: an expert held by no
+     * rank, and replicas, are refused on every rank, naming why */
     m.hidden = 8;
     if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
+        int32_t map[8], holders[8];
+        for (int e = 0; e < 8; e++) map[e] = holders[e] = e % n; /* within the bound on every rank count */
+        map[4] = -1;
+        moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "expert_to_rank[4]=-1"),
+                    "CUDA set_placement with -1: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+        r = moea2a_moe_set_replicas(moe, 1, holders, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "replicas"),
+                    "CUDA set_replicas: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
         int64_t load[8];
-        moea2a_result_t r = moea2a_moe_expert_load(moe, load, 0); /* local */
+        r = moea2a_moe_expert_load(moe, load, 0); /* local */
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "MOEA2A_MOE_EXPERT_LOAD"),
                     "CUDA expert_load without MOEA2A_MOE_EXPERT_LOAD: %s: %s", moea2a_strerror(r),
                     moea2a_last_error(comm));

@@ -26,9 +26,8 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k;
     int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
     size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap) +
-                 A(4 * (size_t)c->num_experts) + A(4 * n) + A(4 * n) + A(24);
-    if (cuda) aux += A(4 * (size_t)c->num_experts * n) + A(4 * ((size_t)c->num_experts + 1)); /* the replicas' holders */
-    if (lsa) aux += A(16 * n) + A(1024) + A(512) + A(256); /* load/store path control, a failed check's reason */
+                 A(4 * (size_t)c->num_experts) + A(4 * n) + A(4 * n) + A(16);
+    if (lsa) aux += A(16 * n) + A(1024) + A(384) + A(256); /* load/store path control, a failed check's reason */
     if (cuda && (c->flags & MOEA2A_MOE_EXPERT_LOAD)) aux += A(8 * (size_t)c->num_experts); /* the load counts */
     size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
     for (int i = 0; i < c->num_payloads; i++) {

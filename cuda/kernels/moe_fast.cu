@@ -59,7 +59,6 @@
 #include "fp8c_device.cuh"
 #include "load.cuh"
 #include "mbarrier.cuh"
-#include "placement.cuh"
 #include "moe_fast.h"
 #include "wire_device.cuh"
 #include "warp.cuh"

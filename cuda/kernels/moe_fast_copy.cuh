@@ -25,7 +25,7 @@ struct Shared {
     long long red[kWarps];
     uint32_t epoch;
     int recv_count[M2A_FAST_MAX_PEERS]; /* rows each source sent here (the receive step) */
-    unsigned long long pending[kPendingSums]; /* block 0: the invalid, merged and dropped entries of every block */
+    unsigned long long pending[2];      /* block 0: the invalid and merged entries of every block */
     unsigned char owner[kOwnerSmem > 0 ? kOwnerSmem : 1]; /* expert -> rank (Owners) */
 };
 
@@ -330,7 +330,7 @@ __device__ __forceinline__ void put_entry(const m2a_fast_t &f, const Owners &own
     const int k = p.k, P = p.num_payloads;
     unsigned char *base = f.peer[rank];
     int32_t e = ids[(size_t)t * k + j];
-    if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(p, e, t) != rank))) e = p.invalid_id;
+    if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(e) != rank))) e = p.invalid_id;
     reinterpret_cast<int32_t *>(base + p.ws_off[P])[row * k + j] = e;
     if (p.weights) reinterpret_cast<float *>(base + p.ws_off[P + 1])[row * k + j] = weights[(size_t)t * k + j];
     if (j == 0) reinterpret_cast<int32_t *>(base + p.ws_off[p.narrays - 1])[row] = t;

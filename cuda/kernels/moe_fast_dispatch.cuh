@@ -8,12 +8,11 @@ namespace {
 /* Routes the piece [first, first + ntok) from the slots in s.base (each destination's
  * next slot, updated past the piece): every token's destinations and receive rows into
  * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
- * send map, and their invalid, merged and dropped entries counted into *inv, *merged,
- * *dropped; pre: the
+ * send map, and their invalid and merged entries counted into *inv, *merged; pre: the
  * piece's masks, computed (and those entries counted) already, or NULL. */
 __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner, const int32_t *ids, int first,
                             int ntok, int stride, int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged,
-                            int *dropped, const unsigned long long *pre)
+                            const unsigned long long *pre)
 {
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize, D = p.k < ep ? p.k : ep;
@@ -21,9 +20,7 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner,
     const bool own = tid < ntok && t >= own_lo && t < own_hi;
     int dummy = 0;
     unsigned long long m = 0;
-    if (tid < ntok)
-        m = pre ? pre[tid]
-                : token_mask(p, owner, ids, t, own ? inv : &dummy, own ? merged : &dummy, own ? dropped : &dummy);
+    if (tid < ntok) m = pre ? pre[tid] : token_mask(p, owner, ids, t, own ? inv : &dummy, own ? merged : &dummy);
     for (int r = 0; r < ep; r++) {
         unsigned bal = __ballot_sync(kAllLanes, (m >> r) & 1);
         if (lane == 0) s.warp_count[warp][r] = __popc(bal);
@@ -144,12 +141,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     bool ok = !failed(f);
     if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_d) + (send ? 1 : 0);
     if (tid < ep) s.base[tid] = 0;
-    const bool smem_owners = send && p.num_experts <= kOwnerSmem;
-    if (smem_owners)
-        for (int i = tid; i < p.num_experts; i += T) s.owner[i] = p.owner[i] < 0 ? kNoRank : (unsigned char)p.owner[i];
-    /* with replicas the holders come from the device's tables by each token's rule (read
-     * with the table, used after the barrier) */
-    const Owners owner = {smem_owners ? s.owner : nullptr, p.owner, send && m2a_replicated(p)};
+    const Owners owner = {send && p.num_experts <= kOwnerSmem ? s.owner : nullptr, p.owner};
+    if (owner.smem)
+        for (int i = tid; i < p.num_experts; i += T) s.owner[i] = (unsigned char)p.owner[i];
     /* few tokens: the first ids this thread counts in step 1, loaded before the barrier
      * (the range needs no epoch), so that their round trip overlaps the epoch's and the
      * table's. The many-token and in-copy kernels work out their range after it, as
@@ -193,16 +187,15 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * counting is shortest, are needed first. Few tokens: the block's own [lo, hi)
          * in the same pass (their masks kept for the routing, their invalid and merged
          * entries counted), so that their ids are not read a second time after it. */
-        int inv = 0, merged = 0, dropped = 0;
+        int inv = 0, merged = 0;
         {
             int cnt_lo = 0, cnt_hi = 0;
             for (int t0 = warp * kWarpSize; t0 < top; t0 += T) {
                 const int t = t0 + lane;
                 const bool mine = t >= lo && t < top, owned = mine && t >= own_lo && t < own_hi;
-                int ti = 0, tm = 0, td = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
-                unsigned long long m =
-                    t < top ? token_mask(p, owner, ids, t, &ti, &tm, &td, head, kHead && t0 == warp * kWarpSize) : 0;
-                if (owned) inv += ti, merged += tm, dropped += td;
+                int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
+                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm, head, kHead && t0 == warp * kWarpSize) : 0;
+                if (owned) inv += ti, merged += tm;
                 if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
                 for (int r = 0; r < ep; r++) {
                     const int cr = __popc(__ballot_sync(kAllLanes, (m >> r) & 1));
@@ -232,7 +225,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         }
         for (int first = lo; first < hi && ok && !tiny; first += piece) {
             const int ntok = hi - first < piece ? hi - first : piece;
-            route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged, &dropped,
+            route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
                         top == hi ? s.pre + (first - lo) : nullptr);
             if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
                 __threadfence();
@@ -253,11 +246,11 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             PROF_MARK(0, 2);
             if (ok) ok = copy_payloads<Q>(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
         }
-        const long long sums[kPendingSums] = {block_sum<long long>(inv, s.red), block_sum<long long>(merged, s.red),
-                                              block_sum<long long>(dropped, s.red)};
-        if (tid == 0 && ok) /* before the signal: the stats take the sums once every block signalled */
-            for (int i = 0; i < kPendingSums; i++)
-                if (sums[i]) atomicAdd(&c.pending[kPendingSums * (e & 1) + i], (unsigned long long)sums[i]);
+        const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
+        if (tid == 0 && ok) { /* before the signal: the stats take the sum once every block signalled */
+            atomicAdd(&c.pending[2 * (e & 1)], (unsigned long long)inv_sum);
+            atomicAdd(&c.pending[2 * (e & 1) + 1], (unsigned long long)merged_sum);
+        }
         ok = __syncthreads_and(ok);
         PROF_MARK(0, 3);
         /* 5. counts and headers (last block: its bases are the totals; copy_tiny left them
@@ -302,8 +295,8 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             const int32_t sr = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid]);
             s.recv_count[tid] = *reinterpret_cast<const volatile int32_t *>(&counts[tid]);
             if (b == 0 && tid == me) /* every block of this rank added its sums before its signal */
-                for (int i = 0; i < kPendingSums; i++)
-                    s.pending[i] = *reinterpret_cast<volatile unsigned long long *>(&c.pending[kPendingSums * (e & 1) + i]);
+                for (int i = 0; i < 2; i++)
+                    s.pending[i] = *reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + i]);
             if (st) ok = fail(f, st, tid, M2A_FAST_AT_HEADER);
             else if (sr != stride) ok = fail(f, kErrMismatch, tid, M2A_FAST_AT_HEADER);
         }
@@ -333,12 +326,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         long long recv = 0;
         for (int r = 0; r < ep; r++) recv += ok ? s.recv_count[r] : *reinterpret_cast<const volatile int32_t *>(&counts[r]);
         c.stats[0] = recv;
-        constexpr int kStat[kPendingSums] = {1, 3, 4}; /* invalid, merged, dropped in the stats */
-        for (int i = 0; i < kPendingSums; i++)
-            c.stats[kStat[i]] = (long long)(ok ? s.pending[i]
-                                               : *reinterpret_cast<volatile unsigned long long *>(
-                                                     &c.pending[kPendingSums * (e & 1) + i]));
-        for (int i = 0; i < kPendingSums; i++) c.pending[kPendingSums * ((e + 1) & 1) + i] = 0;
+        for (int i = 0; i < 2; i++)
+            c.stats[1 + 2 * i] = (long long)(ok ? s.pending[i] : *reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + i]));
+        c.pending[2 * ((e + 1) & 1)] = c.pending[2 * ((e + 1) & 1) + 1] = 0;
         if (send) *c.epoch_d = e;
     }
     PROF_END(0, 6);

@@ -14,27 +14,13 @@ __device__ __forceinline__ bool invalid_id(const m2a_kparams_t &p, int32_t e)
  * table copied there at the dispatch's start. */
 constexpr int kOwnerSmem = 4096;
 
-/* An expert no rank holds, in the shared table (ranks are below M2A_FAST_MAX_PEERS). */
-constexpr unsigned char kNoRank = 0xff;
-static_assert(M2A_FAST_MAX_PEERS < kNoRank, "a rank must fit the shared owner table beside kNoRank");
-
-/* The rank that takes a valid expert e for token t of this rank (-1: none): from the
- * block's copy of the table in shared memory (loaded while the kernel reads its epoch,
- * so a token's ids are the one round trip to memory that its count waits for), else
- * from the workspace's table (more than kOwnerSmem experts); while the placement has
- * replicas (rep), by their rule from p's tables (placement.cuh). p is the kernel's
- * parameter, passed rather than kept here: a pointer to it would copy the parameters
- * to the stack. */
+/* Expert e's rank: from the block's copy of the table in shared memory (loaded while
+ * the kernel reads its epoch, so a token's ids are the one round trip to memory that
+ * its count waits for), else from the workspace's table (more than kOwnerSmem experts). */
 struct Owners {
     const unsigned char *smem;
     const int32_t *table;
-    bool rep;
-    __device__ __forceinline__ int operator()(const m2a_kparams_t &p, int32_t e, int t) const
-    {
-        if (rep) return m2a_holder(p, e, p.me, t);
-        if (smem) return smem[e] == kNoRank ? -1 : smem[e];
-        return table[e];
-    }
+    __device__ __forceinline__ int operator()(int32_t e) const { return smem ? smem[e] : table[e]; }
 };
 
 /* The ids j0..j0+7 of a token's row (the invalid id past k). */
@@ -49,15 +35,14 @@ __device__ __forceinline__ IdBatch load_ids(const m2a_kparams_t &p, const int32_
     return e;
 }
 
-/* Bit r set: the token goes to rank r. Counts invalid, merged and dropped entries
- * (naming an expert no rank holds). The ids of a batch are all loaded before any
- * owner, and the owners before any is used: two round trips to memory per 8 entries
- * instead of two per entry (at 8 tokens on one H200 the count took 3.5 us of an 11 us
- * dispatch). head: the first batch, where the caller loaded it already (have_head). */
+/* Bit r set: the token goes to rank r. Counts invalid and merged entries. The ids of a
+ * batch are all loaded before any owner, and the owners before any is used: two
+ * round trips to memory per 8 entries instead of two per entry (at 8 tokens on one
+ * H200 the count took 3.5 us of an 11 us dispatch). head: the first batch, where the
+ * caller loaded it already (have_head). */
 __device__ unsigned long long token_mask(const m2a_kparams_t &p, const Owners &owner, const int32_t *ids, int t,
-                                         int *inv, int *merged, int *dropped, IdBatch head = {}, bool have_head = false)
+                                         int *inv, int *merged, IdBatch head = {}, bool have_head = false)
 {
-    constexpr int kInvalid = -2; /* an invalid id; -1: held by no rank */
     constexpr int B = 8;
     unsigned long long mask = 0;
     const int32_t *row = ids + (size_t)t * p.k;
@@ -65,13 +50,12 @@ __device__ unsigned long long token_mask(const m2a_kparams_t &p, const Owners &o
         const IdBatch e = j0 == 0 && have_head ? head : load_ids(p, row, j0);
         int32_t o[B];
 #pragma unroll
-        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e.v[j]) ? owner(p, e.v[j], t) : kInvalid;
+        for (int j = 0; j < B; j++) o[j] = j0 + j < p.k && !invalid_id(p, e.v[j]) ? owner(e.v[j]) : -1;
 #pragma unroll
         for (int j = 0; j < B; j++) {
             if (j0 + j >= p.k) continue;
             if (o[j] < 0) {
-                if (o[j] == kInvalid) ++*inv;
-                else ++*dropped;
+                ++*inv;
                 continue;
             }
             const unsigned long long bit = 1ull << o[j];

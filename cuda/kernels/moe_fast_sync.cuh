@@ -9,7 +9,6 @@ using namespace m2a_mbar;
 constexpr int T = M2A_FAST_THREADS;
 constexpr int kWarps = T / kWarpSize;
 constexpr int kPieceSlots = 4096; /* (token, destination) pairs of a piece kept in shared memory */
-constexpr int kPendingSums = 3;   /* a dispatch's invalid, merged and dropped entries (Ctl.pending) */
 constexpr int kErrTimeout = MOEA2A_ERR_TIMEOUT, kErrMismatch = MOEA2A_ERR_MISMATCH, kErrPeerFailed = MOEA2A_ERR_PEER_FAILED;
 
 
@@ -100,10 +99,9 @@ struct Ctl {
     uint32_t *routed;           /* [MAX_BLOCKS] epoch of the block's send map */
     uint32_t *epoch_d, *epoch_c;
     uint32_t *done_d, *done_c; /* blocks of a send-only launch that finished (the last one moves the epoch) */
-    long long *stats; /* [M2A_FAST_CTL_NSTATS] total_recv, invalid, sent_rows, merged, dropped */
-    /* invalid, merged and dropped entries a dispatch's blocks add up, one triple per
-     * epoch parity (the stats get the sums once every block signalled; the same reuse
-     * as next_unit) */
+    long long *stats; /* [4] total_recv, invalid, sent_rows, merged */
+    /* invalid and merged entries a dispatch's blocks add up, one pair per epoch parity
+     * (the stats get the sum once every block signalled; the same reuse as next_unit) */
     unsigned long long *pending;
     /* units handed out so far, one counter per epoch parity: a launch uses [e & 1]
      * and zeroes [(e + 1) & 1], which the previous launch used and the next one
@@ -123,7 +121,7 @@ __device__ Ctl ctl_of(const m2a_fast_t &f, unsigned char *ws)
     uint32_t *w = reinterpret_cast<uint32_t *>(ws + f.ctl);
     c.epoch_d = w, c.epoch_c = w + 1, c.done_d = w + 2, c.done_c = w + 3;
     c.stats = reinterpret_cast<long long *>(ws + f.ctl + M2A_FAST_CTL_STATS);
-    c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 8 * M2A_FAST_CTL_NSTATS);
+    c.next_unit = reinterpret_cast<unsigned long long *>(ws + f.ctl + M2A_FAST_CTL_STATS + 4 * 8);
     c.next_cunit = c.next_unit + 2;
     c.pending = c.next_cunit + 2;
     c.qready = reinterpret_cast<uint32_t *>(ws + f.ctl + M2A_FAST_CTL_QREADY);
@@ -140,7 +138,7 @@ __device__ void send_done(uint32_t *done, uint32_t *epoch, uint32_t e)
     }
 }
 static_assert(4 * M2A_FAST_MAX_BLOCKS <= M2A_FAST_BLOCK_BYTES, "block scratch outgrew M2A_FAST_BLOCK_BYTES");
-static_assert(M2A_FAST_CTL_STATS + 8 * M2A_FAST_CTL_NSTATS + 4 * 8 + 2 * kPendingSums * 8 <= M2A_FAST_CTL_QREADY &&
+static_assert(M2A_FAST_CTL_STATS + 4 * 8 + 4 * 8 + 4 * 8 <= M2A_FAST_CTL_QREADY &&
                   M2A_FAST_CTL_QREADY + 4 * M2A_FAST_QCHUNKS <= M2A_FAST_CTL_BYTES,
               "counters outgrew M2A_FAST_CTL_BYTES");
 

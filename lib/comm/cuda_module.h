@@ -35,13 +35,7 @@ typedef struct {
     /* num_payloads: the byte arrays, arrays 0..num_payloads-1, copied from payloads.p[] */
     int ep, me, k, num_experts, cap, num_payloads, weights, narrays;
     int32_t invalid_id;
-    const int32_t *owner;       /* [E]: each expert's rank, -1 none (one holder per expert) */
-    /* [E][ep]: expert e's holders, nrep[e] of them; nrep [E + 1], whose word E is nonzero
-     * while some expert has other than one holder (moea2a_moe_set_replicas): then an
-     * entry naming e of token t of rank src goes to holder (src + t) mod nrep[e], and
-     * owner[] only stands for the first holder (the tables change on the stream, so a
-     * kernel reads which rule holds from the device, and captured launches stay valid) */
-    const int32_t *holders, *nrep;
+    const int32_t *owner;       /* [E] */
     const int32_t *stage_index; /* [ep] */
     const int32_t *node;        /* [ep]: each rank's node (the communicator's node map) */
     int nodes;                  /* nodes of the communicator: above 1, combine sums per node first */
@@ -61,17 +55,16 @@ typedef struct {
 /* The control regions in the workspace (the layout's formula uses these sizes):
  * signals peers write: arrivals, combine arrivals, [stride, status] per source; block
  * scratch: send-map epochs [blocks]; counters: the dispatch and combine epochs
- * (2 x u32), the blocks of a send-only launch done (2 x u32), the stats [5] (int64)
+ * (2 x u32), the blocks of a send-only launch done (2 x u32), the stats [4] (int64)
  * that dispatch results point to, the units handed out (u64): dispatch's two,
- * combine's two, then the invalid, merged and dropped sums of the two epoch parities
- * (u64); from byte 160, the quantized groups of each chunk of a dispatch's tokens
+ * combine's two, then the invalid and merged sums of the two epoch parities (u64);
+ * from byte 128, the quantized groups of each chunk of a dispatch's tokens
  * (M2A_FAST_QCHUNKS x u32, an overlapped quantization's, qrows). */
 #define M2A_FAST_SIG_BYTES(ep) (16 * (size_t)(ep))
 #define M2A_FAST_BLOCK_BYTES (4 * (size_t)M2A_FAST_MAX_BLOCKS)
-#define M2A_FAST_CTL_BYTES 512
+#define M2A_FAST_CTL_BYTES 384
 #define M2A_FAST_CTL_STATS 16  /* offset of the stats in the counters */
-#define M2A_FAST_CTL_NSTATS 5  /* total_recv, invalid, sent_rows, merged, dropped */
-#define M2A_FAST_CTL_QREADY 160 /* offset of the quantized-groups counters */
+#define M2A_FAST_CTL_QREADY 128 /* offset of the quantized-groups counters */
 #define M2A_FAST_QCHUNKS 64
 /* After the counters: a rank whose own checks failed writes its message here (text,
  * NUL-terminated) before its kernel tells the peers; a peer that learns of the failure
@@ -259,10 +252,8 @@ typedef struct {
  * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8; 11: the
  * generic paths' FP8 combine wire (combine's wire, combine_quantize); 12: the waits read
  * m2a_fast_error_t.dead; 13: write_words (a placement changed on the stream); 14:
- * count_load (the experts' load on the device); 15: replicas and experts held by no rank
- * (m2a_kparams_t.holders, nrep; route's dropped entries, count_load's src_index; the
- * load/store path's stats [5]) */
-#define MOEA2A_CUDA_ABI_VERSION 15
+ * count_load (the experts' load on the device) */
+#define MOEA2A_CUDA_ABI_VERSION 14
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -315,10 +306,9 @@ typedef struct moea2a_cuda_v1 {
      * stream and capturable: the words travel in kernel launches' parameters. */
     int (*write_words)(int32_t *dst, const int32_t *src, int n, void *stream);
     /* load[e] += the last dispatch's received entries naming e that this rank holds
-     * (each expert once per slot; with replicas, the entries the rule sends here), in
-     * order on stream */
+     * (each expert once per slot), in order on stream */
     int (*count_load)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
-                      const int32_t *src_index, int64_t *load, void *stream);
+                      int64_t *load, void *stream);
     int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                    int wire, const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
     int (*combine_quantize)(int ep, int stride, const int32_t *recv_counts, moea2a_datatype_t dtype, size_t hidden,

@@ -328,12 +328,9 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->owner = take(&at, 4 * (size_t)c->num_experts); /* expert -> rank */
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
     l->node = take(&at, 4 * n);                        /* rank -> node: the combine order across nodes */
-    l->stats = take(&at, 24);                          /* invalid, merged and dropped entries */
+    l->stats = take(&at, 16);                          /* invalid and merged entries */
     /* the experts' load, counted on the device (a host context counts on the host) */
     l->load = take(&at, (c->flags & MOEA2A_MOE_EXPERT_LOAD) && backend->device_load ? 8 * (size_t)c->num_experts : 0);
-    /* the replicas' holders [E][ep] and their counts [E + 1] (placement.cuh), where kernels route */
-    l->holders = take(&at, backend->device_tables ? 4 * (size_t)c->num_experts * n : 0);
-    l->nrep = take(&at, backend->device_tables ? 4 * ((size_t)c->num_experts + 1) : 0);
     l->backend_ctl = take(&at, backend->ctl_bytes); /* e.g. the load/store path's signals and counters */
     l->aux_end = at;
     for (int i = 0; i < c->num_payloads; i++) {
@@ -422,7 +419,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned_stats = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;
-    l->pinned = l->pinned_stats + m2a_align(24);
+    l->pinned = l->pinned_stats + m2a_align(16);
     l->pinned_backend = l->pinned, l->pinned += m2a_align(backend->pinned_bytes); /* e.g. a device error record's copy */
     if (l->ex_rows) /* the expert-major counts as the host reads them */
         l->pinned_expert = l->pinned, l->pinned += m2a_align(8 + 4 * l->ex_experts + 4 * (l->ex_experts + 1));

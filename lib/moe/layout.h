@@ -72,7 +72,7 @@ size_t m2a_expert_wire_scale_bytes(const moea2a_moe_config_t *c, int i, size_t r
 typedef struct {
     /* aux: counters, flags, headers, the per-token send map, source indexes */
     size_t recv_counts, send_counts, hdr_send, hdr_recv, send_map, src_index, owner, stage_index, node, stats, load,
-        holders, nrep, aux_end;
+        aux_end;
     /* the backend's control regions in the aux part (m2a_moe_backend_t.size) */
     size_t backend_ctl;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
@@ -150,11 +150,10 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
  * then copy codes and scales as bytes), and whether the FP8 combine wire's rows are
  * quantized in place in the combine buffer (no staging of their own), and whether it
  * counts the experts' load on the device (MOEA2A_MOE_EXPERT_LOAD: 8 bytes an expert in
- * the aux part), and whether its kernels route by the device's placement tables (the
- * replicas' holders and their counts, 4 E ep + 4 (E + 1) bytes in the aux part). */
+ * the aux part). */
 typedef struct {
     size_t ctl_bytes, pinned_bytes, staging_bytes;
-    int quantized_rows, combine_wire_in_place, device_load, device_tables;
+    int quantized_rows, combine_wire_in_place, device_load;
 } m2a_moe_backend_size_t;
 
 /* Where a rank sits among the nodes of its communicator's map, for the sizes of a path

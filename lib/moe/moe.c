@@ -687,15 +687,16 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
 
 /* ---- placement in place ---------------------------------------------------------- */
 
-/* A placement changes with no dispatch pending; in CUDA memory the backend rewrites
- * the device's tables on the stream (every CUDA path has the hook). */
-static moea2a_result_t change_allowed(moea2a_moe_t moe, const char *fn)
+/* A placement changes with no dispatch pending. In CUDA memory a map with a rank for
+ * every expert (the backend rewrites the device's tables on the stream); replicas and
+ * experts held by no rank on host memory in this release. */
+static moea2a_result_t change_allowed(moea2a_moe_t moe, const char *fn, int replicas)
 {
     M2A_TRY(m2a_moe_usable(moe, fn));
     M2A_TRY(expect_step(moe, fn, M2A_MOE_IDLE));
-    if (!moe->cuda || moe->backend->placement) return MOEA2A_SUCCESS;
-    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: this context's path (%s) cannot change its placement "
-                     "in place", fn, moe->backend->name);
+    if (!moe->cuda || (!replicas && moe->backend->placement)) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory takes a map with a rank for "
+                     "every expert (moea2a_moe_set_placement); replicas are host memory in this release", fn);
 }
 
 /* This rank's verdict on a new map: the state, the memory, every entry a rank, no rank
@@ -704,7 +705,7 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
 {
     moea2a_comm_t comm = moe->comm;
     const int ep = comm->nranks, E = moe->cfg.num_experts;
-    M2A_TRY(change_allowed(moe, fn));
+    M2A_TRY(change_allowed(moe, fn, 0));
     M2A_CHECK_ARG(comm, map, "%s: expert_to_rank is NULL", fn);
     int *held = calloc((size_t)ep, sizeof(int));
     if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -714,6 +715,9 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
             r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
                           "%s: expert_to_rank[%d]=%d is neither a rank (0..%d) nor -1 (held by no rank)", fn, e, map[e],
                           ep - 1);
+        else if (map[e] < 0 && moe->cuda)
+            r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "%s: expert_to_rank[%d]=-1: a context in CUDA memory needs a "
+                          "rank for every expert in this release (host memory drops an expert no rank holds)", fn, e);
         else if (map[e] >= 0 && ++held[map[e]] > moe->max_local)
             r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the map gives rank %d more than %d experts, the most a rank "
                           "of this context may hold (max_local_experts at create)", fn, map[e], moe->max_local);
@@ -775,7 +779,7 @@ static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, cons
 {
     moea2a_comm_t comm = moe->comm;
     const int ep = comm->nranks, E = moe->cfg.num_experts;
-    M2A_TRY(change_allowed(moe, fn));
+    M2A_TRY(change_allowed(moe, fn, 1));
     M2A_CHECK_ARG(comm, holders, "%s: holders is NULL", fn);
     M2A_CHECK_ARG(comm, R >= 1 && R <= ep, "%s: max_replicas=%d must be in 1..%d (the ranks)", fn, R, ep);
     int *held = calloc((size_t)ep, sizeof(int));
@@ -803,6 +807,7 @@ static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, cons
 moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders, void *stream)
 {
     static const char fn[] = "moea2a_moe_set_replicas";
+    (void)stream; /* host memory: nothing is enqueued */
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_TRY(m2a_comm_check(moe->comm, fn));
     const int E = moe->cfg.num_experts, R = max_replicas;
@@ -829,5 +834,5 @@ moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, cons
     moe->h_holders = hold, moe->h_nrep = nrep, moe->max_rep = R;
     moe->cfg.placement = MOEA2A_PLACEMENT_MAP, moe->cfg.expert_to_rank = moe->h_owner;
     m2a_moe_set_route(moe);
-    return moe->backend->placement ? moe->backend->placement(moe, stream) : MOEA2A_SUCCESS;
+    return MOEA2A_SUCCESS;
 }

@@ -257,25 +257,24 @@ class MoE(_Handle):
     def set_placement(self, expert_to_rank, stream=None):
         """Moves the experts (moea2a_moe_set_placement; collective, no dispatch pending):
         expert e to rank expert_to_rank[e], the same map on every rank, in place; -1: no
-        rank holds e (its entries are dropped, counted in dropped_entries). On CUDA
-        memory the device's tables change in order on stream, as dispatch's stream
-        argument."""
+        rank holds e (its entries are dropped, counted in dropped_entries; host memory
+        only). On CUDA memory the device's tables change in order on stream, as
+        dispatch's stream argument."""
         m = (ctypes.c_int32 * len(expert_to_rank))(*[int(r) for r in expert_to_rank])
         if len(expert_to_rank) != self._num_experts:
             raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")
         _check(_lib.moea2a_moe_set_placement(self.handle, m, _stream(stream)), self.comm)
 
-    def set_replicas(self, holders, stream=None):
+    def set_replicas(self, holders):
         """Moves the experts with replicas (moea2a_moe_set_replicas; collective, no
         dispatch pending): holders[e] lists the ranks holding expert e (empty: none);
-        token t of rank s goes to holders[e][(s + t) % len(holders[e])]. On CUDA memory
-        the device's tables change in order on stream, as set_placement's."""
+        token t of rank s goes to holders[e][(s + t) % len(holders[e])]."""
         if len(holders) != self._num_experts:
             raise InvalidArgument(1, f"holders has {len(holders)} entries for {self._num_experts} experts")
         R = max(1, max(len(h) for h in holders))
         flat = [int(h[j]) if j < len(h) else -1 for h in holders for j in range(R)]
         m = (ctypes.c_int32 * len(flat))(*flat)
-        _check(_lib.moea2a_moe_set_replicas(self.handle, R, m, _stream(stream)), self.comm)
+        _check(_lib.moea2a_moe_set_replicas(self.handle, R, m, None), self.comm)
 
     def expert_load(self, reset=False):
         """Per expert, the (token, expert) entries this rank took since create or the last

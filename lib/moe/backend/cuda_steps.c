@@ -64,7 +64,6 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
     kp->weights = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, kp->narrays = l->narrays;
     kp->invalid_id = c->invalid_expert_id;
     kp->owner = (const int32_t *)(moe->ws + l->owner);
-    kp->holders = (const int32_t *)(moe->ws + l->holders), kp->nrep = (const int32_t *)(moe->ws + l->nrep);
     kp->stage_index = (const int32_t *)(moe->ws + l->stage_index);
     kp->node = (const int32_t *)(moe->ws + l->node);
     kp->nodes = moe->comm->nodes.nnodes;
@@ -73,35 +72,20 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
 }
 
-/* The device's tables of the placement (placement.cuh): the owner of each expert, and
- * with replicas their holders [E][ep] and counts [E + 1], the last nonzero while they
- * are in force (else that word alone is written); in the expert-major layout each
- * local expert's global id, ascending (in the host reference's cursor words, which a
- * CUDA context never uses). In order on stream. */
+/* The device's tables of the placement: the owner of each expert and, in the
+ * expert-major layout, each local expert's global id, ascending (in the host
+ * reference's cursor words, which a CUDA context never uses); in order on stream. */
 static moea2a_result_t placement_tables(moea2a_moe_t moe, const char *fn, void *stream)
 {
-    const int E = moe->cfg.num_experts, ep = moe->comm->nranks, R = moe->max_rep;
-    int el = 0;
+    int E = moe->cfg.num_experts, el = 0;
     CU(moe->comm, OPS->write_words((int32_t *)(moe->ws + moe->l.owner), moe->h_owner, E, stream));
-    int32_t *words = malloc(sizeof(int32_t) * ((size_t)E * (size_t)ep + (size_t)E + 1));
-    if (!words) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    int32_t *holders = words, *nrep = words + (size_t)E * (size_t)ep;
-    int rc = 0;
-    nrep[E] = 0;
-    if (moe->h_nrep) {
-        for (int e = 0; e < E; e++) {
-            nrep[e] = moe->h_nrep[e], nrep[E] |= nrep[e] != 1;
-            for (int j = 0; j < ep; j++) holders[(size_t)e * ep + j] = j < nrep[e] ? moe->h_holders[(size_t)e * R + j] : -1;
-        }
-        rc = OPS->write_words((int32_t *)(moe->ws + moe->l.holders), holders, E * ep, stream);
-        if (!rc) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.nrep), nrep, E + 1, stream);
-    } else {
-        rc = OPS->write_words((int32_t *)(moe->ws + moe->l.nrep) + E, nrep + E, 1, stream);
-    }
-    for (int e = 0; !rc && moe->cfg.layout == MOEA2A_LAYOUT_EXPERT_MAJOR && e < E; e++)
-        if (m2a_expert_held(&moe->route, e, moe->comm->rank)) words[el++] = e; /* the nrep words are written */
-    if (!rc && el) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.ex_cursors), words, el, stream);
-    free(words);
+    if (moe->cfg.layout != MOEA2A_LAYOUT_EXPERT_MAJOR) return MOEA2A_SUCCESS;
+    int32_t *global_of = malloc(sizeof(int32_t) * (size_t)E);
+    if (!global_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    for (int e = 0; e < E; e++)
+        if (moe->h_owner[e] == moe->comm->rank) global_of[el++] = e;
+    int rc = el ? OPS->write_words((int32_t *)(moe->ws + moe->l.ex_cursors), global_of, el, stream) : 0;
+    free(global_of);
     CU(moe->comm, rc);
     return MOEA2A_SUCCESS;
 }
@@ -116,8 +100,7 @@ moea2a_result_t m2a_moe_cuda_count_load(moea2a_moe_t moe, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
     CU(moe->comm, OPS->count_load(moe->kparams, moe->stride, (const int32_t *)(moe->ws + l->recv_counts),
-                                  (const int32_t *)(moe->ws + l->ids), (const int32_t *)(moe->ws + l->src_index),
-                                  (int64_t *)(moe->ws + l->load), stream));
+                                  (const int32_t *)(moe->ws + l->ids), (int64_t *)(moe->ws + l->load), stream));
     return MOEA2A_SUCCESS;
 }
 
@@ -236,16 +219,15 @@ moea2a_result_t m2a_moe_cuda_route_map(moea2a_moe_t moe, int n, const int32_t *i
     void *s = stream;
     unsigned long long *stats = (unsigned long long *)(moe->ws + l->stats);
     unsigned long long *h_stats = (unsigned long long *)(moe->pinned + l->pinned_stats);
-    CU(comm, OPS->set_async(stats, 0, 24, s));
+    CU(comm, OPS->set_async(stats, 0, 16, s));
     CU(comm, OPS->route(moe->kparams, n, ids, (int32_t *)(moe->ws + l->send_counts),
                                          (int32_t *)(moe->ws + l->send_map), stats, s));
     CU(comm, OPS->copy_async(moe->h_send_counts, moe->ws + l->send_counts, 4 * (size_t)comm->nranks, M2A_CUDA_D2H, s));
-    CU(comm, OPS->copy_async(h_stats, stats, 24, M2A_CUDA_D2H, s));
+    CU(comm, OPS->copy_async(h_stats, stats, 16, M2A_CUDA_D2H, s));
     if (map_host && n > 0)
         CU(comm, OPS->copy_async(map_host, moe->ws + l->send_map, 4 * (size_t)n * (size_t)moe->cfg.top_k, M2A_CUDA_D2H, s));
     M2A_TRY(bounded_sync(moe, s, "moea2a_dispatch (counts)"));
     *invalid = (int64_t)h_stats[0], *dedup = (int64_t)h_stats[1];
-    moe->pending_dropped = (int64_t)h_stats[2]; /* held by no rank: the route's own count, as the host's */
     return MOEA2A_SUCCESS;
 }
 

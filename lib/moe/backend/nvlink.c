@@ -31,7 +31,7 @@ static void nvlink_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_node
     out->pinned_bytes = sizeof(m2a_fast_error_t);
     out->quantized_rows = 1;
     out->combine_wire_in_place = 1; /* the FP8 combine's rows: quantized in the combine buffer */
-    out->device_load = 1, out->device_tables = 1;
+    out->device_load = 1;
     if (c->flags & MOEA2A_MOE_COPY_ENGINE) m2a_ce_size(c, ep, out);
 }
 
