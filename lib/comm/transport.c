@@ -334,7 +334,8 @@ moea2a_result_t m2a_transports_connect(moea2a_comm_t comm, moea2a_comm_t parent)
         size_t *lens = calloc((size_t)n, sizeof(*lens));
         if (!all || !ptrs || !lens) r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "out of memory");
         if (r == MOEA2A_SUCCESS) {
-            memcpy(all + (size_t)comm->rank * max, addr[i], st[comm->rank].len[i]);
+            if (st[comm->rank].len[i]) /* a module may send no address (NULL, 0) */
+                memcpy(all + (size_t)comm->rank * max, addr[i], st[comm->rank].len[i]);
             r = m2a_comm_allgather(comm, all, max);
         }
         if (r == MOEA2A_SUCCESS) {
