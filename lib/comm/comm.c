@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "wireup/auth.h"
 #include "base/clock.h"
@@ -176,6 +177,12 @@ moea2a_result_t moea2a_comm_shrink(moea2a_comm_t comm, const int *exclude, int n
         else
             alive[exclude[i]] = 0;
     }
+    /* A transport may tell of a death before this rank's watcher sees it; the survivors'
+     * views must agree (their ring refuses others), so a rank that lost a peer waits,
+     * bounded, for its watcher to name it. */
+    for (const double t0 = m2a_now(); comm->peer_lost && comm->watch && m2a_comm_dead_peer(comm) < 0 &&
+                                      m2a_now() - t0 < comm->timeout_s;)
+        usleep(1000);
     int n = 0, me = 0;
     for (int q = 0; q < comm->nranks; q++) {
         if (m2a_watch_is_dead(comm->watch, q)) alive[q] = 0; /* the dead leave whether named or not */
@@ -485,6 +492,7 @@ moea2a_result_t m2a_comm_fail(moea2a_comm_t comm, moea2a_result_t r)
             abort_transports(comm);
         }
         comm->broken = r;
+        comm->peer_lost |= r == MOEA2A_ERR_PEER_FAILED;
     }
     return r;
 }

@@ -34,6 +34,7 @@ struct moea2a_comm {
     /* != MOEA2A_SUCCESS after a failure that leaves peers out of step (timeout,
      * dead peer, abort): every later call returns MOEA2A_ERR_ABORTED. */
     moea2a_result_t broken;
+    int peer_lost; /* a failure here said a peer was gone (kept through a later abort) */
     char broken_why[M2A_ERRMSG_LEN]; /* the message of the failure that broke it */
     char last_error[M2A_ERRMSG_LEN];  /* moea2a_last_error(comm): last_error.c */
 };
