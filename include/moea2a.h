@@ -279,6 +279,7 @@ typedef enum {
 #define MOEA2A_MOE_COPY_ENGINE (1u << 7)        /* load/store path: rows moved by the GPU's copy engines (moea2a_moe(3)) */
 #define MOEA2A_MOE_EXPERT_WIRE_SCALES (1u << 8) /* expert-major: expert_payload_scales in each wire's scale_layout */
 #define MOEA2A_MOE_EXPERT_LOAD (1u << 9)        /* CUDA memory: count the experts' load on the device (moea2a_moe(3)) */
+#define MOEA2A_MOE_GENERAL_PLACEMENT (1u << 10) /* CUDA memory: replicas and unheld experts allowed (moea2a_moe(3)) */
 
 /* One payload: each token carries elems_per_token elements of dtype (for
  * MOEA2A_NVFP4, packed bytes: hidden/2). */
@@ -469,10 +470,12 @@ typedef struct {
      * rows back (of the combine dtype). 0 when every rank is on one node. */
     int64_t network_rows, network_bytes;
     /* This rank's input entries naming an expert that no rank holds (-1 in the map of
-     * moea2a_moe_set_placement): skipped as invalid ids are, and counted here instead
-     * of in invalid_entries. 0 on CUDA memory, whose placement names a rank for every
-     * expert in this release. */
+     * moea2a_moe_set_placement, no holder in moea2a_moe_set_replicas): skipped as
+     * invalid ids are, and counted here instead of in invalid_entries. -1 on the
+     * load/store path, where device_dropped (one int64 in device memory) holds it once
+     * the stream has passed the dispatch; NULL on the generic paths. */
     int64_t dropped_entries;
+    const int64_t *device_dropped;
 } moea2a_dispatch_result_t;
 
 #ifdef __cplusplus
@@ -519,16 +522,17 @@ MOEA2A_API moea2a_result_t moea2a_moe_max_recv_rows(moea2a_moe_t moe, size_t *ro
  * names (every rank passes the same map), in place: no new context, no allocation.
  * -1: no rank holds the expert (its entries are dropped: dropped_entries). A rank
  * given more than the context's bound on local experts is MOEA2A_ERR_CAPACITY. On
- * CUDA memory the device's tables change in order on stream (capturable) and every
- * expert needs a rank (-1 there: MOEA2A_ERR_UNAVAILABLE); moea2a_moe(3), "Placement
- * in place". */
+ * CUDA memory the device's tables change in order on stream (capturable), and -1 needs
+ * a context created with MOEA2A_MOE_GENERAL_PLACEMENT (else MOEA2A_ERR_UNAVAILABLE);
+ * moea2a_moe(3), "Placement in place". */
 MOEA2A_API moea2a_result_t moea2a_moe_set_placement(moea2a_moe_t moe, const int32_t *expert_to_rank, void *stream);
 /* Collective, as moea2a_moe_set_placement, with replicas: expert e is held by the ranks
  * holders[e x max_replicas + j] for j below its count n_e (distinct ranks, then -1;
  * n_e = 0: held by no rank), and a token's entry naming e goes to holder number
  * (source rank + source token index) mod n_e: a rule every rank applies, so results
  * stay reproducible. Replicas count against the bound on local experts;
- * moea2a_moe_set_placement drops them. Host memory in this release. */
+ * moea2a_moe_set_placement drops them. On CUDA memory, in order on stream (capturable),
+ * for a context created with MOEA2A_MOE_GENERAL_PLACEMENT (else MOEA2A_ERR_UNAVAILABLE). */
 MOEA2A_API moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders,
                                                    void *stream);
 /* Collective over newcomm: moe, made on another communicator, moves to newcomm, keeping

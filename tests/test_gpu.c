@@ -293,6 +293,13 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     moe_case_t c = make_case(seed, rank, ep);
     moea2a_moe_config_t hc = c.cfg, dc = c.cfg;
     hc.memory = MOEA2A_MEMORY_HOST, dc.memory = MOEA2A_MEMORY_CUDA;
+    /* half of the cases move the experts in place before the calls: a moved map, the
+     * same with experts no rank holds, or replicas (room for them in the bound) */
+    const int moved = (seed / 3) % 2 == 1, flavor = (int)((seed / 6) % 3);
+    if (moved && flavor == 2) hc.max_local_experts = dc.max_local_experts = c.cfg.num_experts;
+    /* the kernels of the general rule where the move needs them (replicas, -1), and in a
+     * quarter of the other cases, where they must give the one-holder kernels' bits */
+    if ((moved && flavor != 0) || seed % 4 == 3) dc.flags |= MOEA2A_MOE_GENERAL_PLACEMENT;
     /* the load/store kernels at several SM budgets: few blocks reduce the combine
      * through bulk copies, more through loads; both must give the same bits */
     static const int sms[3] = {16, 24, 48};
@@ -328,16 +335,29 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
     cudaStream_t s = NULL;
     if (!(copy_engine && seed % 2 == 1)) cudaStreamCreate(&s);
     moea2a_dispatch_result_t hres = MOEA2A_DISPATCH_RESULT_INITIALIZER, dres = MOEA2A_DISPATCH_RESULT_INITIALIZER;
-    /* half of the cases with the experts moved in place first, on both contexts (the
-     * CUDA context's tables change on its stream) */
-    if ((seed / 3) % 2 == 1) {
-        int32_t *map = malloc(sizeof(int32_t) * (size_t)c.cfg.num_experts);
-        moved_placement(c.cfg.num_experts, ep, seed, map);
-        r = moea2a_moe_set_placement(hm, map, NULL);
-        r2 = r ? r : moea2a_moe_set_placement(dm, map, s);
-        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "set_placement (seed %llu): %s",
-                    (unsigned long long)seed, moea2a_last_error(comm));
-        free(map);
+    /* the experts moved in place, on both contexts (the CUDA context's tables change on
+     * its stream): every fifth expert held by no rank (flavor 1), or each expert by 0
+     * to 3 ranks in turn from its moved owner (flavor 2) */
+    if (moved) {
+        const int E = c.cfg.num_experts, R = ep < 3 ? ep : 3;
+        int32_t *map = malloc(sizeof(int32_t) * (size_t)E), *hold = malloc(sizeof(int32_t) * (size_t)E * (size_t)R);
+        moved_placement(E, ep, seed, map);
+        for (int e = 0; e < E; e++) {
+            const uint64_t z = mix(seed * 7 + (uint64_t)e);
+            if (flavor == 1 && z % 5 == 0) map[e] = -1;
+            const int nrep = (int)((z >> 8) % (uint64_t)(R + 1));
+            for (int j = 0; j < R; j++) hold[(size_t)e * R + j] = j < nrep ? (map[e] + j) % ep : -1;
+        }
+        if (flavor == 2) {
+            r = moea2a_moe_set_replicas(hm, R, hold, NULL);
+            r2 = r ? r : moea2a_moe_set_replicas(dm, R, hold, s);
+        } else {
+            r = moea2a_moe_set_placement(hm, map, NULL);
+            r2 = r ? r : moea2a_moe_set_placement(dm, map, s);
+        }
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && r2 == MOEA2A_SUCCESS, "%s (seed %llu): %s",
+                    flavor == 2 ? "set_replicas" : "set_placement", (unsigned long long)seed, moea2a_last_error(comm));
+        free(map), free(hold);
     }
     /* a quarter of the cases through the split halves, after a one-call round trip (the
      * epochs of both forms interleave), with other work on the stream between them */
@@ -371,14 +391,21 @@ static int compare_case(moea2a_comm_t comm, int rank, int ep, uint64_t seed)
             int64_t st[4];
             cudaMemcpy(st, dres.device_stats, sizeof(st), cudaMemcpyDeviceToHost);
             dres.total_recv = st[0], dres.invalid_entries = st[1], dres.sent_rows = st[2], dres.deduplicated = st[3];
+            RANK_EXPECT(fails, rank, dres.dropped_entries == -1 && dres.device_dropped,
+                        "load/store path: dropped_entries %lld, device_dropped %p", (long long)dres.dropped_entries,
+                        (const void *)dres.device_dropped);
+            if (dres.device_dropped)
+                cudaMemcpy(&dres.dropped_entries, dres.device_dropped, sizeof(int64_t), cudaMemcpyDeviceToHost);
         }
         if (expect_nvlink >= 0)
             RANK_EXPECT(fails, rank, dres.nvlink == expect_nvlink, "dispatch took the %s path, expected the %s one",
                         dres.nvlink ? "load/store" : "generic", expect_nvlink ? "load/store" : "generic");
         RANK_EXPECT(fails, rank, dres.invalid_entries == hres.invalid_entries && dres.deduplicated == hres.deduplicated &&
-                                     dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv,
-                    "stats differ: invalid %lld/%lld merged %lld/%lld", (long long)dres.invalid_entries,
-                    (long long)hres.invalid_entries, (long long)dres.deduplicated, (long long)hres.deduplicated);
+                                     dres.sent_rows == hres.sent_rows && dres.total_recv == hres.total_recv &&
+                                     dres.dropped_entries == hres.dropped_entries,
+                    "stats differ: invalid %lld/%lld merged %lld/%lld dropped %lld/%lld", (long long)dres.invalid_entries,
+                    (long long)hres.invalid_entries, (long long)dres.deduplicated, (long long)hres.deduplicated,
+                    (long long)dres.dropped_entries, (long long)hres.dropped_entries);
         /* the host context takes the same path across nodes: the same rows cross */
         RANK_EXPECT(fails, rank, dres.internode_rows == hres.internode_rows && dres.network_rows == hres.network_rows,
                     "rows across nodes differ: internode %lld/%lld network %lld/%lld", (long long)dres.internode_rows,
@@ -534,19 +561,25 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     } else {
         RANK_EXPECT(fails, rank, 0, "create: %s", moea2a_last_error(comm));
     }
-    /* a CUDA context takes a map with a rank for every expert: an expert held by no
-     * rank, and replicas, are refused on every rank, naming why */
+    /* a CUDA context without MOEA2A_MOE_GENERAL_PLACEMENT refuses an expert held by no
+     * rank and replicas on every rank, naming the entry and the flag; without
+     * MOEA2A_MOE_EXPERT_LOAD it says which flag counts the load */
     m.hidden = 8;
     if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
-        int32_t map[8], holders[8];
-        for (int e = 0; e < 8; e++) map[e] = holders[e] = e % n; /* within the bound on every rank count */
+        int32_t map[8], holders[16];
+        for (int e = 0; e < 8; e++) map[e] = e % n, holders[2 * e] = e % n, holders[2 * e + 1] = -1;
         map[4] = -1;
         moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
-        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "expert_to_rank[4]=-1"),
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "expert_to_rank[4]=-1") &&
+                                     strstr(moea2a_last_error(comm), "MOEA2A_MOE_GENERAL_PLACEMENT"),
                     "CUDA set_placement with -1: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
-        r = moea2a_moe_set_replicas(moe, 1, holders, NULL);
-        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "replicas"),
-                    "CUDA set_replicas: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+        r = moea2a_moe_set_replicas(moe, 2, holders, NULL); /* one holder each: the one-holder rule, allowed */
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "CUDA set_replicas of one holder each: %s: %s", moea2a_strerror(r),
+                    moea2a_last_error(comm));
+        holders[2 * 3 + 1] = (3 + 1) % n;
+        r = n > 1 ? moea2a_moe_set_replicas(moe, 2, holders, NULL) : MOEA2A_ERR_UNAVAILABLE;
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && (n == 1 || strstr(moea2a_last_error(comm), "expert 3 has 2")),
+                    "CUDA set_replicas with two holders: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
         int64_t load[8];
         r = moea2a_moe_expert_load(moe, load, 0); /* local */
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "MOEA2A_MOE_EXPERT_LOAD"),
@@ -1212,6 +1245,166 @@ static int thread_ranks(int rank, int n_procs, moea2a_unique_id_t unused, void *
  * memory, 2 and 4 ranks; where the machine has fewer GPUs than ranks, ranks share them
  * (on one GPU this is what tests the kernels' exchange between ranks: each process
  * in its turn on the GPU, so slowly). */
+/* The expert-major layout with replicas (0 to 2 holders an expert, so some none): the
+ * CUDA context's expert-major rows, made by the same calls on ranks sharing the GPUs
+ * over CUDA IPC, equal a host context's, and so do the combine's outputs. */
+static int expert_replicas_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    enum { E = 12, K = 4, CAP = 32, H = 16 };
+    int ndev = *(int *)arg, fails = 0;
+    if (use_device(rank, ndev)) return 1;
+    without_nccl();
+    moea2a_comm_t comm;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % ndev;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = E, m.top_k = K, m.max_tokens_per_rank = CAP, m.hidden = H, m.max_local_experts = E;
+    m.num_payloads = 1, m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, H};
+    m.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, m.invalid_expert_id = -1;
+    m.flags = MOEA2A_MOE_GENERAL_PLACEMENT;
+    moea2a_moe_config_t hc = m, dc = m;
+    hc.memory = MOEA2A_MEMORY_HOST, dc.memory = MOEA2A_MEMORY_CUDA;
+    moea2a_moe_t hm = NULL, dm = NULL;
+    moea2a_result_t r = moea2a_moe_create(&hm, comm, &hc);
+    if (!r) r = moea2a_moe_create(&dm, comm, &dc);
+    int32_t hold[E * 2], ids[CAP * K];
+    uint16_t pay[CAP * H];
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 2; j++) hold[e * 2 + j] = j < e % 3 ? (e + j) % n : -1;
+    for (int i = 0; i < CAP * K; i++) ids[i] = (i / K * 5 + i % K * 3 + rank) % E;
+    for (int i = 0; i < CAP * H; i++) pay[i] = (uint16_t)(0x3c00 + (i * 7 + rank * 131) % 0x300);
+    if (!r) r = moea2a_moe_set_replicas(hm, 2, hold, NULL);
+    if (!r) r = moea2a_moe_set_replicas(dm, 2, hold, NULL);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "create and set_replicas: %s", moea2a_last_error(comm));
+    void *d_ids = to_device(ids, sizeof(ids)), *d_pay = to_device(pay, sizeof(pay));
+    const void *hp[1] = {pay}, *dp[1] = {d_pay};
+    moea2a_dispatch_result_t hr = MOEA2A_DISPATCH_RESULT_INITIALIZER, dr = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    if (!r) r = moea2a_dispatch(hm, CAP, ids, NULL, hp, 0, &hr, NULL);
+    if (!r) r = moea2a_dispatch(dm, CAP, d_ids, NULL, dp, 0, &dr, NULL);
+    cudaDeviceSynchronize();
+    if (!r) r = moea2a_moe_status(dm);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "dispatch: %s", moea2a_last_error(comm));
+    const int el = hr.num_local_experts;
+    RANK_EXPECT(fails, rank, r || dr.num_local_experts == el, "local experts: %d on CUDA memory, %d on host memory",
+                dr.num_local_experts, el);
+    if (!r && dr.num_local_experts == el && el > 0) {
+        int32_t *cnt = to_host(dr.expert_counts, 4 * (size_t)el), *off = to_host(dr.expert_offsets, 4 * (size_t)(el + 1));
+        const size_t rows = (size_t)hr.expert_offsets[el];
+        RANK_EXPECT(fails, rank, !memcmp(cnt, hr.expert_counts, 4 * (size_t)el) &&
+                                     !memcmp(off, hr.expert_offsets, 4 * (size_t)(el + 1)),
+                    "expert counts or offsets differ (%zu rows on host memory)", rows);
+        const int32_t *harr[4] = {hr.expert_ids, hr.expert_src_rank, hr.expert_src_token, hr.expert_topk_slot};
+        const int32_t *darr[4] = {dr.expert_ids, dr.expert_src_rank, dr.expert_src_token, dr.expert_topk_slot};
+        for (int a = 0; a < 4 && (size_t)off[el] == rows; a++) {
+            int32_t *got = to_host(darr[a], 4 * rows);
+            RANK_EXPECT(fails, rank, !memcmp(got, harr[a], 4 * rows), "expert-major array %d differs", a);
+            free(got);
+        }
+        unsigned char *gp = to_host(dr.expert_payloads[0], 2 * H * rows);
+        RANK_EXPECT(fails, rank, (size_t)off[el] != rows || !memcmp(gp, hr.expert_payloads[0], 2 * H * rows),
+                    "expert-major payload rows differ");
+        free(cnt), free(off), free(gp);
+    }
+    if (!r) { /* each row back as the expert output: the same sums on both */
+        uint16_t hout[CAP * H], dout_h[CAP * H];
+        void *dout = NULL;
+        cudaMalloc(&dout, sizeof(dout_h));
+        r = moea2a_combine(hm, hr.expert_payloads[0], hout, NULL);
+        if (!r) r = moea2a_combine(dm, dr.expert_payloads[0], dout, NULL);
+        cudaMemcpy(dout_h, dout, sizeof(dout_h), cudaMemcpyDeviceToHost);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(hout, dout_h, sizeof(hout)), "combine: %s%s",
+                    moea2a_strerror(r), r ? "" : " (outputs differ)");
+        cudaFree(dout);
+    }
+    cudaFree(d_ids), cudaFree(d_pay);
+    if (dm) moea2a_moe_destroy(dm);
+    if (hm) moea2a_moe_destroy(hm);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
+/* A context created with MOEA2A_MOE_GENERAL_PLACEMENT routes by the general rule's
+ * kernels under either kind of placement, so a CUDA graph captured under one kind and
+ * replayed after a move to the other gives the bits of an eager round trip of the new
+ * placement: captured with replicas, replayed after a one-holder move; captured with
+ * one holder per expert, replayed after set_replicas (1 or 2 holders an expert). */
+static int general_graph_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    enum { E = 8, K = 2, CAP = 16, H = 64 };
+    int ndev = *(int *)arg, fails = 0;
+    if (use_device(rank, ndev)) return 1;
+    without_nccl();
+    moea2a_comm_t comm;
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % ndev;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = E, m.top_k = K, m.max_tokens_per_rank = CAP, m.hidden = H, m.max_local_experts = E;
+    m.num_payloads = 1, m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, H};
+    m.memory = MOEA2A_MEMORY_CUDA, m.combine_dtype = MOEA2A_BFLOAT16, m.flags = MOEA2A_MOE_GENERAL_PLACEMENT;
+    int32_t ids[CAP * K], hold[E * 2], map[E];
+    uint16_t pay[CAP * H];
+    for (int i = 0; i < CAP * K; i++) ids[i] = (i / K * 3 + i % K * 5 + rank) % E;
+    for (int i = 0; i < CAP * H; i++) pay[i] = (uint16_t)(0x3c00 + (i * 13 + rank * 57) % 0x200);
+    for (int e = 0; e < E; e++) {
+        map[e] = (e + 1) % n;
+        for (int j = 0; j < 2; j++) hold[e * 2 + j] = j <= e % 2 ? (e + j) % n : -1; /* 1 or 2 holders */
+    }
+    void *d_ids = to_device(ids, sizeof(ids)), *d_pay = to_device(pay, sizeof(pay)), *out = NULL;
+    const void *dp[1] = {d_pay};
+    cudaMalloc(&out, 2 * H * CAP);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    unsigned char want[2 * H * CAP], got[2 * H * CAP];
+    for (int way = 0; way < 2; way++) { /* 0: captured general, replayed one-holder; 1: the other way */
+        moea2a_moe_t dm = NULL;
+        moea2a_dispatch_result_t res = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+        moea2a_result_t r = moea2a_moe_create(&dm, comm, &m);
+        if (!r && way == 0) r = moea2a_moe_set_replicas(dm, 2, hold, s);
+        cudaStreamSynchronize(s);
+        /* the rows to combine are the received ones: their pointer is the context's */
+        if (!r) r = moea2a_dispatch(dm, CAP, d_ids, NULL, dp, 0, &res, s);
+        if (!r) r = moea2a_combine(dm, res.payloads[0], out, s);
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        if (!r) r = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ? MOEA2A_ERR_CUDA : MOEA2A_SUCCESS;
+        if (!r) {
+            r = moea2a_dispatch(dm, CAP, d_ids, NULL, dp, 0, &res, s);
+            if (!r) r = moea2a_combine(dm, res.payloads[0], out, s);
+            if (cudaStreamEndCapture(s, &g) != cudaSuccess && !r) r = MOEA2A_ERR_CUDA;
+        }
+        if (!r && cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) r = MOEA2A_ERR_CUDA;
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "way %d: create, eager round trip and capture: %s", way,
+                    moea2a_last_error(comm));
+        if (!r) r = way == 0 ? moea2a_moe_set_placement(dm, map, s) : moea2a_moe_set_replicas(dm, 2, hold, s);
+        RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "way %d: the move: %s", way, moea2a_last_error(comm));
+        if (!r) {
+            cudaMemsetAsync(out, 0xee, sizeof(got), s);
+            cudaGraphLaunch(ge, s);
+            RANK_EXPECT(fails, rank, cudaStreamSynchronize(s) == cudaSuccess, "way %d: replay", way);
+            moea2a_result_t st = moea2a_moe_status(dm);
+            cudaMemcpy(got, out, sizeof(got), cudaMemcpyDeviceToHost);
+            /* the eager round trip of the new placement gives the same bits */
+            r = st ? st : moea2a_dispatch(dm, CAP, d_ids, NULL, dp, 0, &res, s);
+            if (!r) r = moea2a_combine(dm, res.payloads[0], out, s);
+            cudaStreamSynchronize(s);
+            cudaMemcpy(want, out, sizeof(want), cudaMemcpyDeviceToHost);
+            RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(got, want, sizeof(got)),
+                        "a graph captured %s, replayed after %s: %s%s", way ? "with one holder per expert" : "with replicas",
+                        way ? "set_replicas" : "a one-holder move", moea2a_strerror(r),
+                        r ? "" : " (outputs differ from the eager round trip)");
+        }
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        if (dm) moea2a_moe_destroy(dm);
+    }
+    cudaStreamDestroy(s);
+    cudaFree(d_ids), cudaFree(d_pay), cudaFree(out);
+    moea2a_comm_destroy(comm);
+    return fails;
+}
+
 /* One test point's ranks; nothing runs when TAP_POINTS leaves the point out (tap_ok
  * then reports it as skipped), so compute-sanitizer can take the suite in parts. */
 static void point_run(int n, local_rank_fn fn, void *arg, double watchdog_s, local_ranks_result_t *res)
@@ -1226,7 +1419,8 @@ static void point_run(int n, local_rank_fn fn, void *arg, double watchdog_s, loc
 static void ipc_tests(int ndev, int quick)
 {
     static const char *const what[] = {"load/store path", "load/store path, large configs", "copy-engine mode",
-                                       "a peer killed in a dispatch/combine loop"};
+                                       "a peer killed in a dispatch/combine loop", "the expert-major layout with replicas",
+                                       "graphs across placement rules"};
     if (have_ucx()) {
         local_ranks_result_t res;
         point_run(2, symmetric_choice_rank, &ndev, WATCHDOG, &res);
@@ -1243,7 +1437,7 @@ static void ipc_tests(int ndev, int quick)
     for (int i = 0; i < (quick ? 1 : 2); i++) {
         int n = sizes[i];
         if (!have_ucx()) {
-            for (int w = 0; w < 4; w++) tap_skip("no ucx transport", "CUDA IPC, %d ranks: %s", n, what[w]);
+            for (int w = 0; w < 6; w++) tap_skip("no ucx transport", "CUDA IPC, %d ranks: %s", n, what[w]);
             continue;
         }
         local_ranks_result_t res;
@@ -1259,6 +1453,13 @@ static void ipc_tests(int ndev, int quick)
         point_run(n, moe_rank, &ce, WATCHDOG, &res);
         tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: %d random configs equal the host "
                "reference bit for bit", n, ndev < n ? ndev : n, what[2], ce.cases);
+        point_run(n, expert_replicas_rank, &ndev, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), the expert-major layout with replicas "
+               "and experts no rank holds: rows and combine equal a host context's", n, ndev < n ? ndev : n);
+        point_run(n, general_graph_rank, &ndev, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "CUDA IPC without NCCL, %d ranks on %d GPU(s), %s: a context made for the general "
+               "rule replays them bit for bit after moves between one holder per expert and replicas", n,
+               ndev < n ? ndev : n, what[5]);
         volatile double *kill_time = n == 2 && !quick ? mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE,
                                                              MAP_SHARED | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
         if (kill_time == MAP_FAILED) {

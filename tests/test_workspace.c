@@ -26,7 +26,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     size_t n = (size_t)ep, cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k;
     int w = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0;
     size_t aux = A(4 * n) + A(4 * n) + A(16 * n) + A(16 * n) + A(4 * cap * k) + A(4 * n * cap) +
-                 A(4 * (size_t)c->num_experts) + A(4 * n) + A(4 * n) + A(16);
+                 A(4 * (size_t)c->num_experts) + A(4 * n) + A(4 * n) + A(24);
     if (lsa) aux += A(16 * n) + A(1024) + A(384) + A(256); /* load/store path control, a failed check's reason */
     if (cuda && (c->flags & MOEA2A_MOE_EXPERT_LOAD)) aux += A(8 * (size_t)c->num_experts); /* the load counts */
     size_t record = 4 * k + (w ? 4 * k : 0) + 4, es = 0, sum = aux;
@@ -39,6 +39,8 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
     sum += A(n * cap * k * 4) + (w ? A(n * cap * k * 4) : 0);
     if (c->hidden) moea2a_datatype_size(c->combine_dtype, &es);
     sum += A(n * cap * c->hidden * es);
+    /* CUDA memory: the general placement's holders, their counts, the dropped entries */
+    if (cuda) sum += A(4 * (size_t)c->num_experts * n) + A(4 * ((size_t)c->num_experts + 1)) + A(24);
     *workspace = sum;
     /* a combine row on the wire: the dtype's, or FP8 codes and scales */
     const size_t nkb = c->hidden / 128, fp8 = c->combine_wire.format == MOEA2A_WIRE_FP8;

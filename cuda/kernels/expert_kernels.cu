@@ -15,6 +15,7 @@
 #include "elem.cuh"
 #include "expert_kernels.h"
 #include "load.cuh"
+#include "placement.cuh"
 #include "warp.cuh"
 
 namespace {
@@ -31,15 +32,21 @@ __device__ __forceinline__ bool valid_slot(const m2a_kexpert_t &x, int stride, s
     return (int)(slot % (size_t)stride) < x.recv_counts[slot / (size_t)stride];
 }
 
-/* The first top-k slot of token row t naming expert e (a local expert's global id,
- * valid unless it is the invalid id), -1 if none: later repeats of e share its row.
- * Comparisons only, no table lookup per id: the k loads issue together. */
-__device__ __forceinline__ int first_slot(const m2a_kexpert_t &x, const int32_t *t, int32_t e)
+/* The first top-k slot of token row t (receive slot `slot`) naming expert e (a local
+ * expert's global id, valid unless it is the invalid id), -1 if none: later repeats of
+ * e share its row. Comparisons only, no table lookup per id: the k loads issue
+ * together. With replicas in force (rep), e is this rank's for the token only where
+ * their rule sends it here (the slot's source rank and token index). */
+__device__ __forceinline__ int first_slot(const m2a_kexpert_t &x, const int32_t *t, int32_t e, bool rep, size_t slot,
+                                          int stride)
 {
     if (e == x.invalid_id) return -1;
     int first = -1;
     for (int s = x.k - 1; s >= 0; s--)
         if (t[s] == e) first = s;
+    if (first >= 0 && rep &&
+        m2a_holder_in(x.holders, x.nrep, x.ep, e, (int)(slot / (size_t)stride), x.src_index[slot]) != x.me)
+        return -1;
     return first;
 }
 
@@ -59,12 +66,13 @@ __global__ void __launch_bounds__(kThreads) count(m2a_kexpert_t x, int stride, i
     size_t begin, end;
     part_range(p, parts, (size_t)x.ep * (size_t)stride, &begin, &end);
     int n = 0;
+    const bool rep = x.nrep[x.num_experts] != 0;
     for (size_t base = begin; base < end; base += kThreads) {
         const size_t slot = base + threadIdx.x;
         int has = 0;
         if (slot < end && valid_slot(x, stride, slot)) {
             const int32_t *t = x.ids + slot * (size_t)x.k;
-            has = j < x.num_local && first_slot(x, t, x.global_of[j]) >= 0;
+            has = j < x.num_local && first_slot(x, t, x.global_of[j], rep, slot, stride) >= 0;
             if ((slot - begin) % (size_t)blocks == (size_t)j)
                 for (int s = 0; s < x.k; s++) x.map[slot * (size_t)x.k + s] = -1;
         }
@@ -115,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
         if (pp < p) base += c;
     }
     const int32_t off = (int32_t)before, end_off = (int32_t)(before + (count + a - 1) / a * a);
+    const bool rep = x.nrep[x.num_experts] != 0;
     if (lead) {
         x.counts[j] = count, x.offsets[j] = off;
         if (j == el - 1) x.offsets[el] = (int32_t)total, *x.rows = total;
@@ -125,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) fill(m2a_kexpert_t x, int stride, in
     for (size_t b0 = begin; b0 < end; b0 += kThreads) {
         const size_t slot = b0 + threadIdx.x;
         const int32_t *t = x.ids + slot * (size_t)x.k;
-        const int s0 = slot < end && valid_slot(x, stride, slot) ? first_slot(x, t, x.global_of[j]) : -1;
+        const int s0 = slot < end && valid_slot(x, stride, slot) ? first_slot(x, t, x.global_of[j], rep, slot, stride) : -1;
         int pos, taken;
         Scan(tmp.scan).ExclusiveSum(s0 >= 0 ? 1 : 0, pos, taken);
         if (s0 >= 0) {

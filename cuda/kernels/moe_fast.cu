@@ -59,6 +59,7 @@
 #include "fp8c_device.cuh"
 #include "load.cuh"
 #include "mbarrier.cuh"
+#include "placement.cuh"
 #include "moe_fast.h"
 #include "wire_device.cuh"
 #include "warp.cuh"
@@ -128,19 +129,28 @@ extern "C" void m2a_fast_profile_report(int rank)
 }
 #endif
 
-extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
-                                 const int32_t *ids, const float *weights, int phases, void *stream)
+/* The launch for a rule: the one-holder kernels, or (GEN) the general rule's. */
+template <bool GEN>
+static void launch_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
+                            const int32_t *ids, const float *weights, int phases, cudaStream_t stream)
 {
     const bool small = (long long)(status ? 0 : n) <= (long long)f->even_tokens * blocks;
     if (f->qfuse && !status) /* FP8 quantized inside the copies */
-        (small ? dispatch_kernel<true, kInCopy> : dispatch_kernel<false, kInCopy>)<<<blocks, T, 0, (cudaStream_t)stream>>>(
+        (small ? dispatch_kernel<true, kInCopy, GEN> : dispatch_kernel<false, kInCopy, GEN>)<<<blocks, T, 0, stream>>>(
             *f, n, stride, status, payloads, ids, weights, phases);
     else if (f->qrows > 0 && !status && !small) /* the rows are quantized alongside */
-        dispatch_kernel<false, kAlongside><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+        dispatch_kernel<false, kAlongside, GEN><<<blocks, T, 0, stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     else if (small)
-        dispatch_kernel<true><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+        dispatch_kernel<true, kBefore, GEN><<<blocks, T, 0, stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
     else
-        dispatch_kernel<false><<<blocks, T, 0, (cudaStream_t)stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+        dispatch_kernel<false, kBefore, GEN><<<blocks, T, 0, stream>>>(*f, n, stride, status, payloads, ids, weights, phases);
+}
+
+extern "C" int m2a_fast_dispatch(const m2a_fast_t *f, int blocks, int n, int stride, int status, m2a_kpayloads_t payloads,
+                                 const int32_t *ids, const float *weights, int phases, void *stream)
+{
+    (f->general ? launch_dispatch<true> : launch_dispatch<false>)(f, blocks, n, stride, status, payloads, ids, weights,
+                                                                   phases, (cudaStream_t)stream);
     return (int)cudaGetLastError();
 }
 
@@ -151,13 +161,17 @@ template <moea2a_datatype_t DT> static int load_combine(int e)
     return m2a_load_kernel(combine_kernel<DT, kTma>, m2a_load_kernel(combine_kernel<DT, kEven>, m2a_load_kernel(combine_kernel<DT, kLoads>, e)));
 }
 
+template <bool GEN> static int load_dispatch(int e)
+{
+    e = m2a_load_kernel(dispatch_kernel<true, kBefore, GEN>, m2a_load_kernel(dispatch_kernel<false, kBefore, GEN>, e));
+    e = m2a_load_kernel(dispatch_kernel<false, kAlongside, GEN>, e);
+    return m2a_load_kernel(dispatch_kernel<true, kInCopy, GEN>, m2a_load_kernel(dispatch_kernel<false, kInCopy, GEN>, e));
+}
+
 extern "C" int m2a_fast_load(void)
 {
-    int e = m2a_load_kernel(dispatch_kernel<true>, 0);
-    e = m2a_load_kernel(dispatch_kernel<false>, e);
-    e = m2a_load_kernel(dispatch_kernel<false, kAlongside>, e);
-    e = m2a_load_kernel(dispatch_kernel<true, kInCopy>, e);
-    e = m2a_load_kernel(dispatch_kernel<false, kInCopy>, e);
+    int e = load_dispatch<false>(0);
+    e = load_dispatch<true>(e);
     e = load_combine<MOEA2A_FLOAT32>(e);
     e = load_combine<MOEA2A_FLOAT16>(e);
     e = load_combine<MOEA2A_BFLOAT16>(e);

@@ -323,14 +323,15 @@ __device__ bool copy_payloads(const m2a_fast_t &f, unsigned long long *next, con
 
 /* Entry j of token t's ids (sanitized for the destination rank) and weights into
  * receive row row at rank, and with entry 0 the row's source index. */
-__device__ __forceinline__ void put_entry(const m2a_fast_t &f, const Owners &owner, const int32_t *ids,
+template <class O>
+__device__ __forceinline__ void put_entry(const m2a_fast_t &f, const O &owner, const int32_t *ids,
                                           const float *weights, int t, int j, int rank, size_t row)
 {
     const m2a_kparams_t &p = f.p;
     const int k = p.k, P = p.num_payloads;
     unsigned char *base = f.peer[rank];
     int32_t e = ids[(size_t)t * k + j];
-    if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(e) != rank))) e = p.invalid_id;
+    if (f.sanitize && (invalid_id(p, e) || (f.rewrite && owner(p, e, t) != rank))) e = p.invalid_id;
     reinterpret_cast<int32_t *>(base + p.ws_off[P])[row * k + j] = e;
     if (p.weights) reinterpret_cast<float *>(base + p.ws_off[P + 1])[row * k + j] = weights[(size_t)t * k + j];
     if (j == 0) reinterpret_cast<int32_t *>(base + p.ws_off[p.narrays - 1])[row] = t;
@@ -338,7 +339,8 @@ __device__ __forceinline__ void put_entry(const m2a_fast_t &f, const Owners &own
 
 /* ids (sanitized for each destination), weights and the source index of the piece's
  * tokens tl0..tl1-1 (indices in the piece that starts at token first). */
-__device__ void copy_small(const m2a_fast_t &f, const Shared &s, const Owners &owner, int D, int first, int tl0, int tl1,
+template <class O>
+__device__ void copy_small(const m2a_fast_t &f, const Shared &s, const O &owner, int D, int first, int tl0, int tl1,
                            const int32_t *ids, const float *weights)
 {
     const int k = f.p.k;
@@ -391,7 +393,8 @@ __device__ __forceinline__ int32_t code_at(const TokenCodes &c, int d)
 
 /* The send map row and entries of the block's own token t (its range starts at lo),
  * by one warp. */
-__device__ void tiny_entries(const m2a_fast_t &f, const Shared &s, const Owners &owner, const int32_t *ids,
+template <class O>
+__device__ void tiny_entries(const m2a_fast_t &f, const Shared &s, const O &owner, const int32_t *ids,
                              const float *weights, int32_t *send_map, size_t mine, int lo, int t)
 {
     const m2a_kparams_t &p = f.p;
@@ -420,8 +423,8 @@ __device__ void tiny_entries(const m2a_fast_t &f, const Shared &s, const Owners 
  * dispatch at 128 tokens, 4 GPUs: 2.6 us less than the block-wide routing; with the
  * entries after the payload, 0.4). Choosing warps without units for the entries cost
  * more in arithmetic (0.5 us at 1 token) than it saved. */
-template <QuantWay Q>
-__device__ void copy_tiny(const m2a_fast_t &f, const Shared &s, const Owners &owner, const m2a_kpayloads_t &pay,
+template <QuantWay Q, class O>
+__device__ void copy_tiny(const m2a_fast_t &f, const Shared &s, const O &owner, const m2a_kpayloads_t &pay,
                           const int32_t *ids, const float *weights, int32_t *send_map, int stride, int lo, int own_lo,
                           int own_hi, long long u0, long long u1, uint32_t per_token, uint32_t S)
 {

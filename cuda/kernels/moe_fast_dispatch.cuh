@@ -8,10 +8,12 @@ namespace {
 /* Routes the piece [first, first + ntok) from the slots in s.base (each destination's
  * next slot, updated past the piece): every token's destinations and receive rows into
  * s.nd / s.rank / s.row (src * stride + slot); for the tokens in [own_lo, own_hi) the
- * send map, and their invalid and merged entries counted into *inv, *merged; pre: the
- * piece's masks, computed (and those entries counted) already, or NULL. */
-__device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner, const int32_t *ids, int first,
-                            int ntok, int stride, int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged,
+ * send map, and their invalid and merged entries counted into *inv, *merged (the
+ * general rule's dropped into *dropped, else NULL); pre: the piece's masks, computed
+ * (and those entries counted) already, or NULL. */
+template <class O>
+__device__ void route_piece(const m2a_fast_t &f, Shared &s, const O &owner, const int32_t *ids, int first, int ntok,
+                            int stride, int32_t *send_map, int own_lo, int own_hi, int *inv, int *merged, int *dropped,
                             const unsigned long long *pre)
 {
     const m2a_kparams_t &p = f.p;
@@ -20,7 +22,10 @@ __device__ void route_piece(const m2a_fast_t &f, Shared &s, const Owners &owner,
     const bool own = tid < ntok && t >= own_lo && t < own_hi;
     int dummy = 0;
     unsigned long long m = 0;
-    if (tid < ntok) m = pre ? pre[tid] : token_mask(p, owner, ids, t, own ? inv : &dummy, own ? merged : &dummy);
+    if (tid < ntok)
+        m = pre ? pre[tid]
+                : token_mask(p, owner, ids, t, own ? inv : &dummy, own ? merged : &dummy, {}, false,
+                             O::kGeneral ? (own ? dropped : &dummy) : nullptr);
     for (int r = 0; r < ep; r++) {
         unsigned bal = __ballot_sync(kAllLanes, (m >> r) & 1);
         if (lane == 0) s.warp_count[warp][r] = __popc(bal);
@@ -126,12 +131,16 @@ template <bool SMALL> __device__ __forceinline__ BlockRange block_range(int n, u
  *    then).
  * phases: M2A_FAST_SEND (steps 1-5), M2A_FAST_RECV (6) or both. A send-only launch
  * moves the epoch on when its last block ends; the receive-only launch that follows it
- * on the stream uses that epoch. */
-template <bool SMALL, QuantWay Q = kBefore>
+ * on the stream uses that epoch.
+ * GEN: routes by the general rule (Holders: replicas, experts no rank holds, and their
+ * dropped entries), for the contexts created with MOEA2A_MOE_GENERAL_PLACEMENT; the
+ * one-holder kernel (GEN false) keeps none of that code. */
+template <bool SMALL, QuantWay Q = kBefore, bool GEN = false>
 __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int stride, int status, m2a_kpayloads_t pay, const int32_t *__restrict__ ids,
                                                         const float *__restrict__ weights, int phases)
 {
     __shared__ Shared s;
+    __shared__ unsigned long long s_dropped; /* block 0 (GEN): the dropped entries of every block */
     const m2a_kparams_t &p = f.p;
     const int ep = p.ep, me = p.me, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     unsigned char *ws = f.peer[me];
@@ -141,9 +150,20 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     bool ok = !failed(f);
     if (tid == 0) s.epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_d) + (send ? 1 : 0);
     if (tid < ep) s.base[tid] = 0;
-    const Owners owner = {send && p.num_experts <= kOwnerSmem ? s.owner : nullptr, p.owner};
-    if (owner.smem)
-        for (int i = tid; i < p.num_experts; i += T) s.owner[i] = (unsigned char)p.owner[i];
+    const Owners one = {send && p.num_experts <= kOwnerSmem ? s.owner : nullptr, p.owner};
+    int general = 0; /* the general kernel: whether the placement is general now */
+    if constexpr (!GEN) {
+        if (one.smem)
+            for (int i = tid; i < p.num_experts; i += T) s.owner[i] = (unsigned char)p.owner[i];
+    } else if (one.smem) { /* seen in the table copied anyway (all -1 while general) */
+        for (int i = tid; i < p.num_experts; i += T) {
+            const int32_t o = p.owner[i];
+            s.owner[i] = (unsigned char)o;
+            general |= o < 0;
+        }
+    } else if (send && tid == 0) {
+        general = m2a_general(p);
+    }
     /* few tokens: the first ids this thread counts in step 1, loaded before the barrier
      * (the range needs no epoch), so that their round trip overlaps the epoch's and the
      * table's. The many-token and in-copy kernels work out their range after it, as
@@ -161,8 +181,10 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         ranges();
         if (warp * kWarpSize + lane < range.top) head = load_ids(p, ids + (size_t)(warp * kWarpSize + lane) * p.k, 0);
     }
-    __syncthreads();
+    if constexpr (GEN) general = __syncthreads_or(general);
+    else __syncthreads();
     const uint32_t e = s.epoch;
+    const auto owner = rule<GEN>(one, general != 0);
     PROF_START(0);
     if (send) {
         if (b == 0 && tid == 0) c.next_unit[(e + 1) & 1] = 0; /* before this block's signal, which every block waits for */
@@ -187,15 +209,16 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
          * counting is shortest, are needed first. Few tokens: the block's own [lo, hi)
          * in the same pass (their masks kept for the routing, their invalid and merged
          * entries counted), so that their ids are not read a second time after it. */
-        int inv = 0, merged = 0;
+        int inv = 0, merged = 0, dropped = 0; /* dropped: the general rule's */
         {
             int cnt_lo = 0, cnt_hi = 0;
             for (int t0 = warp * kWarpSize; t0 < top; t0 += T) {
                 const int t = t0 + lane;
                 const bool mine = t >= lo && t < top, owned = mine && t >= own_lo && t < own_hi;
-                int ti = 0, tm = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
-                unsigned long long m = t < top ? token_mask(p, owner, ids, t, &ti, &tm, head, kHead && t0 == warp * kWarpSize) : 0;
-                if (owned) inv += ti, merged += tm;
+                int ti = 0, tm = 0, td = 0; /* kept in registers: a pointer chosen per token would put the counts in memory */
+                unsigned long long m =
+                    t < top ? token_mask(p, owner, ids, t, &ti, &tm, head, kHead && t0 == warp * kWarpSize, GEN ? &td : nullptr) : 0;
+                if (owned) inv += ti, merged += tm, dropped += td;
                 if (mine) s.pre[t - lo] = m, m = 0; /* the block's own: not before its range */
                 for (int r = 0; r < ep; r++) {
                     const int cr = __popc(__ballot_sync(kAllLanes, (m >> r) & 1));
@@ -225,7 +248,7 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         }
         for (int first = lo; first < hi && ok && !tiny; first += piece) {
             const int ntok = hi - first < piece ? hi - first : piece;
-            route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged,
+            route_piece(f, s, owner, ids, first, ntok, stride, send_map, own_lo, own_hi, &inv, &merged, GEN ? &dropped : nullptr,
                         top == hi ? s.pre + (first - lo) : nullptr);
             if (!small && first + ntok == hi && tid == 0) { /* 4. the chunk's send map is complete */
                 __threadfence();
@@ -247,9 +270,12 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             if (ok) ok = copy_payloads<Q>(f, c.next_unit + (e & 1), c, pay, n, stride, send_map, e, G);
         }
         const long long inv_sum = block_sum<long long>(inv, s.red), merged_sum = block_sum<long long>(merged, s.red);
+        long long dropped_sum = 0;
+        if constexpr (GEN) dropped_sum = block_sum<long long>(dropped, s.red);
         if (tid == 0 && ok) { /* before the signal: the stats take the sum once every block signalled */
             atomicAdd(&c.pending[2 * (e & 1)], (unsigned long long)inv_sum);
             atomicAdd(&c.pending[2 * (e & 1) + 1], (unsigned long long)merged_sum);
+            if (GEN && dropped_sum) atomicAdd(&p.dropped_sums[e & 1], (unsigned long long)dropped_sum);
         }
         ok = __syncthreads_and(ok);
         PROF_MARK(0, 3);
@@ -294,9 +320,11 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
             const int32_t st = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid + 1]);
             const int32_t sr = *reinterpret_cast<volatile int32_t *>(&c.hdr[2 * tid]);
             s.recv_count[tid] = *reinterpret_cast<const volatile int32_t *>(&counts[tid]);
-            if (b == 0 && tid == me) /* every block of this rank added its sums before its signal */
+            if (b == 0 && tid == me) { /* every block of this rank added its sums before its signal */
                 for (int i = 0; i < 2; i++)
                     s.pending[i] = *reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + i]);
+                if constexpr (GEN) s_dropped = *reinterpret_cast<volatile unsigned long long *>(&p.dropped_sums[e & 1]);
+            }
             if (st) ok = fail(f, st, tid, M2A_FAST_AT_HEADER);
             else if (sr != stride) ok = fail(f, kErrMismatch, tid, M2A_FAST_AT_HEADER);
         }
@@ -329,6 +357,11 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         for (int i = 0; i < 2; i++)
             c.stats[1 + 2 * i] = (long long)(ok ? s.pending[i] : *reinterpret_cast<volatile unsigned long long *>(&c.pending[2 * (e & 1) + i]));
         c.pending[2 * ((e + 1) & 1)] = c.pending[2 * ((e + 1) & 1) + 1] = 0;
+        if constexpr (GEN) { /* the dropped entries beside them (the one-holder kernels drop none) */
+            volatile unsigned long long *d = p.dropped_sums;
+            d[2] = ok ? s_dropped : d[e & 1];
+            d[(e + 1) & 1] = 0;
+        }
         if (send) *c.epoch_d = e;
     }
     PROF_END(0, 6);

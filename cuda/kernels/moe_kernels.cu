@@ -8,6 +8,7 @@
 #include "fp8c_device.cuh"
 #include "moe_kernels.h"
 #include "load.cuh"
+#include "placement.cuh"
 
 namespace {
 
@@ -31,14 +32,20 @@ __global__ void route_dests(m2a_kparams_t p, int n, const int32_t *__restrict__ 
     const int32_t *row = ids + (size_t)t * p.k;
     int32_t *m = map + (size_t)t * p.k;
     int nd = 0;
-    unsigned long long invalid = 0, merged = 0;
+    unsigned long long invalid = 0, merged = 0, dropped = 0;
+    const bool rep = m2a_general(p);
     for (int j = 0; j < p.k; j++) {
         int32_t e = row[j];
         if (expert_invalid(p, e)) {
             invalid++;
             continue;
         }
-        int32_t code = -(p.owner[e] + 2);
+        const int dest = m2a_expert_rank(p, rep, e, p.me, t);
+        if (dest < 0) { /* held by no rank */
+            dropped++;
+            continue;
+        }
+        int32_t code = -(dest + 2);
         bool seen = false;
         for (int d = 0; d < nd; d++) seen |= m[d] == code;
         if (seen) {
@@ -52,6 +59,7 @@ __global__ void route_dests(m2a_kparams_t p, int n, const int32_t *__restrict__ 
     for (int d = nd; d < p.k; d++) m[d] = -1;
     if (invalid) atomicAdd(&stats[0], invalid); /* sums only: order does not matter */
     if (merged) atomicAdd(&stats[1], merged);
+    if (dropped) atomicAdd(&stats[2], dropped);
 }
 
 /* Step 2, one block per destination rank r: an exclusive scan over tokens of "goes
@@ -133,15 +141,18 @@ __global__ void sanitize(m2a_kparams_t p, int stride, const int32_t *__restrict_
                          int32_t *__restrict__ src_index, int do_sanitize, int rewrite)
 {
     size_t slots = (size_t)p.ep * stride;
+    const bool rep = rewrite && m2a_general(p);
     for (size_t slot = blockIdx.x * (size_t)blockDim.x + threadIdx.x; slot < slots; slot += (size_t)gridDim.x * blockDim.x) {
         int src = (int)(slot / stride), i = (int)(slot % stride);
         bool pad = i >= counts[src];
         if (pad) src_index[slot] = -1;
         if (!do_sanitize) continue;
         int32_t *row = ids + slot * p.k;
+        const int t = pad ? 0 : src_index[slot]; /* the token's index at its source: the replicas' rule */
         for (int j = 0; j < p.k; j++) {
             int32_t e = row[j];
-            if (pad || expert_invalid(p, e) || (rewrite && p.owner[e] != p.me)) row[j] = p.invalid_id;
+            if (pad || expert_invalid(p, e) || (rewrite && m2a_expert_rank(p, rep, e, src, t) != p.me))
+                row[j] = p.invalid_id;
         }
     }
 }
@@ -361,16 +372,17 @@ extern "C" int m2a_cuda_write_words(int32_t *dst, const int32_t *src, int n, voi
 /* One thread per receive slot: each valid slot's entries that this rank holds, each
  * expert once per token (the host reference's rule, moe/load.c), added to load[E]. */
 __global__ void count_load(const m2a_kparams_t p, int stride, const int32_t *recv_counts, const int32_t *ids,
-                           unsigned long long *load)
+                           const int32_t *src_index, unsigned long long *load)
 {
     const long long slots = (long long)p.ep * stride, step = (long long)gridDim.x * blockDim.x;
+    const bool rep = m2a_general(p);
     for (long long slot = (long long)blockIdx.x * blockDim.x + threadIdx.x; slot < slots; slot += step) {
         const int src = (int)(slot / stride), i = (int)(slot % stride);
         if (i >= recv_counts[src]) continue;
         const int32_t *row = ids + slot * p.k;
         for (int j = 0; j < p.k; j++) {
             const int32_t e = row[j];
-            if (e < 0 || e >= p.num_experts || p.owner[e] != p.me) continue;
+            if (e < 0 || e >= p.num_experts || m2a_expert_rank(p, rep, e, src, src_index[slot]) != p.me) continue;
             bool repeat = false;
             for (int q = 0; q < j; q++) repeat |= row[q] == e;
             if (!repeat) atomicAdd(load + e, 1ull);
@@ -379,11 +391,11 @@ __global__ void count_load(const m2a_kparams_t p, int stride, const int32_t *rec
 }
 
 extern "C" int m2a_cuda_count_load(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
-                                   int64_t *load, void *stream)
+                                   const int32_t *src_index, int64_t *load, void *stream)
 {
     const long long slots = (long long)p->ep * stride;
     if (slots <= 0) return 0;
-    count_load<<<grid_for(slots, 256), 256, 0, (cudaStream_t)stream>>>(*p, stride, recv_counts, ids,
+    count_load<<<grid_for(slots, 256), 256, 0, (cudaStream_t)stream>>>(*p, stride, recv_counts, ids, src_index,
                                                                         (unsigned long long *)load);
     return (int)cudaGetLastError();
 }

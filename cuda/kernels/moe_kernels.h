@@ -14,7 +14,8 @@ extern "C" {
 #endif
 
 /* send_counts[ep], send_map[n][k] (rank*cap+slot ascending by rank, then -1),
- * stats[0] += invalid entries, stats[1] += merged entries. Slots follow token order
+ * stats[0] += invalid entries, stats[1] += merged entries, stats[2] += entries naming
+ * an expert no rank holds (placement.cuh's rule). Slots follow token order
  * through prefix sums: no atomic decides any order. */
 int m2a_cuda_route(const m2a_kparams_t *p, int n, const int32_t *ids, int32_t *send_counts, int32_t *send_map,
                    unsigned long long *stats, void *stream);
@@ -28,9 +29,10 @@ int m2a_cuda_pack(const m2a_kparams_t *p, int n, int stride, m2a_kpayloads_t pay
 /* dst[0..n) = the host words src[0..n), as launches whose parameters carry them. */
 int m2a_cuda_write_words(int32_t *dst, const int32_t *src, int n, void *stream);
 /* load[e] += the entries of the ep x stride receive slots (the first recv_counts[src] of
- * each source) naming expert e that p->owner gives this rank, each expert once per slot. */
+ * each source) naming expert e that the placement (placement.cuh, with the slot's
+ * src_index) gives this rank, each expert once per slot. */
 int m2a_cuda_count_load(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
-                        int64_t *load, void *stream);
+                        const int32_t *src_index, int64_t *load, void *stream);
 /* Padding slots: source index -1 and (sanitize) invalid ids; valid rows normalized. */
 int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, int32_t *ids,
                       int32_t *src_index, int sanitize, int rewrite_nonlocal, void *stream);

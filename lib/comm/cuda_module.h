@@ -35,12 +35,23 @@ typedef struct {
     /* num_payloads: the byte arrays, arrays 0..num_payloads-1, copied from payloads.p[] */
     int ep, me, k, num_experts, cap, num_payloads, weights, narrays;
     int32_t invalid_id;
-    const int32_t *owner;       /* [E] */
+    const int32_t *owner;       /* [E]: each expert's rank (while the placement is not general) */
     const int32_t *stage_index; /* [ep] */
     const int32_t *node;        /* [ep]: each rank's node (the communicator's node map) */
     int nodes;                  /* nodes of the communicator: above 1, combine sums per node first */
     size_t record;
     size_t width[M2A_K_MAX_ARRAYS], ws_off[M2A_K_MAX_ARRAYS], rec_off[M2A_K_MAX_ARRAYS];
+    /* The general placement (placement.cuh): [E][ep] expert e's holders, nrep[e] of them
+     * (0: no rank holds it); nrep [E + 1], whose word E is nonzero while some expert
+     * has other than one holder (moea2a_moe_set_replicas, or -1 in
+     * moea2a_moe_set_placement's map). Then an entry naming e of token t of rank src
+     * goes to holder (src + t) mod nrep[e], and every word of owner[] is -1. The tables
+     * change on the stream, so kernels read which rule holds from the device.
+     * dropped_sums [3]: a load/store dispatch's dropped entries, one sum per epoch
+     * parity, then the last dispatch's total (moea2a_dispatch_result_t.device_dropped;
+     * the general kernels only). Last: the fields above keep their offsets. */
+    const int32_t *holders, *nrep;
+    unsigned long long *dropped_sums;
 } m2a_kparams_t;
 
 typedef struct {
@@ -143,6 +154,9 @@ typedef struct {
     unsigned long long timeout_ns;
     m2a_fast_error_t *err;      /* device memory: the record the kernels race for */
     m2a_fast_error_t *host_err; /* mapped pinned memory: the copy the host reads */
+    /* host only: the context was created with MOEA2A_MOE_GENERAL_PLACEMENT, so the
+     * dispatch launches the kernels of the general rule (placement.cuh) */
+    int general;
 } m2a_fast_t;
 
 /* What a launch does: the send half (route, write into the peers, signal), the
@@ -170,9 +184,12 @@ enum {
 
 /* Everything the kernels read and write, device pointers into the workspace. */
 typedef struct {
-    int ep, k, num_experts, num_local, num_arrays, align, zero_padding;
+    int ep, me, k, num_experts, num_local, num_arrays, align, zero_padding;
     int32_t invalid_id;
     int64_t max_rows;                     /* the bound on rows, padding included */
+    /* the placement's replicas (m2a_kparams_t.holders, nrep): while in force, an entry
+     * of a local expert is this rank's only when the rule sends it here */
+    const int32_t *holders, *nrep;
     const int32_t *recv_counts;           /* [ep] */
     const int32_t *ids, *src_index;       /* rank-major [ep][stride][k], [ep][stride] */
     const float *weights;                 /* rank-major [ep][stride][k]; NULL unless carried */
@@ -252,8 +269,10 @@ typedef struct {
  * relayed inside a node by the hierarchical path); 10: m2a_fast_t.combine_fp8; 11: the
  * generic paths' FP8 combine wire (combine's wire, combine_quantize); 12: the waits read
  * m2a_fast_error_t.dead; 13: write_words (a placement changed on the stream); 14:
- * count_load (the experts' load on the device) */
-#define MOEA2A_CUDA_ABI_VERSION 14
+ * count_load (the experts' load on the device); 15: the general placement, replicas
+ * and experts held by no rank (m2a_kparams_t.holders, nrep, dropped_sums; route's
+ * dropped entries, count_load's src_index; m2a_fast_t.general) */
+#define MOEA2A_CUDA_ABI_VERSION 15
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -306,9 +325,10 @@ typedef struct moea2a_cuda_v1 {
      * stream and capturable: the words travel in kernel launches' parameters. */
     int (*write_words)(int32_t *dst, const int32_t *src, int n, void *stream);
     /* load[e] += the last dispatch's received entries naming e that this rank holds
-     * (each expert once per slot), in order on stream */
+     * (each expert once per slot; with replicas, the entries the rule sends here), in
+     * order on stream */
     int (*count_load)(const m2a_kparams_t *p, int stride, const int32_t *recv_counts, const int32_t *ids,
-                      int64_t *load, void *stream);
+                      const int32_t *src_index, int64_t *load, void *stream);
     int (*combine)(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                    int wire, const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
     int (*combine_quantize)(int ep, int stride, const int32_t *recv_counts, moea2a_datatype_t dtype, size_t hidden,

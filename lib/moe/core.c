@@ -153,7 +153,9 @@ void m2a_moe_fill_result(moea2a_moe_t moe, const int64_t *device_stats, moea2a_d
     result->src_token_index = (const int32_t *)(ws + l->src_index);
     if (device_stats) { /* nothing waited for on the host: the counts are on the device (one node) */
         result->total_recv = result->sent_rows = result->invalid_entries = result->deduplicated = -1;
+        result->dropped_entries = -1;
         result->device_stats = device_stats;
+        result->device_dropped = (const int64_t *)(ws + l->dropped_sums) + 2; /* placement.cuh's total */
         result->nvlink = 1;
         memcpy(caller, &full, caller_size);
         return;

@@ -261,7 +261,8 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
     M2A_CHECK_ARG(comm, !(c->flags & ~(MOEA2A_MOE_NO_SANITIZE | MOEA2A_MOE_REWRITE_NONLOCAL | MOEA2A_MOE_CARRY_WEIGHTS |
                                        MOEA2A_MOE_NO_NVLINK | MOEA2A_MOE_WEIGHTED_COMBINE | MOEA2A_MOE_ZERO_PADDING |
                                        MOEA2A_MOE_HOST_EXPERT_COUNTS | MOEA2A_MOE_COPY_ENGINE |
-                                       MOEA2A_MOE_EXPERT_WIRE_SCALES | MOEA2A_MOE_EXPERT_LOAD)),
+                                       MOEA2A_MOE_EXPERT_WIRE_SCALES | MOEA2A_MOE_EXPERT_LOAD |
+                                       MOEA2A_MOE_GENERAL_PLACEMENT)),
                   "%s: unknown flags 0x%x", fn, c->flags);
     for (int i = 0; i < c->num_payloads && (c->flags & MOEA2A_MOE_COPY_ENGINE); i++)
         M2A_CHECK_ARG(comm, c->wire[i].format == MOEA2A_WIRE_AS_IS,
@@ -328,7 +329,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->owner = take(&at, 4 * (size_t)c->num_experts); /* expert -> rank */
     l->stage_index = take(&at, 4 * n);                 /* rank -> staging slot, -1 direct */
     l->node = take(&at, 4 * n);                        /* rank -> node: the combine order across nodes */
-    l->stats = take(&at, 16);                          /* invalid and merged entries */
+    l->stats = take(&at, 24);                          /* invalid, merged and dropped entries */
     /* the experts' load, counted on the device (a host context counts on the host) */
     l->load = take(&at, (c->flags & MOEA2A_MOE_EXPERT_LOAD) && backend->device_load ? 8 * (size_t)c->num_experts : 0);
     l->backend_ctl = take(&at, backend->ctl_bytes); /* e.g. the load/store path's signals and counters */
@@ -392,6 +393,12 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
         l->ex_combine = take(&at, R * l->combine_row);
         l->bytes_expert = at - start;
     }
+    /* Where kernels route: the general placement's holders [E][ep], their counts
+     * [E + 1] and the load/store path's dropped entries [3] (placement.cuh). Last, so
+     * that the regions the one-holder kernels use sit where they would without them. */
+    l->holders = take(&at, backend->device_tables ? 4 * (size_t)c->num_experts * n : 0);
+    l->nrep = take(&at, backend->device_tables ? 4 * ((size_t)c->num_experts + 1) : 0);
+    l->dropped_sums = take(&at, backend->device_tables ? 24 : 0);
     l->workspace = at;
 
     size_t rec = 0;
@@ -419,7 +426,7 @@ void m2a_moe_layout(const moea2a_moe_config_t *c, int ep, int staged, const m2a_
     l->staging = s;
     /* CUDA contexts mirror the counts, the headers and the stats in pinned host memory. */
     l->pinned_stats = m2a_align(4 * n) * 2 + m2a_align(sizeof(m2a_moe_header_t) * n) * 2;
-    l->pinned = l->pinned_stats + m2a_align(16);
+    l->pinned = l->pinned_stats + m2a_align(24);
     l->pinned_backend = l->pinned, l->pinned += m2a_align(backend->pinned_bytes); /* e.g. a device error record's copy */
     if (l->ex_rows) /* the expert-major counts as the host reads them */
         l->pinned_expert = l->pinned, l->pinned += m2a_align(8 + 4 * l->ex_experts + 4 * (l->ex_experts + 1));

@@ -76,6 +76,8 @@ typedef struct {
     /* the backend's control regions in the aux part (m2a_moe_backend_t.size) */
     size_t backend_ctl;
     size_t payload[MOEA2A_MOE_MAX_PAYLOADS], ids, weights, combine;
+    /* the general placement's tables, at the end (layout.c says why) */
+    size_t holders, nrep, dropped_sums;
     size_t workspace; /* total workspace bytes */
     /* staging: dispatch records to, and records or combine rows from, staged peers;
      * then the backend's share */
@@ -150,10 +152,12 @@ moea2a_result_t m2a_moe_read_config(moea2a_comm_t comm, const moea2a_moe_config_
  * then copy codes and scales as bytes), and whether the FP8 combine wire's rows are
  * quantized in place in the combine buffer (no staging of their own), and whether it
  * counts the experts' load on the device (MOEA2A_MOE_EXPERT_LOAD: 8 bytes an expert in
- * the aux part). */
+ * the aux part), and whether its kernels route by the device's placement tables (the
+ * general placement's holders, their counts and the dropped entries, 4 E ep +
+ * 4 (E + 1) + 24 bytes at the end of the workspace). */
 typedef struct {
     size_t ctl_bytes, pinned_bytes, staging_bytes;
-    int quantized_rows, combine_wire_in_place, device_load;
+    int quantized_rows, combine_wire_in_place, device_load, device_tables;
 } m2a_moe_backend_size_t;
 
 /* Where a rank sits among the nodes of its communicator's map, for the sizes of a path

@@ -687,16 +687,26 @@ moea2a_result_t moea2a_combine_recv(moea2a_moe_t moe, void *out, void *stream)
 
 /* ---- placement in place ---------------------------------------------------------- */
 
-/* A placement changes with no dispatch pending. In CUDA memory a map with a rank for
- * every expert (the backend rewrites the device's tables on the stream); replicas and
- * experts held by no rank on host memory in this release. */
-static moea2a_result_t change_allowed(moea2a_moe_t moe, const char *fn, int replicas)
+/* A placement changes with no dispatch pending; in CUDA memory the backend rewrites
+ * the device's tables on the stream (every CUDA path has the hook). */
+static moea2a_result_t change_allowed(moea2a_moe_t moe, const char *fn)
 {
     M2A_TRY(m2a_moe_usable(moe, fn));
     M2A_TRY(expect_step(moe, fn, M2A_MOE_IDLE));
-    if (!moe->cuda || (!replicas && moe->backend->placement)) return MOEA2A_SUCCESS;
-    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: a context in CUDA memory takes a map with a rank for "
-                     "every expert (moea2a_moe_set_placement); replicas are host memory in this release", fn);
+    if (!moe->cuda || moe->backend->placement) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: this context's path (%s) cannot change its placement "
+                     "in place", fn, moe->backend->name);
+}
+
+/* A general placement (replicas, or experts no rank holds) on CUDA memory: only where the
+ * context was made for it, since its kernels are the general rule's (what names the
+ * refused entry: why). */
+static moea2a_result_t general_allowed(moea2a_moe_t moe, const char *fn, const char *why)
+{
+    if (!moe->cuda || (moe->cfg.flags & MOEA2A_MOE_GENERAL_PLACEMENT)) return MOEA2A_SUCCESS;
+    return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "%s: %s: a context in CUDA memory takes replicas and experts "
+                     "no rank holds where it was created with MOEA2A_MOE_GENERAL_PLACEMENT (its kernels then route by "
+                     "the general rule; without it they keep the one-holder kernels)", fn, why);
 }
 
 /* This rank's verdict on a new map: the state, the memory, every entry a rank, no rank
@@ -705,7 +715,7 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
 {
     moea2a_comm_t comm = moe->comm;
     const int ep = comm->nranks, E = moe->cfg.num_experts;
-    M2A_TRY(change_allowed(moe, fn, 0));
+    M2A_TRY(change_allowed(moe, fn));
     M2A_CHECK_ARG(comm, map, "%s: expert_to_rank is NULL", fn);
     int *held = calloc((size_t)ep, sizeof(int));
     if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -715,12 +725,14 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
             r = m2a_error(comm, MOEA2A_ERR_INVALID_ARGUMENT,
                           "%s: expert_to_rank[%d]=%d is neither a rank (0..%d) nor -1 (held by no rank)", fn, e, map[e],
                           ep - 1);
-        else if (map[e] < 0 && moe->cuda)
-            r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "%s: expert_to_rank[%d]=-1: a context in CUDA memory needs a "
-                          "rank for every expert in this release (host memory drops an expert no rank holds)", fn, e);
         else if (map[e] >= 0 && ++held[map[e]] > moe->max_local)
             r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the map gives rank %d more than %d experts, the most a rank "
                           "of this context may hold (max_local_experts at create)", fn, map[e], moe->max_local);
+        else if (map[e] < 0) {
+            char why[48];
+            snprintf(why, sizeof(why), "expert_to_rank[%d]=-1", e);
+            r = general_allowed(moe, fn, why);
+        }
     }
     free(held);
     return r;
@@ -779,13 +791,14 @@ static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, cons
 {
     moea2a_comm_t comm = moe->comm;
     const int ep = comm->nranks, E = moe->cfg.num_experts;
-    M2A_TRY(change_allowed(moe, fn, 1));
+    M2A_TRY(change_allowed(moe, fn));
     M2A_CHECK_ARG(comm, holders, "%s: holders is NULL", fn);
     M2A_CHECK_ARG(comm, R >= 1 && R <= ep, "%s: max_replicas=%d must be in 1..%d (the ranks)", fn, R, ep);
     int *held = calloc((size_t)ep, sizeof(int));
     if (!held) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
     moea2a_result_t r = MOEA2A_SUCCESS;
-    for (int e = 0; e < E && r == MOEA2A_SUCCESS; e++)
+    for (int e = 0; e < E && r == MOEA2A_SUCCESS; e++) {
+        int n = 0; /* expert e's holders */
         for (int j = 0, ended = 0; j < R && r == MOEA2A_SUCCESS; j++) {
             const int q = holders[(size_t)e * R + j];
             int twice = 0;
@@ -796,10 +809,16 @@ static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, cons
                               "the last", fn, e, j, q, e, ep - 1);
             else if (q < 0)
                 ended = 1;
-            else if (++held[q] > moe->max_local)
+            else if (n++, ++held[q] > moe->max_local)
                 r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the replicas give rank %d more than %d experts, the most "
                               "a rank of this context may hold (max_local_experts at create)", fn, q, moe->max_local);
         }
+        if (r == MOEA2A_SUCCESS && n != 1) {
+            char why[64];
+            snprintf(why, sizeof(why), "expert %d has %d holders", e, n);
+            r = general_allowed(moe, fn, why);
+        }
+    }
     free(held);
     return r;
 }
@@ -807,7 +826,6 @@ static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, cons
 moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, const int32_t *holders, void *stream)
 {
     static const char fn[] = "moea2a_moe_set_replicas";
-    (void)stream; /* host memory: nothing is enqueued */
     M2A_CHECK_ARG(NULL, moe, "%s: moe is NULL", fn);
     M2A_TRY(m2a_comm_check(moe->comm, fn));
     const int E = moe->cfg.num_experts, R = max_replicas;
@@ -834,5 +852,5 @@ moea2a_result_t moea2a_moe_set_replicas(moea2a_moe_t moe, int max_replicas, cons
     moe->h_holders = hold, moe->h_nrep = nrep, moe->max_rep = R;
     moe->cfg.placement = MOEA2A_PLACEMENT_MAP, moe->cfg.expert_to_rank = moe->h_owner;
     m2a_moe_set_route(moe);
-    return MOEA2A_SUCCESS;
+    return moe->backend->placement ? moe->backend->placement(moe, stream) : MOEA2A_SUCCESS;
 }

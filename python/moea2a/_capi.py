@@ -21,6 +21,7 @@ MOE_NO_SANITIZE, MOE_REWRITE_NONLOCAL, MOE_CARRY_WEIGHTS, MOE_NO_NVLINK = 1, 2, 
 MOE_WEIGHTED_COMBINE, MOE_ZERO_PADDING, MOE_HOST_EXPERT_COUNTS, MOE_COPY_ENGINE = 16, 32, 64, 128
 MOE_EXPERT_WIRE_SCALES = 256
 MOE_EXPERT_LOAD = 512
+MOE_GENERAL_PLACEMENT = 1024
 LAYOUT_RANK_MAJOR, LAYOUT_EXPERT_MAJOR = 0, 1
 # quantize on dispatch and the scale layouts
 WIRE_AS_IS, WIRE_FP8, WIRE_NVFP4 = 0, 1, 2
@@ -111,7 +112,7 @@ class DispatchResult(ctypes.Structure):
                 ("expert_payload_scales", ctypes.c_void_p * MAX_PAYLOADS),
                 ("expert_global_scales", ctypes.POINTER(ctypes.c_float) * MAX_PAYLOADS),
                 ("network_rows", ctypes.c_int64), ("network_bytes", ctypes.c_int64),
-                ("dropped_entries", ctypes.c_int64)]
+                ("dropped_entries", ctypes.c_int64), ("device_dropped", ctypes.POINTER(ctypes.c_int64))]
 
 
 def _candidates():

@@ -23,7 +23,7 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                 expert_to_rank=None, sanitize=True, rewrite_nonlocal=False, nvlink=True, layout="rank",
                 expert_alignment=0, max_expert_rows=0, weighted_combine=False, zero_padding=False,
                 host_expert_counts=False, copy_engine=False, combine_wire=None, max_local_experts=0,
-                expert_wire_scales=False, count_load=False):
+                expert_wire_scales=False, count_load=False, general_placement=False):
     c = C.MoeConfig()
     c.size, c.version = ctypes.sizeof(C.MoeConfig), _VERSION_CODE
     c.num_experts, c.top_k, c.max_tokens_per_rank = num_experts, top_k, max_tokens_per_rank
@@ -43,7 +43,8 @@ def _moe_config(num_experts, top_k, max_tokens_per_rank, hidden=0, dtype="bf16",
                (C.MOE_CARRY_WEIGHTS if weights else 0) | (0 if nvlink else C.MOE_NO_NVLINK) |
                (C.MOE_WEIGHTED_COMBINE if weighted_combine else 0) | (C.MOE_ZERO_PADDING if zero_padding else 0) |
                (C.MOE_HOST_EXPERT_COUNTS if host_expert_counts else 0) | (C.MOE_COPY_ENGINE if copy_engine else 0) |
-               (C.MOE_EXPERT_WIRE_SCALES if expert_wire_scales else 0) | (C.MOE_EXPERT_LOAD if count_load else 0))
+               (C.MOE_EXPERT_WIRE_SCALES if expert_wire_scales else 0) | (C.MOE_EXPERT_LOAD if count_load else 0) |
+               (C.MOE_GENERAL_PLACEMENT if general_placement else 0))
     if layout not in ("rank", "expert"):
         raise InvalidArgument(1, "layout must be 'rank' or 'expert'")
     c.layout = C.LAYOUT_EXPERT_MAJOR if layout == "expert" else C.LAYOUT_RANK_MAJOR
@@ -205,7 +206,9 @@ class MoE(_Handle):
     combine's rows as FP8 (moea2a_moe(3), "FP8 combine"; host memory, or the load/store
     and generic paths in CUDA memory); max_local_experts
     bounds what set_placement may give a rank; count_load=True counts the experts' load
-    on the GPU for expert_load() (host memory always counts it)."""
+    on the GPU for expert_load() (host memory always counts it); general_placement=True
+    lets a context in CUDA memory take replicas and experts no rank holds
+    (set_replicas, -1 in set_placement; its kernels then route by the general rule)."""
 
     _what, _free = "MoE context", "moea2a_moe_destroy"
 
@@ -257,24 +260,25 @@ class MoE(_Handle):
     def set_placement(self, expert_to_rank, stream=None):
         """Moves the experts (moea2a_moe_set_placement; collective, no dispatch pending):
         expert e to rank expert_to_rank[e], the same map on every rank, in place; -1: no
-        rank holds e (its entries are dropped, counted in dropped_entries; host memory
-        only). On CUDA memory the device's tables change in order on stream, as
-        dispatch's stream argument."""
+        rank holds e (its entries are dropped, counted in dropped_entries). On CUDA
+        memory the device's tables change in order on stream, as dispatch's stream
+        argument."""
         m = (ctypes.c_int32 * len(expert_to_rank))(*[int(r) for r in expert_to_rank])
         if len(expert_to_rank) != self._num_experts:
             raise InvalidArgument(1, f"expert_to_rank has {len(expert_to_rank)} entries for {self._num_experts} experts")
         _check(_lib.moea2a_moe_set_placement(self.handle, m, _stream(stream)), self.comm)
 
-    def set_replicas(self, holders):
+    def set_replicas(self, holders, stream=None):
         """Moves the experts with replicas (moea2a_moe_set_replicas; collective, no
         dispatch pending): holders[e] lists the ranks holding expert e (empty: none);
-        token t of rank s goes to holders[e][(s + t) % len(holders[e])]."""
+        token t of rank s goes to holders[e][(s + t) % len(holders[e])]. On CUDA memory
+        the device's tables change in order on stream, as set_placement's."""
         if len(holders) != self._num_experts:
             raise InvalidArgument(1, f"holders has {len(holders)} entries for {self._num_experts} experts")
         R = max(1, max(len(h) for h in holders))
         flat = [int(h[j]) if j < len(h) else -1 for h in holders for j in range(R)]
         m = (ctypes.c_int32 * len(flat))(*flat)
-        _check(_lib.moea2a_moe_set_replicas(self.handle, R, m, None), self.comm)
+        _check(_lib.moea2a_moe_set_replicas(self.handle, R, m, _stream(stream)), self.comm)
 
     def expert_load(self, reset=False):
         """Per expert, the (token, expert) entries this rank took since create or the last

@@ -11,7 +11,7 @@ static void cuda_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_nodes_
 {
     (void)c, (void)ep, (void)nodes;
     out->quantized_rows = 1;
-    out->device_load = 1;
+    out->device_load = 1, out->device_tables = 1;
 }
 
 static const m2a_generic_steps_t steps = {

@@ -77,7 +77,7 @@ static void cuda_hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_n
     /* the routing's send map, the first stage's, and the codes, as the host writes them */
     out->pinned_bytes = m2a_align(4 * (size_t)c->max_tokens_per_rank * (size_t)c->top_k) * (2 + (size_t)nodes->nnodes);
     out->quantized_rows = 1; /* the sender's quantized rows (the pack kernel copies them as bytes) */
-    out->device_load = 1;
+    out->device_load = 1, out->device_tables = 1;
 }
 
 typedef struct {

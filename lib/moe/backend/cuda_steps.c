@@ -64,6 +64,8 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
     kp->weights = (c->flags & MOEA2A_MOE_CARRY_WEIGHTS) != 0, kp->narrays = l->narrays;
     kp->invalid_id = c->invalid_expert_id;
     kp->owner = (const int32_t *)(moe->ws + l->owner);
+    kp->holders = (const int32_t *)(moe->ws + l->holders), kp->nrep = (const int32_t *)(moe->ws + l->nrep);
+    kp->dropped_sums = (unsigned long long *)(moe->ws + l->dropped_sums);
     kp->stage_index = (const int32_t *)(moe->ws + l->stage_index);
     kp->node = (const int32_t *)(moe->ws + l->node);
     kp->nodes = moe->comm->nodes.nnodes;
@@ -72,20 +74,41 @@ static void fill_kparams(const moea2a_moe_t moe, m2a_kparams_t *kp)
         kp->width[a] = l->array[a].width, kp->ws_off[a] = l->array[a].ws, kp->rec_off[a] = l->array[a].rec;
 }
 
-/* The device's tables of the placement: the owner of each expert and, in the
- * expert-major layout, each local expert's global id, ascending (in the host
- * reference's cursor words, which a CUDA context never uses); in order on stream. */
+/* The device's tables of the placement (placement.cuh): with one holder per expert the
+ * owner of each expert, and the word that says so; while the placement is general
+ * (replicas, or experts no rank holds) the holders [E][ep], their counts [E + 1] (the
+ * last nonzero) and an owner table of -1 (the load/store dispatch sees the rule in the
+ * copy of it that it makes anyway). In the expert-major layout each local expert's
+ * global id, ascending (in the host reference's cursor words, which a CUDA context
+ * never uses). In order on stream. */
 static moea2a_result_t placement_tables(moea2a_moe_t moe, const char *fn, void *stream)
 {
-    int E = moe->cfg.num_experts, el = 0;
-    CU(moe->comm, OPS->write_words((int32_t *)(moe->ws + moe->l.owner), moe->h_owner, E, stream));
-    if (moe->cfg.layout != MOEA2A_LAYOUT_EXPERT_MAJOR) return MOEA2A_SUCCESS;
-    int32_t *global_of = malloc(sizeof(int32_t) * (size_t)E);
-    if (!global_of) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
-    for (int e = 0; e < E; e++)
-        if (moe->h_owner[e] == moe->comm->rank) global_of[el++] = e;
-    int rc = el ? OPS->write_words((int32_t *)(moe->ws + moe->l.ex_cursors), global_of, el, stream) : 0;
-    free(global_of);
+    const int E = moe->cfg.num_experts, ep = moe->comm->nranks, R = moe->max_rep;
+    int el = 0;
+    int32_t *words = malloc(sizeof(int32_t) * ((size_t)E * (size_t)ep + (size_t)E + 1));
+    if (!words) return m2a_error(moe->comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
+    int32_t *holders = words, *nrep = words + (size_t)E * (size_t)ep;
+    nrep[E] = 0;
+    for (int e = 0; e < E; e++) {
+        nrep[e] = moe->h_nrep ? moe->h_nrep[e] : moe->h_owner[e] >= 0;
+        nrep[E] |= nrep[e] != 1;
+        for (int j = 0; j < ep; j++)
+            holders[(size_t)e * ep + j] = j >= nrep[e] ? -1 : moe->h_nrep ? moe->h_holders[(size_t)e * R + j] : moe->h_owner[e];
+    }
+    int rc = 0;
+    if (nrep[E]) {
+        rc = OPS->write_words((int32_t *)(moe->ws + moe->l.holders), holders, E * ep, stream);
+        if (!rc) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.nrep), nrep, E + 1, stream);
+        for (int e = 0; e < E; e++) words[e] = -1; /* the owner table (the holders are written) */
+        if (!rc) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.owner), words, E, stream);
+    } else {
+        rc = OPS->write_words((int32_t *)(moe->ws + moe->l.nrep) + E, nrep + E, 1, stream);
+        if (!rc) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.owner), moe->h_owner, E, stream);
+    }
+    for (int e = 0; !rc && moe->cfg.layout == MOEA2A_LAYOUT_EXPERT_MAJOR && e < E; e++)
+        if (m2a_expert_held(&moe->route, e, moe->comm->rank)) words[el++] = e; /* the tables are written */
+    if (!rc && el) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.ex_cursors), words, el, stream);
+    free(words);
     CU(moe->comm, rc);
     return MOEA2A_SUCCESS;
 }
@@ -100,7 +123,8 @@ moea2a_result_t m2a_moe_cuda_count_load(moea2a_moe_t moe, void *stream)
 {
     const m2a_moe_layout_t *l = &moe->l;
     CU(moe->comm, OPS->count_load(moe->kparams, moe->stride, (const int32_t *)(moe->ws + l->recv_counts),
-                                  (const int32_t *)(moe->ws + l->ids), (int64_t *)(moe->ws + l->load), stream));
+                                  (const int32_t *)(moe->ws + l->ids), (const int32_t *)(moe->ws + l->src_index),
+                                  (int64_t *)(moe->ws + l->load), stream));
     return MOEA2A_SUCCESS;
 }
 
@@ -219,15 +243,16 @@ moea2a_result_t m2a_moe_cuda_route_map(moea2a_moe_t moe, int n, const int32_t *i
     void *s = stream;
     unsigned long long *stats = (unsigned long long *)(moe->ws + l->stats);
     unsigned long long *h_stats = (unsigned long long *)(moe->pinned + l->pinned_stats);
-    CU(comm, OPS->set_async(stats, 0, 16, s));
+    CU(comm, OPS->set_async(stats, 0, 24, s));
     CU(comm, OPS->route(moe->kparams, n, ids, (int32_t *)(moe->ws + l->send_counts),
                                          (int32_t *)(moe->ws + l->send_map), stats, s));
     CU(comm, OPS->copy_async(moe->h_send_counts, moe->ws + l->send_counts, 4 * (size_t)comm->nranks, M2A_CUDA_D2H, s));
-    CU(comm, OPS->copy_async(h_stats, stats, 16, M2A_CUDA_D2H, s));
+    CU(comm, OPS->copy_async(h_stats, stats, 24, M2A_CUDA_D2H, s));
     if (map_host && n > 0)
         CU(comm, OPS->copy_async(map_host, moe->ws + l->send_map, 4 * (size_t)n * (size_t)moe->cfg.top_k, M2A_CUDA_D2H, s));
     M2A_TRY(bounded_sync(moe, s, "moea2a_dispatch (counts)"));
     *invalid = (int64_t)h_stats[0], *dedup = (int64_t)h_stats[1];
+    moe->pending_dropped = (int64_t)h_stats[2]; /* held by no rank: the route's own count, as the host's */
     return MOEA2A_SUCCESS;
 }
 
@@ -392,7 +417,9 @@ static void fill_kexpert(const moea2a_moe_t moe, int num_local, m2a_kexpert_t *x
     const moea2a_moe_config_t *c = &moe->cfg;
     unsigned char *ws = moe->ws;
     memset(x, 0, sizeof(*x));
-    x->ep = moe->comm->nranks, x->k = c->top_k, x->num_experts = c->num_experts, x->num_local = num_local;
+    x->ep = moe->comm->nranks, x->me = moe->comm->rank, x->k = c->top_k, x->num_experts = c->num_experts;
+    x->num_local = num_local;
+    x->holders = (const int32_t *)(ws + l->holders), x->nrep = (const int32_t *)(ws + l->nrep);
     x->align = c->expert_alignment;
     x->zero_padding = (c->flags & MOEA2A_MOE_ZERO_PADDING) != 0;
     x->invalid_id = c->invalid_expert_id, x->max_rows = (int64_t)l->ex_rows;

@@ -31,7 +31,7 @@ static void nvlink_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_node
     out->pinned_bytes = sizeof(m2a_fast_error_t);
     out->quantized_rows = 1;
     out->combine_wire_in_place = 1; /* the FP8 combine's rows: quantized in the combine buffer */
-    out->device_load = 1;
+    out->device_load = 1, out->device_tables = 1;
     if (c->flags & MOEA2A_MOE_COPY_ENGINE) m2a_ce_size(c, ep, out);
 }
 
@@ -81,6 +81,7 @@ static void fast_params(moea2a_moe_t moe, int even_tokens)
     f->blocks = f->sig + m2a_align(M2A_FAST_SIG_BYTES(moe->comm->nranks));
     f->ctl = f->blocks + m2a_align(M2A_FAST_BLOCK_BYTES);
     st->reason = f->ctl + m2a_align(M2A_FAST_CTL_BYTES);
+    f->general = (moe->cfg.flags & MOEA2A_MOE_GENERAL_PLACEMENT) != 0;
     f->recv_counts = l->recv_counts, f->send_map = l->send_map, f->combine = l->combine;
     f->combine_row = l->combine_row, f->combine_dtype = moe->cfg.combine_dtype, f->hidden = moe->cfg.hidden;
     f->combine_fp8 = m2a_moe_cuda_combine_wire(&moe->cfg);
