@@ -566,20 +566,22 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
      * MOEA2A_MOE_EXPERT_LOAD it says which flag counts the load */
     m.hidden = 8;
     if (moea2a_moe_create(&moe, comm, &m) == MOEA2A_SUCCESS) {
+        const int R = n > 1 ? 2 : 1; /* max_replicas: at most the ranks */
         int32_t map[8], holders[16];
-        for (int e = 0; e < 8; e++) map[e] = e % n, holders[2 * e] = e % n, holders[2 * e + 1] = -1;
+        for (int e = 0; e < 8; e++) map[e] = e % n, holders[R * e] = e % n, holders[R * e + R - 1] = R > 1 ? -1 : e % n;
         map[4] = -1;
         moea2a_result_t r = moea2a_moe_set_placement(moe, map, NULL);
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "expert_to_rank[4]=-1") &&
                                      strstr(moea2a_last_error(comm), "MOEA2A_MOE_GENERAL_PLACEMENT"),
                     "CUDA set_placement with -1: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
-        r = moea2a_moe_set_replicas(moe, 2, holders, NULL); /* one holder each: the one-holder rule, allowed */
+        r = moea2a_moe_set_replicas(moe, R, holders, NULL); /* one holder each: the one-holder rule, allowed */
         RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "CUDA set_replicas of one holder each: %s: %s", moea2a_strerror(r),
                     moea2a_last_error(comm));
-        holders[2 * 3 + 1] = (3 + 1) % n;
-        r = n > 1 ? moea2a_moe_set_replicas(moe, 2, holders, NULL) : MOEA2A_ERR_UNAVAILABLE;
-        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && (n == 1 || strstr(moea2a_last_error(comm), "expert 3 has 2")),
-                    "CUDA set_replicas with two holders: %s: %s", moea2a_strerror(r), moea2a_last_error(comm));
+        holders[R * 3 + R - 1] = R > 1 ? (3 + 1) % n : -1; /* two holders, or (one rank) none */
+        r = moea2a_moe_set_replicas(moe, R, holders, NULL);
+        RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), R > 1 ? "expert 3 has 2" : "expert 3 has 0"),
+                    "CUDA set_replicas with %d holders for expert 3: %s: %s", R > 1 ? 2 : 0, moea2a_strerror(r),
+                    moea2a_last_error(comm));
         int64_t load[8];
         r = moea2a_moe_expert_load(moe, load, 0); /* local */
         RANK_EXPECT(fails, rank, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "MOEA2A_MOE_EXPERT_LOAD"),

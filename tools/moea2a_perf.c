@@ -215,6 +215,9 @@ static void usage(FILE *f)
             "                       aligned to ALIGN, default 128; the rank-major rows follow, same run)\n"
             "  -x, --engine E       sm (default): the load/store kernels move the rows; ce: the GPU's copy\n"
             "                       engines do (MOEA2A_MOE_COPY_ENGINE; no CUDA graph row)\n"
+            "  -p, --placement P    one (default) or general: a context made for replicas and experts\n"
+            "                       no rank holds (MOEA2A_MOE_GENERAL_PLACEMENT; its kernels route by the\n"
+            "                       general rule), with the same one-holder placement\n"
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
@@ -338,6 +341,11 @@ static int set_moe_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *sta
         else if (!strcmp(arg, "ce")) o->copy_engine = 1;
         else return exit_with(status, bad_option("--engine", arg, "takes sm or ce"));
         return OPT_TAKEN;
+    case 'p':
+        if (!strcmp(arg, "one")) o->general = 0;
+        else if (!strcmp(arg, "general")) o->general = 1;
+        else return exit_with(status, bad_option("--placement", arg, "takes one or general"));
+        return OPT_TAKEN;
     case 'q':
         if (!strcmp(arg, "fp8")) o->wire = PERF_WIRE_FP8;
         else if (!strcmp(arg, "fp8-ue8m0")) o->wire = PERF_WIRE_FP8_UE8M0;
@@ -379,12 +387,12 @@ static int parse_args(int argc, char **argv, perf_opts_t *o, cli_t *cli)
         {"skew", required_argument, 0, 's'}, {"rows", required_argument, 0, 'r'}, {"sms", required_argument, 0, 'S'},
         {"wire", required_argument, 0, 'q'}, {"layout", required_argument, 0, 'L'},
         {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
-        {"combine-wire", required_argument, 0, 'C'},
+        {"combine-wire", required_argument, 0, 'C'}, {"placement", required_argument, 0, 'p'},
         /* the switches */
         {"moe", no_argument, 0, 'M'}, {"weights", no_argument, 0, 'W'}, {"baseline", no_argument, 0, 'B'},
         {"help", no_argument, 0, 'h'}, {"split", no_argument, 0, 'P'}, {"threads", no_argument, 0, 'T'}, {0, 0, 0, 0}};
     int c, status = 0;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:TC:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:TC:p:", opts, NULL)) != -1) {
         int took = set_int_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_common_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_moe_option(c, optarg, o, cli, &status);

@@ -33,6 +33,7 @@ typedef struct {
     int combine_wire;                   /* --combine-wire: 0 as is, 1 FP8, 2 FP8 with UE8M0 scales */
     int expert_align;                   /* --layout expert[:ALIGN]: the expert-major layout (0: rank-major) */
     int copy_engine;                    /* --engine ce: MOEA2A_MOE_COPY_ENGINE */
+    int general;                        /* --placement general: MOEA2A_MOE_GENERAL_PLACEMENT */
     int kernel_times;                   /* ranks as processes: CUPTI's kernel times (perf_kernel_time.h) */
     /* --op expert-gemm: local experts (--experts), shapes n:k (--gemm-shapes); rows per
      * expert are --tokens */

@@ -265,6 +265,7 @@ static moea2a_moe_config_t config_of(const perf_opts_t *o, int T, int cuda)
     c.memory = cuda ? MOEA2A_MEMORY_CUDA : MOEA2A_MEMORY_HOST;
     if (o->weights) c.flags |= MOEA2A_MOE_CARRY_WEIGHTS;
     if (o->copy_engine) c.flags |= MOEA2A_MOE_COPY_ENGINE;
+    if (o->general) c.flags |= MOEA2A_MOE_GENERAL_PLACEMENT;
     return c;
 }
 
