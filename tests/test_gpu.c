@@ -1250,21 +1250,36 @@ static int thread_ranks(int rank, int n_procs, moea2a_unique_id_t unused, void *
 /* The expert-major layout with replicas (0 to 2 holders an expert, so some none): the
  * CUDA context's expert-major rows, made by the same calls on ranks sharing the GPUs
  * over CUDA IPC, equal a host context's, and so do the combine's outputs. */
+/* One rank of the points over CUDA IPC without NCCL: its GPU (rank % ndev) and its
+ * communicator; nonzero on failure. */
+static int ipc_comm(int rank, int n, moea2a_unique_id_t id, int ndev, moea2a_comm_t *comm)
+{
+    if (use_device(rank, ndev)) return 1;
+    without_nccl();
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.cuda_device = rank % ndev;
+    return moea2a_comm_init_rank(comm, n, id, rank, &cfg) != MOEA2A_SUCCESS;
+}
+
+/* E experts, top-k, cap tokens, one bf16 payload of H elements (the combine's rows
+ * too), room for every expert on a rank, made for the general placement. */
+static moea2a_moe_config_t general_config(int E, int K, int cap, int H)
+{
+    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
+    m.num_experts = E, m.top_k = K, m.max_tokens_per_rank = cap, m.hidden = (size_t)H, m.max_local_experts = E;
+    m.num_payloads = 1, m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, (size_t)H};
+    m.combine_dtype = MOEA2A_BFLOAT16, m.flags = MOEA2A_MOE_GENERAL_PLACEMENT;
+    return m;
+}
+
 static int expert_replicas_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
     enum { E = 12, K = 4, CAP = 32, H = 16 };
     int ndev = *(int *)arg, fails = 0;
-    if (use_device(rank, ndev)) return 1;
-    without_nccl();
     moea2a_comm_t comm;
-    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    cfg.cuda_device = rank % ndev;
-    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
-    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
-    m.num_experts = E, m.top_k = K, m.max_tokens_per_rank = CAP, m.hidden = H, m.max_local_experts = E;
-    m.num_payloads = 1, m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, H};
+    if (ipc_comm(rank, n, id, ndev, &comm)) return 1;
+    moea2a_moe_config_t m = general_config(E, K, CAP, H);
     m.layout = MOEA2A_LAYOUT_EXPERT_MAJOR, m.invalid_expert_id = -1;
-    m.flags = MOEA2A_MOE_GENERAL_PLACEMENT;
     moea2a_moe_config_t hc = m, dc = m;
     hc.memory = MOEA2A_MEMORY_HOST, dc.memory = MOEA2A_MEMORY_CUDA;
     moea2a_moe_t hm = NULL, dm = NULL;
@@ -1335,16 +1350,10 @@ static int general_graph_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
 {
     enum { E = 8, K = 2, CAP = 16, H = 64 };
     int ndev = *(int *)arg, fails = 0;
-    if (use_device(rank, ndev)) return 1;
-    without_nccl();
     moea2a_comm_t comm;
-    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
-    cfg.cuda_device = rank % ndev;
-    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
-    moea2a_moe_config_t m = MOEA2A_MOE_CONFIG_INITIALIZER;
-    m.num_experts = E, m.top_k = K, m.max_tokens_per_rank = CAP, m.hidden = H, m.max_local_experts = E;
-    m.num_payloads = 1, m.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, H};
-    m.memory = MOEA2A_MEMORY_CUDA, m.combine_dtype = MOEA2A_BFLOAT16, m.flags = MOEA2A_MOE_GENERAL_PLACEMENT;
+    if (ipc_comm(rank, n, id, ndev, &comm)) return 1;
+    moea2a_moe_config_t m = general_config(E, K, CAP, H);
+    m.memory = MOEA2A_MEMORY_CUDA;
     int32_t ids[CAP * K], hold[E * 2], map[E];
     uint16_t pay[CAP * H];
     for (int i = 0; i < CAP * K; i++) ids[i] = (i / K * 3 + i % K * 5 + rank) % E;
