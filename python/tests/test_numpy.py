@@ -347,11 +347,12 @@ def test_set_replicas_spreads_tokens_over_holders():
     """MoE.set_replicas: every expert but 0 on both ranks, expert 0 on none: token t of
     rank s reaches rank (s + t) % 2 only, its entries for expert 0 are dropped_entries
     (and, with rewrite_nonlocal, arrive invalid while its own expert stays), and the
-    combine returns the token's row once."""
+    combine returns the token's row once. general_placement=True (the flag a context in
+    CUDA memory needs for this) is taken on host memory as the no-op it is there."""
     def main(rank, ep, uid):
         with moea2a.Comm(ep, rank, uid) as comm:
             with moea2a.MoE(comm, E, K, CAP, hidden=8, dtype="fp32", memory="host", max_local_experts=E,
-                            rewrite_nonlocal=True) as moe:
+                            rewrite_nonlocal=True, general_placement=True) as moe:
                 moe.set_replicas([[] if e == 0 else [0, 1] for e in range(E)])
                 ids = np.zeros((CAP, K), dtype=np.int32)
                 ids[:, 0] = 1 + np.arange(CAP) % (E - 1)
