@@ -809,7 +809,7 @@ static moea2a_result_t replicas_ok(moea2a_moe_t moe, const char *fn, int R, cons
                               "the last", fn, e, j, q, e, ep - 1);
             else if (q < 0)
                 ended = 1;
-            else if (n++, ++held[q] > moe->max_local)
+            else if (n++, ++held[q] > moe->max_local) /* one more holder of e, and of an expert for q */
                 r = m2a_error(comm, MOEA2A_ERR_CAPACITY, "%s: the replicas give rank %d more than %d experts, the most "
                               "a rank of this context may hold (max_local_experts at create)", fn, q, moe->max_local);
         }

@@ -92,11 +92,14 @@ static moea2a_result_t placement_tables(moea2a_moe_t moe, const char *fn, void *
     for (int e = 0; e < E; e++) {
         nrep[e] = moe->h_nrep ? moe->h_nrep[e] : moe->h_owner[e] >= 0;
         nrep[E] |= nrep[e] != 1;
-        for (int j = 0; j < ep; j++)
-            holders[(size_t)e * ep + j] = j >= nrep[e] ? -1 : moe->h_nrep ? moe->h_holders[(size_t)e * R + j] : moe->h_owner[e];
     }
     int rc = 0;
-    if (nrep[E]) {
+    if (nrep[E]) { /* the holders table only where it is read */
+        for (int e = 0; e < E; e++)
+            for (int j = 0; j < ep; j++)
+                holders[(size_t)e * ep + j] = j >= nrep[e]    ? -1
+                                              : moe->h_nrep ? moe->h_holders[(size_t)e * R + j]
+                                                            : moe->h_owner[e];
         rc = OPS->write_words((int32_t *)(moe->ws + moe->l.holders), holders, E * ep, stream);
         if (!rc) rc = OPS->write_words((int32_t *)(moe->ws + moe->l.nrep), nrep, E + 1, stream);
         for (int e = 0; e < E; e++) words[e] = -1; /* the owner table (the holders are written) */
