@@ -43,6 +43,17 @@ static int use_device(int rank, int ndev)
     return cudaSetDevice(rank % ndev) == cudaSuccess ? 0 : 1;
 }
 
+/* NCCL takes one rank per GPU and host: ranks given the same host id here (host =
+ * rank / group) and apart from the others are joined by NCCL's network transport
+ * (sockets on loopback), as separate machines; so group 1 lets ranks share a GPU. */
+static void nccl_hosts_apart(int rank, int group)
+{
+    char v[32];
+    snprintf(v, sizeof(v), "m2a-node-%d", rank / group);
+    setenv("NCCL_HOSTID", v, 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+}
+
 static void *to_device(const void *h, size_t bytes)
 {
     void *d = NULL;
@@ -532,11 +543,8 @@ static int moe_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         setenv("MOEA2A_NODE_SIZE", v, 1);
         expect_nvlink = 0;
         setenv("MOEA2A_HIERARCHICAL", a->flat ? "0" : "1", 1);
-        if (a->hosts) {
-            snprintf(v, sizeof(v), "m2a-node-%d", rank / a->node_size);
-            setenv("NCCL_HOSTID", v, 1);
-            setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-        }
+        /* ranks sharing a GPU are apart for NCCL whatever their node */
+        if (a->hosts) nccl_hosts_apart(rank, n > a->ndev ? 1 : a->node_size);
     }
     moea2a_comm_t comm;
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
@@ -835,6 +843,7 @@ static int soak_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     snprintf(v, sizeof(v), "%d", a->node_size);
     setenv("MOEA2A_NODE_SIZE", v, 1);
     setenv("MOEA2A_HIERARCHICAL", "1", 1); /* also on nodes of one GPU */
+    if (n > a->ndev) nccl_hosts_apart(rank, 1);
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.cuda_device = rank % a->ndev;
     moea2a_comm_t comm;
@@ -934,6 +943,7 @@ typedef struct {
     volatile double *kill_time; /* shared with the parent (MAP_SHARED) */
     int ipc;                    /* as moe_arg_t.ipc */
     int node_size;              /* MOEA2A_NODE_SIZE (emulated nodes: the hierarchical path), 0: none */
+    int hosts;                  /* each rank a host of its own for NCCL (ranks sharing a GPU) */
 } kill_arg_t;
 
 static void *kill_later(void *arg)
@@ -972,6 +982,7 @@ static int kill_setup(int rank, int n, moea2a_unique_id_t id, const kill_arg_t *
         setenv("MOEA2A_NODE_SIZE", v, 1);
         setenv("MOEA2A_HIERARCHICAL", "1", 1);
     }
+    if (a->hosts) nccl_hosts_apart(rank, 1);
     moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
     cfg.timeout_s = timeout_s, cfg.cuda_device = rank % a->ndev;
     if (moea2a_comm_init_rank(&k->comm, n, id, rank, &cfg)) return 1;
@@ -1427,6 +1438,29 @@ static void point_run(int n, local_rank_fn fn, void *arg, double watchdog_s, loc
     local_ranks_run(n, fn, arg, watchdog_s, res);
 }
 
+/* n ranks in 2 emulated nodes of n/2 (MOEA2A_NODE_SIZE): the node-grouped combine order
+ * on the hierarchical and the flat path, the nodes' NCCL apart (NCCL_HOSTID) or not.
+ * Two ranks also share one GPU, NCCL seeing them as two hosts. */
+static void emulated_node_points(int n, int ndev, int quick)
+{
+    for (int v = 0; v < 4; v++) {
+        const int flat = v & 1, hosts = v >> 1;
+        const char *what = flat ? "flat generic path" : "hierarchical path";
+        const int gpus = n > ndev ? ndev : n;
+        if (n > 1 && !quick && (n <= ndev || (hosts && n == 2))) {
+            local_ranks_result_t res;
+            moe_arg_t a = {ndev, hosts ? 10 : 20, 991u * (uint64_t)n + (uint64_t)v, 1, n / 2, 0, 0, 0, flat, hosts};
+            point_run(n, moe_rank, &a, WATCHDOG, &res);
+            tap_ok(res.failed == 0, "MoE, %d ranks on %d GPU(s) in 2 emulated nodes%s, %s: %d random configs equal the "
+                                    "host reference (node-grouped combine, rows across nodes) bit for bit", n, gpus,
+                   hosts ? " joined by NCCL's network transport" : "", what, a.cases);
+        } else {
+            tap_skip(n == 1 ? "one rank is one node" : quick ? "quick mode" : "not enough GPUs",
+                     "MoE, %d ranks in 2 emulated nodes, %s%s", n, what, hosts ? " (NCCL_HOSTID apart)" : "");
+        }
+    }
+}
+
 static void ipc_tests(int ndev, int quick)
 {
     static const char *const what[] = {"load/store path", "load/store path, large configs", "copy-engine mode",
@@ -1508,9 +1542,7 @@ int main(void)
             tap_skip("not enough GPUs", "MoE on %d GPUs, generic path", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode", n);
             tap_skip("not enough GPUs", "MoE on %d GPUs, copy-engine mode, MOEA2A_CE_LANES=3", n);
-            for (int v = 0; v < 4; v++)
-                tap_skip("not enough GPUs", "MoE on %d GPUs in 2 emulated nodes, %s", n,
-                         v & 1 ? "flat generic path" : "hierarchical path");
+            emulated_node_points(n, ndev, quick);
             continue;
         }
         local_ranks_result_t res;
@@ -1542,21 +1574,7 @@ int main(void)
             tap_ok(res.failed == 0, "MoE on %d GPU(s), copy-engine mode, MOEA2A_CE_LANES=3: %d configs with batches of "
                                     "4 MiB or more equal the host reference bit for bit", n, big.cases);
         }
-        /* nodes of n/2 GPUs (MOEA2A_NODE_SIZE): the node-grouped combine order, on the
-         * hierarchical and the flat path, the nodes' NCCL apart (NCCL_HOSTID) or not */
-        for (int v = 0; v < 4; v++) {
-            const int flat = v & 1, hosts = v >> 1;
-            const char *what = flat ? "flat generic path" : "hierarchical path";
-            if (n > 1 && !quick) {
-                moe_arg_t a = {ndev, hosts ? 10 : 20, 991u * (uint64_t)n + (uint64_t)v, 1, n / 2, 0, 0, 0, flat, hosts};
-                point_run(n, moe_rank, &a, WATCHDOG, &res);
-                tap_ok(res.failed == 0, "MoE on %d GPU(s) in 2 emulated nodes%s, %s: %d random configs equal the host "
-                                        "reference (node-grouped combine, rows across nodes) bit for bit", n,
-                       hosts ? " joined by NCCL's network transport" : "", what, a.cases);
-            } else {
-                tap_skip(n > 1 ? "quick mode" : "one rank is one node", "MoE on %d GPU(s) in 2 emulated nodes, %s", n, what);
-            }
-        }
+        emulated_node_points(n, ndev, quick);
     }
     local_ranks_result_t res;
     for (int nvlink = 1; nvlink >= 0; nvlink--) {
@@ -1579,13 +1597,14 @@ int main(void)
                             "every rank with nothing enqueued; the same calls outside the capture succeed", n);
     volatile double *kill_time = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     for (int nvlink = 1; nvlink >= 0; nvlink--) {
-        if (ndev < 2 || quick || kill_time == MAP_FAILED) {
-            tap_skip(ndev < 2 ? "not enough GPUs" : "quick mode", "a dead peer on CUDA memory (%s path)",
+        /* the generic path's 2 ranks may share a GPU (NCCL_HOSTID apart) */
+        if ((ndev < 2 && nvlink) || quick || kill_time == MAP_FAILED) {
+            tap_skip(ndev < 2 && nvlink ? "not enough GPUs" : "quick mode", "a dead peer on CUDA memory (%s path)",
                      nvlink ? "default" : "generic");
             continue;
         }
         *kill_time = 0;
-        kill_arg_t ka = {ndev, nvlink, kill_time};
+        kill_arg_t ka = {ndev, nvlink, kill_time, .hosts = ndev < 2};
         point_run(2, killed_peer_rank, &ka, 120.0, &res);
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
                "a peer killed in a dispatch/combine loop on CUDA memory (%s path): the survivor fails in time, "
@@ -1606,30 +1625,32 @@ int main(void)
                "on the stream: the kernel ends within %.0f s by itself and the status names the rank (exits %d, %d)",
                ipc ? "CUDA IPC" : "NCCL window", KILL_BOUND_S, res.exit_codes[0], res.exit_codes[1]);
     }
-    /* the hierarchical path: 2 emulated nodes (of 2 GPUs, or 1), rank 1 killed */
+    /* the hierarchical path: 2 emulated nodes (of 2 GPUs, or 1; on one GPU its 2 ranks
+     * NCCL_HOSTID apart), rank 1 killed */
     const int kn = ndev >= 4 ? 4 : 2;
-    if (ndev < 2 || quick || kill_time == MAP_FAILED) {
-        tap_skip(ndev < 2 ? "not enough GPUs" : "quick mode", "a dead peer on CUDA memory (hierarchical path)");
+    if (quick || kill_time == MAP_FAILED) {
+        tap_skip("quick mode", "a dead peer on CUDA memory (hierarchical path)");
     } else {
         *kill_time = 0;
-        kill_arg_t ka = {ndev, 1, kill_time, 0, kn / 2};
+        kill_arg_t ka = {ndev, 1, kill_time, 0, kn / 2, ndev < 2};
         point_run(kn, killed_peer_rank, &ka, 120.0, &res);
         int others = 1;
         for (int q = 2; q < kn; q++) others &= res.exit_codes[q] == 0;
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL && others,
-               "a peer killed in a dispatch/combine loop on %d GPUs in 2 emulated nodes (hierarchical path): every "
-               "survivor fails in time and destroys cleanly (exits %d, %d%s)", kn, res.exit_codes[0],
+               "a peer killed in a dispatch/combine loop, %d ranks on %d GPU(s) in 2 emulated nodes (hierarchical "
+               "path): every survivor fails in time and destroys cleanly (exits %d, %d%s)", kn, ndev < kn ? ndev : kn,
+               res.exit_codes[0],
                res.exit_codes[1], others ? "" : ", a third rank failed");
     }
-    if (ndev < 2 || quick) {
-        tap_skip(ndev < 2 ? "not enough GPUs" : "quick mode", "hierarchical path soak");
+    if (quick) {
+        tap_skip("quick mode", "hierarchical path soak");
     } else {
         soak_arg_t sa = {ndev, kn / 2, 2000};
         point_run(kn, soak_rank, &sa, WATCHDOG, &res);
-        tap_ok(res.failed == 0, "hierarchical path, %d GPUs in 2 emulated nodes: %d round trips of fresh random "
+        tap_ok(res.failed == 0, "hierarchical path, %d ranks on %d GPU(s) in 2 emulated nodes: %d round trips of fresh random "
                                 "routings (idle and full ranks, invalid ids) equal the host reference bit for bit; "
                                 "the bytes handed to NCCL for other nodes are the routing's node-dedup rows",
-               kn, sa.iters);
+               kn, ndev < kn ? ndev : kn, sa.iters);
     }
     return tap_done();
 }
