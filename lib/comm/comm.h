@@ -35,6 +35,9 @@ struct moea2a_comm {
      * dead peer, abort): every later call returns MOEA2A_ERR_ABORTED. */
     moea2a_result_t broken;
     int peer_lost; /* a failure here said a peer was gone (kept through a later abort) */
+    /* a dead rank + 1 once the peer watcher saw one, for the transports' waits
+     * (moea2a_transport_v2_t.watch) */
+    volatile int32_t dead_word;
     char broken_why[M2A_ERRMSG_LEN]; /* the message of the failure that broke it */
     char last_error[M2A_ERRMSG_LEN];  /* moea2a_last_error(comm): last_error.c */
 };

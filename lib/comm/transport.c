@@ -16,11 +16,18 @@
 /* Preferred first when nothing is asked for: the fastest path for its memory type. */
 static const char *const default_order[] = {"nccl", "ucx"};
 
-/* A module's table: its version 2 table when it has one, else its version 1 table
- * (a version 2 without the shrink members). *v2: the version 2 table, or NULL. */
+/* A module's table: its newest (version 3, 2, then 1), read as version 1's with the
+ * later members beside it. *v2, *v3: those tables, or NULL where the module has none. */
 static const moea2a_transport_v1_t *load_module(const char *path, void **dl, char *why, size_t len,
-                                                const moea2a_transport_v2_t **v2)
+                                                const moea2a_transport_v2_t **v2, const moea2a_transport_v3_t **v3)
 {
+    const moea2a_transport_v3_t *t3 =
+        m2a_module_open(path, MOEA2A_TRANSPORT_V3_SYMBOL, offsetof(moea2a_transport_v3_t, v2.v1.abi_version),
+                        MOEA2A_TRANSPORT_V3_ABI_VERSION, "a transport", dl, why, len);
+    if (v3) *v3 = t3;
+    if (v2) *v2 = t3 ? &t3->v2 : NULL;
+    if (t3) return &t3->v2.v1;
+    if (strstr(why, "ABI version")) return NULL; /* a version 3 symbol of another version: say so */
     const moea2a_transport_v2_t *t2 =
         m2a_module_open(path, MOEA2A_TRANSPORT_V2_SYMBOL, offsetof(moea2a_transport_v2_t, v1.abi_version),
                         MOEA2A_TRANSPORT_V2_ABI_VERSION, "a transport", dl, why, len);
@@ -48,7 +55,7 @@ static void list_one(const char *name, const char *path, void *arg)
         const moea2a_transport_v1_t *ops;
         if (!strcmp(name, M2A_CUDA_MODULE_NAME)) { /* not a transport: the kernels' module */
             t->loadable = m2a_cuda_probe(path, &t->abi_version, t->detail, sizeof(t->detail));
-        } else if ((ops = load_module(path, &dl, t->detail, sizeof(t->detail), NULL))) {
+        } else if ((ops = load_module(path, &dl, t->detail, sizeof(t->detail), NULL, NULL))) {
             t->loadable = 1;
             t->abi_version = ops->abi_version;
             snprintf(t->detail, sizeof(t->detail), "transport '%s', ABI v%d", ops->name, ops->abi_version);
@@ -106,7 +113,8 @@ static moea2a_result_t open_one(moea2a_comm_t comm, const found_t *f, int i, int
     m2a_transport_t *t = &comm->tr[comm->ntr];
     char why[512];
     const moea2a_transport_v2_t *v2;
-    t->ops = load_module(f->paths[i], &t->dl, why, sizeof(why), &v2);
+    const moea2a_transport_v3_t *v3;
+    t->ops = load_module(f->paths[i], &t->dl, why, sizeof(why), &v2, &v3);
     if (!t->ops) {
         if (explicit_ask)
             return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "transport '%s' (%s) cannot be loaded: %s",
@@ -117,6 +125,7 @@ static moea2a_result_t open_one(moea2a_comm_t comm, const found_t *f, int i, int
     snprintf(t->name, sizeof(t->name), "%s", f->names[i]);
     t->explicit_ask = explicit_ask;
     if (v2 && v2->can_shrink && v2->shrink) t->can_shrink = v2->can_shrink, t->shrink = v2->shrink;
+    if (v3) t->watch = v3->watch;
     comm->ntr++;
     return MOEA2A_SUCCESS;
 }
@@ -357,6 +366,11 @@ moea2a_result_t m2a_transports_connect(moea2a_comm_t comm, moea2a_comm_t parent)
     if (r == MOEA2A_SUCCESS) r = keep_common(comm, common & all_connected, "initialize or connect");
     if (r == MOEA2A_SUCCESS && comm->ntr == 0)
         r = m2a_error(comm, MOEA2A_ERR_UNAVAILABLE, "no transport could be set up on every rank (MOEA2A_DEBUG=INFO says why)");
+    /* the peer watcher's news for the modules' waits (the word is the communicator's, so
+     * it outlives both the watcher and the modules) */
+    if (r == MOEA2A_SUCCESS && comm->watch) r = m2a_comm_watch(comm, &comm->dead_word);
+    for (int i = 0; r == MOEA2A_SUCCESS && i < comm->ntr; i++)
+        if (comm->tr[i].watch) comm->tr[i].watch(comm->tr[i].tc, comm->watch ? &comm->dead_word : NULL);
     for (int i = 0; r == MOEA2A_SUCCESS && i < comm->ntr; i++)
         M2A_INFO(M2A_SUBSYS_TRANSPORT, "transport %s ready (memory:%s%s)", comm->tr[i].name,
                  comm->tr[i].mem_types & MOEA2A_MEM_HOST ? " host" : "",
@@ -396,7 +410,7 @@ const moea2a_transport_v1_t *m2a_transport_load(const char *name, void **dl, cha
     m2a_modules_each(collect, f);
     int i = find(f, name);
     if (i < 0) snprintf(why, len, "no module libmoea2a-%s.so on MOEA2A_TRANSPORT_PATH or in %s", name, MOEA2A_PKGLIBDIR);
-    else ops = load_module(f->paths[i], dl, why, len, NULL);
+    else ops = load_module(f->paths[i], dl, why, len, NULL, NULL);
     free(f);
     return ops;
 }

@@ -5,7 +5,7 @@
 #include <stddef.h>
 
 #include "moea2a.h"
-#include "moea2a_transport_v2.h"
+#include "moea2a_transport_v3.h"
 
 #define M2A_MAX_TRANSPORTS 8
 #define M2A_NAME_LEN 32
@@ -13,10 +13,12 @@
 typedef struct {
     char name[M2A_NAME_LEN];
     const moea2a_transport_v1_t *ops;
-    /* version 2's members, NULL for a version 1 module (moea2a_transport_v2.h) */
+    /* the later versions' members, NULL for a module of an earlier one
+     * (moea2a_transport_v2.h, moea2a_transport_v3.h) */
     int (*can_shrink)(void *parent);
     int (*shrink)(void *parent, const moea2a_core_v1_t *core, const int *parent_rank, int dead, void **tcomm,
                   unsigned *mem_types);
+    void (*watch)(void *tcomm, const volatile int32_t *dead);
     void *dl;          /* dlopen handle */
     void *tc;          /* the module's per-communicator state */
     unsigned mem_types;

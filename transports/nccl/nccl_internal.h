@@ -3,7 +3,7 @@
 #define M2A_NCCL_INTERNAL_H
 #include <nccl.h>
 
-#include "moea2a_transport_v2.h"
+#include "moea2a_transport_v3.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,6 +16,10 @@ typedef struct {
     int failed;  /* aborted after a timeout or error, or revoked */
     int revoked; /* revoked (nccl_abort): nc still holds its memory, aborted at finalize */
     int rank, nranks;
+    /* the core's word of a dead peer (rank + 1; moea2a_transport_v2_t.watch), NULL: none
+     * (or a shrink under way, which expects the dead) */
+    const volatile int32_t *dead;
+    int windows; /* symmetric windows registered (load/store kernels may run on them) */
     /* symmetric memory (nccl_symmetric.c): the device communicator, made on first use */
     int lsa;     /* 0 not probed, 1 every rank load/store reachable, -1 not */
     void *devcomm; /* ncclDevComm_t */

@@ -80,6 +80,7 @@ int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, vo
     if (e == cudaSuccess) e = cudaMemcpy(peers, d_peers, sizeof(void *) * (size_t)c->nranks, cudaMemcpyDeviceToHost);
     if (d_peers) cudaFree(d_peers);
     *handle = w;
+    c->windows++;
     if (e != cudaSuccess)
         return fail(c, MOEA2A_ERR_CUDA, "nccl: peer addresses of a window: %s", cudaGetErrorString(e));
     return MOEA2A_SUCCESS;
@@ -90,6 +91,7 @@ void m2a_nccl_mem_deregister(void *tcomm, void *handle)
     nccl_comm_t *c = tcomm;
     nccl_window_t *w = handle;
     if (!w) return;
+    c->windows--;
     if (!c->failed) m2a_nccl_settle(c, ncclCommWindowDeregister(c->nc, w->win), "ncclCommWindowDeregister");
     free(w);
 }

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "moea2a.h"
-#include "moea2a_transport_v2.h"
+#include "moea2a_transport_v3.h"
 #include "nccl_internal.h"
 
 /* Aborts c's NCCL communicator once: ncclCommAbort frees it, so a second abort (at
@@ -26,11 +26,25 @@ void m2a_nccl_abort_once(nccl_comm_t *c)
     c->failed = 1;
 }
 
-/* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded. */
+static void nccl_abort(void *tcomm);
+
+/* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded by the
+ * timeout, and ended at once when the core's peer watcher names a dead rank: NCCL's
+ * work waits on every peer, so it would never finish. Then, as at the timeout, the
+ * communicator is aborted (NCCL's kernels stuck on the dead rank end), or revoked where
+ * symmetric windows are registered (a load/store kernel may still run on one: it ends
+ * by itself on the same news, and the memory stays mapped until then). */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
 {
     double deadline = moea2a_transport_now() + c->core->timeout_s;
     while (rc == ncclSuccess || rc == ncclInProgress) {
+        const int32_t dead = c->dead ? __atomic_load_n(c->dead, __ATOMIC_ACQUIRE) : 0;
+        if (dead && !c->failed) {
+            if (c->windows) nccl_abort(c);
+            else m2a_nccl_abort_once(c);
+            return fail(c, MOEA2A_ERR_PEER_FAILED, "nccl: %s: rank %d is gone (the peer watcher saw it); the NCCL "
+                        "communicator is revoked", what, dead - 1);
+        }
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess) break;
         if (st == ncclSuccess) return MOEA2A_SUCCESS;
@@ -155,6 +169,7 @@ static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *pa
         else excl[n++] = q;
     }
     int r = select_device(core, c);
+    p->dead = NULL; /* the shrink leaves the dead out: its waits are for the survivors */
     if (r == MOEA2A_SUCCESS && p->revoked) r = m2a_nccl_settle(p, ncclInProgress, "ncclCommRevoke");
     if (r == MOEA2A_SUCCESS) {
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -346,22 +361,28 @@ static int nccl_external_bcast(void *external, void *buf, size_t bytes, int root
     return r;
 }
 
-__attribute__((visibility("default"))) const moea2a_transport_v2_t moea2a_transport_v2 = {
-    .v1 = {
-        .name = "nccl", .abi_version = MOEA2A_TRANSPORT_V2_ABI_VERSION,
-        /* setup */
-        .init_local = nccl_init_local, .connect = nccl_connect, .finalize = nccl_finalize,
-        /* collectives, and the operations they return */
-        .alltoallv = nccl_alltoallv, .allgather = nccl_allgather, .bcast = nccl_bcast, .barrier = nccl_barrier,
-        .test = nccl_test, .describe = nccl_describe, .op_free = nccl_op_free,
-        /* grouped sends and receives; asynchronous errors and abort */
-        .group_start = nccl_group_start, .group_end = nccl_group_end, .check = nccl_check, .abort = nccl_abort,
-        /* a communicator of an external launcher (torch.distributed's NCCL) */
-        .external_rank = nccl_external_rank, .external_bcast = nccl_external_bcast,
-        /* symmetric memory: windows every rank maps */
-        .mem_alloc = m2a_nccl_mem_alloc, .mem_free = m2a_nccl_mem_free, .mem_register = m2a_nccl_mem_register,
-        .mem_deregister = m2a_nccl_mem_deregister, .lsa_reachable = m2a_nccl_lsa_reachable,
+static void nccl_watch(void *tcomm, const volatile int32_t *dead) { ((nccl_comm_t *)tcomm)->dead = dead; }
+
+__attribute__((visibility("default"))) const moea2a_transport_v3_t moea2a_transport_v3 = {
+    .v2 = {
+        .v1 = {
+            .name = "nccl", .abi_version = MOEA2A_TRANSPORT_V3_ABI_VERSION,
+            /* setup */
+            .init_local = nccl_init_local, .connect = nccl_connect, .finalize = nccl_finalize,
+            /* collectives, and the operations they return */
+            .alltoallv = nccl_alltoallv, .allgather = nccl_allgather, .bcast = nccl_bcast, .barrier = nccl_barrier,
+            .test = nccl_test, .describe = nccl_describe, .op_free = nccl_op_free,
+            /* grouped sends and receives; asynchronous errors and abort */
+            .group_start = nccl_group_start, .group_end = nccl_group_end, .check = nccl_check, .abort = nccl_abort,
+            /* a communicator of an external launcher (torch.distributed's NCCL) */
+            .external_rank = nccl_external_rank, .external_bcast = nccl_external_bcast,
+            /* symmetric memory: windows every rank maps */
+            .mem_alloc = m2a_nccl_mem_alloc, .mem_free = m2a_nccl_mem_free, .mem_register = m2a_nccl_mem_register,
+            .mem_deregister = m2a_nccl_mem_deregister, .lsa_reachable = m2a_nccl_lsa_reachable,
+        },
+        /* the survivors' communicator from the parent's (ncclCommShrink) */
+        NCCL_SHRINK_MEMBERS
     },
-    /* the survivors' communicator from the parent's (ncclCommShrink) */
-    NCCL_SHRINK_MEMBERS
+    /* the peer watcher's news for the bounded waits */
+    .watch = nccl_watch,
 };
