@@ -31,19 +31,16 @@ static void nccl_abort(void *tcomm);
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded by the
  * timeout, and ended at once when the core's peer watcher names a dead rank: NCCL's
  * work waits on every peer, so it would never finish. Then, as at the timeout, the
- * communicator is aborted (NCCL's kernels stuck on the dead rank end), or revoked where
- * symmetric windows are registered (a load/store kernel may still run on one: it ends
- * by itself on the same news, and the memory stays mapped until then). */
+ * communicator is ended by nccl_abort. */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
 {
     double deadline = moea2a_transport_now() + c->core->timeout_s;
     while (rc == ncclSuccess || rc == ncclInProgress) {
         const int32_t dead = c->dead ? __atomic_load_n(c->dead, __ATOMIC_ACQUIRE) : 0;
         if (dead && !c->failed) {
-            if (c->windows) nccl_abort(c);
-            else m2a_nccl_abort_once(c);
+            nccl_abort(c);
             return fail(c, MOEA2A_ERR_PEER_FAILED, "nccl: %s: rank %d is gone (the peer watcher saw it); the NCCL "
-                        "communicator is revoked", what, dead - 1);
+                        "communicator is %s", what, dead - 1, c->revoked ? "revoked" : "aborted");
         }
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(c->nc, &st) != ncclSuccess) break;
@@ -302,11 +299,14 @@ static int nccl_check(void *tcomm)
     return MOEA2A_SUCCESS;
 }
 
-/* Revoked where NCCL can (2.28 and later): NCCL's operations in flight stop and every
- * later one fails, but its memory stays mapped, so that a load/store kernel still
+/* Aborted: ncclCommAbort ends NCCL's kernels, those of a send or receive stuck on a
+ * dead peer included, and frees the communicator. Where symmetric windows are
+ * registered and NCCL can (2.28 and later) it is revoked instead: every later NCCL
+ * operation fails but the memory stays mapped, so that a load/store kernel still
  * running on a window (it ends by itself once it sees the dead peer) never touches
  * unmapped memory, and the communicator can still be shrunk; it is aborted at
- * finalize. Else aborted at once. */
+ * finalize. A revoke alone does not end a network send or receive waiting on the dead
+ * rank, hence the abort everywhere else. */
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
 #pragma weak ncclCommRevoke
 #endif
@@ -314,7 +314,7 @@ static void nccl_abort(void *tcomm)
 {
     nccl_comm_t *c = tcomm;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    if (ncclCommRevoke && c->nc && !c->failed) {
+    if (ncclCommRevoke && c->nc && !c->failed && c->windows) {
         const ncclResult_t rc = ncclCommRevoke(c->nc, NCCL_REVOKE_DEFAULT);
         if (rc == ncclSuccess || rc == ncclInProgress) {
             c->failed = c->revoked = 1;
