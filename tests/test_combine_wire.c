@@ -16,8 +16,9 @@
  * (ranks sharing GPUs over CUDA IPC where there are fewer), the rows written into the
  * combine buffer (quantized there in place) and passed from the caller's own buffer, the
  * load/store and generic paths giving the same bits, and in emulated nodes the flat
- * generic path, each node's partial quantized again on the GPU. Then the config's
- * refusals, and the hierarchical CUDA path's and copy-engine mode's. */
+ * generic path beside the hierarchical CUDA path, each node's partial quantized again
+ * on the GPU (ranks sharing a GPU there apart for NCCL by their NCCL_HOSTID). Then the
+ * config's refusals, and copy-engine mode's. */
 #include "config.h"
 
 #include <math.h>
@@ -237,21 +238,22 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         if (cudaSetDevice(me % a->ndev) != cudaSuccess) return 1;
         cfg.cuda_device = me % a->ndev;
         if (a->ipc) without_nccl();
+        if (a->node_size && ep > a->ndev) nccl_hosts_apart(me, 1); /* ranks sharing a GPU */
     }
 #endif
     moea2a_comm_t comm;
     if (moea2a_comm_init_rank(&comm, ep, id, me, &cfg)) return 1;
     moea2a_moe_config_t c = config_of(a, MOEA2A_WIRE_FP8);
-    /* flat: a second path whose bits must equal the first's: on host memory across nodes
-     * the flat path beside the hierarchical one; in CUDA memory on one node the generic
-     * path (NCCL) beside the load/store one. In CUDA memory across nodes the first is
-     * the flat generic path (the hierarchical CUDA path refuses the wire, below). */
+    /* flat: a second path whose bits must equal the first's: across nodes the flat path
+     * beside the hierarchical one (in CUDA memory the flat generic path, and the
+     * hierarchical path also on nodes of one rank); on one node in CUDA memory the
+     * generic path (NCCL) beside the load/store one. */
     moea2a_moe_t moe = NULL, flat = NULL;
-    if (a->cuda && a->node_size) setenv("MOEA2A_HIERARCHICAL", "0", 1);
+    if (a->cuda && a->node_size) setenv("MOEA2A_HIERARCHICAL", "1", 1);
     RANK_EXPECT(fails, me, moea2a_moe_create(&moe, comm, &c) == MOEA2A_SUCCESS, "create: %s", moea2a_last_error(comm));
     moea2a_moe_config_t g = c;
     if (a->cuda) g.flags |= MOEA2A_MOE_NO_NVLINK;
-    if (a->node_size ? !a->cuda : a->cuda && !a->ipc) {
+    if (a->node_size || (a->cuda && !a->ipc)) {
         setenv("MOEA2A_HIERARCHICAL", "0", 1);
         RANK_EXPECT(fails, me, moea2a_moe_create(&flat, comm, &g) == MOEA2A_SUCCESS, "create (second path): %s",
                     moea2a_last_error(comm));
@@ -269,25 +271,21 @@ static int wire_rank(int me, int ep, moea2a_unique_id_t id, void *arg)
         if (flat && !fails) {
             r = round_trip(flat, me, n, kind, &ak, out2);
             RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS && !memcmp(out, out2, sizeof(float) * (size_t)n * (size_t)a->hidden),
-                        "the %s path's output differs from the %s path's (%s)", a->cuda ? "generic" : "flat",
-                        a->cuda ? "load/store" : "hierarchical", moea2a_strerror(r));
+                        "the %s path's output differs from the %s path's (%s)", a->node_size || !a->cuda ? "flat" : "generic",
+                        a->node_size ? "hierarchical" : "load/store", moea2a_strerror(r));
         }
     }
     free(out), free(out2);
     if (flat) moea2a_moe_destroy(flat);
     if (moe) moea2a_moe_destroy(moe);
-    if (a->cuda) { /* refused on every rank: the hierarchical CUDA path across nodes (asked for: nodes of one
-                    * rank take the flat path by default), copy-engine mode on one */
+    if (a->cuda && !a->node_size) { /* refused on every rank: copy-engine mode */
         moea2a_moe_config_t x_c = config_of(a, MOEA2A_WIRE_FP8);
-        if (!a->node_size) x_c.flags |= MOEA2A_MOE_COPY_ENGINE;
-        else setenv("MOEA2A_HIERARCHICAL", "1", 1);
+        x_c.flags |= MOEA2A_MOE_COPY_ENGINE;
         moea2a_moe_t x = NULL;
         moea2a_result_t r = moea2a_moe_create(&x, comm, &x_c);
-        unsetenv("MOEA2A_HIERARCHICAL");
         RANK_EXPECT(fails, me, r == MOEA2A_ERR_UNAVAILABLE && strstr(moea2a_last_error(comm), "combine_wire FP8") &&
-                                   strstr(moea2a_last_error(comm), a->node_size ? "cuda-hier path" : "copy-engine"),
-                    "%s: %s (%s)", a->node_size ? "the hierarchical path" : "copy-engine mode", moea2a_strerror(r),
-                    moea2a_last_error(comm));
+                                   strstr(moea2a_last_error(comm), "copy-engine"),
+                    "copy-engine mode: %s (%s)", moea2a_strerror(r), moea2a_last_error(comm));
         if (r == MOEA2A_SUCCESS) moea2a_moe_destroy(x);
     }
     moea2a_comm_destroy(comm);
@@ -335,8 +333,10 @@ static void cuda_runs(void)
     const int ndev = gpu_count();
     for (size_t i = 0; i < sizeof(pts) / sizeof(pts[0]); i++) {
         const int n = pts[i].ranks, nodes = pts[i].node_size != 0;
-        const int share = n > ndev && ndev > 0 && !nodes && have_ucx(); /* the generic path needs NCCL: a GPU each */
-        if (n > ndev && !share) {
+        /* fewer GPUs than ranks: on one node the ranks share them over CUDA IPC; in
+         * emulated nodes NCCL sees each rank as a host of its own */
+        const int share = n > ndev && ndev > 0 && !nodes && have_ucx();
+        if (n > ndev && !share && !(nodes && ndev > 0)) {
             tap_skip(ndev ? "not enough GPUs" : "no CUDA device", "FP8 combine wire on %d GPU(s)%s", n,
                      nodes ? " in emulated nodes" : "");
             continue;
@@ -345,11 +345,14 @@ static void cuda_runs(void)
         local_ranks_result_t res;
         local_ranks_run(n, wire_rank, (void *)&a, WATCHDOG, &res);
         char where[64];
-        snprintf(where, sizeof(where), share ? "%d ranks sharing %d GPU(s) over CUDA IPC" : "%d GPU(s)", n, ndev);
+        if (share) snprintf(where, sizeof(where), "%d ranks sharing %d GPU(s) over CUDA IPC", n, ndev);
+        else if (n > ndev) snprintf(where, sizeof(where), "%d ranks on %d GPU(s), NCCL_HOSTID apart", n, ndev);
+        else snprintf(where, sizeof(where), "%d GPU(s)", n);
         if (nodes)
-            tap_ok(res.failed == 0, "FP8 combine wire on %s in emulated nodes of %d, the flat generic path (%s scales, "
-                                    "hidden %d): each node's partial quantized again on the GPU, equal to the public FP8 "
-                                    "calls' reference bit for bit, within the bound; the hierarchical CUDA path refuses it",
+            tap_ok(res.failed == 0, "FP8 combine wire on %s in emulated nodes of %d, the hierarchical and the flat generic "
+                                    "path (%s scales, hidden %d): each node's partial quantized again on the GPU (at its "
+                                    "rail peer on the hierarchical path), equal to the public FP8 calls' reference bit for "
+                                    "bit, within the bound, the two paths the same bits",
                    where, a.node_size, a.ue8m0 ? "UE8M0" : "fp32", a.hidden);
         else
             tap_ok(res.failed == 0, "FP8 combine wire on %s, load/store path%s (%s scales, %s out, hidden %d): rows in "

@@ -43,17 +43,6 @@ static int use_device(int rank, int ndev)
     return cudaSetDevice(rank % ndev) == cudaSuccess ? 0 : 1;
 }
 
-/* NCCL takes one rank per GPU and host: ranks given the same host id here (host =
- * rank / group) and apart from the others are joined by NCCL's network transport
- * (sockets on loopback), as separate machines; so group 1 lets ranks share a GPU. */
-static void nccl_hosts_apart(int rank, int group)
-{
-    char v[32];
-    snprintf(v, sizeof(v), "m2a-node-%d", rank / group);
-    setenv("NCCL_HOSTID", v, 1);
-    setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-}
-
 static void *to_device(const void *h, size_t bytes)
 {
     void *d = NULL;

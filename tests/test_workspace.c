@@ -18,6 +18,9 @@ static const char *srcdir(void)
 
 static size_t A(size_t x) { return (x + 127) / 128 * 128; }
 
+/* MOEA2A_HIERARCHICAL=1 set: the hierarchical path also on nodes of one rank */
+static int hier_forced;
+
 /* The formula of moea2a_moe_workspace_size(3); N nodes of M ranks (N > 1, M > 1: the
  * hierarchical path, whose staging differs by memory). */
 static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, int cuda, int N, int M,
@@ -48,10 +51,10 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
                           : c->hidden * es;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * cw) + (fp8 && !lsa ? A(n * cap * cw) : 0);
     *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
-    const size_t S = (size_t)N - 1, crow = c->hidden * es, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
-    if (cuda && N > 1 && M > 1) { /* the hierarchical path on CUDA memory */
+    const size_t S = (size_t)N - 1, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
+    if (cuda && N > 1 && (M > 1 || hier_forced)) { /* the hierarchical path on CUDA memory */
         *staging += A(4 * cap * k) + A(4 * n) + A(4 * nn * cap * k) + A(4 * S * cap * k) + A(S * cap * record) +
-                    A(S * m1 * cap * record) + A(S * m1 * cap * crow) + A(S * cap * crow);
+                    A(S * m1 * cap * record) + A(S * m1 * cap * cw) + A(S * cap * cw);
         *pinned += A(4 * cap * k) * (2 + nn);
     } else if (N > 1 && M > 1) { /* on host memory: R ranks on other nodes, D = min(k, M) */
         const size_t R = n - (size_t)M, D = k < (size_t)M ? k : (size_t)M;
@@ -161,8 +164,8 @@ static void test_topologies(void)
     odd.payloads[2] = (moea2a_payload_desc_t){MOEA2A_INT64, 1};
     check_case(&cases[8], &odd);
     /* the FP8 combine wire on host memory, one node and across nodes (hierarchical), both
-     * scale kinds; on the load/store path (quantized in place: no staging of its own) and
-     * the generic one; refused by the hierarchical CUDA path */
+     * scale kinds; on the load/store path (quantized in place: no staging of its own), the
+     * generic one and the hierarchical CUDA path (its relayed rows and partials on the wire) */
     moea2a_moe_config_t cw = deepseek(4096, 1, MOEA2A_BFLOAT16);
     cw.combine_wire.format = MOEA2A_WIRE_FP8;
     check_case(&cases[3], &cw);
@@ -170,15 +173,16 @@ static void test_topologies(void)
     cw.combine_wire.flags = MOEA2A_FP8_UE8M0;
     check_case(&cases[5], &cw);
     check_case(&cases[0], &cw);
-    tap_ok(refused_on_cuda(&cases[1], &cw, "combine_wire FP8") && strstr(moea2a_last_error(NULL), "cuda-hier path"),
-           "the FP8 combine wire across nodes in CUDA memory (the hierarchical path) is refused at sizing: %s",
-           moea2a_last_error(NULL));
+    check_case(&cases[1], &cw); /* the hierarchical CUDA path */
     check_case(&cases[6], &cw); /* the generic CUDA path: the rows quantized into staging */
     const case_t one_each = {"4gpu-nvlink.xml", 2, 1, 0, MOEA2A_MEMORY_CUDA, 1, 0, 0, 0, "mlx5_0"};
     setenv("MOEA2A_HIERARCHICAL", "1", 1); /* nodes of one rank: the hierarchical path only when asked for */
-    tap_ok(refused_on_cuda(&one_each, &cw, "cuda-hier path"),
-           "the FP8 combine wire on the hierarchical CUDA path forced over nodes of one rank is refused at sizing: %s",
-           moea2a_last_error(NULL));
+    hier_forced = 1;
+    check_case(&one_each, &cw);
+    cw.combine_wire.flags = 0;
+    check_case(&one_each, &cw);
+    cw.combine_wire.flags = MOEA2A_FP8_UE8M0;
+    hier_forced = 0;
     unsetenv("MOEA2A_HIERARCHICAL");
     cw.hidden = 98304 + 128;
     tap_ok(refused_on_cuda(&cases[0], &cw, "hidden=98432"),

@@ -166,7 +166,7 @@ constexpr int kMaxDest = 64; /* destinations per token kept in shared memory */
  * one node. */
 __device__ int token_rows(const m2a_kparams_t &p, const int32_t *map, int t, size_t row_bytes,
                           const unsigned char *self_rows, const unsigned char *landing, const unsigned char **rows,
-                          unsigned long long *ends)
+                          unsigned long long *ends, unsigned long long *far = nullptr)
 {
     int nd = 0, node[kMaxDest];
     for (int d = 0; d < p.k && nd < kMaxDest; d++) {
@@ -182,6 +182,11 @@ __device__ int token_rows(const m2a_kparams_t &p, const int32_t *map, int t, siz
     *ends = 0;
     for (int d = 0; p.nodes > 1 && d < nd; d++)
         if (d == nd - 1 || node[d + 1] != node[d]) *ends |= 1ull << d;
+    if (far) { /* bit d: row d comes from another node than this rank's */
+        *far = 0;
+        for (int d = 0; p.nodes > 1 && d < nd; d++)
+            if (node[d] != p.node[p.me]) *far |= 1ull << d;
+    }
     return nd;
 }
 
@@ -256,22 +261,28 @@ __global__ void combine_vec(m2a_kparams_t p, int n, const int32_t *__restrict__ 
  * codes and their scales (wire_row bytes), dequantized and added as combine_vec adds
  * values, 16 per thread step; across nodes each node's partial quantized again by the
  * block rule (8 adjacent threads hold a block of 128) and added dequantized, as the
- * host reference does. vec: every row and out 16-byte aligned. */
-template <moea2a_datatype_t DT>
+ * host reference does. HOW, the hierarchical path's bits of cuda_module.h (0 on the
+ * flat paths, a kernel of its own each): M2A_FAST_WIRE_PARTIALS adds the rows of other
+ * nodes as the partials they are; M2A_FAST_WIRE_OUT stores each sum as a wire row
+ * (wire_row bytes apart). vec: every row and out 16-byte aligned. */
+template <moea2a_datatype_t DT, int HOW>
 __global__ void combine_fp8(m2a_kparams_t p, int n, const int32_t *__restrict__ map, size_t hidden, size_t wire_row,
                             int wire, bool vec, const unsigned char *self_rows, const unsigned char *landing,
                             unsigned char *out)
 {
     using namespace m2a_fp8c;
     constexpr int V = 16 / (int)Elem<DT>::size;
+    constexpr bool wire_out = HOW & M2A_FAST_WIRE_OUT, partials = HOW & M2A_FAST_WIRE_PARTIALS;
     __shared__ const unsigned char *rows[kMaxDest];
     __shared__ int nrows;
-    __shared__ unsigned long long ends;
-    const bool ue8m0 = wire == M2A_FAST_FP8_UE8M0;
-    const size_t out_row = Elem<DT>::size * hidden, groups = hidden / kQv;
+    __shared__ unsigned long long ends, far;
+    const bool ue8m0 = (wire & M2A_FAST_WIRE_KIND) == M2A_FAST_FP8_UE8M0;
+    const size_t out_row = wire_out ? wire_row : Elem<DT>::size * hidden, groups = hidden / kQv;
+    const int nkb = (int)(hidden / M2A_FP8_BLOCK);
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
-        if (threadIdx.x == 0) nrows = token_rows(p, map, t, wire_row, self_rows, landing, rows, &ends);
+        if (threadIdx.x == 0) nrows = token_rows(p, map, t, wire_row, self_rows, landing, rows, &ends, partials ? &far : nullptr);
         __syncthreads();
+        const unsigned long long came = partials ? far : 0; /* rows added as they came */
         unsigned char *o = out + (size_t)t * out_row;
         for (size_t c0 = 0; c0 < groups; c0 += blockDim.x) { /* block-uniform: every lane reaches the shuffles */
             const size_t c = c0 + threadIdx.x;
@@ -281,8 +292,14 @@ __global__ void combine_fp8(m2a_kparams_t p, int n, const int32_t *__restrict__ 
 #pragma unroll
             for (int v = 0; v < kQv; v++) acc[v] = 0.0f, total[v] = 0.0f;
             for (int d = 0; d < nrows; d++) {
-                if (live) fp8c_add(acc, load16(rows[d] + c * kQv, vec), fp8c_scale(rows[d], (int)hidden, kb, ue8m0));
-                if ((ends >> d) & 1) { /* a node's partial, as it travels between nodes: FP8 again */
+                const bool as_came = (came >> d) & 1;
+                if (live) {
+                    const uint4 q = load16(rows[d] + c * kQv, vec);
+                    const float sc = fp8c_scale(rows[d], (int)hidden, kb, ue8m0);
+                    if (as_came) fp8c_add(total, q, sc);
+                    else fp8c_add(acc, q, sc);
+                }
+                if (((ends >> d) & 1) && !as_came) { /* a node's partial, as it travels between nodes: FP8 again */
                     uint32_t am = 0, w[kQv / 4];
 #pragma unroll
                     for (int v = 0; v < kQv; v++) am = max(am, __float_as_uint(acc[v]) & 0x7fffffffu);
@@ -291,6 +308,21 @@ __global__ void combine_fp8(m2a_kparams_t p, int n, const int32_t *__restrict__ 
 #pragma unroll
                     for (int v = 0; v < kQv; v++) acc[v] = 0.0f;
                 }
+            }
+            if constexpr (wire_out) { /* the sum as it will travel: codes, then the block's scale */
+                uint32_t am = 0, w[kQv / 4];
+#pragma unroll
+                for (int v = 0; v < kQv; v++) am = max(am, __float_as_uint(acc[v]) & 0x7fffffffu);
+                const uint32_t sb = fp8c_encode(acc, am, ue8m0, w);
+                if (!live) continue;
+                store16(o + c * kQv, make_uint4(w[0], w[1], w[2], w[3]), vec);
+                if (c % kQLanes == 0) {
+                    if (ue8m0) o[hidden + kb] = (unsigned char)sb;
+                    else reinterpret_cast<uint32_t *>(o + hidden)[kb] = sb;
+                }
+                if (c == 0 && ue8m0) /* the scale bytes' padding to a word */
+                    for (int z = nkb; z < (nkb + 3) / 4 * 4; z++) o[hidden + z] = 0;
+                continue;
             }
             if (!live) continue;
             const float *sum = ends ? total : acc;
@@ -315,6 +347,27 @@ __global__ void __launch_bounds__(256) combine_quantize(int ep, int stride, cons
                                                        unsigned char *out, size_t out_row)
 {
     m2a_fp8c::fp8c_quantize<DT>(in, in_row, out, out_row, counts, ep, stride, (int)hidden, wire == M2A_FAST_FP8_UE8M0);
+}
+
+/* combine_fp8 for out's dtype. */
+template <int HOW>
+void launch_fp8(moea2a_datatype_t dtype, dim3 grid, dim3 block, cudaStream_t s, const m2a_kparams_t &p, int n,
+                const int32_t *map, size_t hidden, size_t wrow, int wire, bool v, const unsigned char *self_rows,
+                const unsigned char *landing, unsigned char *o)
+{
+    switch (dtype) {
+    case MOEA2A_FLOAT32: combine_fp8<MOEA2A_FLOAT32, HOW><<<grid, block, 0, s>>>(p, n, map, hidden, wrow, wire, v, self_rows, landing, o); break;
+    case MOEA2A_FLOAT16: combine_fp8<MOEA2A_FLOAT16, HOW><<<grid, block, 0, s>>>(p, n, map, hidden, wrow, wire, v, self_rows, landing, o); break;
+    default: combine_fp8<MOEA2A_BFLOAT16, HOW><<<grid, block, 0, s>>>(p, n, map, hidden, wrow, wire, v, self_rows, landing, o); break;
+    }
+}
+
+/* e, or the error of loading combine_fp8's three float instantiations for HOW. */
+template <int HOW>
+int load_fp8(int e)
+{
+    return m2a_load_kernel(combine_fp8<MOEA2A_FLOAT32, HOW>,
+                           m2a_load_kernel(combine_fp8<MOEA2A_FLOAT16, HOW>, m2a_load_kernel(combine_fp8<MOEA2A_BFLOAT16, HOW>, e)));
 }
 
 int grid_for(long long work, int per_block)
@@ -421,13 +474,13 @@ extern "C" int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *se
     size_t es = dtype == MOEA2A_FLOAT32 ? 4 : 2;
     if (wire != M2A_FAST_AS_IS) {
         const size_t nkb = hidden / M2A_FP8_BLOCK;
-        const size_t wrow = hidden + 4 * (wire == M2A_FAST_FP8_UE8M0 ? (nkb + 3) / 4 : nkb);
+        const size_t wrow = hidden + 4 * ((wire & M2A_FAST_WIRE_KIND) == M2A_FAST_FP8_UE8M0 ? (nkb + 3) / 4 : nkb);
         const bool v = wrow % 16 == 0 && (((uintptr_t)self_rows | (uintptr_t)landing | (uintptr_t)out) % 16 == 0);
-        switch (dtype) {
-        case MOEA2A_FLOAT32: combine_fp8<MOEA2A_FLOAT32><<<grid, block, 0, s>>>(*p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o); break;
-        case MOEA2A_FLOAT16: combine_fp8<MOEA2A_FLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o); break;
-        default: combine_fp8<MOEA2A_BFLOAT16><<<grid, block, 0, s>>>(*p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o); break;
-        }
+        const int how = wire & ~M2A_FAST_WIRE_KIND;
+        if (how == M2A_FAST_WIRE_OUT) launch_fp8<M2A_FAST_WIRE_OUT>(dtype, grid, block, s, *p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o);
+        else if (how == M2A_FAST_WIRE_PARTIALS) launch_fp8<M2A_FAST_WIRE_PARTIALS>(dtype, grid, block, s, *p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o);
+        else if (how == 0) launch_fp8<0>(dtype, grid, block, s, *p, n, send_map, hidden, wrow, wire, v, self_rows, landing, o);
+        else return (int)cudaErrorInvalidValue; /* one of them at a time */
         return (int)cudaGetLastError();
     }
     bool vec = ((es * hidden) % 16 == 0) && (((uintptr_t)self_rows | (uintptr_t)landing | (uintptr_t)out) % 16 == 0);
@@ -467,6 +520,6 @@ extern "C" int m2a_cuda_moe_load(void)
 {
     int e = m2a_load_kernel(route_dests, 0);
     e = m2a_load_kernel(route_slots, m2a_load_kernel(pack, m2a_load_kernel(sanitize, e)));
-    e = M2A_LOAD_FLOATS(combine_fp8, M2A_LOAD_FLOATS(combine_quantize, e));
+    e = load_fp8<0>(load_fp8<M2A_FAST_WIRE_OUT>(load_fp8<M2A_FAST_WIRE_PARTIALS>(M2A_LOAD_FLOATS(combine_quantize, e))));
     return M2A_LOAD_FLOATS(combine_vec, M2A_LOAD_FLOATS(combine, e));
 }

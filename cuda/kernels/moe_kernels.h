@@ -39,7 +39,8 @@ int m2a_cuda_sanitize(const m2a_kparams_t *p, int stride, const int32_t *recv_co
 /* out[t] = fp32 sum of the token's rows in ascending rank order, rounded once; across
  * nodes (p->nodes > 1) the node-grouped order of moea2a_moe(3): each node's partial
  * rounded to dtype (FP8 wire: quantized again), the partials added in ascending node
- * order, rounded. wire: M2A_FAST_AS_IS (rows of dtype) or the FP8 wire's rows. */
+ * order, rounded. wire: M2A_FAST_AS_IS (rows of dtype) or the FP8 wire's rows, with
+ * M2A_FAST_WIRE_OUT and M2A_FAST_WIRE_PARTIALS as cuda_module.h says. */
 int m2a_cuda_combine(const m2a_kparams_t *p, int n, const int32_t *send_map, moea2a_datatype_t dtype, size_t hidden,
                      int wire, const unsigned char *self_rows, const unsigned char *landing, void *out, void *stream);
 /* The FP8 combine wire's rows (wire M2A_FAST_FP8 or M2A_FAST_FP8_UE8M0): each valid row

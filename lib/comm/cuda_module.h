@@ -105,6 +105,15 @@ enum {
 };
 
 enum { M2A_FAST_AS_IS, M2A_FAST_FP8, M2A_FAST_FP8_UE8M0 };
+/* Bits or-ed into an FP8 wire given to combine, for the hierarchical path's two
+ * reductions (the wire's kind is wire & M2A_FAST_WIRE_KIND):
+ *   M2A_FAST_WIRE_OUT       out holds wire rows: each token's fp32 sum quantized by the
+ *                           block rule, as a node's partial travels (one node: p->nodes 1)
+ *   M2A_FAST_WIRE_PARTIALS  the rows of ranks on other nodes than this rank's are those
+ *                           nodes' partials, already quantized: each added as it came */
+#define M2A_FAST_WIRE_KIND 0xf
+#define M2A_FAST_WIRE_OUT 0x10
+#define M2A_FAST_WIRE_PARTIALS 0x20
 /* The largest hidden of an FP8 combine wire on the load/store path: each warp keeps a
  * row's scales in shared memory, within the 48 KB a launch has without asking. */
 #define M2A_FAST_FP8_MAX_HIDDEN 98304
@@ -271,8 +280,9 @@ typedef struct {
  * m2a_fast_error_t.dead; 13: write_words (a placement changed on the stream); 14:
  * count_load (the experts' load on the device); 15: the general placement, replicas
  * and experts held by no rank (m2a_kparams_t.holders, nrep, dropped_sums; route's
- * dropped entries, count_load's src_index; m2a_fast_t.general) */
-#define MOEA2A_CUDA_ABI_VERSION 15
+ * dropped entries, count_load's src_index; m2a_fast_t.general); 16: combine's
+ * M2A_FAST_WIRE_OUT and M2A_FAST_WIRE_PARTIALS (the FP8 wire on the hierarchical path) */
+#define MOEA2A_CUDA_ABI_VERSION 16
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 

@@ -5,10 +5,10 @@
  * destinations (a second group, inside the node: NCCL's peer-to-peer transport, over
  * NVLink where the GPUs have it). A combine goes back the same way: the relayed rows
  * return to their rail peer, which sums each token's rows of its node into one partial
- * (fp32, ascending rank, rounded to the combine dtype) and sends that one row; the
- * source adds the partials in ascending node order (the combine kernel's node-grouped
- * sum). The receive layout, the slots and the combine's bits are the flat path's for
- * the same node map.
+ * (fp32, ascending rank, rounded to the combine dtype, or with the FP8 combine wire
+ * quantized by its block rule) and sends that one row; the source adds the partials in
+ * ascending node order (the combine kernel's node-grouped sum). The receive layout, the
+ * slots and the combine's bits are the flat path's for the same node map.
  *
  * One host synchronization per dispatch, where the generic path has its own: the
  * routing's counts and send map come back to the host with it, which plans both
@@ -43,7 +43,8 @@
  *   fwd_in    S x cap records          the rows it relays (array-major)
  *   s2_send   S x (M-1) x cap records  those rows, per source and rank of the node (blocks)
  *   c2_recv   S x (M-1) x cap rows     their combine rows as they come back (blocks)
- *   parts     S x cap combine rows     one partial per row it relayed */
+ *   parts     S x cap combine rows     one partial per row it relayed
+ * (combine rows as they travel: of the combine dtype, or the FP8 wire's) */
 typedef struct {
     size_t map, nidx, codes_out, codes_in, fwd_in, s2_send, c2_recv, parts, end;
 } regions_t;
@@ -72,7 +73,7 @@ static void cuda_hier_size(const moea2a_moe_config_t *c, int ep, const m2a_moe_n
     m2a_moe_layout_t l; /* the record and combine row of this config */
     m2a_moe_layout(c, ep, 0, &none, &l);
     regions_t g;
-    regions(c, l.record, l.combine_row, ep, nodes, &g);
+    regions(c, l.record, l.combine_wire, ep, nodes, &g);
     out->staging_bytes = g.end;
     /* the routing's send map, the first stage's, and the codes, as the host writes them */
     out->pinned_bytes = m2a_align(4 * (size_t)c->max_tokens_per_rank * (size_t)c->top_k) * (2 + (size_t)nodes->nnodes);
@@ -219,7 +220,7 @@ static moea2a_result_t move_relay(moea2a_moe_t moe, const char *fn, const unsign
     const m2a_moe_layout_t *l = &moe->l;
     const int ep = moe->comm->nranks, me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank, *node = st->h.node;
     const int far = ep - st->M, na = back ? 1 : l->narrays;
-    const size_t unit = back ? l->combine_row : l->record; /* a relay block's bytes per row */
+    const size_t unit = back ? l->combine_wire : l->record; /* a relay block's bytes per row */
     int32_t *rows = malloc(sizeof(int32_t) * 2 * (size_t)ep * (size_t)(far + 1));
     int64_t *off = malloc(sizeof(int64_t) * 2 * (size_t)ep * (size_t)(far + 1));
     m2a_move_side_t *pairs = calloc(2 * (size_t)(far + 1), sizeof(*pairs));
@@ -248,7 +249,7 @@ static moea2a_result_t move_relay(moea2a_moe_t moe, const char *fn, const unsign
         np++;
     }
     size_t width[M2A_MOE_MAX_ARRAYS];
-    for (int a = 0; a < na; a++) width[a] = back ? l->combine_row : l->array[a].width;
+    for (int a = 0; a < na; a++) width[a] = back ? l->combine_wire : l->array[a].width;
     moea2a_result_t r = m2a_generic_move(moe, fn, pairs, np, na, width, stream);
     free(rows), free(off), free(pairs);
     return r;
@@ -297,18 +298,20 @@ static moea2a_result_t cuda_hier_dispatch(moea2a_moe_t moe, moea2a_result_t stat
 
 /* ---- combine --------------------------------------------------------------------------- */
 
-/* The send half: the relayed rows' combine rows back to their rail peers and the home
- * rows to their sources (one group); each rail peer's partials (the combine kernel over
- * the codes, one node); the partials to their sources (a second group). */
+/* The send half: the rows quantized for an FP8 wire; the relayed rows' combine rows back
+ * to their rail peers and the home rows to their sources (one group); each rail peer's
+ * partials (the combine kernel over the codes, one node; as wire rows); the partials to
+ * their sources (a second group). */
 static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, const void *expert_out, void *stream)
 {
     hier_state_t *st = moe->state;
     const m2a_moe_layout_t *l = &moe->l;
     const int ep = moe->comm->nranks, me = moe->comm->rank, cap = moe->cfg.max_tokens_per_rank, k = moe->cfg.top_k;
     const int *node = st->h.node, stride = moe->stride;
-    const size_t crow = l->combine_row;
+    const size_t crow = l->combine_wire; /* rows as they travel */
     M2A_TRY(m2a_generic_combine_agree(moe, mine));
     const unsigned char *in = expert_out ? expert_out : moe->ws + l->combine;
+    M2A_TRY(m2a_moe_cuda_combine_rows(moe, in, &in, stream));
     unsigned char *landing = moe->stage + l->stage_recv, *parts = dev(moe, st->g.parts);
     /* home rows back to their sources, with the relayed rows back to their rail peers */
     int32_t *hs = (int32_t *)st->v, *hr = hs + ep, *ps = hr + ep, *pr = ps + ep;
@@ -331,7 +334,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
                                     (const int32_t *)dev(moe, st->g.codes_in + 4 * (size_t)i * cap * k),
                                     in + (size_t)s * stride * crow,
                                     dev(moe, st->g.c2_recv + (size_t)i * (size_t)(st->M - 1) * cap * crow),
-                                    parts + (size_t)i * cap * crow, stream));
+                                    parts + (size_t)i * cap * crow, M2A_FAST_WIRE_OUT, stream));
     }
     m2a_move_side_t back[2] = {{.buf = {parts}, .rows = ps, .row0 = pfirst}, {.buf = {landing}, .rows = pr, .byte0 = dblk}};
     M2A_TRY(m2a_generic_move(moe, "moea2a_combine", back, 1, 1, &crow, stream));
@@ -340,7 +343,7 @@ static moea2a_result_t combine_send(moea2a_moe_t moe, moea2a_result_t mine, cons
 }
 
 /* The receive half: each token's home rows and partials, by the first stage's map, in
- * the node-grouped order. */
+ * the node-grouped order (an FP8 wire's partials added as they came). */
 static moea2a_result_t cuda_hier_combine(moea2a_moe_t moe, moea2a_result_t status, const void *expert_out, void *out,
                                          int phases, void *stream)
 {
@@ -348,8 +351,8 @@ static moea2a_result_t cuda_hier_combine(moea2a_moe_t moe, moea2a_result_t statu
     if (phases & M2A_MOE_SEND) M2A_TRY(combine_send(moe, status, expert_out, stream));
     if (phases & M2A_MOE_RECV)
         M2A_TRY(m2a_moe_cuda_reduce(moe, moe->kparams, moe->num_tokens, (const int32_t *)dev(moe, st->g.map),
-                                    moe->combine_in + (size_t)moe->comm->rank * (size_t)moe->stride * moe->l.combine_row,
-                                    moe->stage + moe->l.stage_recv, out, stream));
+                                    moe->combine_in + (size_t)moe->comm->rank * (size_t)moe->stride * moe->l.combine_wire,
+                                    moe->stage + moe->l.stage_recv, out, M2A_FAST_WIRE_PARTIALS, stream));
     return MOEA2A_SUCCESS;
 }
 
@@ -381,7 +384,7 @@ static moea2a_result_t cuda_hier_alloc(moea2a_moe_t moe)
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     st->S = m2a_hier_served(&st->h, me), st->M = comm->nodes.size[comm->nodes.node[me]];
     const m2a_moe_nodes_t nodes = {comm->nodes.nnodes, st->M, st->S};
-    regions(&moe->cfg, moe->l.record, moe->l.combine_row, ep, &nodes, &st->g);
+    regions(&moe->cfg, moe->l.record, moe->l.combine_wire, ep, &nodes, &st->g);
     st->served = malloc(sizeof(int) * (size_t)(st->S + 1)), st->sidx = malloc(sizeof(int) * (size_t)ep);
     st->nidx = malloc(sizeof(int) * (size_t)ep);
     st->s1_send = calloc((size_t)ep, sizeof(int32_t)), st->s1_recv = calloc((size_t)ep, sizeof(int32_t));
@@ -417,6 +420,7 @@ const m2a_moe_backend_t m2a_moe_backend_cuda_hier = {
     .expert_expand = m2a_moe_cuda_expand_view, .expert_fold = m2a_moe_cuda_expert_fold,
     .capturing = m2a_moe_cuda_capturing, .placement = m2a_moe_cuda_placement,
     .count_load = m2a_moe_cuda_count_load, .take_load = m2a_moe_cuda_take_load,
+    .fp8_combine_hidden = M2A_FAST_FP8_MAX_HIDDEN, /* the generic path's kernels */
     .not_capturable = "the hierarchical path cannot be captured in a CUDA graph (a dispatch waits on the host for "
                       "the counts): call dispatch and combine outside the capture and capture what runs between them",
     .fallback = &m2a_moe_backend_cuda,

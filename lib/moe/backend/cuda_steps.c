@@ -393,14 +393,15 @@ moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, 
     size_t row = l->combine_wire;
     return m2a_moe_cuda_reduce(moe, moe->kparams, moe->num_tokens, (const int32_t *)(moe->ws + l->send_map),
                                in + (size_t)moe->comm->rank * (size_t)moe->stride * row,
-                               moe->stage ? moe->stage + l->stage_recv : NULL, out, stream);
+                               moe->stage ? moe->stage + l->stage_recv : NULL, out, 0, stream);
 }
 
 moea2a_result_t m2a_moe_cuda_reduce(moea2a_moe_t moe, const m2a_kparams_t *kp, int n, const int32_t *map,
-                                    const unsigned char *self_rows, const unsigned char *landing, void *out,
+                                    const unsigned char *self_rows, const unsigned char *landing, void *out, int how,
                                     void *stream)
 {
-    int rc = OPS->combine(kp, n, map, moe->cfg.combine_dtype, moe->cfg.hidden, m2a_moe_cuda_combine_wire(&moe->cfg),
+    const int wire = m2a_moe_cuda_combine_wire(&moe->cfg);
+    int rc = OPS->combine(kp, n, map, moe->cfg.combine_dtype, moe->cfg.hidden, wire == M2A_FAST_AS_IS ? wire : wire | how,
                           self_rows, landing, out, stream);
     if (rc == M2A_CUDA_NOT_SUPPORTED)
         return m2a_error(moe->comm, MOEA2A_ERR_UNAVAILABLE, "moea2a_combine: tokens with more than 64 destination ranks");

@@ -63,9 +63,11 @@ moea2a_result_t m2a_moe_cuda_combine_rows(moea2a_moe_t moe, const unsigned char 
 moea2a_result_t m2a_moe_cuda_combine(moea2a_moe_t moe, const unsigned char *in, void *out, void *stream);
 /* The combine's reduction with the kernels' view kp: out[t] for n tokens from map (rank x
  * cap + slot per entry): this rank's rows at self_rows + slot, a peer's at landing's
- * block kp->stage_index[rank] (cap rows each), summed as m2a_cuda_combine says. */
+ * block kp->stage_index[rank] (cap rows each), summed as m2a_cuda_combine says; with the
+ * FP8 combine wire, the bits `how` (M2A_FAST_WIRE_OUT, M2A_FAST_WIRE_PARTIALS; 0 for the
+ * flat paths) go with it. */
 moea2a_result_t m2a_moe_cuda_reduce(moea2a_moe_t moe, const m2a_kparams_t *kp, int n, const int32_t *map,
-                                    const unsigned char *self_rows, const unsigned char *landing, void *out,
+                                    const unsigned char *self_rows, const unsigned char *landing, void *out, int how,
                                     void *stream);
 /* MOEA2A_SUCCESS for 0, else MOEA2A_ERR_CUDA naming the cudaError_t err and what failed. */
 moea2a_result_t m2a_moe_cuda_check(moea2a_comm_t comm, int err, const char *what);
