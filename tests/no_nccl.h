@@ -16,15 +16,18 @@ static inline void without_nccl(void)
     setenv("MOEA2A_SYMMETRIC_MEMORY", "cuda_ipc", 1);
 }
 
-/* Whether a ucx transport module loads (the CUDA IPC tests run without NCCL). */
-static inline int have_ucx(void)
+/* Whether the transport module `name` loads. */
+static inline int have_transport(const char *name)
 {
     moea2a_transport_info_t t[16];
     int n = 0;
     if (moea2a_get_transports(t, 16, &n) != MOEA2A_SUCCESS) return 0;
     for (int i = 0; i < n && i < 16; i++)
-        if (!strcmp(t[i].name, "ucx") && t[i].loadable) return 1;
+        if (!strcmp(t[i].name, name) && t[i].loadable) return 1;
     return 0;
 }
+
+/* Whether a ucx transport module loads (the CUDA IPC tests run without NCCL). */
+static inline int have_ucx(void) { return have_transport("ucx"); }
 
 #endif

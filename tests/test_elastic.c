@@ -9,7 +9,9 @@
  * spare), the survivors retarget to a given map, and the 4 go on checked. Rank 0's
  * process lives through every cycle: its descriptors, threads and heap must not grow.
  * Then the same on CUDA memory where a GPU is: the load/store path, ranks sharing the
- * GPUs over CUDA IPC (no NCCL), every expert held (CUDA memory takes no -1).
+ * GPUs over CUDA IPC (no NCCL), every expert held (CUDA memory takes no -1); and the
+ * generic NCCL path, each process a host of its own for NCCL (NCCL_HOSTID), so that
+ * ranks may share a GPU there too (NCCL joins them through its network transport).
  * MOEA2A_ELASTIC_CYCLES (default 3, at most 60) sets the number of cycles. */
 #include "config.h"
 
@@ -45,6 +47,7 @@
 #define MAX_CYCLES 60
 
 static int ndev; /* 0: host memory; else CUDA memory, rank r on GPU r % ndev */
+static int over_nccl; /* CUDA memory over NCCL (the generic path), every process NCCL_HOSTID apart */
 
 /* The few device calls of the CUDA cycles; a build without CUDA runs the host cycles
  * only (ndev stays 0, so none of these is reached). */
@@ -60,6 +63,7 @@ static void dev_put(void *dst, const void *src, size_t n) { cudaMemcpy(dst, src,
 static void dev_get(void *dst, const void *src, size_t n) { cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost); }
 static int dev_sync(void) { return cudaDeviceSynchronize() == cudaSuccess; }
 static int gpus_here(void) { return gpu_count(); }
+static void nccl_apart(int process) { if (over_nccl) nccl_hosts_apart(process, 1); }
 #else
 static void dev_use(int g) { (void)g; }
 static void dev_ready(int g) { (void)g; }
@@ -68,6 +72,7 @@ static void dev_put(void *dst, const void *src, size_t n) { memcpy(dst, src, n);
 static void dev_get(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 static int dev_sync(void) { return 1; }
 static int gpus_here(void) { return 0; }
+static void nccl_apart(int process) { (void)process; }
 #endif
 
 typedef struct {
@@ -412,6 +417,7 @@ static int run_rank(int rank, int nranks, moea2a_unique_id_t id, void *arg)
 {
     (void)nranks;
     board_t *b = arg;
+    nccl_apart(rank); /* rank: this process's index among the members and spares */
     if (rank >= N) return spare(b);
     const int fails = first_member(b, rank, id);
     if (rank == 0) b->done = 1; /* rank 0 outlives every cycle (or fails): the spares left may go */
@@ -542,12 +548,23 @@ int main(void)
     if (gpus > 0 && have_ucx()) {
         ndev = gpus < N ? gpus : N;
         without_nccl(); /* ranks share GPUs: CUDA IPC, no NCCL */
-        char where[64];
-        snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s)", N, ndev);
+        char where[96];
+        snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s), load/store path over CUDA IPC", N, ndev);
         run_cycles(b, cycles, where);
     } else {
         for (int i = 0; i < 3; i++)
-            tap_skip(gpus ? "no ucx transport" : "no CUDA device", "CUDA memory: the recovery cycles");
+            tap_skip(gpus ? "no ucx transport" : "no CUDA device", "CUDA memory: the recovery cycles (load/store path)");
+    }
+    if (gpus > 0 && have_transport("nccl")) {
+        ndev = gpus < N ? gpus : N, over_nccl = 1;
+        unsetenv("MOEA2A_TRANSPORT"), unsetenv("MOEA2A_SYMMETRIC_MEMORY");
+        setenv("MOEA2A_NVLINK", "0", 1); /* the generic path: NCCL's sends and receives */
+        char where[96];
+        snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s), generic NCCL path", N, ndev);
+        run_cycles(b, cycles, where);
+    } else {
+        for (int i = 0; i < 3; i++)
+            tap_skip(gpus ? "no nccl transport" : "no CUDA device", "CUDA memory: the recovery cycles (generic NCCL path)");
     }
     return tap_done();
 }
