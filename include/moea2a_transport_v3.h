@@ -11,6 +11,8 @@
  */
 #ifndef MOEA2A_TRANSPORT_V3_H
 #define MOEA2A_TRANSPORT_V3_H
+#include <stdint.h>
+
 #include "moea2a_transport_v2.h"
 
 #define MOEA2A_TRANSPORT_V3_ABI_VERSION 3
