@@ -2,6 +2,7 @@
 #ifndef M2A_NCCL_INTERNAL_H
 #define M2A_NCCL_INTERNAL_H
 #include <nccl.h>
+#include <pthread.h>
 
 #include "moea2a_transport_v3.h"
 
@@ -20,6 +21,10 @@ typedef struct {
      * (or a shrink under way, which expects the dead) */
     const volatile int32_t *dead;
     int windows; /* symmetric windows registered (load/store kernels may run on them) */
+    /* the guard (nccl_guard.c): its thread, and the lock every operation on nc holds */
+    pthread_mutex_t lock;
+    pthread_t guard;
+    int guarded, guard_stop;
     /* symmetric memory (nccl_symmetric.c): the device communicator, made on first use */
     int lsa;     /* 0 not probed, 1 every rank load/store reachable, -1 not */
     void *devcomm; /* ncclDevComm_t */
@@ -32,6 +37,19 @@ typedef struct {
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what);
 /* Aborts the NCCL communicator (once; it is gone afterwards) and marks c failed. */
 void m2a_nccl_abort_once(nccl_comm_t *c);
+/* Ends the communicator's work after a failure: aborted, or revoked where symmetric
+ * windows are registered (nccl_transport.c says why); marks c failed. */
+void m2a_nccl_end(nccl_comm_t *c);
+
+/* nccl_guard.c: c's lock (made by guard_init, recursive) and the thread that ends c on
+ * the dead word's news (started by the watch, stopped before a shrink reads the parent
+ * and at finalize). init returns 0, or -1 when the lock cannot be made. */
+int m2a_nccl_guard_init(nccl_comm_t *c);
+int m2a_nccl_guard_start(nccl_comm_t *c);
+void m2a_nccl_guard_stop(nccl_comm_t *c);
+void m2a_nccl_guard_fini(nccl_comm_t *c);
+void m2a_nccl_lock(nccl_comm_t *c);
+void m2a_nccl_unlock(nccl_comm_t *c);
 
 /* nccl_symmetric.c */
 int m2a_nccl_mem_alloc(void *tcomm, size_t bytes, void **ptr);

@@ -44,7 +44,7 @@ static int probe_lsa(nccl_comm_t *c)
     return MOEA2A_SUCCESS;
 }
 
-int m2a_nccl_lsa_reachable(void *tcomm, int *reachable)
+static int lsa_reachable_locked(void *tcomm, int *reachable)
 {
     nccl_comm_t *c = tcomm;
     if (c->failed) return fail(c, MOEA2A_ERR_ABORTED, "nccl: the communicator was aborted after an earlier failure");
@@ -56,7 +56,7 @@ int m2a_nccl_lsa_reachable(void *tcomm, int *reachable)
     return MOEA2A_SUCCESS;
 }
 
-int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle)
+static int register_locked(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle)
 {
     nccl_comm_t *c = tcomm;
     *handle = NULL;
@@ -91,9 +91,28 @@ void m2a_nccl_mem_deregister(void *tcomm, void *handle)
     nccl_comm_t *c = tcomm;
     nccl_window_t *w = handle;
     if (!w) return;
+    m2a_nccl_lock(c);
     c->windows--;
     if (!c->failed) m2a_nccl_settle(c, ncclCommWindowDeregister(c->nc, w->win), "ncclCommWindowDeregister");
+    m2a_nccl_unlock(c);
     free(w);
+}
+
+/* The entries on nc, under the communicator's lock (nccl_guard.c). */
+int m2a_nccl_lsa_reachable(void *tcomm, int *reachable)
+{
+    m2a_nccl_lock(tcomm);
+    const int r = lsa_reachable_locked(tcomm, reachable);
+    m2a_nccl_unlock(tcomm);
+    return r;
+}
+
+int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle)
+{
+    m2a_nccl_lock(tcomm);
+    const int r = register_locked(tcomm, ptr, bytes, peers, handle);
+    m2a_nccl_unlock(tcomm);
+    return r;
 }
 
 void m2a_nccl_sym_finalize(nccl_comm_t *c)

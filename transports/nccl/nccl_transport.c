@@ -26,19 +26,17 @@ void m2a_nccl_abort_once(nccl_comm_t *c)
     c->failed = 1;
 }
 
-static void nccl_abort(void *tcomm);
-
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded by the
  * timeout, and ended at once when the core's peer watcher names a dead rank: NCCL's
  * work waits on every peer, so it would never finish. Then, as at the timeout, the
- * communicator is ended by nccl_abort. */
+ * communicator is ended by m2a_nccl_end. */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what)
 {
     double deadline = moea2a_transport_now() + c->core->timeout_s;
     while (rc == ncclSuccess || rc == ncclInProgress) {
         const int32_t dead = c->dead ? __atomic_load_n(c->dead, __ATOMIC_ACQUIRE) : 0;
         if (dead && !c->failed) {
-            nccl_abort(c);
+            m2a_nccl_end(c);
             return fail(c, MOEA2A_ERR_PEER_FAILED, "nccl: %s: rank %d is gone (the peer watcher saw it); the NCCL "
                         "communicator is %s", what, dead - 1, c->revoked ? "revoked" : "aborted");
         }
@@ -74,12 +72,24 @@ static int select_device(const moea2a_core_v1_t *core, nccl_comm_t *c)
     return MOEA2A_SUCCESS;
 }
 
+/* A communicator's state, its lock made (nccl_guard.c); NULL when out of memory. */
+static nccl_comm_t *comm_new(const moea2a_core_v1_t *core)
+{
+    nccl_comm_t *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    if (m2a_nccl_guard_init(c)) {
+        free(c);
+        return NULL;
+    }
+    c->core = core, c->rank = core->rank, c->nranks = core->nranks;
+    return c;
+}
+
 static int nccl_init_local(const moea2a_core_v1_t *core, void **tcomm, void **addr, size_t *addr_len,
                            unsigned *mem_types)
 {
-    nccl_comm_t *c = calloc(1, sizeof(*c));
+    nccl_comm_t *c = comm_new(core);
     if (!c) return MOEA2A_ERR_NO_MEMORY;
-    c->core = core, c->rank = core->rank, c->nranks = core->nranks;
     *tcomm = c;
     *mem_types = MOEA2A_MEM_CUDA;
     int r = select_device(core, c);
@@ -115,6 +125,7 @@ static int nccl_connect(void *tcomm, const void *const *addrs, const size_t *len
 static void nccl_finalize(void *tcomm, int force)
 {
     nccl_comm_t *c = tcomm;
+    m2a_nccl_guard_stop(c); /* nothing ends c from aside any more */
     if (c->nc && !force && !c->failed) m2a_nccl_sym_finalize(c); /* the device communicator, if made */
     if (c->nc && c->owned) {
         /* Healthy: finalize (flushes outstanding work), wait for it within the timeout,
@@ -132,6 +143,7 @@ static void nccl_finalize(void *tcomm, int force)
         if (st == ncclSuccess) ncclCommDestroy(c->nc);
         else ncclCommAbort(c->nc);
     }
+    m2a_nccl_guard_fini(c);
     free(c);
 }
 
@@ -152,13 +164,13 @@ static int nccl_can_shrink(void *parent)
 static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *parent_rank, int dead, void **tcomm,
                        unsigned *mem_types)
 {
-    nccl_comm_t *p = parent, *c = calloc(1, sizeof(*c));
+    nccl_comm_t *p = parent, *c = comm_new(core);
     int *excl = malloc(sizeof(int) * (size_t)p->nranks), n = 0;
     if (!c || !excl) {
+        if (c) m2a_nccl_guard_fini(c);
         free(c), free(excl);
         return MOEA2A_ERR_NO_MEMORY;
     }
-    c->core = core, c->rank = core->rank, c->nranks = core->nranks;
     *tcomm = c;
     *mem_types = MOEA2A_MEM_CUDA;
     for (int q = 0, i = 0; q < p->nranks; q++) {
@@ -166,7 +178,11 @@ static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *pa
         else excl[n++] = q;
     }
     int r = select_device(core, c);
+    m2a_nccl_guard_stop(p); /* the parent is the shrink's now */
+    m2a_nccl_lock(p);
     p->dead = NULL; /* the shrink leaves the dead out: its waits are for the survivors */
+    if (r == MOEA2A_SUCCESS && !nccl_can_shrink(p)) /* aborted since can_shrink said yes: made anew instead */
+        r = fail(c, MOEA2A_ERR_TRANSPORT, "nccl: the parent communicator was aborted before its shrink");
     if (r == MOEA2A_SUCCESS && p->revoked) r = m2a_nccl_settle(p, ncclInProgress, "ncclCommRevoke");
     if (r == MOEA2A_SUCCESS) {
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -185,6 +201,7 @@ static int nccl_shrink(void *parent, const moea2a_core_v1_t *core, const int *pa
                       : fail(c, MOEA2A_ERR_TRANSPORT, "nccl: %s made no communicator", what);
         if (dead) p->failed = 1; /* its work was ended: released by abort, not finalize */
     }
+    m2a_nccl_unlock(p);
     free(excl);
     return r;
 }
@@ -199,7 +216,7 @@ static int check_usable(nccl_comm_t *c)
                      : MOEA2A_SUCCESS;
 }
 
-static int nccl_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
+static int nccl_alltoallv_locked(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
                           const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **op)
 {
     nccl_comm_t *c = tcomm;
@@ -218,7 +235,7 @@ static int nccl_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const
     return m2a_nccl_settle(c, res == ncclSuccess || res == ncclInProgress ? end : res, "send/receive group");
 }
 
-static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
+static int nccl_allgather_locked(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
 {
     nccl_comm_t *c = tcomm;
     (void)mem;
@@ -227,7 +244,7 @@ static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t byte
     return r ? r : m2a_nccl_settle(c, ncclAllGather(sbuf, rbuf, bytes, ncclUint8, c->nc, (cudaStream_t)stream), "ncclAllGather");
 }
 
-static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op)
+static int nccl_bcast_locked(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op)
 {
     nccl_comm_t *c = tcomm;
     (void)mem;
@@ -238,7 +255,7 @@ static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned m
 
 /* A barrier with no stream: a one-element all-reduce on a private stream, waited for
  * with the timeout. Only used when the communicator has no host transport. */
-static int nccl_barrier(void *tcomm, void **op)
+static int nccl_barrier_locked(void *tcomm, void **op)
 {
     nccl_comm_t *c = tcomm;
     *op = NULL;
@@ -280,16 +297,24 @@ static void nccl_describe(void *tcomm, void *op, char *buf, size_t len)
 
 static void nccl_op_free(void *tcomm, void *op) { (void)tcomm, (void)op; }
 
+/* A group holds the communicator's lock from its start to its end (the same thread). */
 static int nccl_group_start(void *tcomm)
 {
-    (void)tcomm;
+    m2a_nccl_lock(tcomm);
     ncclResult_t r = ncclGroupStart();
-    return r == ncclSuccess ? MOEA2A_SUCCESS : MOEA2A_ERR_TRANSPORT;
+    if (r == ncclSuccess) return MOEA2A_SUCCESS;
+    m2a_nccl_unlock(tcomm);
+    return MOEA2A_ERR_TRANSPORT;
 }
 
-static int nccl_group_end(void *tcomm) { return m2a_nccl_settle(tcomm, ncclGroupEnd(), "group"); }
+static int nccl_group_end(void *tcomm)
+{
+    const int r = m2a_nccl_settle(tcomm, ncclGroupEnd(), "group");
+    m2a_nccl_unlock(tcomm);
+    return r;
+}
 
-static int nccl_check(void *tcomm)
+static int nccl_check_locked(void *tcomm)
 {
     nccl_comm_t *c = tcomm;
     ncclResult_t st = ncclSuccess;
@@ -310,9 +335,8 @@ static int nccl_check(void *tcomm)
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
 #pragma weak ncclCommRevoke
 #endif
-static void nccl_abort(void *tcomm)
+void m2a_nccl_end(nccl_comm_t *c)
 {
-    nccl_comm_t *c = tcomm;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
     if (ncclCommRevoke && c->nc && !c->failed && c->windows) {
         const ncclResult_t rc = ncclCommRevoke(c->nc, NCCL_REVOKE_DEFAULT);
@@ -324,6 +348,42 @@ static void nccl_abort(void *tcomm)
 #endif
     m2a_nccl_abort_once(c);
 }
+
+static void nccl_abort(void *tcomm)
+{
+    m2a_nccl_lock(tcomm);
+    m2a_nccl_end(tcomm);
+    m2a_nccl_unlock(tcomm);
+}
+
+/* The operations on nc under the communicator's lock (nccl_guard.c). */
+#define LOCKED(call)              \
+    do {                          \
+        m2a_nccl_lock(tcomm);     \
+        const int r_ = (call);    \
+        m2a_nccl_unlock(tcomm);   \
+        return r_;                \
+    } while (0)
+
+static int nccl_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
+                          const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **op)
+{
+    LOCKED(nccl_alltoallv_locked(tcomm, sbuf, sc, sd, rbuf, rc, rd, mem, stream, op));
+}
+
+static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
+{
+    LOCKED(nccl_allgather_locked(tcomm, sbuf, rbuf, bytes, mem, stream, op));
+}
+
+static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op)
+{
+    LOCKED(nccl_bcast_locked(tcomm, buf, bytes, root, mem, stream, op));
+}
+
+static int nccl_barrier(void *tcomm, void **op) { LOCKED(nccl_barrier_locked(tcomm, op)); }
+
+static int nccl_check(void *tcomm) { LOCKED(nccl_check_locked(tcomm)); }
 
 static int nccl_external_rank(void *external, int *rank, int *nranks)
 {
@@ -361,7 +421,14 @@ static int nccl_external_bcast(void *external, void *buf, size_t bytes, int root
     return r;
 }
 
-static void nccl_watch(void *tcomm, const volatile int32_t *dead) { ((nccl_comm_t *)tcomm)->dead = dead; }
+/* The dead word for the bounded waits, and the guard that ends c on its news while no
+ * call runs (without a thread, the waits alone read it). */
+static void nccl_watch(void *tcomm, const volatile int32_t *dead)
+{
+    nccl_comm_t *c = tcomm;
+    __atomic_store_n(&c->dead, dead, __ATOMIC_RELEASE);
+    if (dead) (void)m2a_nccl_guard_start(c);
+}
 
 __attribute__((visibility("default"))) const moea2a_transport_v3_t moea2a_transport_v3 = {
     .v2 = {
