@@ -1140,6 +1140,57 @@ static int stalled_kernel_rank(int rank, int n, moea2a_unique_id_t id, void *arg
     return fails;
 }
 
+/* Rank 1 dies instead of taking part in an alltoallv over NCCL that rank 0 enqueued,
+ * and rank 0 waits in cudaStreamSynchronize: NCCL's kernels wait on rank 1 and nothing
+ * of moea2a runs, so the nccl module's guard must end them within 1 s of the death
+ * (whatever the timeout, 30 s); the next call names rank 1. On one GPU the two ranks
+ * are NCCL_HOSTID apart. */
+static int stalled_nccl_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
+{
+    kill_arg_t *a = arg;
+    int fails = 0;
+    if (use_device(rank, a->ndev)) return 1;
+    if (a->hosts) nccl_hosts_apart(rank, 1);
+    moea2a_config_t cfg = MOEA2A_CONFIG_INITIALIZER;
+    cfg.timeout_s = 30.0, cfg.cuda_device = rank % a->ndev;
+    moea2a_comm_t comm;
+    if (moea2a_comm_init_rank(&comm, n, id, rank, &cfg)) return 1;
+    enum { COUNT = 1 << 20 };
+    int64_t sc[2] = {0, COUNT}, sd[2] = {0, 0}, rc[2] = {0, COUNT}, rd[2] = {0, 0};
+    if (rank == 1) sc[0] = rc[0] = COUNT, sc[1] = rc[1] = 0;
+    void *sb = NULL, *rb = NULL;
+    cudaMalloc(&sb, 4 * COUNT), cudaMalloc(&rb, 4 * COUNT);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    /* one exchange first, so that NCCL's connection between the two exists */
+    moea2a_result_t r = moea2a_alltoallv(sb, sc, sd, rb, rc, rd, MOEA2A_INT32, comm, s);
+    if (r || cudaStreamSynchronize(s) != cudaSuccess || moea2a_barrier(comm)) return 1;
+    if (rank == 1) {
+        usleep(300000);
+        *a->kill_time = now_s();
+        kill(getpid(), SIGKILL);
+    }
+    r = moea2a_alltoallv(sb, sc, sd, rb, rc, rd, MOEA2A_INT32, comm, s);
+    RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "alltoallv enqueued: %s", moea2a_last_error(comm));
+    const cudaError_t e = cudaStreamSynchronize(s);
+    const double after = now_s() - *a->kill_time;
+    RANK_EXPECT(fails, rank, *a->kill_time > 0 && after < KILL_BOUND_S,
+                "the stream ended %.2f s after the kill (%s); want NCCL's kernels ended within %.1f s", after,
+                cudaGetErrorString(e), KILL_BOUND_S);
+    (void)cudaGetLastError();
+    r = moea2a_barrier(comm);
+    const char *msg = moea2a_last_error(comm);
+    RANK_EXPECT(fails, rank, r == MOEA2A_ERR_PEER_FAILED && strstr(msg, "rank 1 "),
+                "the next call: %s: %s (want MOEA2A_ERR_PEER_FAILED naming rank 1)", moea2a_strerror(r), msg);
+    printf("# rank 0 (generic NCCL, %s): the stream ended %.3f s after the kill; then %s\n",
+           a->hosts ? "NCCL_HOSTID apart" : "a GPU each", after, msg);
+    double t0 = now_s();
+    cudaStreamDestroy(s), cudaFree(sb), cudaFree(rb);
+    moea2a_comm_destroy(comm);
+    RANK_EXPECT(fails, rank, now_s() - t0 < 10.0, "destroy after the failure took %.1f s", now_s() - t0);
+    return fails;
+}
+
 /* MOEA2A_SYMMETRIC_MEMORY without NCCL: a value that names no way and the transport's
  * way (there is none) fail create on every rank with the reason; cuda_ipc serves. */
 static int symmetric_choice_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
@@ -1613,6 +1664,17 @@ int main(void)
                "load/store path (%s), 2 GPUs: a peer killed while a dispatch kernel waits for it and the host waits "
                "on the stream: the kernel ends within %.0f s by itself and the status names the rank (exits %d, %d)",
                ipc ? "CUDA IPC" : "NCCL window", KILL_BOUND_S, res.exit_codes[0], res.exit_codes[1]);
+    }
+    if (quick || kill_time == MAP_FAILED) {
+        tap_skip("quick mode", "a dead peer under NCCL's waiting kernels");
+    } else {
+        *kill_time = 0;
+        kill_arg_t ka = {ndev, 0, kill_time, .hosts = ndev < 2};
+        point_run(2, stalled_nccl_rank, &ka, 120.0, &res);
+        tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL,
+               "generic NCCL path, 2 ranks on %d GPU(s): a peer killed while NCCL's kernels of an alltoallv wait for it "
+               "and the host waits on the stream: the stream ends within %.0f s and the next call names the rank "
+               "(exits %d, %d)", ndev < 2 ? 1 : 2, KILL_BOUND_S, res.exit_codes[0], res.exit_codes[1]);
     }
     /* the hierarchical path: 2 emulated nodes (of 2 GPUs, or 1; on one GPU its 2 ranks
      * NCCL_HOSTID apart), rank 1 killed */
