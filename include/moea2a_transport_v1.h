@@ -87,7 +87,9 @@ typedef struct moea2a_transport_v1 {
     void (*op_free)(void *tcomm, void *op);
 
     /* Optional, NULL when absent. */
-    /* Operations between group_start and group_end are issued together (NCCL groups). */
+    /* Operations between group_start and group_end are issued together (NCCL groups);
+     * the core calls group_end after every group_start, from the same thread, whatever
+     * group_start returned. */
     int (*group_start)(void *tcomm);
     int (*group_end)(void *tcomm);
     /* Reports an asynchronous failure of earlier stream-ordered work (a dead peer). */

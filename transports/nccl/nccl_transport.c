@@ -297,14 +297,12 @@ static void nccl_describe(void *tcomm, void *op, char *buf, size_t len)
 
 static void nccl_op_free(void *tcomm, void *op) { (void)tcomm, (void)op; }
 
-/* A group holds the communicator's lock from its start to its end (the same thread). */
+/* A group holds the communicator's lock from its start to its end, on the same thread:
+ * the core calls group_end after every group_start, whatever either returns. */
 static int nccl_group_start(void *tcomm)
 {
     m2a_nccl_lock(tcomm);
-    ncclResult_t r = ncclGroupStart();
-    if (r == ncclSuccess) return MOEA2A_SUCCESS;
-    m2a_nccl_unlock(tcomm);
-    return MOEA2A_ERR_TRANSPORT;
+    return ncclGroupStart() == ncclSuccess ? MOEA2A_SUCCESS : MOEA2A_ERR_TRANSPORT;
 }
 
 static int nccl_group_end(void *tcomm)
