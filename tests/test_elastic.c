@@ -597,6 +597,29 @@ static void run_cycles(board_t *b, int cycles, const char *where)
         tap_skip("one cycle", "%s: descriptors, threads and heap across cycles", where);
 }
 
+/* The cycles on CUDA memory over CUDA IPC (the load/store path, no NCCL) or over NCCL
+ * (the generic path), or their points skipped saying why. */
+static void cuda_cycles(board_t *b, int cycles, int gpus, int nccl)
+{
+    const char *path = nccl ? "generic NCCL path" : "load/store path over CUDA IPC";
+    if (gpus == 0 || !have_transport(nccl ? "nccl" : "ucx")) {
+        for (int i = 0; i < 3; i++)
+            tap_skip(!gpus ? "no CUDA device" : nccl ? "no nccl transport" : "no ucx transport",
+                     "CUDA memory: the recovery cycles (%s)", path);
+        return;
+    }
+    ndev = gpus < N ? gpus : N, over_nccl = nccl;
+    if (nccl) {
+        unsetenv("MOEA2A_TRANSPORT"), unsetenv("MOEA2A_SYMMETRIC_MEMORY");
+        setenv("MOEA2A_NVLINK", "0", 1); /* the generic path: NCCL's sends and receives */
+    } else {
+        without_nccl(); /* ranks share GPUs: CUDA IPC, no NCCL */
+    }
+    char where[96];
+    snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s), %s", N, ndev, path);
+    run_cycles(b, cycles, where);
+}
+
 int main(void)
 {
     int cycles = getenv("MOEA2A_ELASTIC_CYCLES") ? atoi(getenv("MOEA2A_ELASTIC_CYCLES")) : 3;
@@ -615,26 +638,7 @@ int main(void)
            "rank out of range) fail on every rank naming the cause; retargets: to a shrunk copy (placement derived), "
            "refused with no map elsewhere, and with a bad map, after which the context says so until destroyed");
     const int gpus = gpus_here();
-    if (gpus > 0 && have_ucx()) {
-        ndev = gpus < N ? gpus : N;
-        without_nccl(); /* ranks share GPUs: CUDA IPC, no NCCL */
-        char where[96];
-        snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s), load/store path over CUDA IPC", N, ndev);
-        run_cycles(b, cycles, where);
-    } else {
-        for (int i = 0; i < 3; i++)
-            tap_skip(gpus ? "no ucx transport" : "no CUDA device", "CUDA memory: the recovery cycles (load/store path)");
-    }
-    if (gpus > 0 && have_transport("nccl")) {
-        ndev = gpus < N ? gpus : N, over_nccl = 1;
-        unsetenv("MOEA2A_TRANSPORT"), unsetenv("MOEA2A_SYMMETRIC_MEMORY");
-        setenv("MOEA2A_NVLINK", "0", 1); /* the generic path: NCCL's sends and receives */
-        char where[96];
-        snprintf(where, sizeof(where), "CUDA memory, %d ranks on %d GPU(s), generic NCCL path", N, ndev);
-        run_cycles(b, cycles, where);
-    } else {
-        for (int i = 0; i < 3; i++)
-            tap_skip(gpus ? "no nccl transport" : "no CUDA device", "CUDA memory: the recovery cycles (generic NCCL path)");
-    }
+    cuda_cycles(b, cycles, gpus, 0);
+    cuda_cycles(b, cycles, gpus, 1);
     return tap_done();
 }
