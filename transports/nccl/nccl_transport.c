@@ -217,7 +217,7 @@ static int check_usable(nccl_comm_t *c)
 }
 
 static int nccl_alltoallv_locked(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
-                          const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **op)
+                                 const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **op)
 {
     nccl_comm_t *c = tcomm;
     (void)mem;
@@ -235,7 +235,8 @@ static int nccl_alltoallv_locked(void *tcomm, const void *sbuf, const size_t *sc
     return m2a_nccl_settle(c, res == ncclSuccess || res == ncclInProgress ? end : res, "send/receive group");
 }
 
-static int nccl_allgather_locked(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
+static int nccl_allgather_locked(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream,
+                                 void **op)
 {
     nccl_comm_t *c = tcomm;
     (void)mem;
