@@ -17,10 +17,32 @@
 #include "moea2a_transport_v3.h"
 #include "nccl_internal.h"
 
+/* Revokes c's NCCL communicator where NCCL can (2.28 and later): every later operation
+ * on it fails, its memory stays mapped and the handle valid. 1 when revoked. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#pragma weak ncclCommRevoke
+#endif
+static int revoke_once(nccl_comm_t *c)
+{
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    if (ncclCommRevoke && c->nc && !c->failed) {
+        const ncclResult_t rc = ncclCommRevoke(c->nc, NCCL_REVOKE_DEFAULT);
+        if (rc == ncclSuccess || rc == ncclInProgress) {
+            c->failed = c->revoked = 1;
+            return 1;
+        }
+    }
+#endif
+    return 0;
+}
+
 /* Aborts c's NCCL communicator once: ncclCommAbort frees it, so a second abort (at
- * finalize, after a timeout had aborted it) would touch freed memory. */
+ * finalize, after a timeout had aborted it) would touch freed memory. A caller's
+ * communicator (moea2a_comm_init_nccl) is revoked instead where NCCL can: never freed
+ * here, as the caller still holds it; it aborts it after destroying the moea2a one. */
 void m2a_nccl_abort_once(nccl_comm_t *c)
 {
+    if (!c->owned && revoke_once(c)) return;
     if (c->nc) ncclCommAbort(c->nc);
     c->nc = NULL;
     c->failed = 1;
@@ -330,22 +352,11 @@ static int nccl_check_locked(void *tcomm)
  * running on a window (it ends by itself once it sees the dead peer) never touches
  * unmapped memory, and the communicator can still be shrunk; it is aborted at
  * finalize. A revoke alone does not end a network send or receive waiting on the dead
- * rank, hence the abort everywhere else. */
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-#pragma weak ncclCommRevoke
-#endif
+ * rank, hence the abort everywhere else (but of a caller's communicator, which
+ * m2a_nccl_abort_once revokes: the caller's own abort ends its kernels). */
 void m2a_nccl_end(nccl_comm_t *c)
 {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    if (ncclCommRevoke && c->nc && !c->failed && c->windows) {
-        const ncclResult_t rc = ncclCommRevoke(c->nc, NCCL_REVOKE_DEFAULT);
-        if (rc == ncclSuccess || rc == ncclInProgress) {
-            c->failed = c->revoked = 1;
-            return;
-        }
-    }
-#endif
-    m2a_nccl_abort_once(c);
+    if (!(c->windows && revoke_once(c))) m2a_nccl_abort_once(c);
 }
 
 static void nccl_abort(void *tcomm)
