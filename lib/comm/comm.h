@@ -36,7 +36,7 @@ struct moea2a_comm {
     moea2a_result_t broken;
     int peer_lost; /* a failure here said a peer was gone (kept through a later abort) */
     /* a dead rank + 1 once the peer watcher saw one, for the transports' waits
-     * (moea2a_transport_v2_t.watch) */
+     * (moea2a_transport_v3_t.watch) */
     volatile int32_t dead_word;
     char broken_why[M2A_ERRMSG_LEN]; /* the message of the failure that broke it */
     char last_error[M2A_ERRMSG_LEN];  /* moea2a_last_error(comm): last_error.c */

@@ -6,7 +6,6 @@
  * the module's abort ends it (m2a_nccl_end). Every operation of the module on the
  * communicator holds its lock (recursive: a group holds it from its start to its end),
  * so the guard never frees NCCL's communicator under a call that uses it. */
-#include <errno.h>
 #include <pthread.h>
 #include <time.h>
 

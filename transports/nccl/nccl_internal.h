@@ -15,9 +15,9 @@ typedef struct {
     ncclComm_t nc; /* NULL once aborted */
     int owned;  /* created here (else the caller's, never destroyed here) */
     int failed;  /* aborted after a timeout or error, or revoked */
-    int revoked; /* revoked (nccl_abort): nc still holds its memory, aborted at finalize */
+    int revoked; /* revoked (m2a_nccl_end, m2a_nccl_abort_once): nc still holds its memory */
     int rank, nranks;
-    /* the core's word of a dead peer (rank + 1; moea2a_transport_v2_t.watch), NULL: none
+    /* the core's word of a dead peer (rank + 1; moea2a_transport_v3_t.watch), NULL: none
      * (or a shrink under way, which expects the dead) */
     const volatile int32_t *dead;
     int windows; /* symmetric windows registered (load/store kernels may run on them) */
@@ -35,10 +35,11 @@ typedef struct {
 /* Waits until NCCL finished what it was doing on c (ncclInProgress), bounded by the
  * core's timeout; on expiry aborts the communicator. */
 int m2a_nccl_settle(nccl_comm_t *c, ncclResult_t rc, const char *what);
-/* Aborts the NCCL communicator (once; it is gone afterwards) and marks c failed. */
+/* Aborts the NCCL communicator once (it is gone afterwards; a caller's is revoked
+ * instead where NCCL can) and marks c failed. */
 void m2a_nccl_abort_once(nccl_comm_t *c);
-/* Ends the communicator's work after a failure: aborted, or revoked where symmetric
- * windows are registered (nccl_transport.c says why); marks c failed. */
+/* Ends the communicator's work after a failure: revoked where symmetric windows are
+ * registered, else as m2a_nccl_abort_once (nccl_transport.c says why); marks c failed. */
 void m2a_nccl_end(nccl_comm_t *c);
 
 /* nccl_guard.c: c's lock (made by guard_init, recursive) and the thread that ends c on

@@ -174,7 +174,7 @@ static void nccl_finalize(void *tcomm, int force)
  * choice that keeps every rank), ncclCommSplit of one color, which ncclCommShrink
  * refuses to be. The symbols are weak, so that this module still loads with an older
  * libnccl.so at run time, where can_shrink then says no and the core makes a new
- * communicator. A parent revoked (nccl_abort) is waited for until quiescent first. */
+ * communicator. A parent revoked (m2a_nccl_end) is waited for until quiescent first. */
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
 #pragma weak ncclCommShrink
 static int nccl_can_shrink(void *parent)
