@@ -51,6 +51,14 @@ void m2a_nccl_guard_stop(nccl_comm_t *c);
 void m2a_nccl_guard_fini(nccl_comm_t *c);
 void m2a_nccl_lock(nccl_comm_t *c);
 void m2a_nccl_unlock(nccl_comm_t *c);
+/* The body of a table entry on nc: returns call's result, made under tcomm's lock. */
+#define M2A_NCCL_LOCKED(tcomm, call)   \
+    do {                               \
+        m2a_nccl_lock(tcomm);          \
+        const int r_ = (call);         \
+        m2a_nccl_unlock(tcomm);        \
+        return r_;                     \
+    } while (0)
 
 /* nccl_symmetric.c */
 int m2a_nccl_mem_alloc(void *tcomm, size_t bytes, void **ptr);

@@ -101,18 +101,12 @@ void m2a_nccl_mem_deregister(void *tcomm, void *handle)
 /* The entries on nc, under the communicator's lock (nccl_guard.c). */
 int m2a_nccl_lsa_reachable(void *tcomm, int *reachable)
 {
-    m2a_nccl_lock(tcomm);
-    const int r = lsa_reachable_locked(tcomm, reachable);
-    m2a_nccl_unlock(tcomm);
-    return r;
+    M2A_NCCL_LOCKED(tcomm, lsa_reachable_locked(tcomm, reachable));
 }
 
 int m2a_nccl_mem_register(void *tcomm, void *ptr, size_t bytes, void **peers, void **handle)
 {
-    m2a_nccl_lock(tcomm);
-    const int r = register_locked(tcomm, ptr, bytes, peers, handle);
-    m2a_nccl_unlock(tcomm);
-    return r;
+    M2A_NCCL_LOCKED(tcomm, register_locked(tcomm, ptr, bytes, peers, handle));
 }
 
 void m2a_nccl_sym_finalize(nccl_comm_t *c)

@@ -367,33 +367,25 @@ static void nccl_abort(void *tcomm)
 }
 
 /* The operations on nc under the communicator's lock (nccl_guard.c). */
-#define LOCKED(call)              \
-    do {                          \
-        m2a_nccl_lock(tcomm);     \
-        const int r_ = (call);    \
-        m2a_nccl_unlock(tcomm);   \
-        return r_;                \
-    } while (0)
-
 static int nccl_alltoallv(void *tcomm, const void *sbuf, const size_t *sc, const size_t *sd, void *rbuf,
                           const size_t *rc, const size_t *rd, unsigned mem, void *stream, void **op)
 {
-    LOCKED(nccl_alltoallv_locked(tcomm, sbuf, sc, sd, rbuf, rc, rd, mem, stream, op));
+    M2A_NCCL_LOCKED(tcomm, nccl_alltoallv_locked(tcomm, sbuf, sc, sd, rbuf, rc, rd, mem, stream, op));
 }
 
 static int nccl_allgather(void *tcomm, const void *sbuf, void *rbuf, size_t bytes, unsigned mem, void *stream, void **op)
 {
-    LOCKED(nccl_allgather_locked(tcomm, sbuf, rbuf, bytes, mem, stream, op));
+    M2A_NCCL_LOCKED(tcomm, nccl_allgather_locked(tcomm, sbuf, rbuf, bytes, mem, stream, op));
 }
 
 static int nccl_bcast(void *tcomm, void *buf, size_t bytes, int root, unsigned mem, void *stream, void **op)
 {
-    LOCKED(nccl_bcast_locked(tcomm, buf, bytes, root, mem, stream, op));
+    M2A_NCCL_LOCKED(tcomm, nccl_bcast_locked(tcomm, buf, bytes, root, mem, stream, op));
 }
 
-static int nccl_barrier(void *tcomm, void **op) { LOCKED(nccl_barrier_locked(tcomm, op)); }
+static int nccl_barrier(void *tcomm, void **op) { M2A_NCCL_LOCKED(tcomm, nccl_barrier_locked(tcomm, op)); }
 
-static int nccl_check(void *tcomm) { LOCKED(nccl_check_locked(tcomm)); }
+static int nccl_check(void *tcomm) { M2A_NCCL_LOCKED(tcomm, nccl_check_locked(tcomm)); }
 
 static int nccl_external_rank(void *external, int *rank, int *nranks)
 {
