@@ -16,26 +16,37 @@
 /* Preferred first when nothing is asked for: the fastest path for its memory type. */
 static const char *const default_order[] = {"nccl", "ucx"};
 
-/* A module's table: its newest (version 3, 2, then 1), read as version 1's with the
- * later members beside it. *v2, *v3: those tables, or NULL where the module has none. */
+/* The interface versions a module may export, newest first. Each version's table
+ * starts with the one before it, so every table is also read as version 1's. */
+static const struct {
+    const char *symbol;
+    size_t abi_offset;
+    int abi, version;
+} versions[] = {
+    {MOEA2A_TRANSPORT_V3_SYMBOL, offsetof(moea2a_transport_v3_t, v2.v1.abi_version), MOEA2A_TRANSPORT_V3_ABI_VERSION, 3},
+    {MOEA2A_TRANSPORT_V2_SYMBOL, offsetof(moea2a_transport_v2_t, v1.abi_version), MOEA2A_TRANSPORT_V2_ABI_VERSION, 2},
+    {MOEA2A_TRANSPORT_SYMBOL, offsetof(moea2a_transport_v1_t, abi_version), MOEA2A_TRANSPORT_ABI_VERSION, 1},
+};
+
+/* A module's table: its newest version's, read as version 1's with the later members
+ * beside it. *v2, *v3: those tables, or NULL where the module has none. A symbol of a
+ * version whose ABI differs stops the search, so that the reason says so. */
 static const moea2a_transport_v1_t *load_module(const char *path, void **dl, char *why, size_t len,
                                                 const moea2a_transport_v2_t **v2, const moea2a_transport_v3_t **v3)
 {
-    const moea2a_transport_v3_t *t3 =
-        m2a_module_open(path, MOEA2A_TRANSPORT_V3_SYMBOL, offsetof(moea2a_transport_v3_t, v2.v1.abi_version),
-                        MOEA2A_TRANSPORT_V3_ABI_VERSION, "a transport", dl, why, len);
-    if (v3) *v3 = t3;
-    if (v2) *v2 = t3 ? &t3->v2 : NULL;
-    if (t3) return &t3->v2.v1;
-    if (strstr(why, "ABI version")) return NULL; /* a version 3 symbol of another version: say so */
-    const moea2a_transport_v2_t *t2 =
-        m2a_module_open(path, MOEA2A_TRANSPORT_V2_SYMBOL, offsetof(moea2a_transport_v2_t, v1.abi_version),
-                        MOEA2A_TRANSPORT_V2_ABI_VERSION, "a transport", dl, why, len);
-    if (v2) *v2 = t2;
-    if (t2) return &t2->v1;
-    if (strstr(why, "ABI version")) return NULL; /* a version 2 symbol of another version: say so */
-    return m2a_module_open(path, MOEA2A_TRANSPORT_SYMBOL, offsetof(moea2a_transport_v1_t, abi_version),
-                           MOEA2A_TRANSPORT_ABI_VERSION, "a transport", dl, why, len);
+    if (v2) *v2 = NULL;
+    if (v3) *v3 = NULL;
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        const void *t = m2a_module_open(path, versions[i].symbol, versions[i].abi_offset, versions[i].abi,
+                                        "a transport", dl, why, len);
+        if (t) {
+            if (v2 && versions[i].version >= 2) *v2 = t;
+            if (v3 && versions[i].version >= 3) *v3 = t;
+            return t;
+        }
+        if (strstr(why, "ABI version")) return NULL; /* m2a_module_open's reason for another ABI */
+    }
+    return NULL;
 }
 
 typedef struct {
