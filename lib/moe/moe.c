@@ -108,8 +108,8 @@ static moea2a_result_t wire_possible(moea2a_comm_t comm, const moea2a_moe_config
                      c->hidden);
         return m2a_error(comm, MOEA2A_ERR_UNAVAILABLE,
                          "moea2a_moe: combine_wire FP8 runs on host memory and on the load/store, generic and "
-                         "hierarchical paths in CUDA memory; this context takes the %s path, %s (combine_wire.format MOEA2A_WIRE_AS_IS combines "
-                         "its rows as they are)", b->name, why);
+                         "hierarchical paths in CUDA memory; this context takes the %s path, %s "
+                         "(combine_wire.format MOEA2A_WIRE_AS_IS combines its rows as they are)", b->name, why);
     }
     if (!cuda) return MOEA2A_SUCCESS;
     if (c->flags & MOEA2A_MOE_EXPERT_WIRE_SCALES)
