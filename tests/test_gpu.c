@@ -960,6 +960,10 @@ typedef struct {
     void *ids, *x, *y;
 } kill_ctx_t;
 
+/* kill_setup's experts, and the id of its rank's entry i (64 tokens of 4 entries) */
+#define KILL_EXPERTS 16
+#define KILL_ID(rank, i) (((i) * 7 + (rank)) % KILL_EXPERTS)
+
 static int kill_setup(int rank, int n, moea2a_unique_id_t id, const kill_arg_t *a, double timeout_s, kill_ctx_t *k)
 {
     if (use_device(rank, a->ndev)) return 1;
@@ -976,27 +980,38 @@ static int kill_setup(int rank, int n, moea2a_unique_id_t id, const kill_arg_t *
     cfg.timeout_s = timeout_s, cfg.cuda_device = rank % a->ndev;
     if (moea2a_comm_init_rank(&k->comm, n, id, rank, &cfg)) return 1;
     moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
-    mc.num_experts = 16, mc.top_k = 4, mc.max_tokens_per_rank = 64, mc.hidden = 256, mc.memory = MOEA2A_MEMORY_CUDA;
+    mc.num_experts = KILL_EXPERTS, mc.top_k = 4, mc.max_tokens_per_rank = 64, mc.hidden = 256, mc.memory = MOEA2A_MEMORY_CUDA;
     mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 256};
     if (moea2a_moe_create(&k->moe, k->comm, &mc)) {
         printf("# rank %d: create: %s\n", rank, moea2a_last_error(k->comm));
         return 1;
     }
     int32_t ids[64 * 4];
-    for (int i = 0; i < 64 * 4; i++) ids[i] = (i * 7 + rank) % 16;
+    for (int i = 0; i < 64 * 4; i++) ids[i] = KILL_ID(rank, i);
     k->ids = to_device(ids, sizeof(ids)), k->x = k->y = NULL;
     cudaMalloc(&k->x, 64 * 256 * 2), cudaMalloc(&k->y, 64 * 256 * 2);
     cudaMemset(k->x, 0, 64 * 256 * 2);
     return moea2a_barrier(k->comm) != MOEA2A_SUCCESS;
 }
 
-/* A communicator of one rank: a dispatch of kill_setup's 64 tokens with a payload of
- * known bf16 values, and a combine of the rows received: each token's entries meet in
- * one row, so the output is the payload, bit for bit. 1 when it is. */
-static int one_rank_round_trip(moea2a_moe_t moe, kill_ctx_t *k)
+/* A bf16 value of a small whole number: sums of up to 4 of them are exact in fp32 and
+ * in bf16, so a combine's output is known bit for bit whatever order it adds in. */
+static uint16_t bf16_small(int v)
+{
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* A dispatch of kill_setup's 64 tokens (their ids as rank `old_rank` made them) with a
+ * payload of small whole numbers, and a combine of the rows received. A token's rows
+ * meet once per rank holding one of its experts under `map` (the placement in force),
+ * so its output is the payload times that number of ranks. 1 when every bit agrees. */
+static int round_trip_checked(moea2a_moe_t moe, kill_ctx_t *k, int old_rank, const int32_t *map)
 {
     uint16_t h[64 * 256], back[64 * 256];
-    for (int i = 0; i < 64 * 256; i++) h[i] = (uint16_t)(0x3c00 + i % 0x300); /* finite, normal */
+    for (int i = 0; i < 64 * 256; i++) h[i] = bf16_small(i % 17 - 8);
     cudaMemcpy(k->x, h, sizeof(h), cudaMemcpyHostToDevice);
     cudaMemset(k->y, 0xff, sizeof(back));
     const void *pl[1] = {k->x};
@@ -1004,13 +1019,39 @@ static int one_rank_round_trip(moea2a_moe_t moe, kill_ctx_t *k)
     if (moea2a_dispatch(moe, 64, k->ids, NULL, pl, 0, &res, NULL) != MOEA2A_SUCCESS) return 0;
     if (moea2a_combine(moe, res.payloads[0], k->y, NULL) != MOEA2A_SUCCESS) return 0;
     if (cudaMemcpy(back, k->y, sizeof(back), cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
-    return moea2a_moe_status(moe) == MOEA2A_SUCCESS && !memcmp(h, back, sizeof(h));
+    if (moea2a_moe_status(moe) != MOEA2A_SUCCESS) return 0;
+    for (int t = 0; t < 64; t++) {
+        unsigned seen = 0; /* the ranks the token's rows went to */
+        for (int j = 0; j < 4; j++) seen |= 1u << map[KILL_ID(old_rank, t * 4 + j)];
+        const int times = __builtin_popcount(seen);
+        for (int c = 0; c < 256; c++)
+            if (back[t * 256 + c] != bf16_small(times * ((t * 256 + c) % 17 - 8))) return 0;
+    }
+    return 1;
 }
 
-/* What a survivor does next (moea2a_recovery(7)): shrink to the ranks alive, move the
- * context there (placement derived) and make checked round trips; *newcomm for the
- * caller to destroy after the context. */
-static int recover_alone(int rank, kill_ctx_t *k, const char *path, moea2a_comm_t *newcomm)
+/* The placement moea2a_moe_retarget derives (its man page's rule) on the n - 1 ranks
+ * left when rank `dead` of n goes, from kill_setup's contiguous one. */
+static void derived_after_kill(int n, int dead, int32_t map[KILL_EXPERTS])
+{
+    int held[KILL_EXPERTS] = {0};
+    for (int e = 0; e < KILL_EXPERTS; e++) {
+        const int old = e / (KILL_EXPERTS / n);
+        map[e] = old == dead ? -1 : old - (old > dead);
+        if (map[e] >= 0) held[map[e]]++;
+    }
+    for (int e = 0; e < KILL_EXPERTS; e++) {
+        if (map[e] >= 0) continue;
+        int least = 0;
+        for (int q = 1; q < n - 1; q++) least = held[q] < held[least] ? q : least;
+        map[e] = least, held[least]++;
+    }
+}
+
+/* What every survivor does next (moea2a_recovery(7)): shrink to the ranks alive (all
+ * of them call it), move the context there (placement derived) and make checked round
+ * trips; *newcomm for the caller to destroy after the context. */
+static int recover_survivors(int rank, int n, kill_ctx_t *k, const char *path, moea2a_comm_t *newcomm)
 {
     int fails = 0;
     const double t0 = now_s();
@@ -1019,11 +1060,14 @@ static int recover_alone(int rank, kill_ctx_t *k, const char *path, moea2a_comm_
     const double took = now_s() - t0;
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink + retarget after the death: %s: %s", moea2a_strerror(r),
                 moea2a_last_error(*newcomm ? *newcomm : k->comm));
+    int32_t map[KILL_EXPERTS];
+    derived_after_kill(n, 1, map);
     int good = 0;
-    for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += one_rank_round_trip(k->moe, k);
+    for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += round_trip_checked(k->moe, k, rank, map);
     RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS || good == 3, "%d of 3 round trips on the shrunk communicator right: %s",
                 good, moea2a_last_error(*newcomm));
-    printf("# rank %d (%s path): shrink to 1 + retarget %.3f s, then %d of 3 round trips checked\n", rank, path, took, good);
+    printf("# rank %d (%s path): shrink to %d + retarget %.3f s, then %d of 3 round trips checked\n", rank, path, n - 1,
+           took, good);
     return fails;
 }
 
@@ -1069,7 +1113,7 @@ static int killed_peer_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     fflush(stdout);
     moea2a_comm_t alone = NULL;
     const char *path = a->node_size ? "hierarchical" : a->nvlink ? "default" : "generic";
-    if (rank == 0 && named) fails += recover_alone(rank, &k, path, &alone);
+    if (named) fails += recover_survivors(rank, n, &k, path, &alone);
     double t0 = now_s();
     moea2a_moe_destroy(moe);
     if (alone) moea2a_comm_destroy(alone);
@@ -1094,7 +1138,8 @@ static int shrink_by_choice_rank(int rank, int n, moea2a_unique_id_t id, void *a
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink by choice + retarget: %s", moea2a_last_error(k.comm));
     moea2a_comm_destroy(k.comm);
     int good = 0;
-    for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += one_rank_round_trip(k.moe, &k);
+    int32_t all_here[KILL_EXPERTS] = {0};
+    for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += round_trip_checked(k.moe, &k, rank, all_here);
     RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS || good == 3, "%d of 3 round trips right after the shrink: %s", good,
                 moea2a_last_error(nc));
     moea2a_moe_destroy(k.moe);
@@ -1689,7 +1734,8 @@ int main(void)
         for (int q = 2; q < kn; q++) others &= res.exit_codes[q] == 0;
         tap_ok(res.hung == 0 && res.exit_codes[0] == 0 && res.exit_codes[1] == 128 + SIGKILL && others,
                "a peer killed in a dispatch/combine loop, %d ranks on %d GPU(s) in 2 emulated nodes (hierarchical "
-               "path): every survivor fails in time and destroys cleanly (exits %d, %d%s)", kn, ndev < kn ? ndev : kn,
+               "path): every survivor fails in time, shrinks with the others, retargets, makes checked round trips and "
+               "destroys cleanly (exits %d, %d%s)", kn, ndev < kn ? ndev : kn,
                res.exit_codes[0],
                res.exit_codes[1], others ? "" : ", a third rank failed");
     }
