@@ -1546,6 +1546,27 @@ static void emulated_node_points(int n, int ndev, int quick)
     }
 }
 
+/* Nodes of different sizes (the last of MOEA2A_NODE_SIZE's blocks smaller, as after a
+ * shrink): the hierarchical path's workspace has one size on every rank (its NCCL
+ * window takes no other), and its results are the host reference's. */
+static void unequal_node_points(int ndev, int quick)
+{
+    static const int shapes[2][2] = {{3, 2}, {4, 3}}; /* ranks, node size */
+    for (int i = 0; i < 2; i++) {
+        const int n = shapes[i][0], size = shapes[i][1];
+        if (quick || n > ndev) {
+            tap_skip(quick ? "quick mode" : "not enough GPUs", "MoE, %d ranks in emulated nodes of %d and %d, hierarchical "
+                     "path", n, size, n - size);
+            continue;
+        }
+        local_ranks_result_t res;
+        moe_arg_t a = {ndev, 10, 4241u * (uint64_t)n, 1, size, 0, 0, 0, 0, 0};
+        point_run(n, moe_rank, &a, WATCHDOG, &res);
+        tap_ok(res.failed == 0, "MoE, %d ranks on %d GPUs in emulated nodes of %d and %d, hierarchical path: %d random "
+               "configs equal the host reference bit for bit", n, n, size, n - size, a.cases);
+    }
+}
+
 static void ipc_tests(int ndev, int quick)
 {
     static const char *const what[] = {"load/store path", "load/store path, large configs", "copy-engine mode",
@@ -1749,6 +1770,7 @@ int main(void)
                                 "the bytes handed to NCCL for other nodes are the routing's node-dedup rows",
                kn, ndev < kn ? ndev : kn, sa.iters);
     }
+    unequal_node_points(ndev, quick);
     return tap_done();
 }
 

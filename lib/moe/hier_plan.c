@@ -66,7 +66,13 @@ int m2a_hier_nodes(const m2a_nodemap_t *m, int ep, int rank, m2a_moe_nodes_t *ou
 {
     m2a_hier_t h;
     if (m2a_hier_init(&h, m, ep)) return -1;
-    *out = (m2a_moe_nodes_t){m->nnodes, m->size[m->node[rank]], m2a_hier_served(&h, rank)};
+    int widest = 0, most = 0;
+    for (int x = 0; x < m->nnodes; x++) widest = m->size[x] > widest ? m->size[x] : widest;
+    for (int q = 0; q < ep; q++) {
+        const int s = m2a_hier_served(&h, q);
+        most = s > most ? s : most;
+    }
+    *out = (m2a_moe_nodes_t){m->nnodes, m->size[m->node[rank]], m2a_hier_served(&h, rank), widest, most};
     m2a_hier_free(&h);
     return 0;
 }

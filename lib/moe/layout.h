@@ -162,9 +162,12 @@ typedef struct {
 
 /* Where a rank sits among the nodes of its communicator's map, for the sizes of a path
  * across them: the nodes, the ranks of its own node, and the sources on other nodes it
- * relays for as their rail peer (moe/hier_plan.h). */
+ * relays for as their rail peer (moe/hier_plan.h); and the largest of the last two over
+ * every rank, for a workspace of one size on every rank (symmetric memory: an NCCL
+ * window takes the same size from every rank) where nodes differ in size. */
 typedef struct {
     int nnodes, node_size, served;
+    int widest, most_served;
 } m2a_moe_nodes_t;
 
 /* backend: what the context's backend adds (m2a_moe_backend_t.size). */

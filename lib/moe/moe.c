@@ -154,9 +154,7 @@ static moea2a_result_t plan(moea2a_comm_t comm, const moea2a_moe_config_t *confi
         r = m2a_comm_record(comm, m2a_param_int("MOEA2A_HIERARCHICAL", &hier));
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes(m, ep, comm->rank, &p->nodes))
             r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
-        int largest = 0;
-        for (int i = 0; i < m->nnodes; i++) largest = m->size[i] > largest ? m->size[i] : largest;
-        p->hier = hier_wanted(p->nodes.nnodes, largest, hier);
+        p->hier = hier_wanted(p->nodes.nnodes, p->nodes.widest, hier);
         if (r == MOEA2A_SUCCESS && set_staging(comm, p)) r = m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe: out of memory");
         p->backend = m2a_moe_backend_pick(p->cuda, p->lsa, p->hier);
         layout_for(&p->cfg, ep, p->staged, p->backend, &p->nodes, &p->l);
@@ -220,7 +218,7 @@ moea2a_result_t moea2a_moe_workspace_size_layout(const moea2a_moe_layout_t *layo
         int nvlink, lsa, staged = m2a_moe_staged_peers(layout->ep, layout->rank, node, gpu, topo, cuda,
                                                        m2a_moe_lsa_allowed(&cfg), &nvlink, &lsa);
         long hier = -1;
-        m2a_moe_nodes_t nodes = {1, layout->ep, 0};
+        m2a_moe_nodes_t nodes = {1, layout->ep, 0, layout->ep, 0};
         if (r == MOEA2A_SUCCESS) r = m2a_param_int("MOEA2A_HIERARCHICAL", &hier);
         if (r == MOEA2A_SUCCESS && m2a_hier_nodes_blocks(layout->ep, rpn, layout->rank, &nodes))
             r = m2a_error(NULL, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -329,7 +327,7 @@ static moea2a_result_t alloc(moea2a_moe_t moe, plan_t *p)
              "moea2a_moe_workspace_size predicted", moe->backend->name, moea2a_last_error(comm), fallback->name);
     moe->backend->release(moe);
     moe->backend = fallback; /* a path with a fallback gives every peer a staging slot */
-    const m2a_moe_nodes_t one = {1, ep, 0}; /* the fallback is the generic CUDA path, which sizes no nodes */
+    const m2a_moe_nodes_t one = {1, ep, 0, ep, 0}; /* the fallback is the generic CUDA path, which sizes no nodes */
     layout_for(&moe->cfg, ep, ep - 1, moe->backend, &one, &moe->l);
     return moe->backend->alloc(moe);
 }

@@ -34,8 +34,10 @@
 #define CU(call) M2A_TRY(m2a_moe_cuda_check(moe->comm, (call), #call))
 
 /* The backend's staging on the device, after the generic path's (whose staged blocks
- * carry the first stage and bring the home rows and partials back), with S the sources
- * this rank serves as their rail peer and M the ranks of its node:
+ * carry the first stage and bring the home rows and partials back), with S the most
+ * sources a rank serves as their rail peer and M the ranks of the largest node, so that
+ * every rank's regions lie alike and its workspace has one size (an NCCL window takes
+ * the same size from every rank; nodes may differ in size):
  *   map       cap x k int32            the first stage's send map (moe_kernels.h's codes)
  *   nidx      ep int32                 each rank's block in the relay regions, -1 outside
  *   codes_out nnodes x cap x k int32   per other node, the codes of each row sent there
@@ -52,8 +54,8 @@ typedef struct {
 static void regions(const moea2a_moe_config_t *c, size_t record, size_t crow, int ep, const m2a_moe_nodes_t *nd,
                     regions_t *g)
 {
-    const size_t cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k, S = (size_t)nd->served;
-    const size_t M1 = (size_t)(nd->node_size - 1), codes = 4 * cap * k;
+    const size_t cap = (size_t)c->max_tokens_per_rank, k = (size_t)c->top_k, S = (size_t)nd->most_served;
+    const size_t M1 = (size_t)(nd->widest - 1), codes = 4 * cap * k;
     size_t at = 0;
     g->map = at, at += m2a_align(codes);
     g->nidx = at, at += m2a_align(4 * (size_t)ep);
@@ -380,10 +382,10 @@ static moea2a_result_t cuda_hier_alloc(moea2a_moe_t moe)
     M2A_TRY(m2a_moe_cuda_alloc_workspace(moe));
     M2A_TRY(m2a_moe_cuda_finish(moe));
     hier_state_t *st = moe->state = calloc(1, sizeof(hier_state_t));
-    if (!st || m2a_hier_init(&st->h, &comm->nodes, ep))
+    m2a_moe_nodes_t nodes;
+    if (!st || m2a_hier_init(&st->h, &comm->nodes, ep) || m2a_hier_nodes(&comm->nodes, ep, me, &nodes))
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
-    st->S = m2a_hier_served(&st->h, me), st->M = comm->nodes.size[comm->nodes.node[me]];
-    const m2a_moe_nodes_t nodes = {comm->nodes.nnodes, st->M, st->S};
+    st->S = nodes.served, st->M = nodes.node_size;
     regions(&moe->cfg, moe->l.record, moe->l.combine_wire, ep, &nodes, &st->g);
     st->served = malloc(sizeof(int) * (size_t)(st->S + 1)), st->sidx = malloc(sizeof(int) * (size_t)ep);
     st->nidx = malloc(sizeof(int) * (size_t)ep);

@@ -430,7 +430,7 @@ static moea2a_result_t hier_alloc(moea2a_moe_t moe)
     if (!st || m2a_hier_init(&st->h, &comm->nodes, ep))
         return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "moea2a_moe_create: out of memory");
     st->S = m2a_hier_served(&st->h, me);
-    const m2a_moe_nodes_t nodes = {comm->nodes.nnodes, comm->nodes.size[comm->nodes.node[me]], st->S};
+    const m2a_moe_nodes_t nodes = {comm->nodes.nnodes, comm->nodes.size[comm->nodes.node[me]], st->S, 0, 0};
     regions(&moe->cfg, moe->l.record, moe->l.combine_wire, ep, &nodes, &st->g);
     st->served = malloc(sizeof(int) * (size_t)(st->S + 1)), st->sidx = malloc(sizeof(int) * (size_t)ep);
     st->s1_send = malloc(sizeof(int32_t) * (size_t)ep), st->s1_recv = calloc((size_t)ep, sizeof(int32_t));
