@@ -52,7 +52,8 @@
 # NODES=N: emulated nodes of N GPUs, each its own NCCL_HOSTID (NCCL's network transport
 # between them): the transports NCCL chose, then the hierarchical path next to the flat
 # one and the base build's flat path (NODES_TOKENS, default 128,4096; NODES_ROUNDS,
-# default 2), checked.
+# default 2), checked; NODES_ARGS_SETS="opts;opts" runs this build's two paths once per set of
+# moea2a_perf options (tagged s0, s1, ...; e.g. ";--combine-wire fp8").
 set -uo pipefail
 K=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -133,6 +134,7 @@ side_build() {
   if [ "${NETWORK:-1}" != 0 ]; then
     net="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
     ngpu=$(nvidia-smi -L | wc -l)
+    NL=/tmp/moea2a-nodes; rm -rf "$NL"; mkdir -p "$NL" # every rank's log; what matters goes to the summary
     echo "== NCCL on its network transport ($net): make check's GPU test, default path"
     env $net MOEA2A_TEST_EXPECT_NVLINK=0 timeout "${CHECK_TIMEOUT:-1500}" make -j8 check \
         TESTS="${NETWORK_TESTS:-tests/test_gpu}" >"$OUT/check-net.log" 2>&1
@@ -259,6 +261,7 @@ side_build() {
     # hierarchical path next to the flat one (MOEA2A_HIERARCHICAL=0) and, when the A/B
     # built it, the base build's flat path, alternating NODES_ROUNDS times (default 2)
     ngpu=$(nvidia-smi -L | wc -l)
+    NL=/tmp/moea2a-nodes; rm -rf "$NL"; mkdir -p "$NL" # every rank's log; what matters goes to the summary
     nodes_run() { # nodes_run TREE HIERARCHICAL TAG TOKENS ITERS [VAR=value ...]
       local tree=$1 h=$2 tag=$3 tok=$4 it=$5 port=$((20000 + RANDOM % 20000)) pids="" r rc=0 p
       shift 5
@@ -266,21 +269,25 @@ side_build() {
         env "$@" MOEA2A_TRANSPORT_PATH="$(modules_of "$tree")" MOEA2A_RANK="$r" MOEA2A_NRANKS="$ngpu" \
             MOEA2A_ROOT_ADDR="127.0.0.1:$port" MOEA2A_NODE_SIZE="$NODES" NCCL_HOSTID="m2a-node-$((r / NODES))" \
             NCCL_SOCKET_IFNAME=lo MOEA2A_HIERARCHICAL="$h" timeout 300 "$tree/tools/moea2a_perf" --moe --mem cuda \
-            --tokens "$tok" --iters "$it" --warmup 5 --check 1 >"$OUT/nodes-$tag-$r.log" 2>&1 &
+            --tokens "$tok" --iters "$it" --warmup 5 --check 1 ${NODES_ARGS:-} >"$NL/nodes-$tag-$r.log" 2>&1 &
         pids="$pids $!"
       done
       for p in $pids; do wait "$p" || rc=$?; done
-      grep -E "^ +[0-9]+ (dispatch|combine|roundtrip) |network|rror" "$OUT/nodes-$tag-0.log" | sed "s/^/  $tag /"
+      grep -E "^ +[0-9]+ (dispatch|combine|roundtrip) |network|rror" "$NL/nodes-$tag-0.log" | sed "s/^/  $tag /"
       echo "  $tag rc=$rc"
     }
     echo "== emulated nodes of $NODES GPUs ($ngpu GPUs), NCCL_HOSTID per node: NCCL's transports (rank 0's log)"
     nodes_run "$B" 1 info 128 3 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,NET >/dev/null
-    grep -oE "via (NET/[A-Za-z]+|P2P/[A-Za-z/]+|SHM)" "$OUT/nodes-info-0.log" | sort | uniq -c
-    grep -E "^ +[0-9]+ (dispatch|combine) |rror" "$OUT/nodes-info-0.log" | head -4
+    grep -oE "via (NET/[A-Za-z]+|P2P/[A-Za-z/]+|SHM)" "$NL/nodes-info-0.log" | sort | uniq -c
+    grep -E "^ +[0-9]+ (dispatch|combine) |rror" "$NL/nodes-info-0.log" | head -4
     for round in $(seq 1 "${NODES_ROUNDS:-2}"); do
-      [ -x "$BB/tools/moea2a_perf" ] && nodes_run "$BB" 0 "base-flat-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
-      nodes_run "$B" 0 "flat-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
-      nodes_run "$B" 1 "hier-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+      [ -x "$BB/tools/moea2a_perf" ] && NODES_ARGS="" nodes_run "$BB" 0 "base-flat-r$round" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+      IFS=';' read -ra nsets <<<"${NODES_ARGS_SETS:-}"
+      [ ${#nsets[@]} -gt 0 ] || nsets=("")
+      for si in "${!nsets[@]}"; do
+        NODES_ARGS="${nsets[$si]}" nodes_run "$B" 0 "flat-r$round${NODES_ARGS_SETS:+-s$si}" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+        NODES_ARGS="${nsets[$si]}" nodes_run "$B" 1 "hier-r$round${NODES_ARGS_SETS:+-s$si}" "${NODES_TOKENS:-128,4096}" "${ITERS:-30}"
+      done
     done
   fi
   [ "${BENCH:-1}" = 0 ] && exit 0
