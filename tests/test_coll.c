@@ -129,7 +129,7 @@ static int check_bad_input(moea2a_comm_t comm, int rank, int n)
 {
     int fails = 0;
     int64_t c[8] = {0}, d[8] = {0};
-    int32_t x[8];
+    int32_t x[8] = {0};
     moea2a_request_t req = (moea2a_request_t)0x1;
     RANK_EXPECT(fails, rank, moea2a_alltoallv(x, NULL, d, x, c, d, MOEA2A_INT32, comm, NULL) == MOEA2A_ERR_INVALID_ARGUMENT,
                 "NULL sendcounts");
