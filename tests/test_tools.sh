@@ -11,13 +11,21 @@ out=$(mktemp); trap 'rm -f "$out"' EXIT
 
 # moea2a_perf: a bad value exits 2 at once, its message names the option and the value
 for args in "--ranks 0" "--check 2" "--tokens abc --moe" "--iters 0" "--dtype foo" "--mem gpu" "--warmup -1" \
-            "--layout expert:0" "--hidden 12x --moe" "--skew 2 --moe" "--sms 0 --moe" "extra"; do
+            "--layout expert:0" "--hidden 12x --moe" "--skew 2 --moe" "--sms 0 --moe" "--moves 256 --moe" "extra"; do
     "$perf" $args >"$out" 2>&1; rc=$?
     opt=${args%% *}; val=${args#* }; val=${val%% *}
     [ "$opt" = extra ] && val=extra
     [ $rc = 2 ] && grep -q -- "'$val'" "$out" && ! grep -q '^#' "$out"
     check $? "moea2a_perf $args: exit 2 naming '$val' (got $rc: $(head -1 "$out"))"
 done
+# --moves compares round trips of the rows as they are: refused with a quantized wire
+"$perf" --moe --moves 2 --wire fp8 >"$out" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q -- "--moves: needs a bf16 payload as it is" "$out"
+check $? "moea2a_perf --moves with --wire: exit 2 saying why (got $rc: $(head -1 "$out"))"
+# placement changes timed, and the moved context's round trip equal to a fresh one's
+"$perf" --moe --ranks 2 --tokens 8,64 --hidden 256 --iters 2 --warmup 1 --moves 3 >"$out" 2>&1; rc=$?
+[ $rc = 0 ] && [ "$(grep -c '# *placement [0-9]* tokens: 3 changes of 256 experts.*: 0 elements differ' "$out")" = 2 ]
+check $? "moea2a_perf --moves 3: a placement line per size, 0 elements differing from a context created with the map (got $rc)"
 # ranks beyond the cores: a warning that says what it does to the numbers
 cores=$(getconf _NPROCESSORS_ONLN)
 "$perf" --ranks $((cores + 1)) --op bcast --minbytes 4 --maxbytes 4 --iters 1 --warmup 0 >"$out" 2>&1

@@ -218,6 +218,10 @@ static void usage(FILE *f)
             "  -p, --placement P    one (default) or general: a context made for replicas and experts\n"
             "                       no rank holds (MOEA2A_MOE_GENERAL_PLACEMENT; its kernels route by the\n"
             "                       general rule), with the same one-holder placement\n"
+            "  -V, --moves N        also time N changes of the placement per size (moea2a_moe_set_placement,\n"
+            "                       the experts permuted within the create's bound): the host's time in the\n"
+            "                       call and its time on the stream; then the moved context's round trip\n"
+            "                       against one created with the last map, every output compared (#wrong)\n"
             "exit status: 0 ok, 1 error, 2 usage, 3 wrong values found\n");
 }
 
@@ -253,6 +257,7 @@ static const struct {
     {'H', "--hidden", 1, 1 << 24, offsetof(perf_opts_t, hidden), "takes 1 or more"},
     {'k', "--topk", 1, 1024, offsetof(perf_opts_t, topk), "takes 1..1024"},
     {'E', "--experts", 1, 1 << 20, offsetof(perf_opts_t, experts), "takes 1 or more"},
+    {'V', "--moves", 0, PERF_MARKS / 2 - 1, offsetof(perf_opts_t, moves), "takes 0..255"},
 };
 
 static int set_int_option(int c, const char *arg, perf_opts_t *o, cli_t *cli, int *status)
@@ -388,11 +393,12 @@ static int parse_args(int argc, char **argv, perf_opts_t *o, cli_t *cli)
         {"wire", required_argument, 0, 'q'}, {"layout", required_argument, 0, 'L'},
         {"gemm-shapes", required_argument, 0, 'G'}, {"engine", required_argument, 0, 'x'},
         {"combine-wire", required_argument, 0, 'C'}, {"placement", required_argument, 0, 'p'},
+        {"moves", required_argument, 0, 'V'},
         /* the switches */
         {"moe", no_argument, 0, 'M'}, {"weights", no_argument, 0, 'W'}, {"baseline", no_argument, 0, 'B'},
         {"help", no_argument, 0, 'h'}, {"split", no_argument, 0, 'P'}, {"threads", no_argument, 0, 'T'}, {0, 0, 0, 0}};
     int c, status = 0;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:TC:p:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:TC:p:V:", opts, NULL)) != -1) {
         int took = set_int_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_common_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_moe_option(c, optarg, o, cli, &status);
@@ -417,6 +423,11 @@ static int settle_options(perf_opts_t *o, const cli_t *cli)
         }
         if (o->combine_wire && o->hidden % 128) {
             fprintf(stderr, "moea2a_perf --combine-wire: needs --hidden a multiple of 128\n");
+            return 2;
+        }
+        if (o->moves && (o->wire || o->dtype != MOEA2A_BFLOAT16 || o->expert_align)) {
+            fprintf(stderr, "moea2a_perf --moves: needs a bf16 payload as it is (no --wire, no --dtype, no "
+                            "--layout expert): the round trips it compares combine the rows received\n");
             return 2;
         }
         if (o->wire && (o->dtype != MOEA2A_BFLOAT16 || o->hidden % (o->wire == PERF_WIRE_NVFP4 ? 16 : 128))) {

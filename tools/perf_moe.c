@@ -1027,6 +1027,86 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
 
 /* One token count (o->tokens[ti]) with sms SMs: a context, the checked round, the timed
  * calls, the bytes, the baseline, then rank 0's rows. */
+/* Change i of --moves: expert e goes to the rank of block pi(e) of the create's bound,
+ * pi(e) = (e x a + i + 1) mod E with a odd and prime to E, so every rank holds at most
+ * the bound and each change moves most experts. */
+static void move_map(int i, int E, int ep, int32_t *map)
+{
+    const int per = (E + ep - 1) / ep;
+    int a = 3;
+    for (int x = a, y = E; E > 1; a += 2, x = a, y = E) { /* the first odd a with gcd(a, E) = 1 */
+        while (y) {
+            const int t = x % y;
+            x = y, y = t;
+        }
+        if (x == 1) break;
+    }
+    for (int e = 0; e < E; e++) map[e] = (int32_t)((((int64_t)e * a + i + 1) % E) / per);
+}
+
+/* A dispatch of in's rows and a combine of the rows received into out: each token's
+ * output the sum of its rows, one per rank holding one of its experts, in the
+ * context's fixed order. */
+static moea2a_result_t plain_round_trip(moea2a_moe_t moe, perf_mem_t *m, int T, const inputs_t *in, void *out)
+{
+    moea2a_dispatch_result_t d = MOEA2A_DISPATCH_RESULT_INITIALIZER;
+    moea2a_result_t r = moea2a_dispatch(moe, T, in->d_ids, in->d_w, in->pays, 0, &d, m->stream);
+    return r ? r : moea2a_combine(moe, d.payloads[0], out, m->stream);
+}
+
+/* --moves: the warm-up's and then o->moves timed changes of the placement, each the host's
+ * time in moea2a_moe_set_placement (the agreement among the ranks and the enqueue) and
+ * its time on the stream (marks around the call; the clock on host memory), means over
+ * the changes; then the moved context's round trip against that of a context created with
+ * the last map: the output elements that differ, *wrong. */
+static int time_moves(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, const perf_opts_t *o,
+                      const moea2a_moe_config_t *cfg, const bench_t *b, const inputs_t *in, double *host, double *stream,
+                      long *wrong)
+{
+    const int E = cfg->num_experts, n = o->moves, T = b->T;
+    int32_t *map = malloc(sizeof(int32_t) * (size_t)E);
+    size_t out_bytes = b->crow * (size_t)T + 2;
+    void *d_fresh = perf_alloc(m, out_bytes);
+    unsigned char *got = malloc(out_bytes), *want = malloc(out_bytes);
+    if (!map || !d_fresh || !got || !want) {
+        free(map), free(got), free(want);
+        if (d_fresh) perf_free(m, d_fresh);
+        FAIL("rank %d: out of memory for --moves\n", b->rank);
+    }
+    moea2a_result_t r = MOEA2A_SUCCESS;
+    for (int i = 0; i < o->warmup && !r; i++) move_map(n + i, E, b->ep, map), r = moea2a_moe_set_placement(moe, map, m->stream);
+    *host = 0;
+    for (int i = 0; i < n && !r; i++) {
+        move_map(i, E, b->ep, map);
+        perf_mark(m, 2 * i);
+        const double h0 = perf_now();
+        r = moea2a_moe_set_placement(moe, map, m->stream);
+        *host += perf_now() - h0;
+        perf_mark(m, 2 * i + 1);
+    }
+    *stream = 0;
+    for (int i = 0; i < n && !r; i++) *stream += perf_span(m, 2 * i, 2 * i + 1);
+    *host /= n, *stream /= n;
+    moea2a_moe_t fresh = NULL;
+    moea2a_moe_config_t fc = *cfg;
+    fc.placement = MOEA2A_PLACEMENT_MAP, fc.expert_to_rank = map;
+    if (!r) r = plain_round_trip(moe, m, T, in, in->d_out);
+    if (!r) r = moea2a_moe_create(&fresh, comm, &fc);
+    if (!r) r = plain_round_trip(fresh, m, T, in, d_fresh);
+    if (!r && (perf_sync(m) || moea2a_moe_status(moe) || moea2a_moe_status(fresh))) r = MOEA2A_ERR_CUDA;
+    *wrong = 0;
+    if (!r) {
+        perf_download(m, got, in->d_out, b->crow * (size_t)T);
+        perf_download(m, want, d_fresh, b->crow * (size_t)T);
+        for (size_t j = 0; j < b->crow * (size_t)T; j += 2) *wrong += memcmp(got + j, want + j, 2) != 0;
+    }
+    if (r) fprintf(stderr, "rank %d: --moves: %s: %s\n", b->rank, moea2a_strerror(r), moea2a_last_error(comm));
+    if (fresh) moea2a_moe_destroy(fresh);
+    perf_free(m, d_fresh);
+    free(map), free(got), free(want);
+    return r != MOEA2A_SUCCESS;
+}
+
 static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int ti, int sms, double *busbw,
                       int *any_wrong)
 {
@@ -1054,6 +1134,14 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     failed = failed || time_calls(comm, moe, m, o, T, sms, &in, &d, &r) || count_bytes(comm, m, o, &b, cfg.num_payloads,
                                                                                           &d, &r);
     failed = failed || (o->baseline && time_baseline(comm, m, o, &b, &in, &r));
+    double mh = 0, ms = 0, mh_max = 0, ms_max = 0, mwrong = 0;
+    long mw = 0;
+    if (!failed && o->moves) {
+        failed = time_moves(comm, moe, m, o, &cfg, &b, &in, &mh, &ms, &mw);
+        double sum;
+        failed = failed || perf_reduce(comm, mh, (double)mw, &mh_max, &mwrong) || perf_reduce(comm, ms, 0, &ms_max, &sum);
+        r.wrong += mw;
+    }
     int nodes = 1;
     double flat = 0, aware = 0;
     failed = failed || count_internode(comm, &b, &d, &nodes, &flat, &aware, &r);
@@ -1062,6 +1150,11 @@ static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, i
     failed = failed || reduce_row(comm, ep, &r, flat, aware, (double)d.internode_rows, (double)d.network_rows, &s);
     if (!failed) {
         if (rank == 0) print_size(o, m, T, ti, sms, ep, nodes, d.nvlink, &r, &s);
+        if (rank == 0 && o->moves)
+            printf("#   placement %d tokens: %d changes of %d experts, per change %.2f us in the call on the host "
+                   "(the agreement and the enqueue), %.2f us on the %s (slowest rank's means); the moved context's "
+                   "round trip against one created with the last map: %.0f elements differ\n",
+                   T, o->moves, o->experts, mh_max * 1e6, ms_max * 1e6, m->cuda ? "stream" : "clock", mwrong);
         *busbw += (s.remote_d + s.remote_c) / (s.td + s.tc) / 1e9;
         *any_wrong |= s.wrong > 0;
     }
