@@ -49,6 +49,9 @@
 # PHASE_TOKENS (default 1,128,1024), rank PHASE_RANK's lines (default 0; "[0-9]+": every rank's), once per
 # option set in PHASE_ARGS ("a;b": moea2a_perf options, an empty set for the defaults). PY=0 skips the Python package's bench (python -m moea2a.bench on PY_RANKS GPUs,
 # default FP4RANKS, at PY_TOKENS, and its --overhead); BENCH=python runs only that one.
+# MOVES="4 8": placement changes in place (moea2a_perf --moves MOVES_N, default 50, at
+# MOVES_TOKENS, default 128) on that many ranks, ranks beyond the GPUs sharing them over
+# CUDA IPC: the host's and the stream's time per change, the moved context checked.
 # NODES=N: emulated nodes of N GPUs, each its own NCCL_HOSTID (NCCL's network transport
 # between them): the transports NCCL chose, then the hierarchical path next to the flat
 # one and the base build's flat path (NODES_TOKENS, default 128,4096; NODES_ROUNDS,
@@ -204,6 +207,16 @@ side_build() {
             --tokens "${DECODE_TOKENS:-1,8,32,128,256,512,1024,4096}" --iters "${ITERS:-30}" --warmup 10 2>&1 |
           grep -E "^ +[0-9]+ |kernel times|rank [0-9]+:|rror"; echo "rc=${PIPESTATUS[0]}"
       done
+    done
+  fi
+  if [ -n "${MOVES:-}" ]; then # placement changes in place: host and stream time per change, checked
+    for n in $MOVES; do # ranks; more ranks than GPUs share them over CUDA IPC (UCX for the host side)
+      ngpu=$(nvidia-smi -L | wc -l); share=""
+      [ "$n" -gt "$ngpu" ] && share="MOEA2A_TRANSPORT=ucx MOEA2A_SYMMETRIC_MEMORY=cuda_ipc"
+      echo "== placement changes, $n ranks on $([ "$n" -gt "$ngpu" ] && echo "$ngpu" || echo "$n") GPUs${share:+ ($share)}"
+      env $share timeout 200 ./tools/moea2a_perf --moe --mem cuda --ranks "$n" --tokens "${MOVES_TOKENS:-128}" \
+          --moves "${MOVES_N:-50}" --iters "${ITERS:-30}" --warmup 10 2>&1 | grep -E "path|placement|wrong|rror"
+      echo "rc=${PIPESTATUS[0]}"
     done
   fi
   if [ -n "$phase_pid" ]; then
