@@ -45,7 +45,8 @@
 /* long enough for 4 + cycles processes making their CUDA contexts at once before the
  * first rendezvous; deaths are the peer watcher's news, not the timeout's */
 #define TIMEOUT_S 10.0
-#define MAX_CYCLES 60
+#define MAX_CYCLES 100
+_Static_assert(N + MAX_CYCLES <= LOCAL_RANKS_CODES, "every process's exit code is kept");
 
 static int ndev; /* 0: host memory; else CUDA memory, rank r on GPU r % ndev */
 static int over_nccl; /* CUDA memory over NCCL (the generic path), every process NCCL_HOSTID apart */

@@ -80,7 +80,7 @@ int local_ranks_run(int nranks, local_rank_fn fn, void *arg, double watchdog_s, 
             for (int r = 0; r < nranks; r++) {
                 if (pids[r] != p) continue;
                 int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-                if (r < 64) res->exit_codes[r] = code;
+                if (r < LOCAL_RANKS_CODES) res->exit_codes[r] = code;
                 if (code) res->failed++;
                 pids[r] = 0;
                 left--;
@@ -139,12 +139,12 @@ int local_ranks_run_threads(int nranks, local_rank_fn fn, void *arg, local_ranks
     }
     for (int r = 0; r < started; r++) {
         pthread_join(th[r], NULL);
-        if (r < 64) res->exit_codes[r] = t[r].rc;
+        if (r < LOCAL_RANKS_CODES) res->exit_codes[r] = t[r].rc;
         res->failed += t[r].rc != 0;
     }
     /* a rank that never started leaves the others waiting until their timeout */
     for (int r = started; r < nranks; r++) {
-        if (r < 64) res->exit_codes[r] = 1;
+        if (r < LOCAL_RANKS_CODES) res->exit_codes[r] = 1;
         res->failed++;
     }
     free(t), free(th);

@@ -11,10 +11,13 @@
 /* Returns the process exit code (0 = success) of one rank. */
 typedef int (*local_rank_fn)(int rank, int nranks, moea2a_unique_id_t id, void *arg);
 
+/* Ranks whose exit codes a run keeps (the first ones; every rank counts in failed/hung) */
+#define LOCAL_RANKS_CODES 128
+
 typedef struct {
     int failed;      /* ranks that exited non-zero or died of a signal */
     int hung;        /* ranks killed by the watchdog */
-    int exit_codes[64];
+    int exit_codes[LOCAL_RANKS_CODES];
 } local_ranks_result_t;
 
 /* 0 when every rank exited 0. The id is made, and its rendezvous served, by a child
