@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "derived_placement.h"
 #ifdef MOEA2A_HAVE_CUDA
 #include "gpu_util.h"
 #endif
@@ -117,22 +118,6 @@ static void loop_map(int phase, int it, int n, int32_t *map)
     const int step = it / 3;
     for (int e = 0; e < E; e++) map[e] = (e * 7 + phase + step) % n;
     if (step % 2 && !ndev) map[(phase + step) % E] = -1; /* CUDA memory: every expert held */
-}
-
-/* What moea2a_moe_retarget derives after a shrink (its man page's rule). */
-static void derived_map(const int32_t *old, int dead, int32_t *map)
-{
-    int held[N - 1] = {0};
-    for (int e = 0; e < E; e++) {
-        map[e] = old[e] < 0 || old[e] == dead ? -1 : old[e] - (old[e] > dead);
-        if (map[e] >= 0) held[map[e]]++;
-    }
-    for (int e = 0; e < E; e++) {
-        if (map[e] >= 0) continue;
-        int least = 0;
-        for (int q = 1; q < N - 1; q++) least = held[q] < held[least] ? q : least;
-        map[e] = least, held[least]++;
-    }
 }
 
 static moea2a_moe_config_t config(void)
@@ -362,7 +347,7 @@ static int member(board_t *b, moea2a_comm_t comm, moea2a_moe_t moe, int c0)
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "cycle %d: shrink: %s", cycle, moea2a_last_error(comm));
         if (r) return fails;
         int32_t dmap[E]; /* from rank 0's placement: a change the kill cut short may differ here */
-        derived_map((const int32_t *)b->map0[cycle], victim, dmap);
+        derived_placement((const int32_t *)b->map0[cycle], E, N, victim, dmap);
         const double t_shrunk = now();
         r = moea2a_moe_retarget(moe, small, NULL);
         b->shrink_s[cycle][me] = now() - t0;

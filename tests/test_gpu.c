@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "derived_placement.h"
 #include "gpu_util.h"
 #include "moe_roundtrip.h"
 #include "local_ranks.h"
@@ -1030,24 +1031,6 @@ static int round_trip_checked(moea2a_moe_t moe, kill_ctx_t *k, int old_rank, con
     return 1;
 }
 
-/* The placement moea2a_moe_retarget derives (its man page's rule) on the n - 1 ranks
- * left when rank `dead` of n goes, from kill_setup's contiguous one. */
-static void derived_after_kill(int n, int dead, int32_t map[KILL_EXPERTS])
-{
-    int held[KILL_EXPERTS] = {0};
-    for (int e = 0; e < KILL_EXPERTS; e++) {
-        const int old = e / (KILL_EXPERTS / n);
-        map[e] = old == dead ? -1 : old - (old > dead);
-        if (map[e] >= 0) held[map[e]]++;
-    }
-    for (int e = 0; e < KILL_EXPERTS; e++) {
-        if (map[e] >= 0) continue;
-        int least = 0;
-        for (int q = 1; q < n - 1; q++) least = held[q] < held[least] ? q : least;
-        map[e] = least, held[least]++;
-    }
-}
-
 /* What every survivor does next (moea2a_recovery(7)): shrink to the ranks alive (all
  * of them call it), move the context there (placement derived) and make checked round
  * trips; *newcomm for the caller to destroy after the context. */
@@ -1060,8 +1043,9 @@ static int recover_survivors(int rank, int n, kill_ctx_t *k, const char *path, m
     const double took = now_s() - t0;
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink + retarget after the death: %s: %s", moea2a_strerror(r),
                 moea2a_last_error(*newcomm ? *newcomm : k->comm));
-    int32_t map[KILL_EXPERTS];
-    derived_after_kill(n, 1, map);
+    int32_t old[KILL_EXPERTS], map[KILL_EXPERTS]; /* kill_setup's contiguous placement, rank 1 gone */
+    for (int e = 0; e < KILL_EXPERTS; e++) old[e] = e / (KILL_EXPERTS / n);
+    derived_placement(old, KILL_EXPERTS, n, 1, map);
     int good = 0;
     for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += round_trip_checked(k->moe, k, rank, map);
     RANK_EXPECT(fails, rank, r != MOEA2A_SUCCESS || good == 3, "%d of 3 round trips on the shrunk communicator right: %s",
