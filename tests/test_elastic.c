@@ -355,7 +355,10 @@ static int member(board_t *b, moea2a_comm_t comm, moea2a_moe_t moe, int c0)
             printf("# rank %d: shrink %.3f s, retarget %.3f s\n", me, t_shrunk - t0, now() - t_shrunk);
         RANK_EXPECT(fails, me, r == MOEA2A_SUCCESS, "cycle %d: retarget to 3 ranks: %s", cycle, moea2a_last_error(small));
         if (r) return fails;
+        const double t_destroy = now();
         moea2a_comm_destroy(comm);
+        if (getenv("MOEA2A_ELASTIC_TIMES"))
+            printf("# rank %d: cycle %d: the old communicator destroyed in %.3f s\n", me, cycle, now() - t_destroy);
         int sme;
         moea2a_comm_rank(small, &sme);
         for (int i = 0; i < 3 && r == MOEA2A_SUCCESS; i++) {
