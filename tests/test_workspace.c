@@ -21,8 +21,24 @@ static size_t A(size_t x) { return (x + 127) / 128 * 128; }
 /* MOEA2A_HIERARCHICAL=1 set: the hierarchical path also on nodes of one rank */
 static int hier_forced;
 
+/* The most sources a rank relays for as their rail peer, in nodes of rpn consecutive
+ * ranks (the last one smaller): rank r serves source s of another node when s's index
+ * in its node, modulo the size of r's node, is r's index in its node. */
+static size_t most_served(int ep, int rpn)
+{
+    size_t most = 0;
+    for (int r = 0; r < ep; r++) {
+        const int size = ep - r / rpn * rpn < rpn ? ep - r / rpn * rpn : rpn;
+        size_t n = 0;
+        for (int s = 0; s < ep; s++) n += s / rpn != r / rpn && (s % rpn) % size == r % rpn;
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
 /* The formula of moea2a_moe_workspace_size(3); N nodes of M ranks (N > 1, M > 1: the
- * hierarchical path, whose staging differs by memory). */
+ * hierarchical path, whose staging differs by memory; M the largest node, and on CUDA
+ * memory S the most sources any rank serves, so that every rank's size is one). */
 static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, int cuda, int N, int M,
                      size_t *workspace, size_t *staging, size_t *pinned)
 {
@@ -51,7 +67,7 @@ static void expected(const moea2a_moe_config_t *c, int ep, int staged, int lsa, 
                           : c->hidden * es;
     *staging = A((size_t)staged * cap * record) + A((size_t)staged * cap * cw) + (fp8 && !lsa ? A(n * cap * cw) : 0);
     *pinned = 2 * A(4 * n) + 2 * A(16 * n) + A(16) + (lsa ? A(16) : 0);
-    const size_t S = (size_t)N - 1, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
+    const size_t S = cuda ? most_served(ep, M) : (size_t)N - 1, m1 = (size_t)M - 1, nn = (size_t)N; /* S sources served */
     if (cuda && N > 1 && (M > 1 || hier_forced)) { /* the hierarchical path on CUDA memory */
         *staging += A(4 * cap * k) + A(4 * n) + A(4 * nn * cap * k) + A(4 * S * cap * k) + A(S * cap * record) +
                     A(S * m1 * cap * record) + A(S * m1 * cap * cw) + A(S * cap * cw);
@@ -335,9 +351,36 @@ static void test_network_model(void)
            flat, aware, subsets, ranks, nodes);
 }
 
+/* Nodes of unequal size on CUDA memory (6 ranks in nodes of 4 and 2: rank 4 serves 2
+ * sources, ranks 2 and 3 none): every rank's workspace and staging are the formula's
+ * with the largest node and the most sources served, the same on every rank (the NCCL
+ * window of the load/store stage takes one size from every rank). */
+static void test_unequal_nodes(void)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/topologies/4gpu-nvlink.xml", srcdir());
+    const moea2a_moe_config_t c = deepseek(1024, 1, MOEA2A_BFLOAT16);
+    size_t ws, st, pin;
+    expected(&c, 6, 5, 0, 1, 2, 4, &ws, &st, &pin);
+    int same = 1;
+    size_t got_ws[6] = {0}, got_st[6] = {0};
+    for (int rank = 0; rank < 6; rank++) {
+        moea2a_moe_layout_t lay = MOEA2A_MOE_LAYOUT_INITIALIZER;
+        lay.ep = 6, lay.ranks_per_node = 4, lay.rank = rank, lay.topology_xml = path, lay.memory = MOEA2A_MEMORY_CUDA;
+        moea2a_moe_workspace_sizes_t s = MOEA2A_MOE_WORKSPACE_SIZES_INITIALIZER;
+        same &= moea2a_moe_workspace_size_layout(&lay, &c, &s) == MOEA2A_SUCCESS && s.workspace_bytes == ws &&
+                s.staging_bytes == st;
+        got_ws[rank] = s.workspace_bytes, got_st[rank] = s.staging_bytes;
+    }
+    tap_ok(same && most_served(6, 4) == 2, "CUDA memory, 6 ranks in nodes of 4 and 2: every rank %zu + %zu bytes, the "
+           "formula with the largest node and the most sources served (%zu): ranks 3 and 5 %zu + %zu, %zu + %zu",
+           ws, st, most_served(6, 4), got_ws[3], got_st[3], got_ws[5], got_st[5]);
+}
+
 int main(void)
 {
     test_topologies();
+    test_unequal_nodes();
     test_ep_once();
     test_info_tool();
     test_network_model();
