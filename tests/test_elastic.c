@@ -422,7 +422,9 @@ static int spare(board_t *b)
         const int req = b->join_req, got = b->claimed;
         if (b->done) return 0;
         if (req > got && __sync_bool_compare_and_swap(&b->claimed, got, req)) break;
-        usleep(500);
+        /* up to 100 spares wait at once: a few wake-ups a second each keep them off the
+         * cores the members' recovery is timed on (a join waits 20 ms at most for one) */
+        usleep(20000);
     }
     const int cycle = b->claimed - 1, rank = b->join_rank;
     moea2a_unique_id_t id = b->join_id;
