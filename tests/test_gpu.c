@@ -981,7 +981,8 @@ static int kill_setup(int rank, int n, moea2a_unique_id_t id, const kill_arg_t *
     cfg.timeout_s = timeout_s, cfg.cuda_device = rank % a->ndev;
     if (moea2a_comm_init_rank(&k->comm, n, id, rank, &cfg)) return 1;
     moea2a_moe_config_t mc = MOEA2A_MOE_CONFIG_INITIALIZER;
-    mc.num_experts = KILL_EXPERTS, mc.top_k = 4, mc.max_tokens_per_rank = 64, mc.hidden = 256, mc.memory = MOEA2A_MEMORY_CUDA;
+    mc.num_experts = KILL_EXPERTS, mc.top_k = 4, mc.max_tokens_per_rank = 64, mc.hidden = 256;
+    mc.memory = MOEA2A_MEMORY_CUDA;
     mc.num_payloads = 1, mc.payloads[0] = (moea2a_payload_desc_t){MOEA2A_BFLOAT16, 256};
     if (moea2a_moe_create(&k->moe, k->comm, &mc)) {
         printf("# rank %d: create: %s\n", rank, moea2a_last_error(k->comm));

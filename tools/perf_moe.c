@@ -1025,8 +1025,6 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
     fflush(stdout);
 }
 
-/* One token count (o->tokens[ti]) with sms SMs: a context, the checked round, the timed
- * calls, the bytes, the baseline, then rank 0's rows. */
 /* Change i of --moves: expert e goes to the rank of block pi(e) of the create's bound,
  * pi(e) = (e x a + i + 1) mod E with a odd and prime to E, so every rank holds at most
  * the bound and each change moves most experts. */
@@ -1074,7 +1072,10 @@ static int time_moves(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, const
         FAIL("rank %d: out of memory for --moves\n", b->rank);
     }
     moea2a_result_t r = MOEA2A_SUCCESS;
-    for (int i = 0; i < o->warmup && !r; i++) move_map(n + i, E, b->ep, map), r = moea2a_moe_set_placement(moe, map, m->stream);
+    for (int i = 0; i < o->warmup && !r; i++) {
+        move_map(n + i, E, b->ep, map);
+        r = moea2a_moe_set_placement(moe, map, m->stream);
+    }
     *host = 0;
     for (int i = 0; i < n && !r; i++) {
         move_map(i, E, b->ep, map);
@@ -1107,6 +1108,8 @@ static int time_moves(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, const
     return r != MOEA2A_SUCCESS;
 }
 
+/* One token count (o->tokens[ti]) with sms SMs: a context, the checked round, the timed
+ * calls, the bytes, the baseline, the placement changes (--moves), then rank 0's rows. */
 static int run_tokens(moea2a_comm_t comm, perf_mem_t *m, const perf_opts_t *o, int ti, int sms, double *busbw,
                       int *any_wrong)
 {
