@@ -1028,17 +1028,13 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
 /* Change i of --moves: expert e goes to the rank of block pi(e) of the create's bound,
  * pi(e) = (e x a + i + 1) mod E with a odd and prime to E, so every rank holds at most
  * the bound and each change moves most experts. */
+static int gcd(int x, int y) { return y ? gcd(y, x % y) : x; }
+
 static void move_map(int i, int E, int ep, int32_t *map)
 {
     const int per = (E + ep - 1) / ep;
     int a = 3;
-    for (int x = a, y = E; E > 1; a += 2, x = a, y = E) { /* the first odd a with gcd(a, E) = 1 */
-        while (y) {
-            const int t = x % y;
-            x = y, y = t;
-        }
-        if (x == 1) break;
-    }
+    while (E > 1 && gcd(a, E) != 1) a += 2;
     for (int e = 0; e < E; e++) map[e] = (int32_t)((((int64_t)e * a + i + 1) % E) / per);
 }
 
