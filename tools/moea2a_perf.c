@@ -205,6 +205,8 @@ static void usage(FILE *f)
             "                       (default: the context's default)\n"
             "  -P, --split          also time the split halves, and their overlap with a cuBLAS bf16\n"
             "                       GEMM on a second stream sized to take as long as the exchange\n"
+            "  -K, --kernels        with --mem cuda, list each call's GPU work on rank 0 (kernels, copies,\n"
+            "                       memsets: start after the call's first, duration; CUPTI)\n"
             "  -q, --wire F         quantize the payload on dispatch: fp8, fp8-ue8m0 (MN-major scales)\n"
             "                       or nvfp4 (128x4 scales); with --baseline also quantize, then dispatch\n"
             "                       the codes and scales as plain payloads (the q+dispatch row)\n"
@@ -341,6 +343,7 @@ static int set_moe_option(int c, char *arg, perf_opts_t *o, cli_t *cli, int *sta
             return exit_with(status, bad_option("--sms", arg, "takes up to 16 SM budgets >= 1, comma-separated"));
         return OPT_TAKEN;
     case 'P': o->split = 1; return OPT_TAKEN;
+    case 'K': o->kernels = 1; return OPT_TAKEN;
     case 'x':
         if (!strcmp(arg, "sm")) o->copy_engine = 0;
         else if (!strcmp(arg, "ce")) o->copy_engine = 1;
@@ -396,9 +399,10 @@ static int parse_args(int argc, char **argv, perf_opts_t *o, cli_t *cli)
         {"moves", required_argument, 0, 'V'},
         /* the switches */
         {"moe", no_argument, 0, 'M'}, {"weights", no_argument, 0, 'W'}, {"baseline", no_argument, 0, 'B'},
-        {"help", no_argument, 0, 'h'}, {"split", no_argument, 0, 'P'}, {"threads", no_argument, 0, 'T'}, {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'}, {"split", no_argument, 0, 'P'}, {"threads", no_argument, 0, 'T'},
+        {"kernels", no_argument, 0, 'K'}, {0, 0, 0, 0}};
     int c, status = 0;
-    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:Pq:L:G:x:TC:p:V:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:o:b:e:f:i:w:d:m:c:Mt:H:k:E:s:WBr:hS:PKq:L:G:x:TC:p:V:", opts, NULL)) != -1) {
         int took = set_int_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_common_option(c, optarg, o, cli, &status);
         if (took == OPT_NOT_MINE) took = set_moe_option(c, optarg, o, cli, &status);

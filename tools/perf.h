@@ -35,6 +35,7 @@ typedef struct {
     int copy_engine;                    /* --engine ce: MOEA2A_MOE_COPY_ENGINE */
     int general;                        /* --placement general: MOEA2A_MOE_GENERAL_PLACEMENT */
     int moves;                          /* --moves: placement changes timed per size (0: none) */
+    int kernels;                        /* --kernels: each call's GPU work listed (rank 0) */
     int kernel_times;                   /* ranks as processes: CUPTI's kernel times (perf_kernel_time.h) */
     /* --op expert-gemm: local experts (--experts), shapes n:k (--gemm-shapes); rows per
      * expert are --tokens */

@@ -41,7 +41,13 @@ typedef CUpti_ActivityMemset4 kt_memset_t;
 typedef struct {
     uint64_t key;        /* correlation id, then (after the join) the tag */
     uint64_t start, end; /* ns, CUPTI's clock */
+    int name;            /* into kt.names */
 } kt_work_t;
+
+/* Names of work, each kept once: the kernels' short names, then "memcpy" and "memset";
+ * work beyond the table's room shares its last entry. */
+#define KT_NAMES 64
+#define KT_NAME_LEN 64
 
 typedef struct {
     uint64_t corr, tag;
@@ -59,6 +65,8 @@ static struct {
     pthread_mutex_t mu;
     kt_work_t *work;
     kt_link_t *link;
+    char names[KT_NAMES][KT_NAME_LEN];
+    int nnames;
     size_t nwork, cwork, nlink, clink;
     int overflow; /* a record could not be kept: the spans are not trusted */
 } kt = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -81,7 +89,35 @@ static void *grow(void *p, size_t *cap, size_t n, size_t elem)
     return q;
 }
 
-static void keep_work(uint32_t corr, uint64_t start, uint64_t end)
+/* A kernel's function name from its mangled name (Itanium C++ ABI): the last
+ * identifier of its nested name, so "_ZN12_GLOBAL__N_18quantizeIL..." gives "quantize";
+ * a name that is not mangled is kept as it is. */
+static void short_name(const char *mangled, char *out, size_t len)
+{
+    snprintf(out, len, "%s", mangled ? mangled : "kernel");
+    if (!mangled || strncmp(mangled, "_Z", 2)) return;
+    const char *p = mangled + 2;
+    if (*p == 'N') p++;
+    while (*p == 'L' || *p == 'K') p++;
+    while (*p >= '1' && *p <= '9') {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (n <= 0 || (size_t)n > strlen(end)) return;
+        snprintf(out, len, "%.*s", (int)n, end);
+        p = end + n;
+    }
+}
+
+static int intern(const char *name)
+{
+    for (int i = 0; i < kt.nnames; i++)
+        if (!strcmp(kt.names[i], name)) return i;
+    if (kt.nnames == KT_NAMES) return KT_NAMES - 1;
+    snprintf(kt.names[kt.nnames], KT_NAME_LEN, "%s", name);
+    return kt.nnames++;
+}
+
+static void keep_work(uint32_t corr, uint64_t start, uint64_t end, int name)
 {
     kt_work_t *w = grow(kt.work, &kt.cwork, kt.nwork, sizeof(*w));
     if (!w) {
@@ -89,7 +125,7 @@ static void keep_work(uint32_t corr, uint64_t start, uint64_t end)
         return;
     }
     kt.work = w;
-    w[kt.nwork++] = (kt_work_t){corr, start, end};
+    w[kt.nwork++] = (kt_work_t){corr, start, end, name};
 }
 
 static void keep_link(uint32_t corr, uint64_t tag)
@@ -117,13 +153,19 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     pthread_mutex_lock(&kt.mu);
     while (kt.next(buffer, valid, &r) == CUPTI_SUCCESS) {
         switch (r->kind) {
-/* the start, end and correlation id of one kind of work record */
-#define KEEP(type) keep_work(((const type *)r)->correlationId, ((const type *)r)->start, ((const type *)r)->end)
-        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: KEEP(kt_kernel_t); break;
-        case CUPTI_ACTIVITY_KIND_MEMCPY: KEEP(kt_memcpy_t); break;
-        case CUPTI_ACTIVITY_KIND_MEMSET: KEEP(kt_memset_t); break;
+/* the start, end and correlation id of one kind of work record, and its name */
+#define KEEP(type, name) \
+    keep_work(((const type *)r)->correlationId, ((const type *)r)->start, ((const type *)r)->end, intern(name))
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+            char name[KT_NAME_LEN];
+            short_name(((const kt_kernel_t *)r)->name, name, sizeof(name));
+            KEEP(kt_kernel_t, name);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY: KEEP(kt_memcpy_t, "memcpy"); break;
+        case CUPTI_ACTIVITY_KIND_MEMSET: KEEP(kt_memset_t, "memset"); break;
 #if KT_PEER_COPIES
-        case CUPTI_ACTIVITY_KIND_MEMCPY2: KEEP(kt_peer_t); break;
+        case CUPTI_ACTIVITY_KIND_MEMCPY2: KEEP(kt_peer_t, "memcpy"); break;
 #endif
 #undef KEEP
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -270,22 +312,46 @@ int perf_kt_end(void)
     return failed ? -1 : 0;
 }
 
-double perf_kt_span(uint64_t tag)
+/* The first record of tag in the joined records (sorted by tag), or kt.nwork. */
+static size_t first_of(uint64_t tag)
 {
-    if (kt.state <= 0 || !tag) return 0;
-    /* the first record of the tag, then every one after it with the same tag */
     size_t lo = 0, hi = kt.nwork;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if (kt.work[mid].key < tag) lo = mid + 1;
         else hi = mid;
     }
+    return lo;
+}
+
+double perf_kt_span(uint64_t tag)
+{
+    if (kt.state <= 0 || !tag) return 0;
     uint64_t first = UINT64_MAX, last = 0;
-    for (size_t i = lo; i < kt.nwork && kt.work[i].key == tag; i++) {
+    for (size_t i = first_of(tag); i < kt.nwork && kt.work[i].key == tag; i++) {
         if (kt.work[i].start < first) first = kt.work[i].start;
         if (kt.work[i].end > last) last = kt.work[i].end;
     }
     return last > first ? (double)(last - first) * 1e-9 : 0;
+}
+
+static int by_start(const void *a, const void *b)
+{
+    const kt_work_t *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+int perf_kt_parts(uint64_t tag, perf_kt_part_t *parts, int max)
+{
+    if (kt.state <= 0 || !tag) return 0;
+    size_t lo = first_of(tag), hi = lo;
+    while (hi < kt.nwork && kt.work[hi].key == tag) hi++;
+    /* the tag's records keep their place in the order by tag */
+    qsort(kt.work + lo, hi - lo, sizeof(kt_work_t), by_start);
+    for (size_t i = lo; i < hi && (int)(i - lo) < max; i++)
+        parts[i - lo] = (perf_kt_part_t){kt.names[kt.work[i].name], (double)(kt.work[i].start - kt.work[lo].start) * 1e-9,
+                                         (double)(kt.work[i].end - kt.work[i].start) * 1e-9};
+    return (int)(hi - lo);
 }
 
 #else /* built without CUPTI's headers */
@@ -302,6 +368,11 @@ int perf_kt_end(void) { return -1; }
 double perf_kt_span(uint64_t tag)
 {
     (void)tag;
+    return 0;
+}
+int perf_kt_parts(uint64_t tag, perf_kt_part_t *parts, int max)
+{
+    (void)tag, (void)parts, (void)max;
     return 0;
 }
 #endif

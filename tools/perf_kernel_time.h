@@ -26,4 +26,16 @@ int perf_kt_end(void);
 /* Seconds from the first start to the last end of the work tagged tag; 0 when none
  * was recorded. */
 double perf_kt_span(uint64_t tag);
+
+/* One piece of the work tagged tag: its name (a kernel's function name without its
+ * namespace and template arguments, or "memcpy" / "memset"), its start after the tag's
+ * first start and its duration (s). */
+typedef struct {
+    const char *name;
+    double start, dur;
+} perf_kt_part_t;
+
+/* The work tagged tag in order of start, up to max pieces into parts; returns how many
+ * pieces the tag has (more than max when some were left out). */
+int perf_kt_parts(uint64_t tag, perf_kt_part_t *parts, int max);
 #endif

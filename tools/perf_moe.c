@@ -417,6 +417,7 @@ typedef struct {
     double tg;             /* one round trip of a CUDA graph of iters round trips (s); 0: none */
     double kd, kc;         /* kernel time of each call: first start to last end of its GPU work (s; 0: none) */
     double ka;             /* kernel time of one round trip as a CUDA graph replayed alone (s; 0: none) */
+    char parts[2][600];    /* --kernels: this rank's GPU work of a dispatch call and of a combine call */
     double qd;             /* --wire --baseline: quantize with the standalone calls, then dispatch (s) */
     double sd, sc;         /* --split: each call as its two halves, back to back (s) */
     double gemm, ovl[2];   /* --split: the GEMM alone; a round trip overlapped with two GEMMs launched
@@ -670,6 +671,27 @@ static double kt_mean(int kind, int iters)
     return sum / iters;
 }
 
+/* --kernels: the GPU work of iters tagged calls of one kind, "name start+duration" per
+ * piece in µs, means over the calls whose pieces have the names of the first call's. */
+#define KT_PARTS 16
+static void kt_list(int kind, int iters, char *out, size_t len)
+{
+    perf_kt_part_t first[KT_PARTS], p[KT_PARTS];
+    double start[KT_PARTS] = {0}, dur[KT_PARTS] = {0};
+    int n = perf_kt_parts(KT_TAG(kind, 0), first, KT_PARTS), calls = 0;
+    if (n > KT_PARTS) n = KT_PARTS;
+    for (int i = 0; i < iters; i++) {
+        int same = perf_kt_parts(KT_TAG(kind, i), p, KT_PARTS) == n;
+        for (int j = 0; same && j < n; j++) same = !strcmp(p[j].name, first[j].name);
+        for (int j = 0; same && j < n; j++) start[j] += p[j].start, dur[j] += p[j].dur;
+        calls += same;
+    }
+    size_t at = (size_t)snprintf(out, len, "%d of %d calls alike:", calls, iters);
+    for (int j = 0; calls && j < n && at < len; j++)
+        at += (size_t)snprintf(out + at, len - at, " %s %.2f+%.2f", first[j].name, start[j] / calls * 1e6,
+                               dur[j] / calls * 1e6);
+}
+
 /* The gated loops hold at most this many pairs: the launch queue must take them all
  * while the gate holds the stream (the host would wait on a full queue forever). */
 #define KT_MAX_GATED 64
@@ -745,7 +767,7 @@ static moea2a_result_t tagged_pairs(moea2a_comm_t comm, moea2a_moe_t moe, perf_m
  * so the gate cannot hold what the host waits for), of its replays alone. Without CUPTI
  * the reason is printed once and the rows are left out. */
 static int kernel_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int iters, int T, const inputs_t *in,
-                        moea2a_dispatch_result_t *d, int graph, row_t *r)
+                        moea2a_dispatch_result_t *d, int graph, int kernels, row_t *r)
 {
     static int said;
     int rank;
@@ -775,6 +797,10 @@ static int kernel_times(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, int
     perf_gate_free(gate);
     if (res || moea2a_moe_status(moe)) FAIL("rank %d: the kernel-timed calls: %s\n", rank, moea2a_last_error(comm));
     if (!ended) r->kd = kt_mean(KT_DISPATCH, iters), r->kc = kt_mean(KT_COMBINE, iters);
+    if (!ended && kernels) {
+        kt_list(KT_DISPATCH, iters, r->parts[0], sizeof(r->parts[0]));
+        kt_list(KT_COMBINE, iters, r->parts[1], sizeof(r->parts[1]));
+    }
     if (!ended && gate) r->ka = kt_mean(KT_ALONE, iters);
     return 0;
 }
@@ -818,7 +844,7 @@ static int time_calls(moea2a_comm_t comm, moea2a_moe_t moe, perf_mem_t *m, const
     if (perf_sync(m) || moea2a_moe_status(moe)) FAIL("rank %d: %s\n", rank, moea2a_last_error(comm));
     int graph = m->cuda && d->nvlink && !o->copy_engine;
     if (graph) r->tg = graph_time(moe, m, iters, T, in->d_ids, in->d_w, in->pays, in->d_out);
-    if (m->cuda && o->kernel_times && kernel_times(comm, moe, m, iters, T, in, d, graph, r)) return 1;
+    if (m->cuda && o->kernel_times && kernel_times(comm, moe, m, iters, T, in, d, graph, o->kernels, r)) return 1;
     if (o->split && split_times(comm, moe, m, iters < PERF_MARKS / 3 ? iters : PERF_MARKS / 3, T, in->d_ids, in->d_w,
                                 in->pays, in->d_out, sms, r))
         return 1;
@@ -988,6 +1014,8 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
         print_row(T, "combine-kernel", s->bytes_c, s->remote_c, s->kc, 0, wcol);
     }
     if (s->ka > 0) print_row(T, "roundtrip-graph-alone", bytes, remote, s->ka, 0, wcol);
+    for (int c = 0; o->kernels && c < 2; c++) /* rank 0's own */
+        if (r->parts[c][0]) printf("#   %s %d tokens, rank 0's GPU work (us, start+duration): %s\n", c ? "combine" : "dispatch", T, r->parts[c]);
     printf("#   host %d tokens: %.2f us in a dispatch call, %.2f in a combine call (slowest rank)\n", T, s->hd * 1e6,
            s->hc * 1e6);
     if (o->split) {
