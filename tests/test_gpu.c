@@ -761,6 +761,23 @@ static int fp4_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
         cudaMemcpy(lin_d, dl, m * k / 16, cudaMemcpyDeviceToHost);
         moea2a_fp4_sf_convert(hs, layout, lin_h, MOEA2A_SF_LINEAR, m, k, NULL);
         RANK_EXPECT(fails, rank, !memcmp(lin_d, lin_h, m * k / 16), "scale conversions differ");
+        /* linear scales to each tiled layout on the device, padding included, against the
+         * host (rows with a multiple of 4 blocks take the word kernel, the others bytes) */
+        for (int tl = MOEA2A_SF_128X4; tl <= MOEA2A_SF_8X4; tl++) {
+            size_t tb;
+            moea2a_fp4_sf_bytes((moea2a_sf_layout_t)tl, m, k, &tb);
+            unsigned char *th = malloc(tb), *td = malloc(tb);
+            void *dt;
+            cudaMalloc(&dt, tb);
+            cudaMemset(dt, 0xee, tb);
+            moea2a_fp4_sf_convert(lin_h, MOEA2A_SF_LINEAR, th, (moea2a_sf_layout_t)tl, m, k, NULL);
+            r = moea2a_fp4_sf_convert(dl, MOEA2A_SF_LINEAR, dt, (moea2a_sf_layout_t)tl, m, k, NULL);
+            cudaMemcpy(td, dt, tb, cudaMemcpyDeviceToHost);
+            RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS && !memcmp(th, td, tb),
+                        "linear scales to layout %d on the device (%zu x %zu blocks) differ from the host's", tl, m,
+                        k / 16);
+            cudaFree(dt), free(th), free(td);
+        }
         cudaFree(dx), cudaFree(dq), cudaFree(ds), cudaFree(dout), cudaFree(dg), cudaFree(d8), cudaFree(dl);
         free(x), free(hq), free(hs), free(dq_h), free(ds_h), free(hout), free(dout_h), free(lin_d), free(lin_h);
     }
