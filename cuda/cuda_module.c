@@ -192,7 +192,6 @@ __attribute__((visibility("default"))) const moea2a_cuda_v1_t moea2a_cuda_v1 = {
     .fp8_quantize = m2a_cuda_fp8_quantize,
     .fp8_dequantize = m2a_cuda_fp8_dequantize,
     .wire_finish = m2a_cuda_wire_finish,
-    .wire_fill = m2a_cuda_wire_fill,
     .expert_expand = m2a_cuda_expert_expand,
     .expert_fold = m2a_cuda_expert_fold,
     .expert_gemm = m2a_cuda_expert_gemm,

@@ -107,7 +107,7 @@ __device__ __forceinline__ uint8_t block_scale(float amax, bool finite, float g,
  * shuffle; (row, block) advance by the constant grid stride, without divisions. */
 template <moea2a_datatype_t T>
 __global__ void __launch_bounds__(256) quantize_blocks(const void *x, uint32_t nblocks, uint32_t kb_n, const float *g,
-                                                       uint2 *q, unsigned char *sf, int layout)
+                                                       uint2 *q, unsigned char *sf, int layout, float *g_rows)
 {
     __shared__ uint4 tbl4[4096 / 16];
     const unsigned char *tbl = reinterpret_cast<const unsigned char *>(tbl4);
@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(256) quantize_blocks(const void *x, uint32_t n
         const uint8_t s = block_scale(amax, finite, gs, &inv);
         const uint2 codes = finite ? encode16(v, inv, tbl) : make_uint2(0, 0);
         if (live) __stcs(q + b, codes);
+        if (g_rows && live && kb == 0) g_rows[r] = gs; /* the same bits where g_rows is g */
         if (words) {
             const uint32_t w = s | (uint32_t)__shfl_down_sync(kAllLanes, s, 1) << 8 |
                                (uint32_t)__shfl_down_sync(kAllLanes, s, 2) << 16 |
@@ -367,7 +368,7 @@ static size_t rows_per_launch(size_t kb_n)
 /* lib/quant/fp4.c has checked that the buffers are 16-byte aligned (rows are: k is a
  * multiple of 16 elements). */
 extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q,
-                                     void *sf, int layout, void *stream)
+                                     void *sf, int layout, float *g_rows, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const size_t kb_n = k / 16, chunk = rows_per_launch(kb_n), es = xtype == MOEA2A_FLOAT32 ? 4 : 2;
@@ -380,11 +381,12 @@ extern "C" int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, siz
         const void *xs = static_cast<const unsigned char *>(x) + r0 * k * es;
         uint2 *qs = reinterpret_cast<uint2 *>(static_cast<unsigned char *>(q) + r0 * k / 2);
         unsigned char *ss = static_cast<unsigned char *>(sf) + m2a_sf_offset(layout, r0, 0, kb_n);
+        float *gr = g_rows ? g_rows + r0 : nullptr;
         const int grid = resident_grid(nb);
         switch (xtype) {
-        case MOEA2A_BFLOAT16: quantize_blocks<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout); break;
-        case MOEA2A_FLOAT16: quantize_blocks<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout); break;
-        default: quantize_blocks<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout); break;
+        case MOEA2A_BFLOAT16: quantize_blocks<MOEA2A_BFLOAT16><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout, gr); break;
+        case MOEA2A_FLOAT16: quantize_blocks<MOEA2A_FLOAT16><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout, gr); break;
+        default: quantize_blocks<MOEA2A_FLOAT32><<<grid, 256, 0, s>>>(xs, nb, (uint32_t)kb_n, g, qs, ss, layout, gr); break;
         }
     }
     return (int)cudaGetLastError();

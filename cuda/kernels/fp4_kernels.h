@@ -11,8 +11,10 @@
 extern "C" {
 #endif
 int m2a_cuda_fp4_global_scale(const void *x, moea2a_datatype_t xtype, size_t count, float *g, void *stream);
+/* g_rows: NULL, or m floats each set to *g (it may be g itself: its first is then
+ * written with the value it holds). */
 int m2a_cuda_fp4_quantize(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q, void *sf,
-                          int layout, void *stream);
+                          int layout, float *g_rows, void *stream);
 int m2a_cuda_fp4_dequantize(const void *q, const void *sf, int layout, const float *g, size_t m, size_t k, void *out,
                             moea2a_datatype_t otype, void *stream);
 /* counts == NULL: plain conversion of m rows; else m = ep x stride receive rows. */

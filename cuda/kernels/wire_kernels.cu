@@ -30,13 +30,6 @@ __global__ void __launch_bounds__(kThreads) finish(m2a_kwire_t w, int ep, int st
             w.g[src] = counts[src] > 0 ? w.g_rows[src * (size_t)stride] : 0.0f;
 }
 
-__global__ void __launch_bounds__(kThreads) fill(float *dst, size_t n)
-{
-    const float v = dst[0];
-    for (size_t i = 1 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = v;
-}
-
 int blocks_for(size_t items)
 {
     const size_t b = (items + kThreads - 1) / kThreads;
@@ -52,10 +45,4 @@ extern "C" int m2a_cuda_wire_finish(const m2a_kwire_t *w, int ep, int stride, co
     return (int)cudaGetLastError();
 }
 
-extern "C" int m2a_cuda_wire_fill(float *dst, size_t n, void *stream)
-{
-    if (n > 1) fill<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, n);
-    return (int)cudaGetLastError();
-}
-
-extern "C" int m2a_cuda_wire_load(void) { return m2a_load_kernel(fill, m2a_load_kernel(finish, 0)); }
+extern "C" int m2a_cuda_wire_load(void) { return m2a_load_kernel(finish, 0); }

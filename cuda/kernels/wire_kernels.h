@@ -16,8 +16,6 @@ extern "C" {
 /* Padding rows' scales (row >= counts[src]) 0, the MN-major copy (padding 0), the
  * global scale per source. */
 int m2a_cuda_wire_finish(const m2a_kwire_t *w, int ep, int stride, const int32_t *counts, void *stream);
-/* dst[1..n) = dst[0]: the sender's global scale in each of its n rows. */
-int m2a_cuda_wire_fill(float *dst, size_t n, void *stream);
 
 /* Loads this file's kernels now (cuda/kernels/load.cuh says why). */
 int m2a_cuda_wire_load(void);

@@ -282,7 +282,7 @@ typedef struct {
  * and experts held by no rank (m2a_kparams_t.holders, nrep, dropped_sums; route's
  * dropped entries, count_load's src_index; m2a_fast_t.general); 16: combine's
  * M2A_FAST_WIRE_OUT and M2A_FAST_WIRE_PARTIALS (the FP8 wire on the hierarchical path) */
-#define MOEA2A_CUDA_ABI_VERSION 16
+#define MOEA2A_CUDA_ABI_VERSION 17
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
 
@@ -351,8 +351,10 @@ typedef struct moea2a_cuda_v1 {
     /* Prints the load/store kernels' phase means (builds with M2A_FAST_PROFILE); NULL otherwise. */
     void (*fast_profile_report)(int rank);
     int (*fp4_global_scale)(const void *x, moea2a_datatype_t xtype, size_t count, float *g, void *stream);
+    /* g_rows: NULL, or m floats each given *g (the global scale each row of a dispatch
+     * carries; g_rows may be g itself) */
     int (*fp4_quantize)(const void *x, moea2a_datatype_t xtype, size_t m, size_t k, const float *g, void *q, void *sf,
-                        int layout, void *stream);
+                        int layout, float *g_rows, void *stream);
     int (*fp4_dequantize)(const void *q, const void *sf, int layout, const float *g, size_t m, size_t k, void *out,
                           moea2a_datatype_t otype, void *stream);
     int (*fp4_sf_convert)(const void *src, int src_layout, void *dst, int dst_layout, size_t m, size_t k,
@@ -363,7 +365,6 @@ typedef struct moea2a_cuda_v1 {
                           moea2a_datatype_t otype, void *stream);
     /* quantize on dispatch (cuda/kernels/wire_kernels.h) */
     int (*wire_finish)(const m2a_kwire_t *w, int ep, int stride, const int32_t *counts, void *stream);
-    int (*wire_fill)(float *dst, size_t n, void *stream);
     /* the expert-major layout (cuda/kernels/expert_kernels.h) */
     int (*expert_expand)(const m2a_kexpert_t *x, int stride, void *stream);
     int (*expert_fold)(const m2a_kexpert_t *x, int stride, moea2a_datatype_t dtype, size_t hidden, int weighted,

@@ -78,7 +78,7 @@ moea2a_result_t moea2a_fp4_quantize(const void *x, moea2a_datatype_t xtype, size
     M2A_TRY(check_call(fn, "x, g, q and sf", p, "xtype", xtype, m, k, layout, &cuda));
     if (m == 0 || k == 0) return MOEA2A_SUCCESS;
     M2A_QUANT_CHECK_ALIGNED(cuda, fn, x, q, sf);
-    if (cuda) M2A_QUANT_CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, stream));
+    if (cuda) M2A_QUANT_CUDA_OR(fp4_quantize(x, xtype, m, k, g, q, sf, (int)layout, NULL, stream));
     m2a_fp4_quantize_host(x, xtype, m, k, *g, q, sf, (int)layout);
     return MOEA2A_SUCCESS;
 }

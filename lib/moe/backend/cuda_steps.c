@@ -296,11 +296,11 @@ moea2a_result_t m2a_moe_cuda_sources(moea2a_moe_t moe, int n, const void *const 
                                        (w->flags & MOEA2A_FP8_UE8M0) != 0, stream));
             continue;
         }
-        /* NVFP4: one global scale over the call's tokens, carried by each row */
+        /* NVFP4: one global scale over the call's tokens, carried by each row (written
+         * by the quantization: one launch less) */
         float *g = (float *)(moe->ws + l->send_global[i]);
         CU(comm, OPS->fp4_global_scale(payloads[i], t, (size_t)n * e, g, stream));
-        CU(comm, OPS->fp4_quantize(payloads[i], t, (size_t)n, e, g, codes, scales, MOEA2A_SF_LINEAR, stream));
-        CU(comm, OPS->wire_fill(g, (size_t)n, stream));
+        CU(comm, OPS->fp4_quantize(payloads[i], t, (size_t)n, e, g, codes, scales, MOEA2A_SF_LINEAR, g, stream));
     }
     for (int a = 0; a < l->narrays; a++) {
         const m2a_moe_array_t *ar = &l->array[a];
