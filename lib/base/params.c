@@ -79,17 +79,18 @@ static const moea2a_param_t params[] = {
      "against 142 us at 4096 tokens on 2 x H200; on one GPU, bound by memory, it cost 17%); 1: always; 0: "
      "never (quantize first, then dispatch). Not for payloads MOEA2A_QUANT_IN_COPY quantizes inside the "
      "dispatch's copies. The same bits either way."},
-    {"MOEA2A_QUANT_IN_COPY", "int", "0",
+    {"MOEA2A_QUANT_IN_COPY", "int", "-1",
      "On the load/store path, FP8 payloads sent quantized from bf16 or fp16 rows can be quantized by the "
      "dispatch kernel itself, inside its copies: each token read and quantized once, its codes and scales "
      "stored at every destination, with no quantize pass before the dispatch. 1: where the layout allows (an FP8 "
      "payload whose codes start a multiple of 512 bytes into a token's rows, as the first payload's do; not in "
-     "copy-engine mode); 0 (default): never (MOEA2A_QUANT_OVERLAP decides). The dispatch is then one kernel "
-     "launch (its receive half also finishes the FP8 scales). With one rank on an H100 it is 16% faster than "
-     "quantizing first at 128 tokens (15.7-16.0 against 18.6-19.1 us), 3% at 1024 (36.5-36.7 against 37.7-37.8) "
-     "and 2% slower at 4096 (94.6 against 92.4-92.8), 25% slower at 24 SMs (4096 tokens: 154.6 against 123.4); "
-     "on an H200 at 4096 tokens 91.0 against 81.1, ahead of quantizing alongside (102.3). The default waits for "
-     "a measurement across GPUs, where NVLink bounds the dispatch. The same bits either way. Read at create."},
+     "copy-engine mode); 0: never (MOEA2A_QUANT_OVERLAP decides); -1 (default): as 1 where the context has 2 "
+     "ranks and its kernels 48 SMs or more, else as 0. The dispatch is then one kernel launch (its receive half "
+     "also finishes the FP8 scales). On 2 x H200 (48 SMs, kernel time) 13.8 / 16.2 / 44.7 / 120.1 us at 1 / 128 / "
+     "1024 / 4096 tokens, against 15.6 / 18.4 / 50.6 / 124.4 quantizing alongside and 15.6 / 18.6 / 50.7 / 135.8 "
+     "quantizing first; on 4 x H100 at 4096 tokens 312.3 against 292.6 alongside; with one rank on an H100 16% "
+     "faster than quantizing first at 128 tokens, 2% slower at 4096, 25% slower at 24 SMs. The same bits either "
+     "way. Read at create."},
     {"MOEA2A_CE_LANES", "int", "4",
      "Copy-engine mode (MOEA2A_MOE_COPY_ENGINE): a dispatch's or combine's copies of 4 MiB or more are cut "
      "into this many parts of equal bytes, each on its own stream (forked from the caller's and joined back), "
@@ -147,7 +148,7 @@ static const rule_t rules[] = {
     {"MOEA2A_NUM_SMS", 0, 256, NULL, 0},
     {"MOEA2A_DISPATCH_EVEN_TOKENS", 1, 64, NULL, 0},
     {"MOEA2A_QUANT_OVERLAP", -1, 1, NULL, 0},
-    {"MOEA2A_QUANT_IN_COPY", 0, 1, NULL, 0},
+    {"MOEA2A_QUANT_IN_COPY", -1, 1, NULL, 0},
     {"MOEA2A_CE_LANES", 1, 8, NULL, 0},
     {"MOEA2A_GEMM_WGMMA", 0, 2, NULL, 0},
     {"MOEA2A_RANK", 0, (1 << 20) - 1, NULL, 0},

@@ -353,6 +353,13 @@ static void quant_stream_open(moea2a_moe_t moe)
     }
 }
 
+/* The default quantizes FP8 inside the copies where it was measured fastest: 2 ranks
+ * whose kernels have this many SMs or more (2 x H200, 48 SMs, dispatch kernel time at
+ * 1 / 128 / 1024 / 4096 tokens: 13.8 / 16.2 / 44.7 / 120.1 us, against 15.6 / 18.4 /
+ * 50.6 / 124.4 quantizing alongside). On 4 GPUs (4 x H100) quantizing alongside led at
+ * 4096 tokens (292.6 against 312.3 us), and one GPU at 24 SMs lost 25% in the copies. */
+#define M2A_IN_COPY_MIN_SMS 48
+
 /* Quantize on dispatch inside the dispatch's copies, decided at create where
  * MOEA2A_QUANT_IN_COPY allows: each FP8 payload from bf16 or fp16 rows whose codes
  * start a multiple of 512 bytes into a token's arrays laid end to end (so the kernel's
@@ -363,8 +370,10 @@ static void quant_in_copy_open(moea2a_moe_t moe)
 {
     fast_state_t *st = moe->state;
     const m2a_moe_layout_t *l = &moe->l;
-    long on = 0;
-    if (st->ce || m2a_comm_record(moe->comm, m2a_param_int("MOEA2A_QUANT_IN_COPY", &on)) != MOEA2A_SUCCESS || !on) return;
+    long on = -1;
+    if (st->ce || m2a_comm_record(moe->comm, m2a_param_int("MOEA2A_QUANT_IN_COPY", &on)) != MOEA2A_SUCCESS) return;
+    if (on < 0) on = moe->comm->nranks == 2 && st->blocks >= M2A_IN_COPY_MIN_SMS;
+    if (!on) return;
     size_t start = 0; /* of array a in the concatenation, each array 16-byte aligned in it */
     /* the byte arrays (payloads, scales, global scales) come first */
     for (int a = 0; a < l->narrays && l->array[a].kind <= M2A_ARR_GLOBAL; start += (l->array[a].width + 15) / 16 * 16, a++) {
