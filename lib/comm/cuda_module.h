@@ -281,7 +281,8 @@ typedef struct {
  * count_load (the experts' load on the device); 15: the general placement, replicas
  * and experts held by no rank (m2a_kparams_t.holders, nrep, dropped_sums; route's
  * dropped entries, count_load's src_index; m2a_fast_t.general); 16: combine's
- * M2A_FAST_WIRE_OUT and M2A_FAST_WIRE_PARTIALS (the FP8 wire on the hierarchical path) */
+ * M2A_FAST_WIRE_OUT and M2A_FAST_WIRE_PARTIALS (the FP8 wire on the hierarchical path);
+ * 17: fp4_quantize's g_rows, in place of wire_fill */
 #define MOEA2A_CUDA_ABI_VERSION 17
 #define MOEA2A_CUDA_SYMBOL "moea2a_cuda_v1"
 #define M2A_CUDA_MODULE_NAME "cuda" /* libmoea2a-cuda.so on the module search path */
