@@ -672,7 +672,8 @@ static double kt_mean(int kind, int iters)
 }
 
 /* --kernels: the GPU work of iters tagged calls of one kind, "name start+duration" per
- * piece in µs, means over the calls whose pieces have the names of the first call's. */
+ * piece in µs (the first KT_PARTS pieces), means over the calls whose pieces have the
+ * names of the first call's. */
 #define KT_PARTS 16
 static void kt_list(int kind, int iters, char *out, size_t len)
 {
@@ -681,7 +682,7 @@ static void kt_list(int kind, int iters, char *out, size_t len)
     int n = perf_kt_parts(KT_TAG(kind, 0), first, KT_PARTS), calls = 0;
     if (n > KT_PARTS) n = KT_PARTS;
     for (int i = 0; i < iters; i++) {
-        int same = perf_kt_parts(KT_TAG(kind, i), p, KT_PARTS) == n;
+        int got = perf_kt_parts(KT_TAG(kind, i), p, KT_PARTS), same = (got < KT_PARTS ? got : KT_PARTS) == n;
         for (int j = 0; same && j < n; j++) same = !strcmp(p[j].name, first[j].name);
         for (int j = 0; same && j < n; j++) start[j] += p[j].start, dur[j] += p[j].dur;
         calls += same;
@@ -1015,7 +1016,9 @@ static void print_size(const perf_opts_t *o, perf_mem_t *m, int T, int ti, int s
     }
     if (s->ka > 0) print_row(T, "roundtrip-graph-alone", bytes, remote, s->ka, 0, wcol);
     for (int c = 0; o->kernels && c < 2; c++) /* rank 0's own */
-        if (r->parts[c][0]) printf("#   %s %d tokens, rank 0's GPU work (us, start+duration): %s\n", c ? "combine" : "dispatch", T, r->parts[c]);
+        if (r->parts[c][0])
+            printf("#   %s %d tokens, rank 0's GPU work (us, start+duration): %s\n", c ? "combine" : "dispatch", T,
+                   r->parts[c]);
     printf("#   host %d tokens: %.2f us in a dispatch call, %.2f in a combine call (slowest rank)\n", T, s->hd * 1e6,
            s->hc * 1e6);
     if (o->split) {
