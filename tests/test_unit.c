@@ -183,6 +183,17 @@ static void *ring_rank(void *p)
     for (int r = 0; r < RING_N; r++)
         for (size_t i = 0; i < RING_BLOCK; i += 4093)
             if (data[(size_t)r * RING_BLOCK + i] != (unsigned char)(r * 7 + i)) a->fails++;
+    /* small blocks leave with their header, up to 4096 bytes; larger ones after it:
+     * calls of either kind one after another */
+    static const size_t sizes[] = {1, 16, 4096, 4097, 24, 4096};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        const size_t sz = sizes[k];
+        for (size_t i = 0; i < sz; i++) data[(size_t)a->rank * sz + i] = (unsigned char)(a->rank * 13 + i + k);
+        if (m2a_bootstrap_allgather(bs, data, sz)) a->fails++;
+        for (int r = 0; r < RING_N; r++)
+            for (size_t i = 0; i < sz; i++)
+                if (data[(size_t)r * sz + i] != (unsigned char)(r * 13 + i + k)) a->fails++;
+    }
     if (m2a_bootstrap_barrier(bs)) a->fails++;
     free(data);
     m2a_bootstrap_close(bs);
@@ -234,7 +245,8 @@ static void test_bootstrap_ring(void)
     }
     int fails = 0;
     for (int r = 0; r < RING_N; r++) pthread_join(t[r], NULL), fails += a[r].fails;
-    tap_ok(fails == 0, "bootstrap ring allgather of %d x %u bytes and barrier (%d failures)", RING_N, RING_BLOCK, fails);
+    tap_ok(fails == 0, "bootstrap ring allgather of %d x %u bytes, then of 1 to 4097 bytes, and barrier (%d failures)",
+           RING_N, RING_BLOCK, fails);
 }
 
 /* The CUDA module is found on the search path and loaded on first use; a file of that

@@ -294,21 +294,41 @@ static m2a_sock_status_t ring_xfer(m2a_bootstrap_t *bs, const void *sbuf, size_t
     }
 }
 
+/* A step's block of up to this many bytes leaves in one send with its header, so the
+ * next rank finds it there once the header has come: a step takes one message's
+ * latency instead of two (the header's, then the block's; the agreements of a
+ * placement change are such steps). It fits the smallest socket send buffer, so every
+ * rank's send completes while it waits for its own header. A larger block goes after
+ * the headers have crossed, so that a ring of ranks sending at once never waits on
+ * full buffers. */
+#define BLOCK_INLINE_BYTES 4096
+
 moea2a_result_t m2a_bootstrap_allgather(m2a_bootstrap_t *bs, void *data, size_t size)
 {
     int n = bs->nranks, next = (bs->rank + 1) % n, prev = (bs->rank + n - 1) % n;
     double deadline = m2a_now() + bs->timeout_s;
     const block_hdr_t out = {bs->seq, 0, size};
+    const int inline_block = size <= BLOCK_INLINE_BYTES;
+    unsigned char msg[sizeof(block_hdr_t) + BLOCK_INLINE_BYTES]; /* the header, then the block */
+    memcpy(msg, &out, sizeof(out));
     for (int s = 0; s < n - 1; s++) {
         int sblk = (bs->rank - s + n) % n, rblk = (bs->rank - s - 1 + n) % n;
         const char *sbuf = (const char *)data + (size_t)sblk * size;
         block_hdr_t in;
         size_t hs = 0, hg = 0, ds = 0, dg = 0;
         int which, dead;
-        m2a_sock_status_t st = ring_xfer(bs, &out, sizeof(out), &hs, &in, sizeof(in), &hg, deadline, &which, &dead);
+        m2a_sock_status_t st;
+        if (inline_block) { /* the whole message out; the header in */
+            size_t sent = 0;
+            memcpy(msg + sizeof(out), sbuf, size);
+            st = ring_xfer(bs, msg, sizeof(out) + size, &sent, &in, sizeof(in), &hg, deadline, &which, &dead);
+            hs = sent < sizeof(out) ? sent : sizeof(out), ds = sent - hs;
+        } else {
+            st = ring_xfer(bs, &out, sizeof(out), &hs, &in, sizeof(in), &hg, deadline, &which, &dead);
+        }
         if (st == M2A_SOCK_OK && in.status != 0) { /* a notice: prev lost a rank */
             int failed = (int)(in.len >> 32), saw = (int)(uint32_t)in.len;
-            notify_next(bs, &out, hs, sbuf, 0, (moea2a_result_t)in.status, failed);
+            notify_next(bs, &out, hs, sbuf, ds, (moea2a_result_t)in.status, failed);
             return m2a_fail((moea2a_result_t)in.status, "bootstrap allgather: rank %d %s (seen by rank %d)",
                              failed, what_failed((moea2a_result_t)in.status), saw);
         }
