@@ -1,11 +1,20 @@
-/* The placement moea2a_moe_retarget derives after a shrink (man moea2a_moe's rule), as
- * the tests that check it compute it on their own. */
+/* Placements of man moea2a_moe, as the tests that check them compute them on their
+ * own: the contiguous one of a create, and the one moea2a_moe_retarget derives after a
+ * shrink. */
 #ifndef MOEA2A_TEST_DERIVED_PLACEMENT_H
 #define MOEA2A_TEST_DERIVED_PLACEMENT_H
 #include <stdint.h>
 
 /* The tests' largest communicator */
 #define DERIVED_MAX_RANKS 64
+
+/* The contiguous placement of experts on n ranks: the first experts mod n ranks hold one
+ * expert more than the others. */
+static inline int contiguous_owner(int e, int experts, int n)
+{
+    const int q = experts / n, rem = experts % n;
+    return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / q;
+}
 
 /* old: one holder per expert on n ranks (-1: none); rank `dead` gone. Each expert stays
  * with its holder, renumbered as the shrink renumbers the ranks; the dead rank's experts

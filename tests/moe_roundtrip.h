@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "derived_placement.h"
 #include "moea2a.h"
 
 #define RT_E 16
@@ -47,11 +48,7 @@ static inline uint64_t rt_next(uint64_t *s)
 }
 
 /* The contiguous placement of moea2a_moe(3), written out independently. */
-static inline int rt_owner(int e, int ep)
-{
-    int q = RT_E / ep, rem = RT_E % ep;
-    return e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / q;
-}
+static inline int rt_owner(int e, int ep) { return contiguous_owner(e, RT_E, ep); }
 
 /* A random batch (0..cap tokens, invalid ids included) for iteration it into s->ids
  * and s->x; returns its token count. */

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "ctx_mem.h"
+#include "derived_placement.h"
 #include "local_ranks.h"
 #include "mix.h"
 #include "moea2a.h"
@@ -80,10 +81,7 @@ static int32_t map_of(const cfg_t *c, int e) { return (int32_t)(((uint64_t)e * 5
 
 static int owner_of(const cfg_t *c, int e)
 {
-    if (c->placed) return c->map[e];
-    int per = c->E / c->ep, rem = c->E % c->ep; /* contiguous placement */
-    int big = rem * (per + 1);
-    return e < big ? e / (per + 1) : rem + (e - big) / per;
+    return c->placed ? c->map[e] : contiguous_owner(e, c->E, c->ep);
 }
 static int valid(const cfg_t *c, int32_t e) { return e >= 0 && e < c->E; }
 /* slot j names e for the first time in the token */

@@ -1061,10 +1061,9 @@ static int recover_survivors(int rank, int n, kill_ctx_t *k, const char *path, m
     const double took = now_s() - t0;
     RANK_EXPECT(fails, rank, r == MOEA2A_SUCCESS, "shrink + retarget after the death: %s: %s", moea2a_strerror(r),
                 moea2a_last_error(*newcomm ? *newcomm : k->comm));
-    /* kill_setup's contiguous placement (ranks below E mod n one expert more), rank 1 gone */
+    /* kill_setup's contiguous placement, rank 1 gone */
     int32_t old[KILL_EXPERTS], map[KILL_EXPERTS];
-    const int q = KILL_EXPERTS / n, rem = KILL_EXPERTS % n;
-    for (int e = 0; e < KILL_EXPERTS; e++) old[e] = e < rem * (q + 1) ? e / (q + 1) : rem + (e - rem * (q + 1)) / q;
+    for (int e = 0; e < KILL_EXPERTS; e++) old[e] = contiguous_owner(e, KILL_EXPERTS, n);
     derived_placement(old, KILL_EXPERTS, n, 1, map);
     int good = 0;
     for (int i = 0; r == MOEA2A_SUCCESS && i < 3; i++) good += round_trip_checked(k->moe, k, rank, map);
