@@ -166,9 +166,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
     }
     /* few tokens: the first ids this thread counts in step 1, loaded before the barrier
      * (the range needs no epoch), so that their round trip overlaps the epoch's and the
-     * table's. The many-token and in-copy kernels work out their range after it, as
-     * before: their registers are spoken for. */
-    constexpr bool kHead = SMALL && Q != kInCopy;
+     * table's. The many-token kernels work out their range after it: their registers
+     * are spoken for. */
+    constexpr bool kHead = SMALL;
     uint32_t per_token = 0, S = 1;
     BlockRange range = {};
     IdBatch head = {};
@@ -238,9 +238,9 @@ __global__ void __launch_bounds__(T, 1) dispatch_kernel(m2a_fast_t f, int n, int
         PROF_MARK(0, 1);
 
         /* 3. route (and, small, copy) a piece of tokens at a time; or, a block's few
-         * tokens within one warp's lanes, each warp its own units' tokens (copy_tiny;
-         * not with the in-copy quantization, whose kernel is at its register bound) */
-        const bool tiny = small && Q != kInCopy && top == hi && hi - lo <= kWarpSize;
+         * tokens within one warp's lanes, each warp its own units' tokens (copy_tiny,
+         * FP8 quantized in the copies included) */
+        const bool tiny = small && top == hi && hi - lo <= kWarpSize;
         if (tiny && ok) {
             PROF_MARK(0, 7);
             copy_tiny<Q>(f, s, owner, pay, ids, weights, send_map, stride, lo, own_lo, own_hi, wu0, wu1, per_token, S);
