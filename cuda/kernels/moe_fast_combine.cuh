@@ -19,19 +19,6 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     const size_t row = f.combine_row;
     const bool send = (phases & M2A_FAST_SEND) != 0;
     bool ok = !failed(f);
-    const bool fp8 = WAY == kFp8, ue8m0 = f.combine_fp8 == M2A_FAST_FP8_UE8M0;
-    const bool copy_in = send && !fp8 && expert_rows && expert_rows != ws + f.combine;
-    /* the rows complete before this launch (zero copy): block 0 tells the peers for
-     * every block at once, first thing, since a peer's reduce waits for nothing else
-     * (it needs no epoch: the signal is a count); see the signal below */
-    const bool whole = !copy_in && !(fp8 && !kQFirst);
-    const bool early = send && whole && b == 0 && tid < ep && tid != me;
-    const auto tell = [&](uint32_t blocks) { /* to peer tid */
-        const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
-        if (status) pc.hdr[2 * me + 1] = status;
-        signal_add(f, &pc.carrive[me], blocks);
-    };
-    if (early && ok) tell((uint32_t)G);
     if (tid == 0) s_epoch = *reinterpret_cast<volatile uint32_t *>(c.epoch_c) + (send ? 1 : 0);
     __syncthreads();
     const uint32_t e = s_epoch;
@@ -42,9 +29,11 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
      * the caller wrote there itself were written by earlier kernels, complete and
      * visible to the peers before this one started. The FP8 wire quantizes every valid
      * row into the buffer, from the caller's rows or in place. */
+    const bool fp8 = WAY == kFp8, ue8m0 = f.combine_fp8 == M2A_FAST_FP8_UE8M0;
     if (fp8 && !kQFirst && send && !status)
         fp8c_quantize<DT>(expert_rows ? expert_rows : ws + f.combine, row, ws + f.combine, row,
                           reinterpret_cast<const int32_t *>(ws + f.recv_counts), ep, stride, (int)f.hidden, ue8m0);
+    const bool copy_in = send && !fp8 && expert_rows && expert_rows != ws + f.combine;
     if (copy_in) {
         const int32_t *counts = reinterpret_cast<const int32_t *>(ws + f.recv_counts);
         const bool vec = (row % 16 == 0) && (uintptr_t)expert_rows % 16 == 0;
@@ -59,10 +48,15 @@ __global__ void __launch_bounds__(T, 1) combine_kernel(m2a_fast_t f, int n, int 
     ok = __syncthreads_and(ok); /* the rows before the signal's release (cumulative) */
     PROF_MARK(1, 0);
     /* the signal: one per block, or, when the rows were complete before this launch
-     * (zero copy), all G from block 0 to the peers (sent above), which then need not
-     * wait for this launch's last block to start. This rank's own count still takes
-     * one per block: that is how block 0 knows below that every block read the epoch. */
-    if (send && tid < ep && ok && !early && (!whole || tid == me)) tell(1u);
+     * (zero copy), all G from block 0 to the peers, which then need not wait for this
+     * launch's last block to start. This rank's own count still takes one per block:
+     * that is how block 0 knows below that every block read the epoch. */
+    const bool whole = !copy_in && !(fp8 && !kQFirst);
+    if (send && tid < ep && ok && (!whole || tid == me || b == 0)) {
+        const Ctl pc = ctl_of(f, f.peer[tid]); /* a failed rank's status goes out with its signal (the same thread) */
+        if (status) pc.hdr[2 * me + 1] = status;
+        signal_add(f, &pc.carrive[me], whole && tid != me ? (uint32_t)G : 1u);
+    }
     if (!(phases & M2A_FAST_RECV)) {
         send_done(c.done_c, c.epoch_c, e);
         return;
