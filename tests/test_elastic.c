@@ -415,15 +415,23 @@ static int member(board_t *b, moea2a_comm_t comm, moea2a_moe_t moe, int c0)
 
 /* A spare: waits for a join, takes it (one spare per join), creates the context with
  * the survivors' map and becomes a member from the next cycle. */
-static int spare(board_t *b)
+/* Spare k serves the join of cycle k. It makes its GPUs' contexts once spare k - 1 has
+ * joined, so that it is ready before it is called, as a replacement would be (a second
+ * or more on some machines, which the rendezvous's timeout would count), and so that
+ * one spare at a time makes them: up to 100 spares making theirs at once kept the
+ * members' own start past the rendezvous's timeout. */
+static int spare(board_t *b, int k)
 {
-    /* ready before it is called, as a replacement would be: its GPU's context made (a
-     * second or more on some machines, which the rendezvous's timeout would count) */
-    for (int g = 0; g < ndev; g++) dev_ready(g);
+    int ready = 0;
     for (;;) {
         const int req = b->join_req, got = b->claimed;
         if (b->done) return 0;
-        if (req > got && __sync_bool_compare_and_swap(&b->claimed, got, req)) break;
+        if (!ready && got == k) {
+            for (int g = 0; g < ndev; g++) dev_ready(g);
+            ready = 1;
+            continue;
+        }
+        if (ready && req > k && __sync_bool_compare_and_swap(&b->claimed, k, k + 1)) break;
         /* up to 100 spares wait at once: a few wake-ups a second each keep them off the
          * cores the members' recovery is timed on (a join waits 20 ms at most for one) */
         usleep(20000);
@@ -471,7 +479,7 @@ static int run_rank(int rank, int nranks, moea2a_unique_id_t id, void *arg)
     (void)nranks;
     board_t *b = arg;
     nccl_apart(rank); /* rank: this process's index among the members and spares */
-    if (rank >= N) return spare(b);
+    if (rank >= N) return spare(b, rank - N);
     const int fails = first_member(b, rank, id);
     if (rank == 0) b->done = 1; /* rank 0 outlives every cycle (or fails): the spares left may go */
     return fails;
