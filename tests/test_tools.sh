@@ -55,8 +55,10 @@ check $? "moea2a_info -c flags values the library refuses, exit 1 (got $rc)"
 "$info" -w cap=99999999999 >"$out" 2>&1; rc=$?
 [ $rc = 2 ] && grep -q "cap=99999999999" "$out" && ! grep -q "max_tokens_per_rank 1215752191" "$out"
 check $? "moea2a_info -w cap=99999999999 is refused, not cut to 32 bits (got $rc)"
-"$info" -w ep=8,cap=4096,mem=1G >"$out" 2>&1; rc=$?
-[ $rc = 3 ] && grep -q "does NOT fit" "$out"; check $? "moea2a_info -w ... mem=1G that does not fit: exit 3 (got $rc)"
+# the workspace alone (0.88 GiB) exceeds it, with or without staging for peers that NVLink does not reach,
+# so that the answer is the same on every machine
+"$info" -w ep=8,cap=4096,mem=512M >"$out" 2>&1; rc=$?
+[ $rc = 3 ] && grep -q "does NOT fit" "$out"; check $? "moea2a_info -w ... mem=512M that does not fit: exit 3 (got $rc)"
 "$info" -w ep=8,cap=64,mem=1G >"$out" 2>&1; rc=$?
 [ $rc = 0 ] && grep -q "fits in" "$out"; check $? "moea2a_info -w ... mem=1G that fits: exit 0 (got $rc)"
 # the network memory of both schemes across unequal nodes (ranks 0-3 and 4-5): rank 5, index 1
