@@ -124,7 +124,8 @@ static int looping_rank(int rank, int n, moea2a_unique_id_t id, void *arg)
     RANK_EXPECT(fails, rank, r != MOEA2A_ERR_PEER_FAILED || b->rank[rank].named,
                 "PEER_FAILED does not name the dead rank %d: %s", run->victim, msg);
     RANK_EXPECT(fails, rank, b->kill_time > 0 && t_err - b->kill_time <= BOUND_S,
-                "error %.2f s after the kill (bound %.1f s)", t_err - b->kill_time, BOUND_S);
+                "error %.2f s after the kill (bound %.1f s): %s: %s", t_err - b->kill_time, BOUND_S,
+                moea2a_strerror(r), msg);
     /* Hold the communicator until every survivor has its verdict: a survivor that
      * tears down first would be reported as a second failure by the others. */
     __sync_fetch_and_add(&b->verdicts, 1);
