@@ -15,6 +15,8 @@
 #include "base/params.h"
 #include "comm/memtype.h"
 #include "comm/agree.h"
+#include "comm/coll.h"
+#include "comm/transport.h"
 #include "moe/core.h"
 #include "moe/backend.h"
 #include "moe/backend/cuda_steps.h"
@@ -738,7 +740,10 @@ static moea2a_result_t placement_ok(moea2a_moe_t moe, const char *fn, const int3
 
 /* Every rank's verdict (mine) and the hash of what it passed, so that all apply the
  * same change or none: a failure anywhere fails every rank, naming it; a rank that
- * passed something else is MOEA2A_ERR_MISMATCH. */
+ * passed something else is MOEA2A_ERR_MISMATCH. Gathered over the communicator's
+ * host transport where it has one: all ranks' words in one round of messages (UCX
+ * over shared memory: a few microseconds), where the bootstrap's ring takes a
+ * message's latency per rank (its socket's); the bootstrap otherwise. */
 static moea2a_result_t agree_change(moea2a_moe_t moe, const char *fn, moea2a_result_t mine, uint64_t h)
 {
     moea2a_comm_t comm = moe->comm;
@@ -747,7 +752,10 @@ static moea2a_result_t agree_change(moea2a_moe_t moe, const char *fn, moea2a_res
     if (!all) return m2a_error(comm, MOEA2A_ERR_NO_MEMORY, "%s: out of memory", fn);
     int32_t *me = all + 3 * (size_t)comm->rank;
     me[0] = mine, me[1] = (int32_t)(uint32_t)h, me[2] = (int32_t)(uint32_t)(h >> 32);
-    moea2a_result_t r = m2a_comm_allgather(comm, all, 3 * sizeof(int32_t));
+    const int32_t words[3] = {me[0], me[1], me[2]};
+    moea2a_result_t r = m2a_transport_for(comm, MOEA2A_MEM_HOST)
+                            ? m2a_allgather(fn, words, all, 3, MOEA2A_INT32, comm, NULL)
+                            : m2a_comm_allgather(comm, all, 3 * sizeof(int32_t));
     int failed = 0;
     for (int q = 0; r == MOEA2A_SUCCESS && q < ep; q++) failed |= all[3 * q] != MOEA2A_SUCCESS;
     if (r == MOEA2A_SUCCESS && failed) r = m2a_comm_tell_failures(comm, fn, mine, all, 3);
