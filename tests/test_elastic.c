@@ -413,13 +413,12 @@ static int member(board_t *b, moea2a_comm_t comm, moea2a_moe_t moe, int c0)
     return fails;
 }
 
-/* A spare: waits for a join, takes it (one spare per join), creates the context with
- * the survivors' map and becomes a member from the next cycle. */
-/* Spare k serves the join of cycle k. It makes its GPUs' contexts once spare k - 1 has
- * joined, so that it is ready before it is called, as a replacement would be (a second
- * or more on some machines, which the rendezvous's timeout would count), and so that
- * one spare at a time makes them: up to 100 spares making theirs at once kept the
- * members' own start past the rendezvous's timeout. */
+/* Spare k: waits for the join of cycle k, takes it, creates the context with the
+ * survivors' map and becomes a member from the next cycle. It makes its GPUs' contexts
+ * once spare k - 1 has joined, so that it is ready before it is called, as a
+ * replacement would be (a second or more on some machines, which the rendezvous's
+ * timeout would count), and so that one spare at a time makes them: up to 100 spares
+ * making theirs at once kept the members' own start past the rendezvous's timeout. */
 static int spare(board_t *b, int k)
 {
     int ready = 0;
@@ -598,14 +597,15 @@ static void run_cycles(board_t *b, int cycles, const char *where)
         tap_skip("one cycle", "%s: descriptors, threads and heap across cycles", where);
 }
 
-/* The cycles on CUDA memory over CUDA IPC (the load/store path, no NCCL) or over NCCL
- * (the generic path), or their points skipped saying why. */
 /* Whether MOEA2A_ELASTIC_ONLY leaves the part named so to run. */
 static int part_runs(const char *name)
 {
     const char *only = getenv("MOEA2A_ELASTIC_ONLY");
     return !only || !*only || strcmp(only, name) == 0;
 }
+
+/* The cycles on CUDA memory over CUDA IPC (the load/store path, no NCCL) or over NCCL
+ * (the generic path), or their points skipped saying why. */
 
 static void cuda_cycles(board_t *b, int cycles, int gpus, int nccl)
 {
