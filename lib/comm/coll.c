@@ -19,7 +19,6 @@ struct moea2a_request {
     m2a_transport_t *t;
     void *op;       /* the transport's; NULL when it finished at start */
     double deadline;
-    double news; /* when the peer watcher's news of a death was first seen waiting, or 0 */
     const char *name;
     size_t *bytes;  /* byte counts handed to the transport, kept alive with op */
 };
@@ -123,10 +122,8 @@ moea2a_result_t moea2a_test(moea2a_request_t *request, int *done)
             r = m2a_error(comm, MOEA2A_ERR_TIMEOUT, "%s: no progress for %.1f s (MOEA2A_TIMEOUT_S); still waiting for %s",
                           req->name, comm->timeout_s, who);
         }
-        if (r == MOEA2A_SUCCESS && !fin && m2a_comm_dead_peer(comm) >= 0) { /* M2A_WATCH_GRACE_S */
-            if (req->news == 0) req->news = m2a_now();
-            else if (m2a_now() - req->news > M2A_WATCH_GRACE_S) r = m2a_comm_peer_error(comm, req->name);
-        }
+        if (r == MOEA2A_SUCCESS && !fin && m2a_comm_dead_since(comm) > M2A_WATCH_GRACE_S)
+            r = m2a_comm_peer_error(comm, req->name);
     }
     *done = fin || r != MOEA2A_SUCCESS;
     if (*done) {

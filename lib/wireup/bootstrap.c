@@ -276,8 +276,9 @@ static void notify_next(m2a_bootstrap_t *bs, const block_hdr_t *hdr, size_t hs, 
 #define DEAD_LOOK_S 0.02
 
 /* One transfer of a ring step, in slices of DEAD_LOOK_S where a watcher is set: past
- * M2A_WATCH_GRACE_S of its news of a dead rank it ends as a timeout with *dead set
- * (else *dead = -1); the dead neighbour's socket and the abort notices tell sooner. */
+ * M2A_WATCH_GRACE_S from the watcher's news of a dead rank (once per death, however
+ * many waits follow it) it ends as a timeout with *dead set (else *dead = -1); the dead
+ * neighbour's socket and the abort notices tell sooner. */
 static m2a_sock_status_t ring_xfer(m2a_bootstrap_t *bs, const void *sbuf, size_t slen, size_t *sent, void *rbuf,
                                    size_t rlen, size_t *got, double deadline, int *which, int *dead)
 {
@@ -289,7 +290,7 @@ static m2a_sock_status_t ring_xfer(m2a_bootstrap_t *bs, const void *sbuf, size_t
             m2a_sock_sendrecv_from(bs->next_fd, sbuf, slen, sent, bs->prev_fd, rbuf, rlen, got, step, which);
         if (st != M2A_SOCK_TIMEOUT || m2a_now() >= deadline) return st;
         const int d = __atomic_load_n(bs->dead, __ATOMIC_ACQUIRE);
-        if (d >= 0 && news == 0) news = m2a_now();
+        if (d >= 0 && news == 0) news = bs->dead_at ? *bs->dead_at : m2a_now();
         if (d >= 0 && m2a_now() - news > M2A_WATCH_GRACE_S) return *dead = d, st;
     }
 }

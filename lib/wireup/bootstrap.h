@@ -21,6 +21,9 @@ typedef struct m2a_bootstrap {
      * collective's wait on a live neighbour ends once any rank died, which would not
      * take part. */
     const int *dead;
+    /* when that death was seen (m2a_now(), written before *dead), or NULL: the grace
+     * of M2A_WATCH_GRACE_S counts from it, not from each wait's first look */
+    const double *dead_at;
 } m2a_bootstrap_t;
 
 /* Joins the rendezvous of id as rank of nranks, then links the ring. */

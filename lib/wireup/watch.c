@@ -58,6 +58,7 @@ struct m2a_watch {
     pthread_t thread;
     int running;
     int dead;         /* -1, or the first rank seen dead (written under mu, read atomically) */
+    double dead_at;   /* m2a_now() when it was seen (written before dead) */
     unsigned char *gone; /* [nranks]: every rank seen dead (under mu) */
     char how[160];       /* how the first death was seen (under mu) */
     pthread_mutex_t mu;
@@ -109,6 +110,7 @@ static void saw_death(m2a_watch_t *w, int q, const char *how)
     w->gone[q] = 1;
     if (w->dead < 0) {
         snprintf(w->how, sizeof(w->how), "%s", how);
+        w->dead_at = m2a_now();
         __atomic_store_n(&w->dead, q, __ATOMIC_RELEASE);
         for (int i = 0; i < w->nwords; i++) *w->words[i] = q + 1;
         M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: peer rank %d is gone (%s): calls that wait on it fail with "
@@ -412,6 +414,12 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
 int m2a_watch_dead(const m2a_watch_t *w) { return w ? __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) : -1; }
 
 const int *m2a_watch_dead_word(const m2a_watch_t *w) { return w ? &w->dead : NULL; }
+const double *m2a_watch_dead_at_word(const m2a_watch_t *w) { return w ? &w->dead_at : NULL; }
+
+double m2a_watch_dead_since(const m2a_watch_t *w, double now)
+{
+    return w && __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) >= 0 ? now - w->dead_at : -1.0;
+}
 
 void m2a_watch_how(m2a_watch_t *w, char *buf, size_t len)
 {
