@@ -91,7 +91,7 @@ static moea2a_result_t start_watch(moea2a_comm_t comm)
     moea2a_result_t r = m2a_comm_record(comm, m2a_watch_start(comm->bs, watched, comm->timeout_s, silence,
                                                               &comm->watch));
     free(watched);
-    comm->bs->dead = m2a_watch_dead_word(comm->watch), comm->bs->dead_at = m2a_watch_dead_at_word(comm->watch);
+    comm->bs->news = m2a_watch_news(comm->watch);
     if (r == MOEA2A_SUCCESS)
         M2A_INFO(M2A_SUBSYS_INIT, "peer watcher: rank %d watches %s", me, all ? "every rank" : "the ranks of its node");
     return r;
@@ -117,7 +117,7 @@ static moea2a_result_t comm_build(moea2a_comm_t comm, const char *spec, const m2
     if (r == MOEA2A_SUCCESS) r = m2a_transports_connect(comm, old);
     if (r != MOEA2A_SUCCESS) {
         m2a_error(NULL, r, "%s", comm->last_error); /* keep the message after comm is gone */
-        if (comm->bs) comm->bs->dead = NULL, comm->bs->dead_at = NULL;
+        if (comm->bs) comm->bs->news = NULL;
         m2a_watch_stop(comm->watch);
         m2a_transports_close(comm, 1);
         m2a_bootstrap_close(comm->bs);
@@ -521,7 +521,7 @@ moea2a_result_t moea2a_comm_destroy(moea2a_comm_t comm)
     if (!force && comm->nranks > 1 && m2a_comm_barrier(comm) != MOEA2A_SUCCESS) force = 1;
     moea2a_result_t r = force && comm->broken == MOEA2A_SUCCESS ? MOEA2A_ERR_PEER_FAILED : MOEA2A_SUCCESS;
     if (r != MOEA2A_SUCCESS) m2a_error(NULL, r, "moea2a_comm_destroy: %s", comm->last_error);
-    comm->bs->dead = NULL, comm->bs->dead_at = NULL;
+    comm->bs->news = NULL;
     m2a_watch_stop(comm->watch); /* a goodbye: the peers still running do not take this for a death */
     m2a_transports_close(comm, force);
     m2a_bootstrap_close(comm->bs);

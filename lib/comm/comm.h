@@ -4,7 +4,6 @@
 #define M2A_COMM_H
 #include <stddef.h>
 
-#include "base/clock.h"
 #include "base/error.h"
 #include "comm/last_error.h"
 #include "comm/nodemap.h"
@@ -46,7 +45,7 @@ struct moea2a_comm {
 /* The first watched rank seen dead, or -1 (wireup/watch.h), and how it was seen. */
 static inline int m2a_comm_dead_peer(moea2a_comm_t comm) { return m2a_watch_dead(comm->watch); }
 /* Seconds since the watcher's news of the first death, or -1 (m2a_watch_dead_since). */
-static inline double m2a_comm_dead_since(moea2a_comm_t comm) { return m2a_watch_dead_since(comm->watch, m2a_now()); }
+static inline double m2a_comm_dead_since(moea2a_comm_t comm) { return m2a_watch_dead_since(comm->watch); }
 static inline void m2a_comm_dead_how(moea2a_comm_t comm, char *buf, size_t len) { m2a_watch_how(comm->watch, buf, len); }
 /* *word gets the dead rank + 1 once the watcher sees a death (host memory the caller
  * keeps until m2a_comm_unwatch). */

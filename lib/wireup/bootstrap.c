@@ -282,16 +282,14 @@ static void notify_next(m2a_bootstrap_t *bs, const block_hdr_t *hdr, size_t hs, 
 static m2a_sock_status_t ring_xfer(m2a_bootstrap_t *bs, const void *sbuf, size_t slen, size_t *sent, void *rbuf,
                                    size_t rlen, size_t *got, double deadline, int *which, int *dead)
 {
-    double news = 0;
     *dead = -1;
     for (;;) {
-        const double step = bs->dead && m2a_now() + DEAD_LOOK_S < deadline ? m2a_now() + DEAD_LOOK_S : deadline;
+        const double step = bs->news && m2a_now() + DEAD_LOOK_S < deadline ? m2a_now() + DEAD_LOOK_S : deadline;
         m2a_sock_status_t st =
             m2a_sock_sendrecv_from(bs->next_fd, sbuf, slen, sent, bs->prev_fd, rbuf, rlen, got, step, which);
         if (st != M2A_SOCK_TIMEOUT || m2a_now() >= deadline) return st;
-        const int d = __atomic_load_n(bs->dead, __ATOMIC_ACQUIRE);
-        if (d >= 0 && news == 0) news = bs->dead_at ? *bs->dead_at : m2a_now();
-        if (d >= 0 && m2a_now() - news > M2A_WATCH_GRACE_S) return *dead = d, st;
+        const int d = __atomic_load_n(&bs->news->dead, __ATOMIC_ACQUIRE);
+        if (d >= 0 && m2a_now() - bs->news->at > M2A_WATCH_GRACE_S) return *dead = d, st;
     }
 }
 

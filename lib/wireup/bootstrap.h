@@ -9,6 +9,15 @@
 #include "moea2a.h"
 #include "wireup/rendezvous.h"
 
+/* A peer watcher's news of a death, as the bootstrap's waits read it: the first rank
+ * seen dead, -1 while none (atomic loads), and when it was seen (m2a_now(), written
+ * before dead): the grace of M2A_WATCH_GRACE_S counts from then, once per death, not
+ * from each wait's first look. */
+typedef struct m2a_death_news {
+    int dead;
+    double at;
+} m2a_death_news_t;
+
 typedef struct m2a_bootstrap {
     int rank, nranks;
     int listen_fd, next_fd, prev_fd;
@@ -17,13 +26,9 @@ typedef struct m2a_bootstrap {
     uint32_t seq;
     double timeout_s;
     m2a_peer_info_t *peers; /* [nranks]: address and host name of every rank */
-    /* The peer watcher's dead rank (wireup/watch.h m2a_watch_dead_word), or NULL: a
-     * collective's wait on a live neighbour ends once any rank died, which would not
-     * take part. */
-    const int *dead;
-    /* when that death was seen (m2a_now(), written before *dead), or NULL: the grace
-     * of M2A_WATCH_GRACE_S counts from it, not from each wait's first look */
-    const double *dead_at;
+    /* The peer watcher's news (wireup/watch.h m2a_watch_news), or NULL: a collective's
+     * wait on a live neighbour ends once any rank died, which would not take part. */
+    const struct m2a_death_news *news;
 } m2a_bootstrap_t;
 
 /* Joins the rendezvous of id as rank of nranks, then links the ring. */

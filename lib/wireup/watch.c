@@ -57,8 +57,7 @@ struct m2a_watch {
     int wake[2];      /* a pipe: m2a_watch_stop writes to it to end the thread */
     pthread_t thread;
     int running;
-    int dead;         /* -1, or the first rank seen dead (written under mu, read atomically) */
-    double dead_at;   /* m2a_now() when it was seen (written before dead) */
+    m2a_death_news_t news; /* the first rank seen dead and when (written under mu, dead read atomically) */
     unsigned char *gone; /* [nranks]: every rank seen dead (under mu) */
     char how[160];       /* how the first death was seen (under mu) */
     pthread_mutex_t mu;
@@ -108,10 +107,10 @@ static void saw_death(m2a_watch_t *w, int q, const char *how)
 {
     pthread_mutex_lock(&w->mu);
     w->gone[q] = 1;
-    if (w->dead < 0) {
+    if (w->news.dead < 0) {
         snprintf(w->how, sizeof(w->how), "%s", how);
-        w->dead_at = m2a_now();
-        __atomic_store_n(&w->dead, q, __ATOMIC_RELEASE);
+        w->news.at = m2a_now();
+        __atomic_store_n(&w->news.dead, q, __ATOMIC_RELEASE);
         for (int i = 0; i < w->nwords; i++) *w->words[i] = q + 1;
         M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: peer rank %d is gone (%s): calls that wait on it fail with "
                  "MOEA2A_ERR_PEER_FAILED", w->rank, q, how);
@@ -179,7 +178,7 @@ static void poll_links(m2a_watch_t *w)
         p[n++] = (struct pollfd){.fd = w->wake[0], .events = POLLIN};
         for (int q = 0; q < w->nranks; q++)
             if (w->fd[q] >= 0) who[n] = q, p[n++] = (struct pollfd){.fd = w->fd[q], .events = POLLIN};
-        if (n == 1 && w->dead >= 0) break;
+        if (n == 1 && w->news.dead >= 0) break;
         if (poll(p, (nfds_t)n, beat_ms) < 0) {
             if (errno == EINTR) continue;
             M2A_WARN(M2A_SUBSYS_BOOTSTRAP, "rank %d: the peer watcher stopped: poll: %s", w->rank, strerror(errno));
@@ -367,7 +366,7 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
         free(w);
         return m2a_fail(MOEA2A_ERR_NO_MEMORY, "peer watcher: out of memory for %d ranks", bs->nranks);
     }
-    w->rank = bs->rank, w->nranks = bs->nranks, w->dead = -1, w->silence_s = silence_s;
+    w->rank = bs->rank, w->nranks = bs->nranks, w->news.dead = -1, w->silence_s = silence_s;
     for (int q = 0; q < w->nranks; q++) w->fd[q] = -1;
     w->wake[0] = w->wake[1] = -1;
     pthread_mutex_init(&w->mu, NULL);
@@ -411,14 +410,13 @@ moea2a_result_t m2a_watch_start(m2a_bootstrap_t *bs, const unsigned char *watche
     return MOEA2A_SUCCESS;
 }
 
-int m2a_watch_dead(const m2a_watch_t *w) { return w ? __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) : -1; }
+int m2a_watch_dead(const m2a_watch_t *w) { return w ? __atomic_load_n(&w->news.dead, __ATOMIC_ACQUIRE) : -1; }
 
-const int *m2a_watch_dead_word(const m2a_watch_t *w) { return w ? &w->dead : NULL; }
-const double *m2a_watch_dead_at_word(const m2a_watch_t *w) { return w ? &w->dead_at : NULL; }
+const m2a_death_news_t *m2a_watch_news(const m2a_watch_t *w) { return w ? &w->news : NULL; }
 
-double m2a_watch_dead_since(const m2a_watch_t *w, double now)
+double m2a_watch_dead_since(const m2a_watch_t *w)
 {
-    return w && __atomic_load_n(&w->dead, __ATOMIC_ACQUIRE) >= 0 ? now - w->dead_at : -1.0;
+    return m2a_watch_dead(w) >= 0 ? m2a_now() - w->news.at : -1.0;
 }
 
 void m2a_watch_how(m2a_watch_t *w, char *buf, size_t len)
@@ -450,7 +448,7 @@ moea2a_result_t m2a_watch_add(m2a_watch_t *w, volatile int32_t *word)
         r = m2a_fail(MOEA2A_ERR_NO_MEMORY, "peer watcher: more than %d contexts on one communicator",
                      M2A_WATCH_MAX_WORDS);
     else
-        w->words[w->nwords++] = word, *word = w->dead + 1;
+        w->words[w->nwords++] = word, *word = w->news.dead + 1;
     pthread_mutex_unlock(&w->mu);
     return r;
 }

@@ -57,16 +57,13 @@ int m2a_watch_dead(const m2a_watch_t *w);
 void m2a_watch_how(m2a_watch_t *w, char *buf, size_t len);
 /* 1 when rank q was seen dead (any of them, not only the first). */
 int m2a_watch_is_dead(m2a_watch_t *w, int q);
-/* The word m2a_watch_dead reads (atomic loads only), for m2a_bootstrap_t.dead. */
-const int *m2a_watch_dead_word(const m2a_watch_t *w);
-/* When that death was seen (m2a_now()), for m2a_bootstrap_t.dead_at: read after
- * m2a_watch_dead_word's word names a rank (it is written before). */
-const double *m2a_watch_dead_at_word(const m2a_watch_t *w);
+/* The news m2a_watch_dead reads, for m2a_bootstrap_t.news (NULL for w NULL). */
+const m2a_death_news_t *m2a_watch_news(const m2a_watch_t *w);
 /* Seconds from the first death's news to now (m2a_now()), or -1 while none came (w
  * NULL included): M2A_WATCH_GRACE_S counts from the news, once, so that the waits
  * one after the other on a rank that died (a call's, then its failure's agreement)
  * do not each wait it out. */
-double m2a_watch_dead_since(const m2a_watch_t *w, double now);
+double m2a_watch_dead_since(const m2a_watch_t *w);
 /* *word gets the dead rank + 1 once a death is seen (at once if one was already);
  * MOEA2A_ERR_NO_MEMORY past M2A_WATCH_MAX_WORDS words. */
 moea2a_result_t m2a_watch_add(m2a_watch_t *w, volatile int32_t *word);
