@@ -610,13 +610,12 @@ static int part_runs(const char *name)
 static void cuda_cycles(board_t *b, int cycles, int gpus, int nccl)
 {
     const char *path = nccl ? "generic NCCL path" : "load/store path over CUDA IPC";
-    if (gpus == 0 || !have_transport(nccl ? "nccl" : "ucx") || !part_runs(nccl ? "nccl" : "ipc")) {
-        for (int i = 0; i < 3; i++)
-            tap_skip(!part_runs(nccl ? "nccl" : "ipc") ? "MOEA2A_ELASTIC_ONLY"
-                     : !gpus                            ? "no CUDA device"
-                     : nccl                             ? "no nccl transport"
-                                                        : "no ucx transport",
-                     "CUDA memory: the recovery cycles (%s)", path);
+    const char *why = !part_runs(nccl ? "nccl" : "ipc")            ? "MOEA2A_ELASTIC_ONLY"
+                      : !gpus                                       ? "no CUDA device"
+                      : !have_transport(nccl ? "nccl" : "ucx")      ? (nccl ? "no nccl transport" : "no ucx transport")
+                                                                    : NULL;
+    if (why) {
+        for (int i = 0; i < 3; i++) tap_skip(why, "CUDA memory: the recovery cycles (%s)", path);
         return;
     }
     ndev = gpus < N ? gpus : N, over_nccl = nccl;
